@@ -1,0 +1,635 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Everything cinder-dmclone says to device-mapper.
+
+The module has two halves:
+
+* pure functions that build table strings and parse ``dmsetup status`` and
+  ``dmsetup table`` output into typed results; they are where the kernel's
+  formats (Documentation/admin-guide/device-mapper/dm-clone.rst) are encoded
+  and they are unit-tested exhaustively;
+* :class:`DMSetup`, a thin wrapper that runs ``dmsetup`` through Cinder's
+  ``utils.execute`` with the root helper (so rootwrap filters apply).
+
+It knows nothing of Cinder volumes or of transfers: callers pass names and
+device paths, and every name or path is validated here before it can reach
+a command line.
+"""
+
+import dataclasses
+import re
+from typing import Optional, Union  # noqa: H301
+
+from oslo_concurrency import processutils
+from oslo_log import log as logging
+
+from cinder import utils
+
+from cinder_dmclone import exception
+
+LOG = logging.getLogger(__name__)
+
+SECTOR_SIZE = 512
+#: dm-clone's region size bounds, in 512-byte sectors (4 KiB .. 1 GiB).
+MIN_REGION_SECTORS = 8
+MAX_REGION_SECTORS = 2097152
+
+# A device-mapper name as this project creates them: no spaces, no slashes,
+# nothing a shell or dmsetup's own parser would treat specially.
+_NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]{0,126}$')
+# A device argument inside a table: an absolute /dev path or major:minor.
+_DEVICE_RE = re.compile(r'^(/dev/[A-Za-z0-9_.+:/-]+|[0-9]+:[0-9]+)$')
+_MESSAGE_WORD_RE = re.compile(r'^[a-z_]+$|^[0-9]+$')
+_STATUS_PREFIX_RE = re.compile(r'^(?P<name>[^\s:]+):\s+(?P<rest>.*)$')
+
+CLONE_FEATURES = ('no_hydration', 'no_discard_passdown')
+CLONE_CORE_ARGS = ('hydration_threshold', 'hydration_batch_size')
+CLONE_MESSAGES = ('enable_hydration', 'disable_hydration',
+                  'hydration_threshold', 'hydration_batch_size')
+
+
+# --------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------
+
+def validate_name(name):
+    """Return ``name`` if it is safe as a device-mapper name, else raise."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise exception.InvalidDMName(
+            value=name,
+            reason='names are 1-127 characters of A-Z a-z 0-9 _ . + - '
+                   'starting with a letter or digit')
+    return name
+
+
+def validate_device(device):
+    """Return ``device`` if it is a safe table device argument, else raise.
+
+    Tables name their devices as absolute ``/dev`` paths or ``major:minor``;
+    anything else (relative paths, ``..`` components, white space) would
+    either be rejected by the kernel or let a caller point a table somewhere
+    it should not.
+    """
+    if (not isinstance(device, str) or not _DEVICE_RE.match(device)
+            or '/../' in device or device.endswith('/..')):
+        raise exception.InvalidDMName(
+            value=device,
+            reason='devices are absolute /dev paths or major:minor')
+    return device
+
+
+def validate_region_size(region_sectors):
+    """Return the region size if dm-clone accepts it, else raise.
+
+    The kernel wants a power of two between 8 and 2097152 sectors.
+    """
+    if (isinstance(region_sectors, bool)
+            or not isinstance(region_sectors, int)
+            or region_sectors < MIN_REGION_SECTORS
+            or region_sectors > MAX_REGION_SECTORS
+            or region_sectors & (region_sectors - 1)):
+        raise exception.InvalidTable(
+            reason='region size %r sectors is not a power of two between '
+                   '%d and %d' % (region_sectors, MIN_REGION_SECTORS,
+                                  MAX_REGION_SECTORS))
+    return region_sectors
+
+
+def _positive_int(value, what, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise exception.InvalidTable(reason='%s must be an integer, got %r'
+                                     % (what, value))
+    if value < 0 or (value == 0 and not allow_zero):
+        raise exception.InvalidTable(reason='%s must be %s, got %d' % (
+            what, 'non-negative' if allow_zero else 'positive', value))
+    return value
+
+
+# --------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One line of a device-mapper table."""
+
+    start: int
+    length: int
+    target: str
+    args: tuple = ()
+
+    def __str__(self):
+        return ' '.join([str(self.start), str(self.length), self.target]
+                        + [str(a) for a in self.args])
+
+    @property
+    def end(self):
+        return self.start + self.length
+
+
+def linear_segment(start, length, device, offset=0):
+    """A ``linear`` segment mapping ``length`` sectors of ``device``."""
+    _positive_int(start, 'start', allow_zero=True)
+    _positive_int(length, 'length')
+    _positive_int(offset, 'offset', allow_zero=True)
+    return Segment(start, length, 'linear',
+                   (validate_device(device), offset))
+
+
+def clone_segment(start, length, metadata_dev, dest_dev, source_dev,
+                  region_size, hydration=False, discard_passdown=True,
+                  hydration_threshold=None, hydration_batch_size=None):
+    """A ``clone`` segment; see dm-clone.rst for the argument order.
+
+    ``hydration=False`` emits the ``no_hydration`` feature, so a new clone
+    serves I/O at once but copies nothing in the background until
+    ``enable_hydration`` is sent.  Threshold and batch size are emitted as
+    core arguments only when given (both are integers, in regions).
+    """
+    _positive_int(start, 'start', allow_zero=True)
+    _positive_int(length, 'length')
+    validate_region_size(region_size)
+    features = []
+    if not hydration:
+        features.append('no_hydration')
+    if not discard_passdown:
+        features.append('no_discard_passdown')
+    core = []
+    if hydration_threshold is not None:
+        core += ['hydration_threshold',
+                 _positive_int(hydration_threshold, 'hydration_threshold')]
+    if hydration_batch_size is not None:
+        core += ['hydration_batch_size',
+                 _positive_int(hydration_batch_size, 'hydration_batch_size')]
+    args = [validate_device(metadata_dev), validate_device(dest_dev),
+            validate_device(source_dev), region_size]
+    if features or core:
+        args += [len(features)] + features
+    if core:
+        args += [len(core)] + core
+    return Segment(start, length, 'clone', tuple(args))
+
+
+def format_table(segments):
+    """Join segments into a table, checking they tile the device from 0."""
+    segments = list(segments)
+    if not segments:
+        raise exception.InvalidTable(reason='a table needs a segment')
+    expected = 0
+    for seg in segments:
+        if seg.start != expected:
+            raise exception.InvalidTable(
+                reason='segment %r starts at %d, expected %d'
+                       % (str(seg), seg.start, expected))
+        expected = seg.end
+    return '\n'.join(str(s) for s in segments)
+
+
+def table_length(segments):
+    """Length in sectors of the device a table describes."""
+    return sum(s.length for s in segments)
+
+
+def _parse_int(token, line, what):
+    try:
+        value = int(token)
+    except (TypeError, ValueError):
+        raise exception.DMStatusParseError(
+            line=line, reason='%s %r is not an integer' % (what, token))
+    if value < 0:
+        raise exception.DMStatusParseError(
+            line=line, reason='%s %r is negative' % (what, token))
+    return value
+
+
+def _parse_fraction(token, line, what):
+    num, sep, den = token.partition('/')
+    if not sep:
+        raise exception.DMStatusParseError(
+            line=line, reason='%s %r is not of the form a/b' % (what, token))
+    num = _parse_int(num, line, what)
+    den = _parse_int(den, line, what)
+    if num > den:
+        raise exception.DMStatusParseError(
+            line=line, reason='%s %r is more than its total' % (what, token))
+    return num, den
+
+
+def _split_segment_line(line):
+    tokens = line.split()
+    if len(tokens) < 3:
+        raise exception.DMStatusParseError(
+            line=line, reason='expected "<start> <length> <target> ..."')
+    start = _parse_int(tokens[0], line, 'start')
+    length = _parse_int(tokens[1], line, 'length')
+    return start, length, tokens[2], tokens[3:]
+
+
+def parse_table(text):
+    """Parse ``dmsetup table <name>`` output into :class:`Segment` objects.
+
+    Arguments are kept as strings, as the kernel printed them.
+    """
+    segments = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        start, length, target, args = _split_segment_line(line)
+        segments.append(Segment(start, length, target, tuple(args)))
+    return segments
+
+
+@dataclasses.dataclass(frozen=True)
+class CloneTable:
+    """The arguments of a ``clone`` table line as the kernel reports them."""
+
+    metadata_dev: str
+    dest_dev: str
+    source_dev: str
+    region_size: int
+    features: tuple
+    core_args: dict
+
+
+def _parse_counted(tokens, pos, line, what):
+    """Parse ``<#n> tok1 .. tokn`` starting at ``pos``; return (list, pos)."""
+    if pos >= len(tokens):
+        raise exception.DMStatusParseError(
+            line=line, reason='missing %s count' % what)
+    count = _parse_int(tokens[pos], line, '%s count' % what)
+    values = tokens[pos + 1:pos + 1 + count]
+    if len(values) != count:
+        raise exception.DMStatusParseError(
+            line=line, reason='%s count %d but %d given'
+                              % (what, count, len(values)))
+    return values, pos + 1 + count
+
+
+def _core_args_dict(values, line):
+    if len(values) % 2:
+        raise exception.DMStatusParseError(
+            line=line, reason='core arguments are not key/value pairs')
+    result = {}
+    for key, value in zip(values[::2], values[1::2]):
+        result[key] = _parse_int(value, line, key)
+    return result
+
+
+def parse_clone_table(segment):
+    """Interpret the arguments of a ``clone`` :class:`Segment`."""
+    line = str(segment)
+    if segment.target != 'clone':
+        raise exception.DMStatusParseError(
+            line=line, reason='not a clone segment')
+    tokens = list(segment.args)
+    if len(tokens) < 4:
+        raise exception.DMStatusParseError(
+            line=line, reason='clone tables have at least 4 arguments')
+    region = _parse_int(tokens[3], line, 'region size')
+    features, core = (), {}
+    pos = 4
+    if pos < len(tokens):
+        values, pos = _parse_counted(tokens, pos, line, 'feature')
+        features = tuple(values)
+    if pos < len(tokens):
+        values, pos = _parse_counted(tokens, pos, line, 'core argument')
+        core = _core_args_dict(values, line)
+    if pos != len(tokens):
+        raise exception.DMStatusParseError(
+            line=line, reason='trailing arguments %r' % tokens[pos:])
+    return CloneTable(tokens[0], tokens[1], tokens[2], region, features, core)
+
+
+# --------------------------------------------------------------------------
+# Status
+# --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class CloneStatus:
+    """A parsed dm-clone status line (see dm-clone.rst, "Status")."""
+
+    metadata_block_size: int
+    metadata_used: int
+    metadata_total: int
+    region_size: int
+    hydrated_regions: int
+    total_regions: int
+    hydrating_regions: int
+    features: tuple
+    core_args: dict
+    read_only: bool
+
+    failed = False
+
+    @property
+    def hydration_enabled(self):
+        return 'no_hydration' not in self.features
+
+    @property
+    def fully_hydrated(self):
+        return self.hydrated_regions == self.total_regions
+
+    @property
+    def progress(self):
+        """Fraction of regions hydrated, 0.0 .. 1.0."""
+        if not self.total_regions:
+            return 1.0
+        return self.hydrated_regions / self.total_regions
+
+    @property
+    def hydration_threshold(self):
+        return self.core_args.get('hydration_threshold')
+
+    @property
+    def hydration_batch_size(self):
+        return self.core_args.get('hydration_batch_size')
+
+
+@dataclasses.dataclass(frozen=True)
+class FailedCloneStatus:
+    """dm-clone reported ``Fail`` (metadata failure) or ``Error``."""
+
+    state: str
+
+    failed = True
+    fully_hydrated = False
+
+
+def parse_clone_status(params):
+    """Parse the parameter part of a clone status line.
+
+    Returns :class:`CloneStatus`, or :class:`FailedCloneStatus` for the
+    kernel's ``Fail``/``Error`` forms; anything else raises
+    :class:`~cinder_dmclone.exception.DMStatusParseError`.
+    """
+    line = params
+    tokens = params.split()
+    if tokens in (['Fail'], ['Error']):
+        return FailedCloneStatus(tokens[0])
+    if len(tokens) < 8:
+        raise exception.DMStatusParseError(
+            line=line, reason='clone status has at least 8 fields')
+    md_block = _parse_int(tokens[0], line, 'metadata block size')
+    md_used, md_total = _parse_fraction(tokens[1], line, 'metadata usage')
+    region = _parse_int(tokens[2], line, 'region size')
+    hydrated, total = _parse_fraction(tokens[3], line, 'hydrated regions')
+    hydrating = _parse_int(tokens[4], line, 'hydrating regions')
+    features, pos = _parse_counted(tokens, 5, line, 'feature')
+    unknown = set(features) - set(CLONE_FEATURES)
+    if unknown:
+        raise exception.DMStatusParseError(
+            line=line, reason='unknown features %s' % sorted(unknown))
+    core_values, pos = _parse_counted(tokens, pos, line, 'core argument')
+    core = _core_args_dict(core_values, line)
+    rest = tokens[pos:]
+    if rest == ['Fail']:
+        return FailedCloneStatus('Fail')
+    if rest not in (['rw'], ['ro']):
+        raise exception.DMStatusParseError(
+            line=line, reason='expected a final "rw" or "ro", got %r' % rest)
+    return CloneStatus(
+        metadata_block_size=md_block, metadata_used=md_used,
+        metadata_total=md_total, region_size=region,
+        hydrated_regions=hydrated, total_regions=total,
+        hydrating_regions=hydrating, features=tuple(features),
+        core_args=core, read_only=rest == ['ro'])
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusLine:
+    """One segment of ``dmsetup status`` output."""
+
+    start: int
+    length: int
+    target: str
+    params: str
+    clone: Optional[Union[CloneStatus, FailedCloneStatus]] = None
+
+
+def _parse_status_segment(line):
+    start, length, target, params = _split_segment_line(line)
+    params = ' '.join(params)
+    clone = parse_clone_status(params) if target == 'clone' else None
+    return StatusLine(start, length, target, params, clone)
+
+
+def parse_status(text):
+    """Parse ``dmsetup status <name>`` output: a list of StatusLine."""
+    return [_parse_status_segment(line)
+            for line in text.splitlines() if line.strip()]
+
+
+def parse_status_all(text):
+    """Parse ``dmsetup status`` for many devices: {name: [StatusLine]}.
+
+    Each line is ``<name>: <start> <length> <target> <params>``; dmsetup says
+    ``No devices found`` when there is nothing to list.
+    """
+    result = {}
+    for line in text.splitlines():
+        if not line.strip() or line.strip() == 'No devices found':
+            continue
+        match = _STATUS_PREFIX_RE.match(line.strip())
+        if not match:
+            raise exception.DMStatusParseError(
+                line=line, reason='expected "<name>: <start> <length> ..."')
+        result.setdefault(match.group('name'), []).append(
+            _parse_status_segment(match.group('rest')))
+    return result
+
+
+def parse_targets(text):
+    """Parse ``dmsetup targets`` output into {target: version string}."""
+    targets = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            targets[parts[0]] = parts[1]
+    return targets
+
+
+def device_path(name):
+    """The /dev/mapper path of a device-mapper name."""
+    return '/dev/mapper/%s' % validate_name(name)
+
+
+# --------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------
+
+def _not_found(exc):
+    text = '%s %s' % (getattr(exc, 'stdout', None) or '',
+                      getattr(exc, 'stderr', None) or '')
+    return ('No such device or address' in text
+            or 'Device does not exist' in text
+            or 'not found' in text.lower())
+
+
+class DMSetup(object):
+    """Thin wrapper around the ``dmsetup`` command.
+
+    Every call goes through ``execute`` (Cinder's ``utils.execute`` unless a
+    test passes another) as root with the configured root helper, tables are
+    fed on standard input (so multi-segment tables need no quoting), and a
+    failure becomes :class:`~cinder_dmclone.exception.DMSetupCommandFailed`
+    carrying the kernel's message.
+    """
+
+    def __init__(self, execute=None, root_helper=None):
+        self._execute = execute or utils.execute
+        self._root_helper = root_helper
+
+    def _exec(self, command, *args, **kwargs):
+        kwargs.setdefault('run_as_root', True)
+        if self._root_helper:
+            kwargs.setdefault('root_helper', self._root_helper)
+        cmdline = ' '.join([command] + [str(a) for a in args])
+        try:
+            return self._execute(command, *args, **kwargs)
+        except processutils.ProcessExecutionError as exc:
+            raise exception.DMSetupCommandFailed(
+                command=cmdline,
+                reason=(exc.stderr or exc.stdout or str(exc)).strip()) \
+                from exc
+        except OSError as exc:
+            # The command could not be started at all (not installed, no
+            # root helper): a setup problem, reported the same way.
+            raise exception.DMSetupCommandFailed(
+                command=cmdline, reason=str(exc)) from exc
+
+    def _run(self, *args, **kwargs):
+        return self._exec('dmsetup', *args, **kwargs)
+
+    def create(self, name, segments, uuid):
+        """Create and activate ``name`` with the given table segments.
+
+        Every device gets a device-mapper UUID so that tools and leak
+        checks can tell this driver's devices from anyone else's.
+        """
+        self._run('create', validate_name(name), '--uuid', validate_name(uuid),
+                  process_input=format_table(segments) + '\n')
+
+    def load(self, name, segments):
+        """Load an inactive table into ``name``; takes effect on resume."""
+        self._run('load', validate_name(name),
+                  process_input=format_table(segments) + '\n')
+
+    def suspend(self, name, flush=True):
+        """Suspend ``name``; with ``flush`` in-flight I/O completes first."""
+        args = ['suspend', validate_name(name)]
+        if not flush:
+            args.append('--noflush')
+        self._run(*args)
+
+    def resume(self, name):
+        self._run('resume', validate_name(name))
+
+    def reload(self, name, segments):
+        """Swap the table of a live device: load, suspend, resume.
+
+        The new table is loaded before the suspend so a table the kernel
+        rejects never leaves the device suspended; a failed suspend is
+        undone by resuming the old table.
+        """
+        self.load(name, segments)
+        try:
+            self.suspend(name)
+        except exception.DMSetupCommandFailed:
+            self._clear_inactive(name)
+            raise
+        self.resume(name)
+
+    def _clear_inactive(self, name):
+        try:
+            self._run('clear', validate_name(name))
+        except exception.DMSetupCommandFailed:
+            LOG.warning('Could not clear the inactive table of %s.', name)
+
+    def message(self, name, *words):
+        """Send a target message, e.g. ``('hydration_batch_size', 16)``."""
+        words = [str(w) for w in words]
+        if not words or words[0] not in CLONE_MESSAGES or not all(
+                _MESSAGE_WORD_RE.match(w) for w in words):
+            raise exception.InvalidDMName(
+                value=' '.join(words), reason='not a known dm-clone message')
+        self._run('message', validate_name(name), '0', *words)
+
+    def remove(self, name, retry=True):
+        """Remove ``name``; a device that is already gone is not an error.
+
+        ``--retry`` rides out a transient open count (e.g. a udev probe).
+        """
+        args = ['remove']
+        if retry:
+            args.append('--retry')
+        args.append(validate_name(name))
+        try:
+            self._run(*args)
+        except exception.DMSetupCommandFailed as exc:
+            if exc.__cause__ is not None and _not_found(exc.__cause__):
+                LOG.debug('Device-mapper device %s already removed.', name)
+                return
+            raise
+
+    def rename(self, name, new_name):
+        self._run('rename', validate_name(name), validate_name(new_name))
+
+    def exists(self, name):
+        """True if a device-mapper device called ``name`` exists."""
+        try:
+            self._run('info', validate_name(name))
+        except exception.DMSetupCommandFailed as exc:
+            if exc.__cause__ is not None and _not_found(exc.__cause__):
+                return False
+            raise
+        return True
+
+    def status(self, name):
+        """Status of one device: a list of :class:`StatusLine`."""
+        out, _err = self._run('status', validate_name(name))
+        return parse_status(out)
+
+    def table(self, name):
+        """Table of one device: a list of :class:`Segment`."""
+        out, _err = self._run('table', validate_name(name))
+        return parse_table(out)
+
+    def clone_statuses(self):
+        """Status of every clone target, in ONE command.
+
+        Returns {device name: CloneStatus or FailedCloneStatus}; a device
+        with several clone segments keeps the first (this project never
+        builds more than one clone segment per device).
+        """
+        out, _err = self._run('status', '--target', 'clone')
+        result = {}
+        for name, lines in parse_status_all(out).items():
+            clones = [line.clone for line in lines if line.clone is not None]
+            if clones:
+                result[name] = clones[0]
+        return result
+
+    def targets(self):
+        """Loaded target types: {name: version}."""
+        out, _err = self._run('targets')
+        return parse_targets(out)
+
+    def device_sectors(self, device):
+        """Size of a block device in 512-byte sectors (``blockdev``)."""
+        out, _err = self._exec('blockdev', '--getsz', validate_device(device))
+        return _parse_int(out.strip(), out, 'device size')
+
+    def version(self):
+        """``dmsetup version`` output; raises if dmsetup cannot run."""
+        out, _err = self._run('version')
+        return out

@@ -1,0 +1,482 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Cinder volume driver for node-local LVM volumes that move between nodes.
+
+Every compute node runs a cinder-volume service with this driver over its
+own volume group.  On its own node a volume behaves like one of Cinder's LVM
+volumes, with one difference: it is always reached through a stable
+device-mapper *handle* (see :mod:`cinder_dmclone.layout`), never through the
+LV directly, so that the mapping under the handle can later become a
+``clone`` target while the volume moves to another node, without the path
+an instance uses ever changing.
+
+This module holds Cinder semantics only; device-mapper is spoken in
+:mod:`cinder_dmclone.dmsetup`.
+"""
+
+from oslo_config import cfg
+from oslo_log import log as logging
+
+from cinder.brick.local_dev import lvm as brick_lvm
+from cinder import exception
+from cinder.i18n import _
+from cinder.image import image_utils
+from cinder import interface
+from cinder import objects
+from cinder import utils
+from cinder.volume import volume_utils
+
+# Cinder's LVM driver annotates with cinder.objects types at import time;
+# the volume service registers them first, a bare import must do it too.
+objects.register_all()
+
+from cinder.volume.drivers import lvm  # noqa: E402
+
+from cinder_dmclone import dmsetup  # noqa: E402
+from cinder_dmclone import exception as dmc_exception  # noqa: E402
+from cinder_dmclone import layout  # noqa: E402
+from cinder_dmclone import opts  # noqa: E402
+from cinder_dmclone import periodic  # noqa: E402
+
+LOG = logging.getLogger(__name__)
+CONF = cfg.CONF
+
+#: dm UUID prefix of handles, so tools can tell them from LVM's ("LVM-").
+HANDLE_UUID_PREFIX = 'DMCLONE-'
+
+
+@interface.volumedriver
+class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
+    """Node-local LVM volumes behind device-mapper handles.
+
+    Version history:
+
+    .. code-block:: none
+
+        1.0.0 - Node-local lifecycle behind device-mapper handles.
+    """
+
+    VERSION = '1.0.0'
+    CI_WIKI_NAME = 'cinder-dmclone_CI'
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.configuration.append_config_values(opts.dmclone_opts)
+        # Cinder's LVM driver identifies the node by socket.gethostname();
+        # the service's configured host is the identity that Nova's
+        # connectors and the other nodes' services agree on.
+        self.hostname = self.node_name
+        self.backend_name = (self.configuration.safe_get(
+            'volume_backend_name') or 'DMClone')
+        self.dm = dmsetup.DMSetup(execute=self._execute,
+                                  root_helper=utils.get_root_helper())
+        self.metadata_vg = None
+        self.monitor = None
+
+    @classmethod
+    def get_driver_options(cls):
+        return super().get_driver_options() + opts.dmclone_opts
+
+    # ------------------------------------------------------------------
+    # Identity
+    # ------------------------------------------------------------------
+
+    @property
+    def node_name(self):
+        """The name connectors use for this node (see dmclone_node_name)."""
+        configured = self.configuration.safe_get('dmclone_node_name')
+        if configured:
+            return configured
+        return volume_utils.extract_host(self.host or CONF.host, 'host')
+
+    def _node_names(self):
+        aliases = self.configuration.safe_get('dmclone_node_aliases') or []
+        return {self.node_name} | set(aliases)
+
+    def _is_local_connector(self, connector):
+        """True if the connector is a host on this very node."""
+        return bool(connector) and connector.get('host') in self._node_names()
+
+    # ------------------------------------------------------------------
+    # Setup
+    # ------------------------------------------------------------------
+
+    def do_setup(self, context):
+        super().do_setup(context)
+        self._region_sectors()
+
+    def check_for_setup_error(self):
+        """Refuse to start on a configuration that cannot work.
+
+        Checked here so an operator sees one clear message at service start
+        instead of a failure at the first transfer: the region size, the
+        volume group (Cinder's own checks), the metadata volume group, and
+        device-mapper with the ``clone`` target.
+        """
+        self._region_sectors()
+        super().check_for_setup_error()
+        self.metadata_vg = self._open_metadata_vg()
+        self._check_device_mapper()
+        self._start_monitor()
+
+    def _region_sectors(self):
+        size_kb = self.configuration.dmclone_region_size
+        try:
+            return layout.region_sectors(size_kb)
+        except dmc_exception.InvalidTable:
+            raise exception.InvalidConfigurationValue(
+                option='dmclone_region_size', value=size_kb) from None
+
+    def _lvm_conf(self):
+        conf = self.configuration.lvm_conf_file
+        return None if conf.lower() == 'none' else conf
+
+    def _metadata_vg_name(self):
+        return (self.configuration.safe_get('dmclone_metadata_volume_group')
+                or self.configuration.volume_group)
+
+    def _open_metadata_vg(self):
+        name = self._metadata_vg_name()
+        if name == self.configuration.volume_group:
+            return self.vg
+        try:
+            return brick_lvm.LVM(name, utils.get_root_helper(),
+                                 lvm_type='default',
+                                 executor=self._execute,
+                                 lvm_conf=self._lvm_conf())
+        except exception.VolumeGroupNotFound:
+            raise exception.VolumeBackendAPIException(
+                data=_('Metadata volume group %(vg)s '
+                       '(dmclone_metadata_volume_group) does not exist.')
+                % {'vg': name}) from None
+
+    def _check_device_mapper(self):
+        try:
+            self.dm.version()
+            targets = self.dm.targets()
+            if 'clone' not in targets:
+                self._load_clone_module()
+                targets = self.dm.targets()
+        except dmc_exception.DMSetupCommandFailed as exc:
+            raise exception.VolumeBackendAPIException(
+                data=_('device-mapper is not usable on this node (is dmsetup '
+                       'installed and allowed by rootwrap?): %s') % exc) \
+                from None
+        if 'clone' not in targets:
+            raise exception.VolumeBackendAPIException(
+                data=_('The kernel of this node has no device-mapper "clone" '
+                       'target (CONFIG_DM_CLONE, module dm_clone); loaded '
+                       'targets: %s') % ', '.join(sorted(targets)))
+        LOG.info('device-mapper clone target %s available.',
+                 targets['clone'])
+
+    def _load_clone_module(self):
+        """Load dm_clone: ``dmsetup targets`` lists loaded targets only."""
+        try:
+            self._execute('modprobe', 'dm_clone', run_as_root=True,
+                          root_helper=utils.get_root_helper())
+        except Exception as exc:
+            LOG.warning('Could not load the dm_clone kernel module: %s', exc)
+
+    def _start_monitor(self):
+        if self.monitor is None:
+            self.monitor = periodic.HydrationMonitor(
+                self.dm, self._on_clone_status,
+                self.configuration.dmclone_monitor_interval)
+            self.monitor.start()
+
+    def _on_clone_status(self, lv_name, status, progress):
+        """Monitor callback; transfers are not implemented yet."""
+        if status.failed:
+            LOG.error('Clone target of %s reports %s.', lv_name,
+                      status.state)
+        elif progress is not None:
+            LOG.info('Clone of %(lv)s: %(pct)s%% hydrated.',
+                     {'lv': lv_name, 'pct': progress.percent})
+
+    # ------------------------------------------------------------------
+    # Handles
+    # ------------------------------------------------------------------
+
+    def handle_path(self, volume):
+        """The stable device path of a volume on this node."""
+        return layout.handle_path(volume['name'])
+
+    def _lv_path(self, lv_name):
+        return layout.lv_device(self.configuration.volume_group, lv_name)
+
+    def _linear_table(self, lv_name):
+        device = self._lv_path(lv_name)
+        return [dmsetup.linear_segment(0, self.dm.device_sectors(device),
+                                       device)]
+
+    def _ensure_handle(self, volume):
+        """Make sure the volume's handle exists and covers the whole LV.
+
+        Idempotent: after a node reboot handles are gone (device-mapper
+        state is not persistent) and are rebuilt here; a linear handle whose
+        length no longer matches its LV (extended while the service was
+        down) is reloaded.  A handle with any other table is a transfer's
+        and is left alone.
+        """
+        lv_name = volume['name']
+        name = layout.handle_name(lv_name)
+        self.vg.activate_lv(lv_name)
+        table = self._linear_table(lv_name)
+        if not self.dm.exists(name):
+            try:
+                self.dm.create(name, table,
+                               uuid=HANDLE_UUID_PREFIX + lv_name)
+                LOG.debug('Created handle %s for %s.', name, volume['id'])
+            except dmc_exception.DMSetupCommandFailed:
+                # Someone else may have created it in between.
+                if not self.dm.exists(name):
+                    raise
+        else:
+            self._refresh_handle(volume, table)
+        return layout.handle_path(lv_name)
+
+    def _refresh_handle(self, volume, table=None):
+        """Reload a linear handle whose length differs from its LV's."""
+        name = layout.handle_name(volume['name'])
+        current = self.dm.table(name)
+        if any(seg.target != 'linear' for seg in current):
+            return
+        table = table or self._linear_table(volume['name'])
+        if dmsetup.table_length(current) != dmsetup.table_length(table):
+            self.dm.reload(name, table)
+            LOG.info('Handle of volume %(id)s resized to %(len)d sectors.',
+                     {'id': volume['id'],
+                      'len': dmsetup.table_length(table)})
+
+    def _remove_handle(self, lv_name):
+        self.dm.remove(layout.handle_name(lv_name))
+
+    # ------------------------------------------------------------------
+    # Volume lifecycle
+    # ------------------------------------------------------------------
+
+    def create_volume(self, volume):
+        super().create_volume(volume)
+        self._handle_or_rollback(volume)
+
+    def _handle_or_rollback(self, volume):
+        """Create the handle of a new volume, deleting the LV on failure."""
+        try:
+            self._ensure_handle(volume)
+        except Exception:
+            LOG.error('Could not create the handle of volume %s; deleting '
+                      'its logical volume.', volume['id'])
+            self._remove_handle(volume['name'])
+            self.vg.delete(volume['name'])
+            raise
+
+    def create_volume_from_snapshot(self, volume, snapshot):
+        super().create_volume_from_snapshot(volume, snapshot)
+        self._handle_or_rollback(volume)
+
+    def create_cloned_volume(self, volume, src_vref):
+        super().create_cloned_volume(volume, src_vref)
+        self._handle_or_rollback(volume)
+
+    def delete_volume(self, volume):
+        """Remove the handle, then the LV (the handle holds the LV open)."""
+        lv_name = layout.validate_lv_name(volume['name'])
+        if self._volume_not_present(lv_name):
+            self._remove_handle(lv_name)
+            return
+        if self.vg.lv_has_snapshot(lv_name):
+            LOG.error('Unable to delete due to existing snapshot '
+                      'for volume: %s', lv_name)
+            raise exception.VolumeIsBusy(volume_name=lv_name)
+        self._remove_handle(lv_name)
+        self._delete_volume(volume)
+        LOG.info('Successfully deleted volume: %s', volume['id'])
+
+    def extend_volume(self, volume, new_size):
+        """Extend the LV, then the handle's table, online.
+
+        The handle is reloaded to the new length (suspend/load/resume keeps
+        in-flight I/O), so an attached instance sees the new size.
+        """
+        self.vg.extend_volume(volume['name'], self._sizestr(new_size))
+        if self.dm.exists(layout.handle_name(volume['name'])):
+            self._refresh_handle(volume)
+        try:
+            self.target_driver.extend_target(volume)
+        except Exception:
+            LOG.exception('Error extending target after volume resize.')
+            raise exception.TargetUpdateFailed(volume_id=volume.id)
+
+    def revert_to_snapshot(self, context, volume, snapshot):
+        """Revert a thick volume: LVM merges only an LV nobody holds open."""
+        if self.configuration.lvm_type == 'thin':
+            # Cinder falls back to its generic copy-based revert.
+            raise NotImplementedError(
+                _('Revert to snapshot is done by copy for thin LVM.'))
+        self._remove_handle(volume['name'])
+        try:
+            super().revert_to_snapshot(context, volume, snapshot)
+        finally:
+            self._ensure_handle(volume)
+
+    def copy_image_to_volume(self, context, volume, image_service, image_id,
+                             disable_sparse=False):
+        """Write the image through the handle."""
+        image_utils.fetch_to_raw(context,
+                                 image_service,
+                                 image_id,
+                                 self._ensure_handle(volume),
+                                 self.configuration.volume_dd_blocksize,
+                                 size=volume['size'],
+                                 disable_sparse=disable_sparse)
+
+    def copy_volume_to_image(self, context, volume, image_service,
+                             image_meta):
+        """Read the image through the handle."""
+        volume_utils.upload_volume(context,
+                                   image_service,
+                                   image_meta,
+                                   self._ensure_handle(volume),
+                                   volume)
+
+    def migrate_volume(self, ctxt, volume, host, thin=False, mirror_count=0):
+        """Leave migration to Cinder's generic, attach-based copy.
+
+        The LVM driver's shortcut copies LV to LV behind the handle's back.
+        """
+        return False, None
+
+    def update_migrated_volume(self, ctxt, volume, new_volume,
+                               original_volume_status):
+        """Follow the LV rename of a finished migration with the handle."""
+        update = super().update_migrated_volume(
+            ctxt, volume, new_volume, original_volume_status)
+        if update.get('_name_id') is None:
+            self._remove_handle(CONF.volume_name_template % new_volume['id'])
+            self._ensure_handle(
+                {'name': CONF.volume_name_template % volume['id'],
+                 'id': volume['id']})
+        return update
+
+    # ------------------------------------------------------------------
+    # Manage / unmanage
+    # ------------------------------------------------------------------
+
+    def _check_manage_reference(self, existing_ref):
+        name = existing_ref.get('source-name') if isinstance(
+            existing_ref, dict) else None
+        try:
+            layout.validate_lv_name(name)
+        except dmc_exception.InvalidDMName:
+            raise exception.ManageExistingInvalidReference(
+                existing_ref=existing_ref,
+                reason=_('source-name must be a logical volume name.')) \
+                from None
+        if layout.lv_name_from_metadata_lv(name):
+            raise exception.ManageExistingInvalidReference(
+                existing_ref=existing_ref,
+                reason=_('%s holds dm-clone metadata of a transfer.') % name)
+
+    def manage_existing_get_size(self, volume, existing_ref):
+        self._check_manage_reference(existing_ref)
+        return super().manage_existing_get_size(volume, existing_ref)
+
+    def manage_existing(self, volume, existing_ref):
+        self._check_manage_reference(existing_ref)
+        super().manage_existing(volume, existing_ref)
+        self._ensure_handle(volume)
+
+    def unmanage(self, volume):
+        """Stop managing: the handle goes, the LV stays."""
+        self._remove_handle(volume['name'])
+
+    def _get_manageable_resource_info(self, cinder_resources, resource_type,
+                                      marker, limit, offset, sort_keys,
+                                      sort_dirs):
+        entries = super()._get_manageable_resource_info(
+            cinder_resources, resource_type, None, None, None,
+            sort_keys, sort_dirs)
+        for entry in entries:
+            if layout.lv_name_from_metadata_lv(
+                    entry['reference']['source-name']):
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = 'dm-clone transfer metadata'
+        return volume_utils.paginate_entries_list(
+            entries, marker, limit, offset, sort_keys, sort_dirs)
+
+    # ------------------------------------------------------------------
+    # Stats
+    # ------------------------------------------------------------------
+
+    def _update_volume_stats(self):
+        super()._update_volume_stats()
+        if not self._stats:
+            return
+        self._stats['vendor_name'] = 'Open Source'
+        self._stats['driver_version'] = self.VERSION
+        for pool in self._stats['pools']:
+            pool.update(
+                location_info='DMCloneVolumeDriver:%s:%s:%s:%s' % (
+                    self.node_name, self.configuration.volume_group,
+                    self.configuration.lvm_type,
+                    self.configuration.lvm_mirrors),
+                online_extend_support=True,
+                multiattach=True,
+                dmclone_node=self.node_name,
+                dmclone_region_size_kb=self.configuration.dmclone_region_size,
+                dmclone_metadata_volume_group=self._metadata_vg_name())
+
+    # ------------------------------------------------------------------
+    # Exports and connections
+    # ------------------------------------------------------------------
+
+    def ensure_export(self, context, volume):
+        """Rebuild the handle (gone after a reboot) and the iSCSI export."""
+        path = self._ensure_handle(volume)
+        if volume.get('provider_location'):
+            return self.target_driver.ensure_export(context, volume, path)
+        return None
+
+    def create_export(self, context, volume, connector, vg=None):
+        """Export the handle over iSCSI, unless the attach is local.
+
+        A connector on this node gets the handle itself (see
+        initialize_connection): no target, no network.
+        """
+        path = self._ensure_handle(volume)
+        if self._is_local_connector(connector):
+            return {}
+        export_info = self.target_driver.create_export(context, volume, path)
+        return {'provider_location': export_info['location'],
+                'provider_auth': export_info['auth']}
+
+    def validate_connector(self, connector):
+        if self._is_local_connector(connector):
+            return True
+        return self.target_driver.validate_connector(connector)
+
+    def initialize_connection(self, volume, connector):
+        if self._is_local_connector(connector):
+            return {'driver_volume_type': 'local',
+                    'data': {'device_path': self._ensure_handle(volume),
+                             'volume_id': volume['id'],
+                             'access_mode': 'rw'}}
+        return super().initialize_connection(volume, connector)
+
+    def terminate_connection(self, volume, connector, **kwargs):
+        if self._is_local_connector(connector):
+            # Nothing was exported for a local attach.  Tell the manager
+            # the "target" is still shared while other attachments remain.
+            return len(volume.volume_attachment) > 1
+        return super().terminate_connection(volume, connector, **kwargs)

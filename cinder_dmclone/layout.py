@@ -1,0 +1,118 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Names and sizes of what the driver keeps on a node (pure functions).
+
+The name scheme, for a volume whose LV is ``<volume_group>/<lv>`` (Cinder's
+``volume_name_template``, ``volume-<uuid>`` by default):
+
+* handle: the device-mapper device ``dmclone-<lv>``, i.e.
+  ``/dev/mapper/dmclone-volume-<uuid>``.  Everything that uses the volume's
+  data on this node (instances, image copies, exports) goes through it, so
+  its path never changes when the mapping underneath does (a plain linear
+  map over the LV, or a clone target while the volume is in transfer).
+* metadata LV: ``<lv>-dmcmeta`` in the metadata volume group, present only
+  while a transfer into this node is in flight.
+
+The prefix and suffix are fixed: a leftover is recognisable after a crash,
+by any node, without a database.
+"""
+
+import math
+import re
+
+from oslo_utils import units
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception
+
+HANDLE_PREFIX = 'dmclone-'
+METADATA_SUFFIX = '-dmcmeta'
+#: LVM's own rules for LV names, narrowed to what Cinder generates.
+_LV_NAME_RE = re.compile(r'^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,100}$')
+MIN_METADATA_BYTES = 8 * units.Mi
+
+
+def validate_lv_name(lv_name):
+    """Return ``lv_name`` if safe for LVM and device-mapper, else raise."""
+    if (not isinstance(lv_name, str) or not _LV_NAME_RE.match(lv_name)
+            or lv_name in ('.', '..') or lv_name.startswith('snapshot')
+            or lv_name.startswith('pvmove')):
+        raise exception.InvalidDMName(
+            value=lv_name, reason='not a valid logical volume name')
+    return lv_name
+
+
+def handle_name(lv_name):
+    """Device-mapper name of the handle of the volume whose LV is given."""
+    return dmsetup.validate_name(HANDLE_PREFIX + validate_lv_name(lv_name))
+
+
+def handle_path(lv_name):
+    return dmsetup.device_path(handle_name(lv_name))
+
+
+def lv_name_from_handle(name):
+    """The LV name a handle belongs to, or None if not one of ours."""
+    if not name.startswith(HANDLE_PREFIX):
+        return None
+    try:
+        return validate_lv_name(name[len(HANDLE_PREFIX):])
+    except exception.InvalidDMName:
+        return None
+
+
+def metadata_lv_name(lv_name):
+    return validate_lv_name(lv_name + METADATA_SUFFIX)
+
+
+def lv_name_from_metadata_lv(name):
+    """The volume LV a metadata LV belongs to, or None if not one of ours."""
+    if not name.endswith(METADATA_SUFFIX):
+        return None
+    try:
+        return validate_lv_name(name[:-len(METADATA_SUFFIX)])
+    except exception.InvalidDMName:
+        return None
+
+
+def lv_device(volume_group, lv_name):
+    """The /dev path LVM gives an LV."""
+    return '/dev/%s/%s' % (volume_group, validate_lv_name(lv_name))
+
+
+def region_sectors(region_kb):
+    """Region size in sectors from the KiB option, validated for the kernel.
+
+    Raises InvalidTable when the size is not a power of two in range.
+    """
+    return dmsetup.validate_region_size(region_kb * units.Ki //
+                                        dmsetup.SECTOR_SIZE)
+
+
+def metadata_size_bytes(volume_bytes, region_bytes, reserve=2.0):
+    """Size of the metadata LV for a clone of ``volume_bytes``.
+
+    dm-clone keeps one bit per region in an on-disk bitset, plus
+    persistent-data space maps and a superblock.  The bitmap is 32 MiB per
+    TiB at 4 KiB regions, so the size must follow the volume: the bitmap
+    times ``reserve`` for the metadata's own structures, rounded up to whole
+    MiB, never less than 8 MiB.
+    """
+    if volume_bytes <= 0 or region_bytes <= 0:
+        raise exception.InvalidTable(
+            reason='volume and region sizes must be positive')
+    regions = math.ceil(volume_bytes / region_bytes)
+    bitmap_bytes = math.ceil(regions / 8)
+    wanted = math.ceil(bitmap_bytes * reserve)
+    wanted = math.ceil(wanted / units.Mi) * units.Mi
+    return max(MIN_METADATA_BYTES, wanted)

@@ -1,0 +1,102 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Configuration options of the dm-clone driver.
+
+They live in a backend section of cinder.conf next to Cinder's own LVM
+options (``volume_group``, ``lvm_type``, ``target_helper`` ...), which the
+driver inherits.  ``list_opts`` feeds ``oslo-config-generator`` through the
+``oslo.config.opts`` entry point.
+"""
+
+import copy
+
+from oslo_config import cfg
+from oslo_config import types
+
+from cinder.volume import configuration
+
+#: Region size bounds in KiB (dm-clone: 8 .. 2097152 sectors).
+MIN_REGION_KB = 4
+MAX_REGION_KB = 1024 * 1024
+
+dmclone_opts = [
+    cfg.StrOpt('dmclone_metadata_volume_group',
+               help='Volume group holding the dm-clone metadata LVs of '
+                    'volumes in transfer. Unset means the backend\'s '
+                    'volume_group. Metadata is written on every first write '
+                    'to a region, so a VG on a faster device than the data '
+                    'keeps the write cost of a volume in transfer close to '
+                    'that of a plain LV.'),
+    cfg.IntOpt('dmclone_region_size',
+               default=64,
+               min=MIN_REGION_KB,
+               max=MAX_REGION_KB,
+               help='dm-clone region size in KiB: the unit of copying and '
+                    'of the hydration bitmap. A power of two from 4 to '
+                    '1048576. Smaller regions make partial first writes '
+                    'cheaper; larger ones hydrate faster and need less '
+                    'metadata.'),
+    cfg.IntOpt('dmclone_hydration_threshold',
+               default=64,
+               min=1,
+               help='Maximum number of regions being hydrated at once in '
+                    'the background (dm-clone "hydration_threshold"). The '
+                    'kernel default is 1. Overridable per volume type with '
+                    'the extra spec "dmclone:hydration_threshold".'),
+    cfg.IntOpt('dmclone_hydration_batch_size',
+               default=16,
+               min=1,
+               help='Number of contiguous regions dm-clone copies in one '
+                    'batch during background hydration '
+                    '("hydration_batch_size"). The kernel default is 1, '
+                    'which is slow over iSCSI. Overridable per volume type '
+                    'with the extra spec "dmclone:hydration_batch_size".'),
+    cfg.IntOpt('dmclone_monitor_interval',
+               default=10,
+               min=1,
+               help='Seconds between two runs of the hydration monitor, '
+                    'which reads the status of all clone targets with one '
+                    'dmsetup call and finalizes finished transfers.'),
+    cfg.IntOpt('dmclone_transfer_timeout',
+               default=120,
+               min=10,
+               help='Seconds a single step of a transfer between nodes may '
+                    'wait on the other node (iSCSI login to the source, an '
+                    'RPC call) before it fails cleanly and is rolled back.'),
+    cfg.FloatOpt('dmclone_metadata_reserve',
+                 default=2.0,
+                 min=1.0,
+                 help='Factor applied to the size of the hydration bitmap '
+                      '(one bit per region) when sizing a metadata LV, to '
+                      'leave room for the metadata\'s own structures. The '
+                      'result is rounded up to whole MiB, at least 8 MiB.'),
+    cfg.StrOpt('dmclone_node_name',
+               help='The name compute services use for this node in their '
+                    'connectors ("host"). An attach whose connector names '
+                    'this node gets a local connection. Unset means the '
+                    'host part of this cinder-volume service\'s "host" (or '
+                    '"backend_host"); never the machine\'s hostname.'),
+    cfg.ListOpt('dmclone_node_aliases',
+                item_type=types.String(),
+                default=[],
+                help='Other names connectors may use for this node, for '
+                     'example its fully qualified domain name.'),
+]
+
+CONF = cfg.CONF
+CONF.register_opts(dmclone_opts, group=configuration.SHARED_CONF_GROUP)
+
+
+def list_opts():
+    """Options for oslo-config-generator, in the backend section."""
+    return [(configuration.SHARED_CONF_GROUP, copy.deepcopy(dmclone_opts))]

@@ -1,0 +1,159 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The hydration monitor.
+
+Each tick reads the status of every clone target on the node with ONE
+``dmsetup status --target clone`` call, however many volumes are in
+transfer, works out progress (hydrated/total, rate, ETA) and hands each
+handle's status to a callback that decides what to do with it (the
+transfer logic: finalize a finished clone, publish progress).  A failure
+on one volume is logged and never stops the others.
+"""
+
+import dataclasses
+import time
+
+from oslo_log import log as logging
+from oslo_service import loopingcall
+
+from cinder_dmclone import layout
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """Hydration progress of one clone as seen at one tick."""
+
+    hydrated_regions: int
+    total_regions: int
+    region_bytes: int
+    #: bytes per second since the previous tick, None on the first one.
+    rate: float = None
+    #: seconds to go at that rate, None when unknown.
+    eta: float = None
+
+    @property
+    def fraction(self):
+        if not self.total_regions:
+            return 1.0
+        return self.hydrated_regions / self.total_regions
+
+    @property
+    def percent(self):
+        return round(100.0 * self.fraction, 1)
+
+    def as_dict(self):
+        """A flat dict of strings, as admin metadata wants it."""
+        return {
+            'hydrated_regions': str(self.hydrated_regions),
+            'total_regions': str(self.total_regions),
+            'percent': '%.1f' % (100.0 * self.fraction),
+            'rate_bps': '' if self.rate is None else '%d' % self.rate,
+            'eta_seconds': '' if self.eta is None else '%d' % self.eta,
+        }
+
+
+def compute_progress(status, previous=None, elapsed=None):
+    """Progress of a clone from its status and the previous sample.
+
+    ``previous`` is the Progress of the last tick and ``elapsed`` the
+    seconds since; the rate is the hydrated bytes between the two samples.
+    """
+    region_bytes = status.region_size * 512
+    rate = eta = None
+    if previous is not None and elapsed and elapsed > 0:
+        done = status.hydrated_regions - previous.hydrated_regions
+        rate = max(done, 0) * region_bytes / elapsed
+        remaining = (status.total_regions - status.hydrated_regions) \
+            * region_bytes
+        if remaining == 0:
+            eta = 0.0
+        elif rate > 0:
+            eta = remaining / rate
+    return Progress(status.hydrated_regions, status.total_regions,
+                    region_bytes, rate, eta)
+
+
+@dataclasses.dataclass
+class TickReport:
+    """What one tick saw and did, for logs and tests."""
+
+    seen: int = 0
+    handled: int = 0
+    failed: list = dataclasses.field(default_factory=list)
+
+
+class HydrationMonitor(object):
+    """Watches clone targets and reports each one to ``on_status``.
+
+    ``on_status(lv_name, status, progress)`` is called once per tick for
+    every clone target that is a handle of this driver (``dmclone-<lv>``);
+    ``status`` is a CloneStatus or FailedCloneStatus from
+    :mod:`cinder_dmclone.dmsetup`.  Devices that are not ours are ignored.
+    """
+
+    def __init__(self, dm, on_status, interval, clock=time.monotonic):
+        self._dm = dm
+        self._on_status = on_status
+        self._interval = interval
+        self._clock = clock
+        self._last = {}
+        self._timer = None
+
+    def tick(self):
+        """Run one pass; never raises for a single volume's failure."""
+        report = TickReport()
+        now = self._clock()
+        try:
+            statuses = self._dm.clone_statuses()
+        except Exception:
+            LOG.exception('Hydration monitor could not read clone status.')
+            report.failed.append(None)
+            return report
+        current = {}
+        for name, status in sorted(statuses.items()):
+            lv_name = layout.lv_name_from_handle(name)
+            if lv_name is None:
+                continue
+            report.seen += 1
+            progress = None
+            if not status.failed:
+                prev = self._last.get(lv_name)
+                progress = compute_progress(
+                    status, prev and prev[1],
+                    prev and (now - prev[0]))
+                current[lv_name] = (now, progress)
+            try:
+                self._on_status(lv_name, status, progress)
+                report.handled += 1
+            except Exception:
+                LOG.exception('Hydration monitor failed on %s; carrying on '
+                              'with the other volumes.', lv_name)
+                report.failed.append(lv_name)
+        self._last = current
+        return report
+
+    def start(self):
+        """Start ticking every ``interval`` seconds in the service."""
+        if self._timer is None:
+            self._timer = loopingcall.FixedIntervalLoopingCall(self.tick)
+            self._timer.start(interval=self._interval,
+                              initial_delay=self._interval,
+                              stop_on_exception=False)
+        return self._timer
+
+    def stop(self):
+        if self._timer is not None:
+            self._timer.stop()
+            self._timer = None

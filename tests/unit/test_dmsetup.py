@@ -1,0 +1,487 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Table builders, status parsers and command wrappers of dmsetup.py."""
+
+from unittest import mock
+
+import ddt
+from oslo_concurrency import processutils
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception
+
+# Real output seen from the 6.1 kernel (64 KiB regions, 256 MiB volume).
+CREATED = ('8 6/2048 128 0/4096 0 1 no_hydration 4 hydration_threshold 1 '
+           'hydration_batch_size 1 rw')
+HYDRATED = ('8 6/2048 128 4096/4096 0 0 4 hydration_threshold 1 '
+            'hydration_batch_size 1 rw')
+HYDRATING = ('8 7/2048 128 1000/4096 64 0 4 hydration_threshold 64 '
+             'hydration_batch_size 16 rw')
+
+
+@ddt.ddt
+class ValidationTestCase(test.TestCase):
+
+    @ddt.data('dmclone-volume-6b4b9e1c-5c1e-4b5c-9c55-2f0c1d1d2e3f',
+              'a', 'A.b+c_d-e', '0' * 127)
+    def test_valid_names(self, name):
+        self.assertEqual(name, dmsetup.validate_name(name))
+
+    @ddt.data('', '-leading-dash', 'has space', 'slash/inside', 'semi;colon',
+              '$(reboot)', '0' * 128, None, 5, 'new\nline', '..')
+    def test_invalid_names(self, name):
+        self.assertRaises(exception.InvalidDMName,
+                          dmsetup.validate_name, name)
+
+    @ddt.data('/dev/vg/lv', '/dev/mapper/dmclone-x', '/dev/sda', '253:4',
+              '/dev/disk/by-path/ip-10.0.0.1:3260-iscsi-iqn.x:y-lun-0')
+    def test_valid_devices(self, dev):
+        self.assertEqual(dev, dmsetup.validate_device(dev))
+
+    @ddt.data('vg/lv', '/dev/../etc/passwd', '/dev/vg/..', '/dev/a b',
+              '253:', ':4', '', None, '/etc/passwd', '/dev/x;y')
+    def test_invalid_devices(self, dev):
+        self.assertRaises(exception.InvalidDMName,
+                          dmsetup.validate_device, dev)
+
+    @ddt.data(8, 16, 128, 2048, 2097152)
+    def test_valid_region_sizes(self, size):
+        self.assertEqual(size, dmsetup.validate_region_size(size))
+
+    @ddt.data(0, 4, 7, 12, 100, 2097153, 4194304, -8, True, '128', 128.0)
+    def test_invalid_region_sizes(self, size):
+        self.assertRaises(exception.InvalidTable,
+                          dmsetup.validate_region_size, size)
+
+
+@ddt.ddt
+class TableTestCase(test.TestCase):
+
+    def test_linear(self):
+        seg = dmsetup.linear_segment(0, 2048, '/dev/vg/lv')
+        self.assertEqual('0 2048 linear /dev/vg/lv 0', str(seg))
+        self.assertEqual(2048, seg.end)
+
+    def test_linear_with_offset(self):
+        seg = dmsetup.linear_segment(100, 50, '253:1', 100)
+        self.assertEqual('100 50 linear 253:1 100', str(seg))
+
+    @ddt.data((0, 0, 0), (-1, 10, 0), (0, 10, -1), (0, True, 0),
+              (0, 1.5, 0), ('0', 10, 0))
+    @ddt.unpack
+    def test_linear_bad_numbers(self, start, length, offset):
+        self.assertRaises(exception.InvalidTable, dmsetup.linear_segment,
+                          start, length, '/dev/vg/lv', offset)
+
+    def test_clone_defaults_no_hydration(self):
+        seg = dmsetup.clone_segment(0, 524288, '/dev/m/meta', '/dev/d/dest',
+                                    '/dev/sdb', 128)
+        self.assertEqual('0 524288 clone /dev/m/meta /dev/d/dest /dev/sdb '
+                         '128 1 no_hydration', str(seg))
+
+    def test_clone_hydrating_no_features(self):
+        seg = dmsetup.clone_segment(0, 1024, '/dev/m', '/dev/d', '/dev/s',
+                                    8, hydration=True)
+        self.assertEqual('0 1024 clone /dev/m /dev/d /dev/s 8', str(seg))
+
+    def test_clone_all_options_are_ints(self):
+        seg = dmsetup.clone_segment(0, 1024, '/dev/m', '/dev/d', '/dev/s',
+                                    128, hydration=False,
+                                    discard_passdown=False,
+                                    hydration_threshold=64,
+                                    hydration_batch_size=16)
+        self.assertEqual(
+            '0 1024 clone /dev/m /dev/d /dev/s 128 2 no_hydration '
+            'no_discard_passdown 4 hydration_threshold 64 '
+            'hydration_batch_size 16', str(seg))
+
+    def test_clone_core_args_without_features(self):
+        seg = dmsetup.clone_segment(0, 1024, '/dev/m', '/dev/d', '/dev/s',
+                                    128, hydration=True,
+                                    hydration_batch_size=4)
+        self.assertEqual('0 1024 clone /dev/m /dev/d /dev/s 128 0 2 '
+                         'hydration_batch_size 4', str(seg))
+
+    @ddt.data({'hydration_threshold': 0}, {'hydration_batch_size': -1},
+              {'hydration_threshold': '64'}, {'hydration_batch_size': 1.0},
+              {'region_size': 100}, {'dest_dev': 'relative'})
+    def test_clone_rejects(self, kwargs):
+        args = dict(start=0, length=1024, metadata_dev='/dev/m',
+                    dest_dev='/dev/d', source_dev='/dev/s', region_size=128)
+        args.update(kwargs)
+        self.assertRaises((exception.InvalidTable, exception.InvalidDMName),
+                          dmsetup.clone_segment, **args)
+
+    def test_format_multi_segment(self):
+        table = dmsetup.format_table([
+            dmsetup.clone_segment(0, 1024, '/dev/m', '/dev/d', '/dev/s', 8),
+            dmsetup.linear_segment(1024, 1024, '/dev/d', 1024)])
+        self.assertEqual('0 1024 clone /dev/m /dev/d /dev/s 8 1 no_hydration'
+                         '\n1024 1024 linear /dev/d 1024', table)
+
+    def test_format_rejects_gap(self):
+        self.assertRaises(exception.InvalidTable, dmsetup.format_table, [
+            dmsetup.linear_segment(0, 10, '/dev/d'),
+            dmsetup.linear_segment(11, 10, '/dev/d', 11)])
+
+    def test_format_rejects_not_from_zero(self):
+        self.assertRaises(exception.InvalidTable, dmsetup.format_table,
+                          [dmsetup.linear_segment(5, 10, '/dev/d')])
+
+    def test_format_rejects_empty(self):
+        self.assertRaises(exception.InvalidTable, dmsetup.format_table, [])
+
+    def test_table_length(self):
+        self.assertEqual(30, dmsetup.table_length([
+            dmsetup.linear_segment(0, 10, '/dev/d'),
+            dmsetup.linear_segment(10, 20, '/dev/e')]))
+
+    def test_parse_table_round_trip(self):
+        text = ('0 1024 clone 253:3 253:2 8:16 128 1 no_hydration 4 '
+                'hydration_threshold 64 hydration_batch_size 16\n'
+                '1024 2048 linear 253:2 1024\n')
+        segs = dmsetup.parse_table(text)
+        self.assertEqual(2, len(segs))
+        self.assertEqual(text.strip(), dmsetup.format_table(segs))
+        clone = dmsetup.parse_clone_table(segs[0])
+        self.assertEqual(('253:3', '253:2', '8:16', 128),
+                         (clone.metadata_dev, clone.dest_dev,
+                          clone.source_dev, clone.region_size))
+        self.assertEqual(('no_hydration',), clone.features)
+        self.assertEqual({'hydration_threshold': 64,
+                          'hydration_batch_size': 16}, clone.core_args)
+
+    def test_parse_clone_table_minimal(self):
+        seg = dmsetup.parse_table('0 8 clone 1:1 1:2 1:3 8')[0]
+        clone = dmsetup.parse_clone_table(seg)
+        self.assertEqual((), clone.features)
+        self.assertEqual({}, clone.core_args)
+
+    @ddt.data('0 8 linear 1:1 0', '0 8 clone 1:1 1:2 1:3',
+              '0 8 clone 1:1 1:2 1:3 8 2 no_hydration',
+              '0 8 clone 1:1 1:2 1:3 8 0 3 a 1 b',
+              '0 8 clone 1:1 1:2 1:3 8 0 2 hydration_threshold x',
+              '0 8 clone 1:1 1:2 1:3 8 0 0 extra',
+              '0 8 clone 1:1 1:2 1:3 big')
+    def test_parse_clone_table_malformed(self, line):
+        seg = dmsetup.parse_table(line)[0]
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_clone_table, seg)
+
+    @ddt.data('0 clone', 'x 8 linear', '0 -8 linear 1:1 0')
+    def test_parse_table_malformed(self, text):
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_table, text)
+
+
+@ddt.ddt
+class StatusTestCase(test.TestCase):
+
+    def test_created(self):
+        st = dmsetup.parse_clone_status(CREATED)
+        self.assertEqual(8, st.metadata_block_size)
+        self.assertEqual((6, 2048), (st.metadata_used, st.metadata_total))
+        self.assertEqual(128, st.region_size)
+        self.assertEqual((0, 4096), (st.hydrated_regions, st.total_regions))
+        self.assertEqual(0, st.hydrating_regions)
+        self.assertEqual(('no_hydration',), st.features)
+        self.assertFalse(st.hydration_enabled)
+        self.assertEqual(1, st.hydration_threshold)
+        self.assertEqual(1, st.hydration_batch_size)
+        self.assertFalse(st.read_only)
+        self.assertFalse(st.fully_hydrated)
+        self.assertFalse(st.failed)
+        self.assertEqual(0.0, st.progress)
+
+    def test_hydrating(self):
+        st = dmsetup.parse_clone_status(HYDRATING)
+        self.assertTrue(st.hydration_enabled)
+        self.assertEqual(64, st.hydrating_regions)
+        self.assertEqual(64, st.hydration_threshold)
+        self.assertEqual(16, st.hydration_batch_size)
+        self.assertAlmostEqual(1000 / 4096, st.progress)
+
+    def test_hydrated(self):
+        st = dmsetup.parse_clone_status(HYDRATED)
+        self.assertTrue(st.fully_hydrated)
+        self.assertEqual(1.0, st.progress)
+
+    def test_read_only_and_both_features(self):
+        st = dmsetup.parse_clone_status(
+            '8 6/2048 128 0/4096 0 2 no_hydration no_discard_passdown 4 '
+            'hydration_threshold 1 hydration_batch_size 1 ro')
+        self.assertTrue(st.read_only)
+        self.assertEqual(('no_hydration', 'no_discard_passdown'),
+                         st.features)
+
+    def test_zero_regions_progress(self):
+        st = dmsetup.parse_clone_status('8 6/2048 128 0/0 0 0 0 rw')
+        self.assertEqual(1.0, st.progress)
+        self.assertEqual({}, st.core_args)
+        self.assertIsNone(st.hydration_threshold)
+
+    @ddt.data('Fail', 'Error', ' Fail ')
+    def test_failed_forms(self, params):
+        st = dmsetup.parse_clone_status(params)
+        self.assertTrue(st.failed)
+        self.assertFalse(st.fully_hydrated)
+        self.assertEqual(params.strip(), st.state)
+
+    def test_fail_after_fields(self):
+        st = dmsetup.parse_clone_status(
+            '8 6/2048 128 0/4096 0 0 4 hydration_threshold 1 '
+            'hydration_batch_size 1 Fail')
+        self.assertTrue(st.failed)
+
+    @ddt.data(
+        '',                                                  # empty
+        'Failed',                                            # unknown word
+        '8 6/2048 128 0/4096 0 0 0',                         # no rw/ro
+        '8 6/2048 128 0/4096 0 0 0 rx',                      # bad mode
+        '8 6/2048 128 0/4096 0 0 0 rw extra',                # trailing
+        'x 6/2048 128 0/4096 0 0 0 rw',                      # bad int
+        '8 6-2048 128 0/4096 0 0 0 rw',                      # bad fraction
+        '8 6/2048 128 5000/4096 0 0 0 rw',                   # > total
+        '8 6/2048 128 0/4096 -1 0 0 rw',                     # negative
+        '8 6/2048 128 0/4096 0 2 no_hydration 0 rw',         # short feats
+        '8 6/2048 128 0/4096 0 1 bogus_feature 0 rw',        # unknown feat
+        '8 6/2048 128 0/4096 0 0 3 a 1 b rw',                # odd core args
+        '8 6/2048 128 0/4096 0 0 2 hydration_threshold x rw',  # non-int
+        '8 6/2048 128 0/4096 0 0 x rw',                      # bad count
+        '8 6/2048 128 0/4096 0 1',                           # truncated
+    )
+    def test_malformed(self, params):
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_clone_status, params)
+
+    def test_parse_status_multi_segment(self):
+        lines = dmsetup.parse_status('0 524288 clone %s\n'
+                                     '524288 1024 linear \n' % CREATED)
+        self.assertEqual(['clone', 'linear'], [s.target for s in lines])
+        self.assertEqual(0, lines[0].clone.hydrated_regions)
+        self.assertIsNone(lines[1].clone)
+        self.assertEqual('', lines[1].params)
+
+    def test_parse_status_all(self):
+        text = ('dmclone-volume-a: 0 524288 clone %s\n'
+                'dmclone-volume-b: 0 524288 clone %s\n'
+                'dmclone-volume-b: 524288 100 linear \n' % (CREATED, HYDRATED))
+        result = dmsetup.parse_status_all(text)
+        self.assertEqual({'dmclone-volume-a', 'dmclone-volume-b'},
+                         set(result))
+        self.assertEqual(2, len(result['dmclone-volume-b']))
+        self.assertTrue(result['dmclone-volume-b'][0].clone.fully_hydrated)
+
+    @ddt.data('No devices found\n', '', '\n\n')
+    def test_parse_status_all_empty(self, text):
+        self.assertEqual({}, dmsetup.parse_status_all(text))
+
+    @ddt.data('0 8 linear', 'name 0 8 linear', 'name: x 8 linear')
+    def test_parse_status_all_malformed(self, text):
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_status_all, text)
+
+    def test_parse_targets(self):
+        self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
+                         dmsetup.parse_targets(
+                             'clone            v1.0.0\n'
+                             'linear           v1.4.0\n\n'))
+
+    def test_device_path(self):
+        self.assertEqual('/dev/mapper/dmclone-x', dmsetup.device_path(
+            'dmclone-x'))
+        self.assertRaises(exception.InvalidDMName, dmsetup.device_path,
+                          '../x')
+
+
+class DMSetupCommandTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=('', ''))
+        self.dm = dmsetup.DMSetup(execute=self.execute,
+                                  root_helper='sudo cinder-rootwrap x')
+
+    def _assert_called(self, *args, **kwargs):
+        kwargs.setdefault('run_as_root', True)
+        kwargs.setdefault('root_helper', 'sudo cinder-rootwrap x')
+        self.execute.assert_called_with(*args, **kwargs)
+
+    def test_default_execute_is_cinders(self):
+        from cinder import utils
+        self.assertIs(utils.execute, dmsetup.DMSetup()._execute)
+
+    def test_no_root_helper_given(self):
+        dm = dmsetup.DMSetup(execute=self.execute)
+        dm.resume('a')
+        self.execute.assert_called_with('dmsetup', 'resume', 'a',
+                                        run_as_root=True)
+
+    def test_create_feeds_table_on_stdin(self):
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.dm.create('h', [seg], uuid='DMCLONE-h')
+        self._assert_called('dmsetup', 'create', 'h', '--uuid', 'DMCLONE-h',
+                            process_input='0 8 linear /dev/vg/lv 0\n')
+
+    def test_create_validates_before_running(self):
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.assertRaises(exception.InvalidDMName, self.dm.create,
+                          'bad name', [seg], uuid='u')
+        self.assertRaises(exception.InvalidTable, self.dm.create,
+                          'h', [], uuid='u')
+        self.execute.assert_not_called()
+
+    def test_load_suspend_resume(self):
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.dm.load('h', [seg])
+        self._assert_called('dmsetup', 'load', 'h',
+                            process_input='0 8 linear /dev/vg/lv 0\n')
+        self.dm.suspend('h')
+        self._assert_called('dmsetup', 'suspend', 'h')
+        self.dm.suspend('h', flush=False)
+        self._assert_called('dmsetup', 'suspend', 'h', '--noflush')
+        self.dm.resume('h')
+        self._assert_called('dmsetup', 'resume', 'h')
+
+    def test_reload_order(self):
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.dm.reload('h', [seg])
+        self.assertEqual(['load', 'suspend', 'resume'],
+                         [c.args[1] for c in self.execute.call_args_list])
+
+    def test_reload_failed_suspend_clears_and_raises(self):
+        def fake(*args, **kwargs):
+            if args[1] == 'suspend':
+                raise processutils.ProcessExecutionError(stderr='busy')
+            return '', ''
+        self.execute.side_effect = fake
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
+                          'h', [seg])
+        self.assertEqual(['load', 'suspend', 'clear'],
+                         [c.args[1] for c in self.execute.call_args_list])
+
+    def test_reload_failed_suspend_and_clear(self):
+        self.execute.side_effect = [
+            ('', ''), processutils.ProcessExecutionError(stderr='busy'),
+            processutils.ProcessExecutionError(stderr='no')]
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
+                          'h', [seg])
+
+    def test_message(self):
+        self.dm.message('h', 'enable_hydration')
+        self._assert_called('dmsetup', 'message', 'h', '0',
+                            'enable_hydration')
+        self.dm.message('h', 'hydration_batch_size', 16)
+        self._assert_called('dmsetup', 'message', 'h', '0',
+                            'hydration_batch_size', '16')
+
+    def test_message_rejects_unknown(self):
+        for words in ([], ['reboot'], ['hydration_threshold', '1; rm'],
+                      ['hydration_threshold', '-1']):
+            self.assertRaises(exception.InvalidDMName, self.dm.message,
+                              'h', *words)
+        self.execute.assert_not_called()
+
+    def test_remove(self):
+        self.dm.remove('h')
+        self._assert_called('dmsetup', 'remove', '--retry', 'h')
+        self.dm.remove('h', retry=False)
+        self._assert_called('dmsetup', 'remove', 'h')
+
+    def test_remove_already_gone_is_fine(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='device-mapper: remove ioctl on h  failed: No such device '
+                   'or address\nCommand failed.')
+        self.dm.remove('h')
+
+    def test_remove_busy_raises(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='device-mapper: remove ioctl on h failed: Device or '
+                   'resource busy')
+        exc = self.assertRaises(exception.DMSetupCommandFailed,
+                                self.dm.remove, 'h')
+        self.assertIn('Device or resource busy', str(exc))
+        self.assertIn('dmsetup remove --retry h', str(exc))
+
+    def test_rename(self):
+        self.dm.rename('a', 'b')
+        self._assert_called('dmsetup', 'rename', 'a', 'b')
+
+    def test_exists(self):
+        self.assertTrue(self.dm.exists('h'))
+        self._assert_called('dmsetup', 'info', 'h')
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='Device does not exist.\nCommand failed.')
+        self.assertFalse(self.dm.exists('h'))
+
+    def test_exists_other_error_raises(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='Permission denied')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
+                          'h')
+
+    def test_status_and_table(self):
+        self.execute.return_value = ('0 524288 clone %s\n' % CREATED, '')
+        lines = self.dm.status('h')
+        self._assert_called('dmsetup', 'status', 'h')
+        self.assertEqual(4096, lines[0].clone.total_regions)
+        self.execute.return_value = ('0 8 linear 253:1 0\n', '')
+        self.assertEqual('linear', self.dm.table('h')[0].target)
+        self._assert_called('dmsetup', 'table', 'h')
+
+    def test_clone_statuses_one_command(self):
+        self.execute.return_value = (
+            'dmclone-a: 0 524288 clone %s\n'
+            'dmclone-b: 0 524288 clone Fail\n' % HYDRATED, '')
+        result = self.dm.clone_statuses()
+        self.assertEqual(1, self.execute.call_count)
+        self._assert_called('dmsetup', 'status', '--target', 'clone')
+        self.assertTrue(result['dmclone-a'].fully_hydrated)
+        self.assertTrue(result['dmclone-b'].failed)
+
+    def test_clone_statuses_none(self):
+        self.execute.return_value = ('No devices found\n', '')
+        self.assertEqual({}, self.dm.clone_statuses())
+
+    def test_targets_and_version(self):
+        self.execute.return_value = ('clone v1.0.0\nlinear v1.4.0\n', '')
+        self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
+                         self.dm.targets())
+        self.execute.return_value = ('Library version: 1.02\n', '')
+        self.assertIn('Library', self.dm.version())
+
+    def test_missing_binary(self):
+        self.execute.side_effect = FileNotFoundError(2, 'No such file',
+                                                     'dmsetup')
+        exc = self.assertRaises(exception.DMSetupCommandFailed,
+                                self.dm.version)
+        self.assertIn('No such file', str(exc))
+
+    def test_device_sectors(self):
+        self.execute.return_value = ('2097152\n', '')
+        self.assertEqual(2097152, self.dm.device_sectors('/dev/vg/lv'))
+        self._assert_called('blockdev', '--getsz', '/dev/vg/lv')
+
+    def test_device_sectors_garbage(self):
+        self.execute.return_value = ('lots\n', '')
+        self.assertRaises(exception.DMStatusParseError,
+                          self.dm.device_sectors, '/dev/vg/lv')
+
+    def test_device_sectors_refuses_bad_path(self):
+        self.assertRaises(exception.InvalidDMName, self.dm.device_sectors,
+                          '/etc/shadow')
+        self.execute.assert_not_called()
