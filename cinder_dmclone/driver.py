@@ -76,8 +76,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         # the service's configured host is the identity that Nova's
         # connectors and the other nodes' services agree on.
         self.hostname = self.node_name
-        self.backend_name = (self.configuration.safe_get(
-            'volume_backend_name') or 'DMClone')
+        self.backend_name = (self.configuration.volume_backend_name
+                             or 'DMClone')
         self.dm = dmsetup.DMSetup(execute=self._execute,
                                   root_helper=utils.get_root_helper())
         self.metadata_vg = None
@@ -94,13 +94,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     @property
     def node_name(self):
         """The name connectors use for this node (see dmclone_node_name)."""
-        configured = self.configuration.safe_get('dmclone_node_name')
+        configured = self.configuration.dmclone_node_name
         if configured:
             return configured
         return volume_utils.extract_host(self.host or CONF.host, 'host')
 
     def _node_names(self):
-        aliases = self.configuration.safe_get('dmclone_node_aliases') or []
+        aliases = self.configuration.dmclone_node_aliases or []
         return {self.node_name} | set(aliases)
 
     def _is_local_connector(self, connector):
@@ -142,7 +142,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return None if conf.lower() == 'none' else conf
 
     def _metadata_vg_name(self):
-        return (self.configuration.safe_get('dmclone_metadata_volume_group')
+        return (self.configuration.dmclone_metadata_volume_group
                 or self.configuration.volume_group)
 
     def _open_metadata_vg(self):
@@ -401,19 +401,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """Stop managing: the handle goes, the LV stays."""
         self._remove_handle(volume['name'])
 
-    def _get_manageable_resource_info(self, cinder_resources, resource_type,
-                                      marker, limit, offset, sort_keys,
-                                      sort_dirs):
-        entries = super()._get_manageable_resource_info(
-            cinder_resources, resource_type, None, None, None,
-            sort_keys, sort_dirs)
+    def get_manageable_volumes(self, cinder_volumes, marker, limit, offset,
+                               sort_keys, sort_dirs):
+        """Cinder's listing, with transfer metadata LVs marked unsafe."""
+        entries = super().get_manageable_volumes(
+            cinder_volumes, marker, limit, offset, sort_keys, sort_dirs)
         for entry in entries:
             if layout.lv_name_from_metadata_lv(
                     entry['reference']['source-name']):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'dm-clone transfer metadata'
-        return volume_utils.paginate_entries_list(
-            entries, marker, limit, offset, sort_keys, sort_dirs)
+        return entries
 
     # ------------------------------------------------------------------
     # Stats

@@ -1,0 +1,664 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The Cinder-facing driver, with the kernel replaced by fakes."""
+
+from unittest import mock
+
+import ddt
+
+from cinder.brick.local_dev import lvm as brick_lvm
+from cinder import context
+from cinder import exception
+from cinder.interface import volume_driver
+from cinder.interface import volume_manageable_driver
+from cinder.interface import volume_snapshot_revert
+from cinder.interface import volume_snapshotmanagement_driver
+from cinder import objects
+from cinder.tests.unit import fake_constants as fake
+from cinder.tests.unit import fake_snapshot
+from cinder.tests.unit import fake_volume
+from cinder.tests.unit import test
+from cinder.volume import configuration as conf
+from cinder.volume import driver as volume_driver_module
+from cinder.volume.drivers import lvm as cinder_lvm
+from cinder.volume import volume_utils
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import driver
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import opts
+from tests.unit import fakes
+
+VG = 'dmc-vg'
+LV = 'volume-%s' % fake.VOLUME_ID
+LV_PATH = '/dev/%s/%s' % (VG, LV)
+HANDLE = 'dmclone-' + LV
+HANDLE_PATH = '/dev/mapper/' + HANDLE
+LOCAL = {'host': 'node-a', 'initiator': 'iqn.2024-01.org.example.a:i'}
+REMOTE = {'host': 'node-b', 'initiator': 'iqn.2024-01.org.example.b:i',
+          'ip': '10.0.0.2'}
+
+
+GROUP = 'dmclone-test'
+DEFAULTS = dict(volume_group=VG, target_helper='fake', lvm_type='default',
+                volume_clear='none', volume_backend_name='dmclone',
+                lvm_conf_file='None', target_ip_address='10.0.0.1',
+                target_prefix='iqn.2010-10.org.openstack:')
+
+
+def make_configuration(test_case, **overrides):
+    """A backend section with every option the driver reads registered."""
+    configuration = conf.Configuration(opts.dmclone_opts,
+                                       config_group=GROUP)
+    configuration.append_config_values(cinder_lvm.volume_opts)
+    configuration.append_config_values(volume_driver_module.volume_opts)
+    values = dict(DEFAULTS)
+    values.update(overrides)
+    for key, value in values.items():
+        test_case.override_config(key, value, group=GROUP)
+    return configuration
+
+
+class DriverTestBase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.ctxt = context.get_admin_context()
+        self.configuration = make_configuration(self)
+        self.vg = mock.Mock(spec=brick_lvm.LVM)
+        self.vg.vg_name = VG
+        self.vg.get_volume.return_value = {'name': LV, 'size': '1.00'}
+        self.vg.lv_has_snapshot.return_value = False
+        self.drv = self._make_driver()
+        self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
+        self.drv.dm = self.dm
+        self.volume = fake_volume.fake_volume_obj(self.ctxt, size=1)
+
+    def _make_driver(self, host='node-a@dmclone#dmclone', **overrides):
+        if overrides:
+            self.configuration = make_configuration(self, **overrides)
+        return driver.DMCloneVolumeDriver(configuration=self.configuration,
+                                          vg_obj=self.vg, host=host,
+                                          db=mock.Mock())
+
+    def _snapshot(self):
+        return fake_snapshot.fake_snapshot_obj(self.ctxt, volume_size=1,
+                                               volume=self.volume)
+
+    def _make_handle(self, sectors=2097152):
+        self.dm.devices[HANDLE] = [
+            dmsetup.linear_segment(0, sectors, LV_PATH)]
+
+
+@ddt.ddt
+class IdentityTestCase(DriverTestBase):
+
+    def test_interfaces(self):
+        cls = driver.DMCloneVolumeDriver
+        for iface in (volume_driver.VolumeDriverCore,
+                      volume_manageable_driver.VolumeListManageableDriver,
+                      volume_snapshot_revert.VolumeSnapshotRevertDriver,
+                      volume_snapshotmanagement_driver
+                      .VolumeSnapshotManagementDriver):
+            self.assertTrue(issubclass(cls, iface), iface)
+
+    def test_node_name_from_service_host_not_gethostname(self):
+        with mock.patch('socket.gethostname', return_value='wrong'):
+            drv = self._make_driver(host='node-a@dmclone')
+        self.assertEqual('node-a', drv.node_name)
+        self.assertEqual('node-a', drv.hostname)
+
+    def test_node_name_configured(self):
+        drv = self._make_driver(dmclone_node_name='compute-7')
+        self.assertEqual('compute-7', drv.node_name)
+
+    def test_node_name_falls_back_to_conf_host(self):
+        self.override_config('host', 'conf-host')
+        drv = self._make_driver(host=None)
+        self.assertEqual('conf-host', drv.node_name)
+
+    @ddt.data(({'host': 'node-a'}, True), ({'host': 'node-b'}, False),
+              ({'host': 'node-a.example.org'}, True), ({}, False),
+              (None, False))
+    @ddt.unpack
+    def test_is_local_connector(self, connector, local):
+        drv = self._make_driver(dmclone_node_aliases=['node-a.example.org'])
+        self.assertEqual(local, drv._is_local_connector(connector))
+
+    def test_driver_options(self):
+        names = {o.name for o in driver.DMCloneVolumeDriver
+                 .get_driver_options()}
+        self.assertIn('dmclone_region_size', names)
+        self.assertIn('volume_group', names)
+        self.assertIn('target_helper', names)
+
+
+@ddt.ddt
+class SetupTestCase(DriverTestBase):
+
+    def setUp(self):
+        super().setUp()
+        self.mock_object(cinder_lvm.LVMVolumeDriver, 'check_for_setup_error')
+        self.mock_object(driver.periodic.HydrationMonitor, 'start')
+
+    def test_ok(self):
+        self.drv.check_for_setup_error()
+        self.assertIs(self.vg, self.drv.metadata_vg)
+        self.assertIsNotNone(self.drv.monitor)
+        self.drv.monitor.start.assert_called_once_with()
+
+    @ddt.data(48, 3, 100)
+    def test_region_size_not_power_of_two(self, size):
+        self.drv.configuration.dmclone_region_size = size
+        exc = self.assertRaises(exception.InvalidConfigurationValue,
+                                self.drv.check_for_setup_error)
+        self.assertIn('dmclone_region_size', str(exc))
+
+    def test_region_size_checked_in_do_setup(self):
+        self.drv.configuration.dmclone_region_size = 48
+        self.assertRaises(exception.InvalidConfigurationValue,
+                          self.drv.do_setup, self.ctxt)
+
+    def test_do_setup_ok(self):
+        self.drv.do_setup(self.ctxt)
+
+    def test_missing_volume_group_from_cinder_checks(self):
+        cinder_lvm.LVMVolumeDriver.check_for_setup_error.side_effect = (
+            exception.VolumeBackendAPIException(
+                data='Volume Group dmc-vg does not exist'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.check_for_setup_error)
+
+    @mock.patch.object(brick_lvm, 'LVM')
+    def test_separate_metadata_vg(self, mock_lvm):
+        self.drv.configuration.dmclone_metadata_volume_group = 'fast-vg'
+        self.drv.check_for_setup_error()
+        self.assertIs(mock_lvm.return_value, self.drv.metadata_vg)
+        self.assertEqual('fast-vg', mock_lvm.call_args.args[0])
+
+    @mock.patch.object(brick_lvm, 'LVM')
+    def test_missing_metadata_vg(self, mock_lvm):
+        mock_lvm.side_effect = exception.VolumeGroupNotFound(vg_name='nope')
+        self.drv.configuration.dmclone_metadata_volume_group = 'nope'
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.check_for_setup_error)
+        self.assertIn('Metadata volume group nope', str(exc))
+
+    def test_no_dmsetup(self):
+        self.dm.fail_on['version'] = dmc_exception.DMSetupCommandFailed(
+            command='dmsetup version', reason='No such file or directory')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.check_for_setup_error)
+        self.assertIn('device-mapper is not usable', str(exc))
+
+    def test_no_clone_target_after_modprobe(self):
+        self.dm.target_types = {'linear': 'v1.4.0'}
+        execute = self.mock_object(self.drv, '_execute')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.check_for_setup_error)
+        self.assertIn('no device-mapper "clone" target', str(exc))
+        self.assertEqual(('modprobe', 'dm_clone'), execute.call_args.args)
+
+    def test_modprobe_failure_is_reported_as_missing_target(self):
+        self.dm.target_types = {'linear': 'v1.4.0'}
+        self.mock_object(self.drv, '_execute', side_effect=OSError('nope'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.check_for_setup_error)
+
+    def test_clone_target_loaded_by_modprobe(self):
+        self.dm.target_types = {'linear': 'v1.4.0'}
+
+        def load(*args, **kwargs):
+            self.dm.target_types['clone'] = 'v1.0.0'
+        self.mock_object(self.drv, '_execute', side_effect=load)
+        self.drv.check_for_setup_error()
+
+    def test_monitor_started_once(self):
+        self.drv.check_for_setup_error()
+        monitor = self.drv.monitor
+        self.drv.check_for_setup_error()
+        self.assertIs(monitor, self.drv.monitor)
+
+
+class SetupWithCinderChecksTestCase(DriverTestBase):
+    """Cinder's own LVM checks run too (volume group lookup)."""
+
+    @mock.patch.object(driver.periodic.HydrationMonitor, 'start')
+    @mock.patch.object(volume_utils, 'get_all_volume_groups',
+                       return_value=[{'name': VG}])
+    def test_parent_checks_run(self, mock_vgs, mock_start):
+        self.drv.check_for_setup_error()
+        mock_vgs.assert_called_once_with(VG)
+
+
+class HandleTestCase(DriverTestBase):
+
+    def test_create_volume_makes_handle(self):
+        self.drv.create_volume(self.volume)
+        self.vg.create_volume.assert_called_once_with(LV, '1g', 'default', 0)
+        self.assertEqual([dmsetup.linear_segment(0, 2097152, LV_PATH)],
+                         self.dm.devices[HANDLE])
+        self.assertEqual('DMCLONE-' + LV, self.dm.uuids[HANDLE])
+
+    def test_create_volume_rolls_back_lv_when_handle_fails(self):
+        self.dm.fail_on['create'] = dmc_exception.DMSetupCommandFailed(
+            command='dmsetup create', reason='boom')
+        self.assertRaises(dmc_exception.DMSetupCommandFailed,
+                          self.drv.create_volume, self.volume)
+        self.vg.delete.assert_called_once_with(LV)
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_ensure_handle_race_lost_is_fine(self):
+        real_create = self.dm.create
+
+        def racing(name, segments, uuid):
+            real_create(name, segments, uuid)      # the other creator
+            raise dmc_exception.DMSetupCommandFailed(command='create',
+                                                     reason='busy')
+        self.dm.create = racing
+        self.assertEqual(HANDLE_PATH, self.drv._ensure_handle(self.volume))
+
+    def test_ensure_handle_is_idempotent(self):
+        self.drv._ensure_handle(self.volume)
+        self.drv._ensure_handle(self.volume)
+        self.assertEqual(1, [c[0] for c in self.dm.calls].count('create'))
+        self.assertNotIn('load', [c[0] for c in self.dm.calls])
+
+    def test_ensure_handle_fixes_stale_length(self):
+        self._make_handle(sectors=1024)
+        self.drv._ensure_handle(self.volume)
+        self.assertEqual(2097152,
+                         dmsetup.table_length(self.dm.devices[HANDLE]))
+
+    def test_ensure_handle_leaves_clone_tables_alone(self):
+        clone = [dmsetup.clone_segment(0, 1024, '/dev/m', LV_PATH,
+                                       '/dev/sdb', 128)]
+        self.dm.devices[HANDLE] = clone
+        self.drv._ensure_handle(self.volume)
+        self.assertEqual(clone, self.dm.devices[HANDLE])
+
+    def test_handle_path(self):
+        self.assertEqual(HANDLE_PATH, self.drv.handle_path(self.volume))
+
+    def test_bad_volume_name_never_reaches_a_command(self):
+        volume = fake_volume.fake_volume_obj(self.ctxt, size=1)
+        volume.display_name = 'x'
+        with mock.patch.object(type(volume), 'name',
+                               new_callable=mock.PropertyMock,
+                               return_value='volume-$(reboot)'):
+            self.assertRaises(dmc_exception.InvalidDMName,
+                              self.drv._ensure_handle, volume)
+        self.assertEqual([], self.dm.calls)
+
+
+class LifecycleTestCase(DriverTestBase):
+
+    def test_delete_removes_handle_before_lv(self):
+        self._make_handle()
+        order = []
+        self.dm.remove = mock.Mock(side_effect=lambda n, **k: order.append(
+            ('remove', n)))
+        self.vg.delete.side_effect = lambda n: order.append(('lvremove', n))
+        self.drv.delete_volume(self.volume)
+        self.assertEqual([('remove', HANDLE), ('lvremove', LV)], order)
+
+    def test_delete_with_snapshot_is_busy_and_keeps_handle(self):
+        self._make_handle()
+        self.vg.lv_has_snapshot.return_value = True
+        self.assertRaises(exception.VolumeIsBusy, self.drv.delete_volume,
+                          self.volume)
+        self.assertIn(HANDLE, self.dm.devices)
+        self.vg.delete.assert_not_called()
+
+    def test_delete_missing_lv_still_removes_handle(self):
+        self._make_handle()
+        self.vg.get_volume.return_value = None
+        self.drv.delete_volume(self.volume)
+        self.assertNotIn(HANDLE, self.dm.devices)
+        self.vg.delete.assert_not_called()
+
+    @mock.patch.object(volume_utils, 'clear_volume')
+    @mock.patch('os.path.exists', return_value=True)
+    def test_delete_clears_lv_when_configured(self, mock_exists, mock_clear):
+        self.drv.configuration.volume_clear = 'zero'
+        self._make_handle()
+        self.drv.delete_volume(self.volume)
+        self.assertIn('/dev/mapper/dmc--vg-volume--',
+                      mock_clear.call_args.args[1])
+
+    def test_extend_online_reloads_handle(self):
+        self._make_handle(sectors=2097152)
+        self.dm.sizes[LV_PATH] = 4194304
+        self.drv.extend_volume(self.volume, 2)
+        self.vg.extend_volume.assert_called_once_with(LV, '2g')
+        self.assertEqual(4194304,
+                         dmsetup.table_length(self.dm.devices[HANDLE]))
+        ops = [c[0] for c in self.dm.calls]
+        self.assertEqual(['load', 'suspend', 'resume'],
+                         [o for o in ops if o in ('load', 'suspend',
+                                                  'resume')])
+
+    def test_extend_without_handle(self):
+        self.drv.extend_volume(self.volume, 2)
+        self.vg.extend_volume.assert_called_once_with(LV, '2g')
+        self.assertEqual({}, self.dm.devices)
+
+    def test_extend_target_failure(self):
+        self.mock_object(self.drv.target_driver, 'extend_target',
+                         side_effect=Exception('x'))
+        self.assertRaises(exception.TargetUpdateFailed,
+                          self.drv.extend_volume, self.volume, 2)
+
+    def test_create_snapshot_is_lvm_snapshot(self):
+        snap = self._snapshot()
+        self.drv.create_snapshot(snap)
+        # LVM reserves names starting with "snapshot": Cinder escapes them.
+        self.vg.create_lv_snapshot.assert_called_once_with(
+            '_' + snap.name, LV, 'default')
+
+    @mock.patch.object(volume_utils, 'copy_volume')
+    def test_create_from_snapshot_thick(self, mock_copy):
+        snap = self._snapshot()
+        self.drv.create_volume_from_snapshot(self.volume, snap)
+        self.assertIn(HANDLE, self.dm.devices)
+        mock_copy.assert_called_once()
+
+    def test_create_from_snapshot_thin_bigger(self):
+        self.drv.configuration.lvm_type = 'thin'
+        snap = self._snapshot()
+        volume = fake_volume.fake_volume_obj(self.ctxt, size=2)
+        self.drv.create_volume_from_snapshot(volume, snap)
+        self.vg.extend_volume.assert_called_once_with(LV, '2g')
+        self.assertIn(HANDLE, self.dm.devices)
+
+    @mock.patch.object(volume_utils, 'copy_volume')
+    def test_create_cloned_volume(self, mock_copy):
+        src = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        self.drv.create_cloned_volume(self.volume, src)
+        self.assertIn(HANDLE, self.dm.devices)
+        mock_copy.assert_called_once()
+
+    def test_create_cloned_volume_thin(self):
+        self.drv.configuration.lvm_type = 'thin'
+        src = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        self.drv.create_cloned_volume(self.volume, src)
+        self.vg.create_lv_snapshot.assert_called_once_with(
+            LV, src.name, 'thin')
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_create_from_snapshot_handle_failure_rolls_back(self):
+        self.drv.configuration.lvm_type = 'thin'
+        self.dm.fail_on['create'] = dmc_exception.DMSetupCommandFailed(
+            command='create', reason='x')
+        snap = self._snapshot()
+        self.assertRaises(dmc_exception.DMSetupCommandFailed,
+                          self.drv.create_volume_from_snapshot,
+                          self.volume, snap)
+        self.vg.delete.assert_called_once_with(LV)
+
+    def test_revert_thick_recreates_handle(self):
+        self._make_handle()
+        snap = self._snapshot()
+        order = []
+        self.vg.revert.side_effect = lambda n: order.append(
+            ('revert', HANDLE in self.dm.devices))
+        self.drv.revert_to_snapshot(self.ctxt, self.volume, snap)
+        self.assertEqual([('revert', False)], order)
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_revert_failure_still_recreates_handle(self):
+        self._make_handle()
+        snap = self._snapshot()
+        self.vg.revert.side_effect = exception.VolumeBackendAPIException(
+            data='merge failed')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.revert_to_snapshot, self.ctxt,
+                          self.volume, snap)
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_revert_thin_falls_back_untouched(self):
+        self._make_handle()
+        self.drv.configuration.lvm_type = 'thin'
+        snap = self._snapshot()
+        self.assertRaises(NotImplementedError, self.drv.revert_to_snapshot,
+                          self.ctxt, self.volume, snap)
+        self.assertEqual([], self.dm.calls)
+
+    @mock.patch('cinder.image.image_utils.fetch_to_raw')
+    def test_copy_image_to_volume_through_handle(self, mock_fetch):
+        self.drv.copy_image_to_volume(self.ctxt, self.volume, 'svc', 'img')
+        self.assertEqual(HANDLE_PATH, mock_fetch.call_args.args[3])
+        self.assertEqual(1, mock_fetch.call_args.kwargs['size'])
+
+    @mock.patch.object(volume_utils, 'upload_volume')
+    def test_copy_volume_to_image_through_handle(self, mock_upload):
+        self.drv.copy_volume_to_image(self.ctxt, self.volume, 'svc', {})
+        self.assertEqual(HANDLE_PATH, mock_upload.call_args.args[3])
+
+    def test_migrate_volume_is_generic(self):
+        self.assertEqual((False, None), self.drv.migrate_volume(
+            self.ctxt, self.volume, {'capabilities': {}}))
+
+    def test_retype_within_backend(self):
+        self.assertTrue(self.drv.retype(self.ctxt, self.volume, {}, {},
+                                        'node-a@dmclone'))
+
+    def test_update_migrated_volume_renames_handle(self):
+        new = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        self.dm.devices['dmclone-' + new.name] = [
+            dmsetup.linear_segment(0, 8, '/dev/%s/%s' % (VG, new.name))]
+        update = self.drv.update_migrated_volume(self.ctxt, self.volume,
+                                                 new, 'available')
+        self.assertEqual({'_name_id': None, 'provider_location': None},
+                         update)
+        self.vg.rename_volume.assert_called_once_with(new.name, LV)
+        self.assertEqual({HANDLE}, set(self.dm.devices))
+
+    def test_update_migrated_volume_in_use_keeps_handle(self):
+        new = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        handle = 'dmclone-' + new.name
+        self.dm.devices[handle] = [dmsetup.linear_segment(0, 8, '/dev/x')]
+        update = self.drv.update_migrated_volume(self.ctxt, self.volume,
+                                                 new, 'in-use')
+        self.assertEqual(fake.VOLUME2_ID, update['_name_id'])
+        self.assertEqual({handle}, set(self.dm.devices))
+
+
+@ddt.ddt
+class ManageTestCase(DriverTestBase):
+
+    @mock.patch.object(volume_utils, 'check_already_managed_volume',
+                       return_value=False)
+    def test_manage_existing(self, mock_check):
+        self.drv.manage_existing(self.volume, {'source-name': 'legacy'})
+        self.vg.rename_volume.assert_called_once_with('legacy', LV)
+        self.assertIn(HANDLE, self.dm.devices)
+
+    @ddt.data({}, {'source-name': '../etc'}, {'source-name': 'a b'},
+              {'source-name': None}, 'legacy')
+    def test_manage_bad_reference(self, ref):
+        self.assertRaises(exception.ManageExistingInvalidReference,
+                          self.drv.manage_existing, self.volume, ref)
+        self.assertRaises(exception.ManageExistingInvalidReference,
+                          self.drv.manage_existing_get_size, self.volume,
+                          ref)
+        self.vg.rename_volume.assert_not_called()
+
+    def test_manage_refuses_metadata_lv(self):
+        ref = {'source-name': 'volume-x-dmcmeta'}
+        exc = self.assertRaises(exception.ManageExistingInvalidReference,
+                                self.drv.manage_existing, self.volume, ref)
+        self.assertIn('dm-clone metadata', str(exc))
+
+    def test_manage_get_size(self):
+        self.vg.get_volume.return_value = {'name': 'legacy', 'size': '1.5'}
+        self.assertEqual(2, self.drv.manage_existing_get_size(
+            self.volume, {'source-name': 'legacy'}))
+
+    def test_unmanage_keeps_lv(self):
+        self._make_handle()
+        self.drv.unmanage(self.volume)
+        self.assertNotIn(HANDLE, self.dm.devices)
+        self.vg.delete.assert_not_called()
+
+    def test_manageable_volumes_hide_metadata(self):
+        self.vg.get_volumes.return_value = [
+            {'name': 'legacy', 'size': '1.0'},
+            {'name': LV + '-dmcmeta', 'size': '0.01'}]
+        self.vg.lv_is_snapshot.return_value = False
+        self.vg.lv_is_open.return_value = False
+        entries = self.drv.get_manageable_volumes([], None, 10, 0,
+                                                  ['size'], ['asc'])
+        by_name = {e['reference']['source-name']: e for e in entries}
+        self.assertTrue(by_name['legacy']['safe_to_manage'])
+        self.assertFalse(by_name[LV + '-dmcmeta']['safe_to_manage'])
+        self.assertEqual('dm-clone transfer metadata',
+                         by_name[LV + '-dmcmeta']['reason_not_safe'])
+
+
+class StatsTestCase(DriverTestBase):
+
+    def test_pool_capabilities(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        stats = self.drv.get_volume_stats(refresh=True)
+        self.assertEqual('dmclone', stats['volume_backend_name'])
+        self.assertEqual(driver.DMCloneVolumeDriver.VERSION,
+                         stats['driver_version'])
+        pool = stats['pools'][0]
+        self.assertTrue(pool['online_extend_support'])
+        self.assertTrue(pool['multiattach'])
+        self.assertTrue(pool['thick_provisioning_support'])
+        self.assertFalse(pool['thin_provisioning_support'])
+        self.assertEqual(8.0, pool['free_capacity_gb'])
+        self.assertEqual('node-a', pool['dmclone_node'])
+        self.assertEqual('DMCloneVolumeDriver:node-a:dmc-vg:default:0',
+                         pool['location_info'])
+
+    def test_thin_pool(self):
+        self.drv.configuration.lvm_type = 'thin'
+        self.vg.vg_thin_pool_size = 9.0
+        self.vg.vg_thin_pool_free_space = 7.0
+        self.vg.vg_provisioned_capacity = 2.0
+        self.vg.get_volumes.return_value = []
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertTrue(pool['thin_provisioning_support'])
+        self.assertEqual(7.0, pool['free_capacity_gb'])
+
+    def test_no_vg_no_stats(self):
+        self.drv.vg = None
+        self.assertEqual({}, self.drv.get_volume_stats(refresh=True))
+
+
+class ConnectionTestCase(DriverTestBase):
+
+    def test_local_connection(self):
+        info = self.drv.initialize_connection(self.volume, LOCAL)
+        self.assertEqual('local', info['driver_volume_type'])
+        self.assertEqual(HANDLE_PATH, info['data']['device_path'])
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_local_export_creates_no_target(self):
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        self.assertEqual({}, self.drv.create_export(self.ctxt, self.volume,
+                                                    LOCAL))
+        target.assert_not_called()
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_remote_export_exports_the_handle(self):
+        target = self.mock_object(
+            self.drv.target_driver, 'create_export',
+            return_value={'location': 'loc', 'auth': 'CHAP u p'})
+        update = self.drv.create_export(self.ctxt, self.volume, REMOTE)
+        self.assertEqual({'provider_location': 'loc',
+                          'provider_auth': 'CHAP u p'}, update)
+        self.assertEqual(HANDLE_PATH, target.call_args.args[2])
+
+    def test_remote_connection_is_iscsi(self):
+        self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
+        self.volume.provider_auth = 'CHAP user pass'
+        info = self.drv.initialize_connection(self.volume, REMOTE)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual('CHAP', info['data']['auth_method'])
+        self.assertEqual('user', info['data']['auth_username'])
+
+    def test_validate_connector(self):
+        self.assertTrue(self.drv.validate_connector({'host': 'node-a'}))
+        self.assertRaises(exception.InvalidConnectorException,
+                          self.drv.validate_connector, {'host': 'node-b'})
+        self.drv.validate_connector(REMOTE)
+
+    def test_terminate_local(self):
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        self.assertFalse(self.drv.terminate_connection(self.volume, LOCAL))
+        target.assert_not_called()
+
+    def test_terminate_local_with_other_attachments(self):
+        self.volume.volume_attachment = objects.VolumeAttachmentList(
+            objects=[objects.VolumeAttachment(id=fake.ATTACHMENT_ID),
+                     objects.VolumeAttachment(id=fake.ATTACHMENT2_ID)])
+        self.assertTrue(self.drv.terminate_connection(self.volume, LOCAL))
+
+    def test_terminate_remote(self):
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        self.assertFalse(self.drv.terminate_connection(self.volume, REMOTE))
+        target.assert_called_once_with(self.volume, REMOTE)
+
+    def test_ensure_export_rebuilds_handle(self):
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.assertIsNone(self.drv.ensure_export(self.ctxt, self.volume))
+        self.assertIn(HANDLE, self.dm.devices)
+        target.assert_not_called()
+
+    def test_ensure_export_restores_target(self):
+        self.volume.provider_location = 'loc'
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.volume)
+        target.assert_called_once_with(self.ctxt, self.volume, HANDLE_PATH)
+
+    def test_remove_export(self):
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        target.assert_called_once_with(self.ctxt, self.volume)
+
+
+class MonitorCallbackTestCase(DriverTestBase):
+
+    def test_logs_progress_and_failures(self):
+        status = mock.Mock(failed=False)
+        progress = mock.Mock(percent=50.0)
+        with mock.patch.object(driver, 'LOG') as log:
+            self.drv._on_clone_status(LV, status, progress)
+            self.assertTrue(log.info.called)
+            self.drv._on_clone_status(LV, dmsetup.FailedCloneStatus('Fail'),
+                                      None)
+            self.assertTrue(log.error.called)
+
+
+class LioDriverTestCase(test.TestCase):
+    """The driver builds with Cinder's LIO target helper."""
+
+    @mock.patch('cinder.utils.execute')
+    def test_lioadm(self, mock_execute):
+        configuration = make_configuration(self, target_helper='lioadm')
+        drv = driver.DMCloneVolumeDriver(configuration=configuration,
+                                         vg_obj=mock.Mock(), host='n@b')
+        self.assertEqual('iSCSI', drv.protocol)
+        mock_execute.assert_any_call('cinder-rtstool', 'verify')

@@ -1,0 +1,158 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The hydration monitor: one status call per tick, isolation of failures."""
+
+from unittest import mock
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import periodic
+
+
+def clone(hydrated, total=4096, region=128):
+    return dmsetup.parse_clone_status(
+        '8 6/2048 %d %d/%d 0 0 4 hydration_threshold 64 '
+        'hydration_batch_size 16 rw' % (region, hydrated, total))
+
+
+class FakeClock(object):
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class ProgressTestCase(test.TestCase):
+
+    def test_first_sample_has_no_rate(self):
+        p = periodic.compute_progress(clone(1024))
+        self.assertEqual(25.0, p.percent)
+        self.assertIsNone(p.rate)
+        self.assertIsNone(p.eta)
+        self.assertEqual(65536, p.region_bytes)
+
+    def test_rate_and_eta(self):
+        prev = periodic.compute_progress(clone(1024))
+        p = periodic.compute_progress(clone(2048), prev, 10.0)
+        self.assertEqual(1024 * 65536 / 10.0, p.rate)
+        # 2048 regions to go at 1024 regions per 10 s.
+        self.assertEqual(20.0, p.eta)
+        self.assertEqual({'hydrated_regions': '2048',
+                          'total_regions': '4096', 'percent': '50.0',
+                          'rate_bps': '6710886', 'eta_seconds': '20'},
+                         p.as_dict())
+
+    def test_stalled_has_no_eta(self):
+        prev = periodic.compute_progress(clone(1024))
+        p = periodic.compute_progress(clone(1024), prev, 10.0)
+        self.assertEqual(0.0, p.rate)
+        self.assertIsNone(p.eta)
+        self.assertEqual('', p.as_dict()['eta_seconds'])
+
+    def test_done(self):
+        prev = periodic.compute_progress(clone(4000))
+        p = periodic.compute_progress(clone(4096), prev, 1.0)
+        self.assertEqual(0.0, p.eta)
+        self.assertEqual(1.0, p.fraction)
+
+    def test_zero_regions(self):
+        p = periodic.Progress(0, 0, 65536)
+        self.assertEqual(1.0, p.fraction)
+        self.assertEqual('', p.as_dict()['rate_bps'])
+
+
+class MonitorTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.dm = mock.Mock()
+        self.seen = []
+        self.clock = FakeClock()
+        self.monitor = periodic.HydrationMonitor(
+            self.dm, self._record, interval=5, clock=self.clock)
+
+    def _record(self, lv_name, status, progress):
+        self.seen.append((lv_name, status, progress))
+
+    def test_one_status_call_for_many_volumes(self):
+        self.dm.clone_statuses.return_value = {
+            'dmclone-volume-%04d' % i: clone(i) for i in range(1000)}
+        report = self.monitor.tick()
+        self.assertEqual(1, self.dm.clone_statuses.call_count)
+        self.assertEqual(1000, report.seen)
+        self.assertEqual(1000, report.handled)
+        self.assertEqual(1000, len(self.seen))
+
+    def test_ignores_foreign_devices(self):
+        self.dm.clone_statuses.return_value = {
+            'someone-elses-clone': clone(1), 'dmclone-volume-a': clone(2)}
+        self.monitor.tick()
+        self.assertEqual(['volume-a'], [s[0] for s in self.seen])
+
+    def test_rate_between_ticks(self):
+        self.dm.clone_statuses.return_value = {'dmclone-v': clone(1000)}
+        self.monitor.tick()
+        self.clock.now += 5
+        self.dm.clone_statuses.return_value = {'dmclone-v': clone(2000)}
+        self.monitor.tick()
+        progress = self.seen[-1][2]
+        self.assertEqual(1000 * 65536 / 5, progress.rate)
+
+    def test_forgets_finished_volumes(self):
+        self.dm.clone_statuses.return_value = {'dmclone-v': clone(1000)}
+        self.monitor.tick()
+        self.dm.clone_statuses.return_value = {}
+        self.monitor.tick()
+        self.dm.clone_statuses.return_value = {'dmclone-v': clone(2000)}
+        self.monitor.tick()
+        self.assertIsNone(self.seen[-1][2].rate)
+
+    def test_failed_clone_is_reported_without_progress(self):
+        self.dm.clone_statuses.return_value = {
+            'dmclone-v': dmsetup.FailedCloneStatus('Fail')}
+        self.monitor.tick()
+        self.assertTrue(self.seen[0][1].failed)
+        self.assertIsNone(self.seen[0][2])
+
+    def test_one_failing_volume_does_not_stop_others(self):
+        def on_status(lv_name, status, progress):
+            if lv_name == 'volume-b':
+                raise RuntimeError('boom')
+            self.seen.append(lv_name)
+        monitor = periodic.HydrationMonitor(self.dm, on_status, 5)
+        self.dm.clone_statuses.return_value = {
+            'dmclone-volume-a': clone(1), 'dmclone-volume-b': clone(1),
+            'dmclone-volume-c': clone(1)}
+        report = monitor.tick()
+        self.assertEqual(['volume-a', 'volume-c'], self.seen)
+        self.assertEqual(['volume-b'], report.failed)
+        self.assertEqual(2, report.handled)
+
+    def test_status_failure_is_contained(self):
+        self.dm.clone_statuses.side_effect = RuntimeError('dmsetup broke')
+        report = self.monitor.tick()
+        self.assertEqual([None], report.failed)
+        self.assertEqual([], self.seen)
+
+    @mock.patch('oslo_service.loopingcall.FixedIntervalLoopingCall')
+    def test_start_stop(self, mock_loop):
+        timer = self.monitor.start()
+        self.assertIs(timer, self.monitor.start())
+        mock_loop.assert_called_once_with(self.monitor.tick)
+        timer.start.assert_called_once_with(
+            interval=5, initial_delay=5, stop_on_exception=False)
+        self.monitor.stop()
+        timer.stop.assert_called_once_with()
+        self.monitor.stop()

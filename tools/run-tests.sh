@@ -1,0 +1,37 @@
+#!/bin/bash
+# Set up a fresh Debian 12 machine (as root) and run every test suite:
+# pep8, the unit tests with coverage, and the functional suite in the
+# real-kernel testbed.  Exits non-zero on any failure.
+#
+#   tools/run-tests.sh            # everything
+#   tools/run-tests.sh pep8,py3   # only the named tox environments
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+ENVS=${1:-pep8,cover,functional}
+CACHE=${DMCLONE_CACHE:-/var/cache/cinder-dmclone}
+export DEBIAN_FRONTEND=noninteractive
+
+step() { printf '\n=== %s: %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+step "host packages"
+missing=()
+for pkg in python3 python3-venv git; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+case ",$ENVS," in *,functional,*) bash tools/testbed/setup-host.sh ;; esac
+
+step "tox"
+# tox lives in its own virtualenv (Debian's python refuses system-wide pip).
+TOXVENV=$CACHE/tox-venv
+if [ ! -x "$TOXVENV/bin/tox" ]; then
+    python3 -m venv "$TOXVENV"
+    "$TOXVENV/bin/pip" install -q 'tox>=4.0.0,<5.0.0'
+fi
+"$TOXVENV/bin/tox" --version
+
+step "tox -e $ENVS"
+"$TOXVENV/bin/tox" -e "$ENVS"
