@@ -28,6 +28,7 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from cinder.brick.local_dev import lvm as brick_lvm
+from cinder import context as cinder_context
 from cinder import exception
 from cinder.i18n import _
 from cinder.image import image_utils
@@ -45,8 +46,11 @@ from cinder.volume.drivers import lvm  # noqa: E402
 from cinder_dmclone import dmsetup  # noqa: E402
 from cinder_dmclone import exception as dmc_exception  # noqa: E402
 from cinder_dmclone import layout  # noqa: E402
+from cinder_dmclone import mover as dmc_mover  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
+from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import periodic  # noqa: E402
+from cinder_dmclone import transfer  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CONF = cfg.CONF
@@ -64,9 +68,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     .. code-block:: none
 
         1.0.0 - Node-local lifecycle behind device-mapper handles.
+        1.1.0 - Volumes move to the node that attaches them (transfers).
     """
 
-    VERSION = '1.0.0'
+    VERSION = '1.1.0'
     CI_WIKI_NAME = 'cinder-dmclone_CI'
 
     def __init__(self, *args, **kwargs):
@@ -82,6 +87,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                   root_helper=utils.get_root_helper())
         self.metadata_vg = None
         self.monitor = None
+        self.store = transfer.Store(self.db)
+        self.peer = peer.PeerClient()
+        self._destination = None
+        self._mover = None
+        self._own_connector = None
 
     @classmethod
     def get_driver_options(cls):
@@ -127,6 +137,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         super().check_for_setup_error()
         self.metadata_vg = self._open_metadata_vg()
         self._check_device_mapper()
+        self._recover_transfers()
         self._start_monitor()
 
     def _region_sectors(self):
@@ -191,18 +202,96 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _start_monitor(self):
         if self.monitor is None:
             self.monitor = periodic.HydrationMonitor(
-                self.dm, self._on_clone_status,
-                self.configuration.dmclone_monitor_interval)
+                self.dm, self.mover.on_status,
+                self.configuration.dmclone_monitor_interval,
+                after_tick=self.mover.finalize_pending)
             self.monitor.start()
 
-    def _on_clone_status(self, lv_name, status, progress):
-        """Monitor callback; transfers are not implemented yet."""
-        if status.failed:
-            LOG.error('Clone target of %s reports %s.', lv_name,
-                      status.state)
-        elif progress is not None:
-            LOG.info('Clone of %(lv)s: %(pct)s%% hydrated.',
-                     {'lv': lv_name, 'pct': progress.percent})
+    # ------------------------------------------------------------------
+    # Transfers: the pieces the Mover works with
+    # ------------------------------------------------------------------
+
+    @property
+    def mover(self):
+        if self._mover is None:
+            self._mover = dmc_mover.Mover(
+                node_names=self._node_names(), node_name=self.node_name,
+                service_host=self.host, store=self.store,
+                peer_client=self.peer, destination=self._destination_node,
+                target_driver=self.target_driver,
+                retire_local=self._retire_local,
+                region_sectors=self._region_sectors(),
+                tuning=self._hydration_tuning,
+                own_connector=self._connector_properties)
+        return self._mover
+
+    def _destination_node(self):
+        if self._destination is None:
+            connector = volume_utils.brick_get_connector(
+                'ISCSI', use_multipath=False,
+                device_scan_attempts=(
+                    self.configuration.num_volume_device_scan_tries))
+            self._destination = transfer.DestinationNode(
+                self.dm, self.vg, self.metadata_vg or self.vg, connector,
+                self._execute, utils.get_root_helper(),
+                lvm_type=self.configuration.lvm_type,
+                metadata_reserve=self.configuration.dmclone_metadata_reserve)
+        return self._destination
+
+    def _connector_properties(self):
+        """This node's initiator, for the ACL the source drops."""
+        if self._own_connector is None:
+            props = volume_utils.brick_get_connector_properties()
+            props['host'] = self.node_name
+            self._own_connector = props
+        return self._own_connector
+
+    def _retire_local(self, volume):
+        """Remove this node's copy of a volume that moved away."""
+        self._remove_handle(volume['name'])
+        if self.vg.get_volume(volume['name']) is not None:
+            self.vg.delete(volume['name'])
+
+    def _hydration_tuning(self, volume_type):
+        """Threshold and batch size: volume type extra specs over config."""
+        specs = (volume_type or {}).get('extra_specs') or {}
+        values = []
+        for name in ('hydration_threshold', 'hydration_batch_size'):
+            raw = specs.get('dmclone:%s' % name)
+            if raw is None:
+                values.append(getattr(self.configuration, 'dmclone_' + name))
+                continue
+            try:
+                value = int(raw)
+            except (TypeError, ValueError):
+                value = 0
+            if value < 1:
+                raise exception.InvalidVolumeType(
+                    reason=_('extra spec dmclone:%(name)s=%(raw)r must be '
+                             'a positive integer') % {'name': name,
+                                                      'raw': raw})
+            values.append(value)
+        return tuple(values)
+
+    def _recover_transfers(self):
+        """Resume transfers into or out of this node after a restart."""
+        if self.db is None:
+            return
+        ctxt = cinder_context.get_admin_context()
+        volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
+            ctxt, self.host)}
+        meta_lvs = [lv['name'] for lv in self.metadata_vg.get_volumes()
+                    if layout.lv_name_from_metadata_lv(lv['name'])]
+        for name in meta_lvs:
+            volume_id = volume_utils.extract_id_from_volume_name(
+                layout.lv_name_from_metadata_lv(name))
+            if volume_id and volume_id not in volumes:
+                try:
+                    volumes[volume_id] = objects.Volume.get_by_id(
+                        ctxt, volume_id)
+                except exception.VolumeNotFound:
+                    pass
+        self.mover.recover(list(volumes.values()), meta_lvs)
 
     # ------------------------------------------------------------------
     # Handles
@@ -234,6 +323,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.vg.activate_lv(lv_name)
         table = self._linear_table(lv_name)
         if not self.dm.exists(name):
+            self._refuse_linear_over_clone(lv_name)
             try:
                 self.dm.create(name, table,
                                uuid=HANDLE_UUID_PREFIX + lv_name)
@@ -245,6 +335,20 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         else:
             self._refresh_handle(volume, table)
         return layout.handle_path(lv_name)
+
+    def _refuse_linear_over_clone(self, lv_name):
+        """Never map a partly hydrated LV alone.
+
+        A metadata LV here means the volume is moving in and its LV holds
+        only the regions copied so far: only the clone may serve it, and
+        startup recovery rebuilds that.
+        """
+        meta_vg = self.metadata_vg or self.vg
+        if meta_vg.get_volume(layout.metadata_lv_name(lv_name)) is not None:
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume LV %s is being hydrated by a transfer but has '
+                       'no clone target; restart the volume service to '
+                       'rebuild it.') % lv_name)
 
     def _refresh_handle(self, volume, table=None):
         """Reload a linear handle whose length differs from its LV's."""
@@ -281,17 +385,27 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             self.vg.delete(volume['name'])
             raise
 
+    def create_snapshot(self, snapshot):
+        if not isinstance(snapshot, dict):
+            # (a dict is the LVM driver's own temporary snapshot of a clone)
+            self.mover.refuse_if_moving(snapshot.volume, _('a snapshot'))
+        super().create_snapshot(snapshot)
+
     def create_volume_from_snapshot(self, volume, snapshot):
         super().create_volume_from_snapshot(volume, snapshot)
         self._handle_or_rollback(volume)
 
     def create_cloned_volume(self, volume, src_vref):
+        self.mover.refuse_if_moving(src_vref, _('cloning it'))
         super().create_cloned_volume(volume, src_vref)
         self._handle_or_rollback(volume)
 
     def delete_volume(self, volume):
         """Remove the handle, then the LV (the handle holds the LV open)."""
         lv_name = layout.validate_lv_name(volume['name'])
+        if self.mover.delete(volume):
+            LOG.info('Deleted volume %s and its transfer.', volume['id'])
+            return
         if self._volume_not_present(lv_name):
             self._remove_handle(lv_name)
             return
@@ -310,7 +424,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         in-flight I/O), so an attached instance sees the new size.
         """
         self.vg.extend_volume(volume['name'], self._sizestr(new_size))
-        if self.dm.exists(layout.handle_name(volume['name'])):
+        if self.mover.extend(volume):
+            LOG.info('Volume %s extended during its transfer: the clone '
+                     'keeps its length, the extension is mapped linearly.',
+                     volume['id'])
+        elif self.dm.exists(layout.handle_name(volume['name'])):
             self._refresh_handle(volume)
         try:
             self.target_driver.extend_target(volume)
@@ -320,6 +438,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def revert_to_snapshot(self, context, volume, snapshot):
         """Revert a thick volume: LVM merges only an LV nobody holds open."""
+        self.mover.refuse_if_moving(volume, _('a revert to a snapshot'))
         if self.configuration.lvm_type == 'thin':
             # Cinder falls back to its generic copy-based revert.
             raise NotImplementedError(
@@ -349,6 +468,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                    image_meta,
                                    self._ensure_handle(volume),
                                    volume)
+
+    def retype(self, context, volume, new_type, diff, host):
+        """Retype within the backend; a live clone takes the new tuning."""
+        self.mover.retune(volume, new_type)
+        return True
 
     def migrate_volume(self, ctxt, volume, host, thin=False, mirror_count=0):
         """Leave migration to Cinder's generic, attach-based copy.
@@ -450,8 +574,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """Export the handle over iSCSI, unless the attach is local.
 
         A connector on this node gets the handle itself (see
-        initialize_connection): no target, no network.
+        initialize_connection): no target, no network.  A destination
+        building a clone exports nothing either.
         """
+        if peer.payload(connector):
+            return {}
         path = self._ensure_handle(volume)
         if self._is_local_connector(connector):
             return {}
@@ -459,20 +586,64 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return {'provider_location': export_info['location'],
                 'provider_auth': export_info['auth']}
 
+    def remove_export(self, context, volume):
+        """Remove this node's export, never one a transfer still reads."""
+        if self.mover.load(volume['id']) is not None:
+            LOG.debug('Volume %s is in transfer: its export stays until '
+                      'the transfer ends.', volume['id'])
+            return
+        if not self._owns_export(volume):
+            return
+        self.target_driver.remove_export(context, volume)
+
+    def _owns_export(self, volume):
+        location = volume.get('provider_location') or ''
+        own = '%s:' % self.configuration.target_ip_address
+        return location.startswith(own)
+
     def validate_connector(self, connector):
         if self._is_local_connector(connector):
             return True
         return self.target_driver.validate_connector(connector)
 
     def initialize_connection(self, volume, connector):
+        """Local for this node; a move for an instance elsewhere.
+
+        An instance attaching from another node that runs this backend
+        moves the volume there (see cinder_dmclone.mover); anything else
+        from another node gets an iSCSI connection.
+        """
+        step = peer.payload(connector)
+        if step:
+            return self._local_connection(volume,
+                                          self.mover.prepare(volume, step))
         if self._is_local_connector(connector):
-            return {'driver_volume_type': 'local',
-                    'data': {'device_path': self._ensure_handle(volume),
-                             'volume_id': volume['id'],
-                             'access_mode': 'rw'}}
+            return self._local_connection(volume,
+                                          self._ensure_handle(volume))
+        if self.mover.wants_move(volume, connector):
+            info = self.mover.move(volume, connector, self.dm.device_sectors(
+                self._lv_path(volume['name'])))
+            if info is not None:
+                return info
+            LOG.warning('No volume service of this backend on node %s: '
+                        'attaching volume %s there over iSCSI.',
+                        connector.get('host'), volume['id'])
         return super().initialize_connection(volume, connector)
 
+    @staticmethod
+    def _local_connection(volume, path):
+        return {'driver_volume_type': 'local',
+                'data': {'device_path': path,
+                         'volume_id': volume['id'],
+                         'access_mode': 'rw'}}
+
     def terminate_connection(self, volume, connector, **kwargs):
+        step = peer.payload(connector)
+        if step:
+            self.mover.serve(volume, connector, step)
+            return False
+        if self.mover.detached(volume, connector):
+            return False
         if self._is_local_connector(connector):
             # Nothing was exported for a local attach.  Tell the manager
             # the "target" is still shared while other attachments remain.

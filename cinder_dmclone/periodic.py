@@ -101,11 +101,16 @@ class HydrationMonitor(object):
     every clone target that is a handle of this driver (``dmclone-<lv>``);
     ``status`` is a CloneStatus or FailedCloneStatus from
     :mod:`cinder_dmclone.dmsetup`.  Devices that are not ours are ignored.
+    ``after_tick()``, if given, runs once per tick after the statuses
+    (work that no clone target reports any more, such as finishing a
+    transfer whose clone is already linear).
     """
 
-    def __init__(self, dm, on_status, interval, clock=time.monotonic):
+    def __init__(self, dm, on_status, interval, clock=time.monotonic,
+                 after_tick=None):
         self._dm = dm
         self._on_status = on_status
+        self._after_tick = after_tick
         self._interval = interval
         self._clock = clock
         self._last = {}
@@ -142,6 +147,11 @@ class HydrationMonitor(object):
                               'with the other volumes.', lv_name)
                 report.failed.append(lv_name)
         self._last = current
+        if self._after_tick is not None:
+            try:
+                self._after_tick()
+            except Exception:
+                LOG.exception('Hydration monitor follow-up work failed.')
         return report
 
     def start(self):

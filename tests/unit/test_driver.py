@@ -77,7 +77,10 @@ class DriverTestBase(test.TestCase):
         self.configuration = make_configuration(self)
         self.vg = mock.Mock(spec=brick_lvm.LVM)
         self.vg.vg_name = VG
-        self.vg.get_volume.return_value = {'name': LV, 'size': '1.00'}
+        self.lvs = {LV: '1.00'}
+        self.vg.get_volume.side_effect = lambda name: (
+            {'name': name, 'size': self.lvs[name]} if name in self.lvs
+            else None)
         self.vg.lv_has_snapshot.return_value = False
         self.drv = self._make_driver()
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
@@ -87,9 +90,13 @@ class DriverTestBase(test.TestCase):
     def _make_driver(self, host='node-a@dmclone#dmclone', **overrides):
         if overrides:
             self.configuration = make_configuration(self, **overrides)
-        return driver.DMCloneVolumeDriver(configuration=self.configuration,
-                                          vg_obj=self.vg, host=host,
-                                          db=mock.Mock())
+        self.db = mock.Mock()
+        self.db.volume_admin_metadata_get.return_value = {}
+        drv = driver.DMCloneVolumeDriver(configuration=self.configuration,
+                                         vg_obj=self.vg, host=host)
+        # Cinder's drivers always talk to cinder.db; keep tests off it.
+        drv.db = drv.store.db = self.db
+        return drv
 
     def _snapshot(self):
         return fake_snapshot.fake_snapshot_obj(self.ctxt, volume_size=1,
@@ -150,9 +157,12 @@ class SetupTestCase(DriverTestBase):
         super().setUp()
         self.mock_object(cinder_lvm.LVMVolumeDriver, 'check_for_setup_error')
         self.mock_object(driver.periodic.HydrationMonitor, 'start')
+        self.recover = self.mock_object(driver.DMCloneVolumeDriver,
+                                        '_recover_transfers')
 
     def test_ok(self):
         self.drv.check_for_setup_error()
+        self.recover.assert_called_once_with()
         self.assertIs(self.vg, self.drv.metadata_vg)
         self.assertIsNotNone(self.drv.monitor)
         self.drv.monitor.start.assert_called_once_with()
@@ -233,10 +243,11 @@ class SetupTestCase(DriverTestBase):
 class SetupWithCinderChecksTestCase(DriverTestBase):
     """Cinder's own LVM checks run too (volume group lookup)."""
 
+    @mock.patch.object(driver.DMCloneVolumeDriver, '_recover_transfers')
     @mock.patch.object(driver.periodic.HydrationMonitor, 'start')
     @mock.patch.object(volume_utils, 'get_all_volume_groups',
                        return_value=[{'name': VG}])
-    def test_parent_checks_run(self, mock_vgs, mock_start):
+    def test_parent_checks_run(self, mock_vgs, mock_start, mock_recover):
         self.drv.check_for_setup_error()
         mock_vgs.assert_called_once_with(VG)
 
@@ -322,7 +333,7 @@ class LifecycleTestCase(DriverTestBase):
 
     def test_delete_missing_lv_still_removes_handle(self):
         self._make_handle()
-        self.vg.get_volume.return_value = None
+        self.lvs.clear()
         self.drv.delete_volume(self.volume)
         self.assertNotIn(HANDLE, self.dm.devices)
         self.vg.delete.assert_not_called()
@@ -505,7 +516,7 @@ class ManageTestCase(DriverTestBase):
         self.assertIn('dm-clone metadata', str(exc))
 
     def test_manage_get_size(self):
-        self.vg.get_volume.return_value = {'name': 'legacy', 'size': '1.5'}
+        self.lvs['legacy'] = '1.5'
         self.assertEqual(2, self.drv.manage_existing_get_size(
             self.volume, {'source-name': 'legacy'}))
 
@@ -634,22 +645,18 @@ class ConnectionTestCase(DriverTestBase):
         target.assert_called_once_with(self.ctxt, self.volume, HANDLE_PATH)
 
     def test_remove_export(self):
+        self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_called_once_with(self.ctxt, self.volume)
 
-
-class MonitorCallbackTestCase(DriverTestBase):
-
-    def test_logs_progress_and_failures(self):
-        status = mock.Mock(failed=False)
-        progress = mock.Mock(percent=50.0)
-        with mock.patch.object(driver, 'LOG') as log:
-            self.drv._on_clone_status(LV, status, progress)
-            self.assertTrue(log.info.called)
-            self.drv._on_clone_status(LV, dmsetup.FailedCloneStatus('Fail'),
-                                      None)
-            self.assertTrue(log.error.called)
+    def test_remove_export_of_another_node_is_left_alone(self):
+        self.volume.provider_location = '10.0.0.2:3260,1 iqn.x:%s 0' % LV
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        self.drv.remove_export(self.ctxt, fake_volume.fake_volume_obj(
+            self.ctxt, provider_location=None))
+        target.assert_not_called()
 
 
 class LioDriverTestCase(test.TestCase):

@@ -1,0 +1,495 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What a transfer means in Cinder's terms, on either end.
+
+The :class:`Mover` runs in every node's volume service.  On the *source*
+(the node the volume lives on) it starts a move when an instance on another
+node attaches the volume, and serves the steps the destination asks of it
+(release or retire the export and old LV).  On the *destination* it builds
+the clone, commits or rolls back when live migration ends, finalizes
+finished clones for the monitor, and recovers transfers at service start.
+
+Every entry point that changes a transfer takes the volume's coordination
+lock, except the steps one node runs on behalf of the other: those execute
+inside the caller's critical section (taking the lock there would deadlock
+on a distributed lock).
+"""
+
+from oslo_log import log as logging
+from oslo_utils import excutils
+
+from cinder.common import constants
+from cinder import context
+from cinder import coordination
+from cinder import exception
+from cinder.i18n import _
+from cinder import objects
+from cinder.objects import fields
+from cinder.volume import volume_utils
+
+from cinder_dmclone import layout
+from cinder_dmclone import peer
+from cinder_dmclone import transfer
+
+LOG = logging.getLogger(__name__)
+
+#: attach statuses of an attachment that is being set up right now.
+_STARTING = (fields.VolumeAttachStatus.RESERVED,
+             fields.VolumeAttachStatus.ATTACHING)
+_ACTIVE = (fields.VolumeAttachStatus.ATTACHED,
+           fields.VolumeAttachStatus.ATTACHING)
+
+
+def lock(volume_id):
+    """The per-volume lock every transfer step runs under."""
+    return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
+
+
+def is_instance_attach(volume):
+    """True if an instance attachment of the volume is being set up.
+
+    Only instances move volumes: cinder-backup, image upload and other
+    attaches without an instance get an ordinary iSCSI export.
+    """
+    return any(a.instance_uuid and a.attach_status in _STARTING
+               for a in volume.volume_attachment or [])
+
+
+def attachments_on(volume, node):
+    """Active attachments of the volume on the node ``node``."""
+    count = 0
+    for a in volume.volume_attachment or []:
+        if a.attach_status not in _ACTIVE:
+            continue
+        host = a.attached_host or (a.connector or {}).get('host')
+        if host == node:
+            count += 1
+    return count
+
+
+class Mover(object):
+    """Transfers seen from one node.
+
+    ``node`` is the node's identity (its connector host names, service
+    host), the rest are its tools: the transfer Store, the PeerClient, the
+    node's DestinationNode factory, the target driver and callables for the
+    handle operations the driver owns.
+    """
+
+    def __init__(self, node_names, node_name, service_host, store, peer_client,
+                 destination, target_driver, retire_local, region_sectors,
+                 tuning, own_connector):
+        self.node_names = node_names
+        self.node_name = node_name
+        self.service_host = service_host
+        self.store = store
+        self.peer = peer_client
+        self.destination = destination
+        self.target_driver = target_driver
+        self.retire_local = retire_local
+        self.region_sectors = region_sectors
+        self.tuning = tuning
+        self.own_connector = own_connector
+        self.pending_finalize = set()
+
+    # -- helpers ---------------------------------------------------------
+
+    @staticmethod
+    def ctxt():
+        return context.get_admin_context()
+
+    def is_dest(self, t):
+        return t is not None and t.dest_node in self.node_names
+
+    def is_source(self, t):
+        return t is not None and t.source_node in self.node_names
+
+    def load(self, volume_id):
+        return self.store.load(self.ctxt(), volume_id)
+
+    def refuse_if_moving(self, volume, action):
+        """Raise TransferInProgress if the volume is being moved."""
+        t = self.load(volume['id'])
+        if t is not None:
+            md = self.store.db.volume_admin_metadata_get(self.ctxt(),
+                                                         volume['id'])
+            raise transfer.TransferInProgress(
+                volume_name=volume['name'], source=t.source_node,
+                dest=t.dest_node, state=t.state,
+                percent=transfer.progress_percent(md), action=action)
+
+    def destination_host(self, ctxt, volume, node):
+        """The volume host string and AZ of ``node``'s service, or None.
+
+        A node's service runs the same backend section under the node's
+        name (``<node>@<section>``); the pool is the backend name.
+        """
+        backend = volume_utils.extract_host(volume['host'], 'backend')
+        section = backend.partition('@')[2]
+        dest_backend = '%s@%s' % (node, section)
+        try:
+            service = objects.Service.get_by_args(ctxt, dest_backend,
+                                                  constants.VOLUME_BINARY)
+        except exception.ServiceNotFound:
+            return None, None
+        if service.disabled or not service.is_up:
+            raise exception.VolumeBackendAPIException(
+                data=_('Cannot move volume %(vol)s to node %(node)s: its '
+                       'volume service %(svc)s is down or disabled.')
+                % {'vol': volume['id'], 'node': node, 'svc': dest_backend})
+        pool = volume_utils.extract_host(volume['host'], 'pool')
+        return (volume_utils.append_host(dest_backend, pool),
+                service.availability_zone)
+
+    # -- source: starting a move -----------------------------------------
+
+    def wants_move(self, volume, connector):
+        """True if this attach should move the volume to the connector."""
+        return (connector.get('host') not in self.node_names
+                and is_instance_attach(volume))
+
+    def move(self, volume, connector, lv_sectors):
+        """Move ``volume`` to the connector's node; return conn info.
+
+        Runs on the source, inside the attach request.  The destination's
+        service builds the clone over this node's export (ACL for its
+        initiator only) and returns a local connection; the volume record
+        then names the destination.  Any failure leaves the volume here,
+        untouched, with nothing left on either node.
+        """
+        ctxt = self.ctxt()
+        dest_node = connector['host']
+        with lock(volume['id']):
+            self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
+            self._refuse_snapshots(ctxt, volume)
+            dest_host, dest_az = self.destination_host(ctxt, volume,
+                                                       dest_node)
+            if dest_host is None:
+                return None
+            iscsi = self.target_driver.initialize_connection(volume,
+                                                             connector)
+            data = iscsi['data']
+            t = transfer.Transfer(
+                volume_id=volume['id'], lv_name=volume['name'],
+                state=transfer.PREPARING, source_host=volume['host'],
+                dest_host=dest_host, source_node=self.node_name,
+                dest_node=dest_node, region_sectors=self.region_sectors,
+                clone_sectors=lv_sectors,
+                target_portal=data['target_portal'],
+                target_iqn=data['target_iqn'],
+                target_lun=data.get('target_lun', 0))
+            hydrate = attachments_on(volume, self.node_name) == 0
+            LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
+                     '(hydration %(h)s).',
+                     {'vol': volume['id'], 'src': self.node_name,
+                      'dst': dest_node,
+                      'h': 'now' if hydrate else 'after detach here'})
+            self.store.save(ctxt, t)
+            try:
+                info = self.peer.prepare(ctxt, volume, dest_host, connector,
+                                         hydrate=hydrate, size_gb=volume[
+                                             'size'])
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    LOG.error('Destination %(dst)s could not take volume '
+                              '%(vol)s; it stays on %(src)s.',
+                              {'dst': dest_node, 'vol': volume['id'],
+                               'src': self.node_name})
+                    self._drop_export(volume, connector)
+                    self.store.clear(ctxt, volume['id'])
+            self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
+            LOG.info('Volume %(vol)s now lives on %(dst)s.',
+                     {'vol': volume['id'], 'dst': dest_host})
+            return info
+
+    def _refuse_snapshots(self, ctxt, volume):
+        snaps = objects.SnapshotList.get_all_for_volume(ctxt, volume['id'])
+        if len(snaps):
+            raise exception.InvalidVolume(
+                reason=_('volume %(vol)s has %(n)d snapshot(s) on node '
+                         '%(node)s; node-local snapshots cannot move with '
+                         'it. Delete them, or attach the volume on '
+                         '%(node)s.') % {'vol': volume['id'], 'n': len(snaps),
+                                         'node': self.node_name})
+
+    def _drop_export(self, volume, connector):
+        try:
+            self.target_driver.terminate_connection(volume, connector)
+            self.target_driver.remove_export(self.ctxt(), volume)
+        except Exception:
+            LOG.exception('Could not remove the export of volume %s made '
+                          'for its transfer.', volume['id'])
+
+    # -- source: steps asked by the destination --------------------------
+
+    def serve(self, volume, connector, step):
+        """Run a step the other node asked for (no lock: see module doc)."""
+        op = step['op']
+        if op == peer.RELEASE:
+            self._drop_export(volume, connector)
+        elif op == peer.RETIRE:
+            self._retire(volume, connector)
+        elif op == peer.ABORT:
+            self._abort_destination(volume)
+
+    def _retire(self, volume, connector):
+        """The volume has left: drop its export, handle and old LV."""
+        if volume_utils.extract_host(volume['host'], 'host') in \
+                self.node_names:
+            raise exception.VolumeBackendAPIException(
+                data=_('Refusing to retire volume %s: its record still '
+                       'names this node.') % volume['id'])
+        self._drop_export(volume, connector)
+        self.retire_local(volume)
+        LOG.info('Old copy of volume %s removed from this node.',
+                 volume['id'])
+
+    def _abort_destination(self, volume):
+        t = self.load(volume['id'])
+        if self.is_dest(t):
+            self.destination().tear_down(t, volume['provider_auth'])
+
+    # -- destination -----------------------------------------------------
+
+    def prepare(self, volume, step):
+        """Build the clone of a volume moving here; return its path."""
+        ctxt = self.ctxt()
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or t.state != transfer.PREPARING:
+            raise exception.VolumeBackendAPIException(
+                data=_('No transfer of volume %s to this node is being '
+                       'prepared.') % volume['id'])
+        dest = self.destination()
+        hydrate = bool(step.get('hydrate'))
+        threshold, batch = self.tuning(volume.volume_type)
+        try:
+            dest.create_volumes(t, int(step.get('size_gb') or volume['size']))
+            source = dest.connect_source(t, volume['provider_auth'])
+            path = dest.build_clone(t, source, hydrate, threshold, batch)
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                LOG.exception('Building the clone of volume %s failed; '
+                              'removing what was built.', volume['id'])
+                dest.tear_down(t, volume['provider_auth'])
+        self.store.set_state(ctxt, t, transfer.HYDRATING if hydrate
+                             else transfer.CLONED)
+        LOG.info('Clone of volume %(vol)s built over %(src)s '
+                 '(%(state)s).', {'vol': volume['id'],
+                                  'src': t.source_node, 'state': t.state})
+        return path
+
+    def detached(self, volume, connector):
+        """A connection of a volume in transfer here goes away.
+
+        Detach on the source (live migration done): commit, hydrate.
+        Detach here while the source still holds it (live migration
+        failed): roll back; the volume stays on the source.
+        Returns True if the transfer handled it.
+        """
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or t.state != transfer.CLONED:
+            return False
+        host = (connector or {}).get('host')
+        with lock(volume['id']):
+            if host == t.source_node:
+                if attachments_on(volume, t.source_node) <= 1:
+                    self.commit(volume, t)
+                return True
+            if host in self.node_names and attachments_on(
+                    volume, t.source_node) > 0:
+                self.rollback(volume, t)
+                return True
+        return False
+
+    def commit(self, volume, t):
+        self.destination().enable_hydration(t)
+        self.store.set_state(self.ctxt(), t, transfer.HYDRATING)
+        LOG.info('Transfer of volume %(vol)s committed: hydrating from '
+                 '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
+
+    def rollback(self, volume, t):
+        ctxt = self.ctxt()
+        LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
+                    'on %(src)s.', {'vol': volume['id'],
+                                    'src': t.source_node})
+        self.destination().tear_down(t, volume['provider_auth'])
+        self.store.move_volume(ctxt, volume['id'], t.source_host)
+        try:
+            self.peer.request(ctxt, volume, t.source_host,
+                              self.own_connector(), peer.RELEASE)
+        except Exception:
+            LOG.exception('Source %(src)s did not drop the export of '
+                          '%(vol)s; it is harmless and goes with the next '
+                          'detach there.', {'src': t.source_node,
+                                            'vol': volume['id']})
+        self.store.clear(ctxt, volume['id'])
+
+    def extend(self, volume):
+        """Grow the table of a clone after its LV grew; False if none."""
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or t.state == transfer.FINALIZING:
+            return False
+        with lock(volume['id']):
+            return self.destination().extend(t)
+
+    def retune(self, volume, volume_type):
+        """Apply a new volume type's hydration tuning to a live clone."""
+        t = self.load(volume['id'])
+        if self.is_dest(t) and t.state in (transfer.CLONED,
+                                           transfer.HYDRATING):
+            threshold, batch = self.tuning(volume_type)
+            self.destination().tune(t, threshold, batch)
+
+    def delete(self, volume):
+        """A volume in transfer here is deleted: clean both nodes."""
+        t = self.load(volume['id'])
+        if not self.is_dest(t):
+            return False
+        ctxt = self.ctxt()
+        with lock(volume['id']):
+            self.destination().tear_down(t, volume['provider_auth'])
+            self.peer.request(ctxt, volume, t.source_host,
+                              self.own_connector(), peer.RETIRE)
+            self.store.clear(ctxt, volume['id'])
+        return True
+
+    # -- destination: monitor and finalization ----------------------------
+
+    def on_status(self, lv_name, status, progress):
+        """Hydration monitor callback for one clone handle."""
+        volume_id = volume_utils.extract_id_from_volume_name(lv_name)
+        t = self.load(volume_id) if volume_id else None
+        if not self.is_dest(t):
+            LOG.warning('Clone target of %s belongs to no transfer into '
+                        'this node; leaving it alone.', lv_name)
+            return
+        if status.failed:
+            LOG.error('Clone of volume %(vol)s reports %(st)s: check the '
+                      'metadata LV and the path to %(src)s.',
+                      {'vol': volume_id, 'st': status.state,
+                       'src': t.source_node})
+            return
+        self.store.publish_progress(self.ctxt(), volume_id, progress)
+        LOG.info('Volume %(vol)s: %(pct).1f%% hydrated from %(src)s%(eta)s.',
+                 {'vol': volume_id, 'pct': progress.percent,
+                  'src': t.source_node,
+                  'eta': '' if progress.eta is None
+                  else ', %d s to go' % progress.eta})
+        if t.state == transfer.HYDRATING and status.fully_hydrated:
+            self.finalize(volume_id)
+
+    def finalize_pending(self):
+        for volume_id in sorted(self.pending_finalize):
+            self.finalize(volume_id)
+
+    def finalize(self, volume_id):
+        """Swap to linear, drop metadata and session, retire the source.
+
+        Each step is idempotent; a failure keeps the transfer in
+        ``finalizing`` and the next monitor tick tries again.
+        """
+        ctxt = self.ctxt()
+        try:
+            with lock(volume_id):
+                t = self.load(volume_id)
+                if not self.is_dest(t):
+                    self.pending_finalize.discard(volume_id)
+                    return
+                volume = objects.Volume.get_by_id(ctxt, volume_id)
+                if t.state != transfer.FINALIZING:
+                    self.store.set_state(ctxt, t, transfer.FINALIZING)
+                dest = self.destination()
+                dest.swap_to_linear(t)
+                dest.remove_metadata(t)
+                dest.disconnect_source(t, volume.provider_auth)
+                self.peer.request(ctxt, volume, t.source_host,
+                                  self.own_connector(), peer.RETIRE)
+                self.store.clear(ctxt, volume_id)
+                self.store.db.volume_update(
+                    ctxt, volume_id,
+                    {'provider_location': None, 'provider_auth': None})
+                self.pending_finalize.discard(volume_id)
+                LOG.info('Transfer of volume %(vol)s finished: it lives on '
+                         '%(node)s alone.', {'vol': volume_id,
+                                             'node': t.dest_node})
+        except Exception:
+            self.pending_finalize.add(volume_id)
+            LOG.exception('Finalizing the transfer of volume %s failed; '
+                          'retrying at the next monitor tick.', volume_id)
+
+    # -- recovery at service start -----------------------------------------
+
+    def recover(self, volumes, metadata_lvs):
+        """Resume, finish or roll back every transfer touching this node.
+
+        ``volumes`` are the volumes whose record names this node or whose
+        transfer does; ``metadata_lvs`` the metadata LV names present here.
+        Leftovers that match no transfer are reported, never deleted.
+        """
+        known = set()
+        for volume in volumes:
+            try:
+                t = transfer.Transfer.from_metadata(
+                    volume.id, volume.admin_metadata)
+            except transfer.TransferStateInvalid:
+                LOG.exception('Not recovering volume %s.', volume.id)
+                continue
+            if t is None:
+                continue
+            known.add(t.lv_name)
+            try:
+                self._recover_one(volume, t)
+            except Exception:
+                LOG.exception('Recovering the transfer of volume %s failed.',
+                              volume.id)
+        for name in metadata_lvs:
+            lv = layout.lv_name_from_metadata_lv(name)
+            if lv and lv not in known:
+                LOG.warning('Metadata LV %s matches no transfer into this '
+                            'node; left in place for an operator to check.',
+                            name)
+
+    def _recover_one(self, volume, t):
+        ctxt = self.ctxt()
+        here = volume_utils.extract_host(volume.host, 'host')
+        if self.is_source(t) and here in self.node_names:
+            # The source crashed before the move was committed.
+            LOG.warning('Transfer of volume %s never completed; asking '
+                        '%s to drop its side.', volume.id, t.dest_node)
+            try:
+                self.peer.request(ctxt, volume, t.dest_host,
+                                  self.own_connector(), peer.ABORT)
+            except Exception:
+                LOG.exception('Destination %s could not abort.', t.dest_node)
+            self._drop_export(volume, {'initiator': None, 'host': None})
+            self.store.clear(ctxt, volume.id)
+            return
+        if not self.is_dest(t):
+            return
+        dest = self.destination()
+        if t.state == transfer.PREPARING:
+            LOG.warning('Transfer of volume %s was half built; rolling '
+                        'back this node.', volume.id)
+            dest.tear_down(t, volume.provider_auth)
+            if here not in self.node_names:
+                self.store.clear(ctxt, volume.id)
+            return
+        if t.state == transfer.FINALIZING:
+            self.pending_finalize.add(volume.id)
+            return
+        threshold, batch = self.tuning(volume.volume_type)
+        source = dest.connect_source(t, volume.provider_auth)
+        dest.build_clone(t, source, t.state == transfer.HYDRATING,
+                         threshold, batch)
+        LOG.info('Clone of volume %(vol)s rebuilt after restart '
+                 '(%(state)s).', {'vol': volume.id, 'state': t.state})

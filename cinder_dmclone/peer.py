@@ -1,0 +1,81 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Requests from one node's volume service to another's.
+
+Cross-node steps of a transfer travel over Cinder's own volume RPC API, to
+the service of the other node, never through a shell on it:
+
+* ``initialize_connection`` (an RPC *call*) to the destination, with the
+  destination's own connector plus a ``dmclone`` entry describing the step
+  (``prepare``: build the clone);
+* ``terminate_connection`` (a call) to the source or destination, with a
+  ``dmclone`` entry naming the step (``release``: drop the export made for
+  the transfer; ``retire``: the volume has left, remove its export and old
+  LV; ``abort``: tear down a destination that was never committed).
+
+The receiving driver recognises the entry (see DMCloneVolumeDriver) and
+runs the step there.  Calls are bounded by ``rpc_response_timeout``.
+"""
+
+from cinder.volume import rpcapi as volume_rpcapi
+
+PAYLOAD_KEY = 'dmclone'
+PREPARE = 'prepare'
+RELEASE = 'release'
+RETIRE = 'retire'
+ABORT = 'abort'
+OPS = (PREPARE, RELEASE, RETIRE, ABORT)
+
+
+def payload(connector):
+    """The dmclone step a connector carries, or None."""
+    if not connector:
+        return None
+    value = connector.get(PAYLOAD_KEY)
+    if isinstance(value, dict) and value.get('op') in OPS:
+        return value
+    return None
+
+
+class PeerClient(object):
+    """Sends transfer steps to the service of another node."""
+
+    def __init__(self, rpcapi=None):
+        self._rpcapi = rpcapi
+
+    @property
+    def rpcapi(self):
+        if self._rpcapi is None:
+            self._rpcapi = volume_rpcapi.VolumeAPI()
+        return self._rpcapi
+
+    @staticmethod
+    def _at(volume, host):
+        """A copy of the volume routed to ``host``'s service."""
+        routed = volume.obj_clone()
+        routed.host = host
+        routed.cluster_name = None
+        return routed
+
+    def prepare(self, ctxt, volume, dest_host, connector, **params):
+        """Ask the destination to build the clone; returns its conn info."""
+        step = dict(params, op=PREPARE)
+        return self.rpcapi.initialize_connection(
+            ctxt, self._at(volume, dest_host),
+            dict(connector, **{PAYLOAD_KEY: step}))
+
+    def request(self, ctxt, volume, host, connector, op):
+        """Run ``op`` (release, retire, abort) on ``host``'s service."""
+        self.rpcapi.terminate_connection(
+            ctxt, self._at(volume, host),
+            dict(connector or {}, **{PAYLOAD_KEY: {'op': op}}))
