@@ -55,9 +55,6 @@ from cinder_dmclone import transfer  # noqa: E402
 LOG = logging.getLogger(__name__)
 CONF = cfg.CONF
 
-#: dm UUID prefix of handles, so tools can tell them from LVM's ("LVM-").
-HANDLE_UUID_PREFIX = 'DMCLONE-'
-
 
 @interface.volumedriver
 class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
@@ -202,7 +199,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _start_monitor(self):
         if self.monitor is None:
             self.monitor = periodic.HydrationMonitor(
-                self.dm, self.mover.on_status,
+                self.dm, self.configuration.volume_group, self.mover.on_status,
                 self.configuration.dmclone_monitor_interval,
                 after_tick=self.mover.finalize_pending)
             self.monitor.start()
@@ -299,7 +296,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def handle_path(self, volume):
         """The stable device path of a volume on this node."""
-        return layout.handle_path(volume['name'])
+        return layout.handle_path(self.configuration.volume_group,
+                                  volume['name'])
 
     def _lv_path(self, lv_name):
         return layout.lv_device(self.configuration.volume_group, lv_name)
@@ -319,14 +317,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         and is left alone.
         """
         lv_name = volume['name']
-        name = layout.handle_name(lv_name)
+        name = self._handle_name(lv_name)
         self.vg.activate_lv(lv_name)
         table = self._linear_table(lv_name)
         if not self.dm.exists(name):
             self._refuse_linear_over_clone(lv_name)
             try:
                 self.dm.create(name, table,
-                               uuid=HANDLE_UUID_PREFIX + lv_name)
+                               uuid=layout.handle_uuid(
+                                   self.configuration.volume_group, lv_name))
                 LOG.debug('Created handle %s for %s.', name, volume['id'])
             except dmc_exception.DMSetupCommandFailed:
                 # Someone else may have created it in between.
@@ -334,7 +333,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                     raise
         else:
             self._refresh_handle(volume, table)
-        return layout.handle_path(lv_name)
+        return layout.handle_path(self.configuration.volume_group, lv_name)
+
+    def _handle_name(self, lv_name):
+        return layout.handle_name(self.configuration.volume_group, lv_name)
 
     def _refuse_linear_over_clone(self, lv_name):
         """Never map a partly hydrated LV alone.
@@ -352,7 +354,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def _refresh_handle(self, volume, table=None):
         """Reload a linear handle whose length differs from its LV's."""
-        name = layout.handle_name(volume['name'])
+        name = self._handle_name(volume['name'])
         current = self.dm.table(name)
         if any(seg.target != 'linear' for seg in current):
             return
@@ -364,7 +366,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                       'len': dmsetup.table_length(table)})
 
     def _remove_handle(self, lv_name):
-        self.dm.remove(layout.handle_name(lv_name))
+        self.dm.remove(self._handle_name(lv_name))
 
     # ------------------------------------------------------------------
     # Volume lifecycle
@@ -428,7 +430,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             LOG.info('Volume %s extended during its transfer: the clone '
                      'keeps its length, the extension is mapped linearly.',
                      volume['id'])
-        elif self.dm.exists(layout.handle_name(volume['name'])):
+        elif self.dm.exists(self._handle_name(volume['name'])):
             self._refresh_handle(volume)
         try:
             self.target_driver.extend_target(volume)

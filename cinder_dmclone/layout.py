@@ -15,11 +15,15 @@
 The name scheme, for a volume whose LV is ``<volume_group>/<lv>`` (Cinder's
 ``volume_name_template``, ``volume-<uuid>`` by default):
 
-* handle: the device-mapper device ``dmclone-<lv>``, i.e.
-  ``/dev/mapper/dmclone-volume-<uuid>``.  Everything that uses the volume's
-  data on this node (instances, image copies, exports) goes through it, so
-  its path never changes when the mapping underneath does (a plain linear
-  map over the LV, or a clone target while the volume is in transfer).
+* handle: the device-mapper device ``dmclone-<vg>-<lv>``, with dashes in
+  the VG name doubled as LVM does, e.g.
+  ``/dev/mapper/dmclone-cinder--volumes-volume-<uuid>``.  Everything that
+  uses the volume's data on this node (instances, image copies, exports)
+  goes through it, so its path never changes when the mapping underneath
+  does (a plain linear map over the LV, or a clone target while the volume
+  is in transfer).  Naming the VG keeps the handles of several backends on
+  one host (or of two testbed nodes sharing one kernel) apart, and tells
+  each backend's monitor which clone targets are its own.
 * metadata LV: ``<lv>-dmcmeta`` in the metadata volume group, present only
   while a transfer into this node is in flight.
 
@@ -36,6 +40,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
 
 HANDLE_PREFIX = 'dmclone-'
+HANDLE_UUID_PREFIX = 'DMCLONE-'
 METADATA_SUFFIX = '-dmcmeta'
 #: LVM's own rules for LV names, narrowed to what Cinder generates.
 _LV_NAME_RE = re.compile(r'^[A-Za-z0-9+_.][A-Za-z0-9+_.-]{0,100}$')
@@ -52,23 +57,57 @@ def validate_lv_name(lv_name):
     return lv_name
 
 
-def handle_name(lv_name):
-    """Device-mapper name of the handle of the volume whose LV is given."""
-    return dmsetup.validate_name(HANDLE_PREFIX + validate_lv_name(lv_name))
+def _validate_vg_name(vg_name):
+    if (not isinstance(vg_name, str) or not _LV_NAME_RE.match(vg_name)
+            or vg_name in ('.', '..')):
+        raise exception.InvalidDMName(
+            value=vg_name, reason='not a valid volume group name')
+    return vg_name
 
 
-def handle_path(lv_name):
-    return dmsetup.device_path(handle_name(lv_name))
+def handle_name(vg_name, lv_name):
+    """Device-mapper name of the handle of the volume LV ``vg/lv``."""
+    return dmsetup.validate_name('%s%s-%s' % (
+        HANDLE_PREFIX, _validate_vg_name(vg_name).replace('-', '--'),
+        validate_lv_name(lv_name)))
 
 
-def lv_name_from_handle(name):
-    """The LV name a handle belongs to, or None if not one of ours."""
+def handle_uuid(vg_name, lv_name):
+    """The dm UUID of a handle: tools tell ours from LVM's (``LVM-``)."""
+    return HANDLE_UUID_PREFIX + handle_name(vg_name, lv_name)
+
+
+def handle_path(vg_name, lv_name):
+    return dmsetup.device_path(handle_name(vg_name, lv_name))
+
+
+def parse_handle(name):
+    """(vg, lv) of a handle name, or None if it is not a handle."""
     if not name.startswith(HANDLE_PREFIX):
         return None
+    rest = name[len(HANDLE_PREFIX):]
+    vg = []
+    i = 0
+    while i < len(rest):
+        if rest[i] == '-':
+            if rest[i + 1:i + 2] != '-':
+                break
+            i += 1
+        vg.append(rest[i])
+        i += 1
     try:
-        return validate_lv_name(name[len(HANDLE_PREFIX):])
+        return (_validate_vg_name(''.join(vg)),
+                validate_lv_name(rest[i + 1:]))
     except exception.InvalidDMName:
         return None
+
+
+def lv_name_from_handle(name, vg_name):
+    """The LV a handle of volume group ``vg_name`` maps, or None."""
+    parsed = parse_handle(name)
+    if parsed is None or parsed[0] != vg_name:
+        return None
+    return parsed[1]
 
 
 def metadata_lv_name(lv_name):

@@ -98,7 +98,8 @@ class HydrationMonitor(object):
     """Watches clone targets and reports each one to ``on_status``.
 
     ``on_status(lv_name, status, progress)`` is called once per tick for
-    every clone target that is a handle of this driver (``dmclone-<lv>``);
+    every clone target that is a handle of this backend's volume group
+    (``dmclone-<vg>-<lv>``, see :mod:`cinder_dmclone.layout`);
     ``status`` is a CloneStatus or FailedCloneStatus from
     :mod:`cinder_dmclone.dmsetup`.  Devices that are not ours are ignored.
     ``after_tick()``, if given, runs once per tick after the statuses
@@ -106,9 +107,10 @@ class HydrationMonitor(object):
     transfer whose clone is already linear).
     """
 
-    def __init__(self, dm, on_status, interval, clock=time.monotonic,
-                 after_tick=None):
+    def __init__(self, dm, volume_group, on_status, interval,
+                 clock=time.monotonic, after_tick=None):
         self._dm = dm
+        self._volume_group = volume_group
         self._on_status = on_status
         self._after_tick = after_tick
         self._interval = interval
@@ -128,7 +130,7 @@ class HydrationMonitor(object):
             return report
         current = {}
         for name, status in sorted(statuses.items()):
-            lv_name = layout.lv_name_from_handle(name)
+            lv_name = layout.lv_name_from_handle(name, self._volume_group)
             if lv_name is None:
                 continue
             report.seen += 1

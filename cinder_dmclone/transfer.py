@@ -270,6 +270,9 @@ class DestinationNode(object):
 
     # -- names ----------------------------------------------------------
 
+    def handle_name(self, t):
+        return layout.handle_name(self.vg.vg_name, t.lv_name)
+
     def lv_path(self, t):
         return layout.lv_device(self.vg.vg_name, t.lv_name)
 
@@ -343,29 +346,29 @@ class DestinationNode(object):
     def build_clone(self, t, source_path, hydrate, threshold=None,
                     batch_size=None):
         """Create the clone under the volume's handle (idempotent)."""
-        name = layout.handle_name(t.lv_name)
+        name = self.handle_name(t)
         if self.dm.exists(name):
             if any(s.target == 'clone' for s in self.dm.table(name)):
-                return layout.handle_path(t.lv_name)
+                return layout.handle_path(self.vg.vg_name, t.lv_name)
             raise dmc_exception.InvalidTable(
                 reason='handle %s exists without a clone table; refusing '
                        'to replace it' % name)
         self.dm.create(name, self.clone_table(t, source_path, hydrate,
                                               threshold, batch_size),
-                       uuid='DMCLONE-' + t.lv_name)
-        return layout.handle_path(t.lv_name)
+                       uuid=layout.handle_uuid(self.vg.vg_name, t.lv_name))
+        return layout.handle_path(self.vg.vg_name, t.lv_name)
 
     def enable_hydration(self, t):
-        self.dm.message(layout.handle_name(t.lv_name), 'enable_hydration')
+        self.dm.message(self.handle_name(t), 'enable_hydration')
 
     def tune(self, t, threshold, batch_size):
-        name = layout.handle_name(t.lv_name)
+        name = self.handle_name(t)
         self.dm.message(name, 'hydration_threshold', threshold)
         self.dm.message(name, 'hydration_batch_size', batch_size)
 
     def extend(self, t):
         """Reload the table after the data LV grew: clone + linear tail."""
-        name = layout.handle_name(t.lv_name)
+        name = self.handle_name(t)
         current = self.dm.table(name)
         clone = [s for s in current if s.target == 'clone']
         if not clone:
@@ -383,7 +386,7 @@ class DestinationNode(object):
     # -- finish ---------------------------------------------------------
 
     def hydrated(self, t):
-        name = layout.handle_name(t.lv_name)
+        name = self.handle_name(t)
         if not self.dm.exists(name):
             return False
         status = [s.clone for s in self.dm.status(name) if s.clone]
@@ -393,7 +396,7 @@ class DestinationNode(object):
 
     def swap_to_linear(self, t):
         """Replace a fully hydrated clone by a linear map of the LV."""
-        name = layout.handle_name(t.lv_name)
+        name = self.handle_name(t)
         if not any(s.target == 'clone' for s in self.dm.table(name)):
             return
         if not self.hydrated(t):
@@ -411,7 +414,7 @@ class DestinationNode(object):
 
     def tear_down(self, t, provider_auth):
         """Remove everything the transfer built here (a rollback)."""
-        self.dm.remove(layout.handle_name(t.lv_name))
+        self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
         self.remove_metadata(t)
         if self.vg.get_volume(t.lv_name) is not None:

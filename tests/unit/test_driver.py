@@ -42,7 +42,7 @@ from tests.unit import fakes
 VG = 'dmc-vg'
 LV = 'volume-%s' % fake.VOLUME_ID
 LV_PATH = '/dev/%s/%s' % (VG, LV)
-HANDLE = 'dmclone-' + LV
+HANDLE = 'dmclone-dmc--vg-' + LV
 HANDLE_PATH = '/dev/mapper/' + HANDLE
 LOCAL = {'host': 'node-a', 'initiator': 'iqn.2024-01.org.example.a:i'}
 REMOTE = {'host': 'node-b', 'initiator': 'iqn.2024-01.org.example.b:i',
@@ -259,7 +259,7 @@ class HandleTestCase(DriverTestBase):
         self.vg.create_volume.assert_called_once_with(LV, '1g', 'default', 0)
         self.assertEqual([dmsetup.linear_segment(0, 2097152, LV_PATH)],
                          self.dm.devices[HANDLE])
-        self.assertEqual('DMCLONE-' + LV, self.dm.uuids[HANDLE])
+        self.assertEqual('DMCLONE-' + HANDLE, self.dm.uuids[HANDLE])
 
     def test_create_volume_rolls_back_lv_when_handle_fails(self):
         self.dm.fail_on['create'] = dmc_exception.DMSetupCommandFailed(
@@ -469,7 +469,7 @@ class LifecycleTestCase(DriverTestBase):
     def test_update_migrated_volume_renames_handle(self):
         new = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
-        self.dm.devices['dmclone-' + new.name] = [
+        self.dm.devices['dmclone-dmc--vg-' + new.name] = [
             dmsetup.linear_segment(0, 8, '/dev/%s/%s' % (VG, new.name))]
         update = self.drv.update_migrated_volume(self.ctxt, self.volume,
                                                  new, 'available')
@@ -481,7 +481,7 @@ class LifecycleTestCase(DriverTestBase):
     def test_update_migrated_volume_in_use_keeps_handle(self):
         new = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
-        handle = 'dmclone-' + new.name
+        handle = 'dmclone-dmc--vg-' + new.name
         self.dm.devices[handle] = [dmsetup.linear_segment(0, 8, '/dev/x')]
         update = self.drv.update_migrated_volume(self.ctxt, self.volume,
                                                  new, 'in-use')

@@ -27,14 +27,31 @@ LV = 'volume-6b4b9e1c-5c1e-4b5c-9c55-2f0c1d1d2e3f'
 class NamesTestCase(test.TestCase):
 
     def test_handle(self):
-        self.assertEqual('dmclone-' + LV, layout.handle_name(LV))
-        self.assertEqual('/dev/mapper/dmclone-' + LV, layout.handle_path(LV))
-        self.assertEqual(LV, layout.lv_name_from_handle('dmclone-' + LV))
+        self.assertEqual('dmclone-cinder--volumes-' + LV,
+                         layout.handle_name('cinder-volumes', LV))
+        self.assertEqual('/dev/mapper/dmclone-vg-' + LV,
+                         layout.handle_path('vg', LV))
+        self.assertEqual('DMCLONE-dmclone-vg-' + LV,
+                         layout.handle_uuid('vg', LV))
+        self.assertEqual(('cinder-volumes', LV), layout.parse_handle(
+            'dmclone-cinder--volumes-' + LV))
+        self.assertEqual(LV, layout.lv_name_from_handle(
+            'dmclone-cinder--volumes-' + LV, 'cinder-volumes'))
 
-    @ddt.data('cinder--volumes-volume--x', 'dmclone-', 'dmclone-a b',
-              'other')
-    def test_not_our_handle(self, name):
-        self.assertIsNone(layout.lv_name_from_handle(name))
+    def test_handle_of_another_volume_group(self):
+        self.assertIsNone(layout.lv_name_from_handle(
+            'dmclone-dmc--a-' + LV, 'dmc-b'))
+
+    @ddt.data('cinder--volumes-volume--x', 'dmclone-', 'dmclone-vg-a b',
+              'dmclone-vg', 'dmclone-vg-', 'dmclone--vg', 'other',
+              'dmclone-..-x')
+    def test_not_a_handle(self, name):
+        self.assertIsNone(layout.parse_handle(name))
+
+    @ddt.data(None, '', 'a/b', '..')
+    def test_invalid_vg(self, vg):
+        self.assertRaises(exception.InvalidDMName, layout.handle_name, vg,
+                          LV)
 
     def test_metadata(self):
         self.assertEqual(LV + '-dmcmeta', layout.metadata_lv_name(LV))

@@ -81,14 +81,14 @@ class MonitorTestCase(test.TestCase):
         self.seen = []
         self.clock = FakeClock()
         self.monitor = periodic.HydrationMonitor(
-            self.dm, self._record, interval=5, clock=self.clock)
+            self.dm, 'vg', self._record, interval=5, clock=self.clock)
 
     def _record(self, lv_name, status, progress):
         self.seen.append((lv_name, status, progress))
 
     def test_one_status_call_for_many_volumes(self):
         self.dm.clone_statuses.return_value = {
-            'dmclone-volume-%04d' % i: clone(i) for i in range(1000)}
+            'dmclone-vg-volume-%04d' % i: clone(i) for i in range(1000)}
         report = self.monitor.tick()
         self.assertEqual(1, self.dm.clone_statuses.call_count)
         self.assertEqual(1000, report.seen)
@@ -97,31 +97,32 @@ class MonitorTestCase(test.TestCase):
 
     def test_ignores_foreign_devices(self):
         self.dm.clone_statuses.return_value = {
-            'someone-elses-clone': clone(1), 'dmclone-volume-a': clone(2)}
+            'someone-elses-clone': clone(1), 'dmclone-vg-volume-a': clone(2),
+            'dmclone-other--vg-volume-b': clone(3)}
         self.monitor.tick()
         self.assertEqual(['volume-a'], [s[0] for s in self.seen])
 
     def test_rate_between_ticks(self):
-        self.dm.clone_statuses.return_value = {'dmclone-v': clone(1000)}
+        self.dm.clone_statuses.return_value = {'dmclone-vg-v': clone(1000)}
         self.monitor.tick()
         self.clock.now += 5
-        self.dm.clone_statuses.return_value = {'dmclone-v': clone(2000)}
+        self.dm.clone_statuses.return_value = {'dmclone-vg-v': clone(2000)}
         self.monitor.tick()
         progress = self.seen[-1][2]
         self.assertEqual(1000 * 65536 / 5, progress.rate)
 
     def test_forgets_finished_volumes(self):
-        self.dm.clone_statuses.return_value = {'dmclone-v': clone(1000)}
+        self.dm.clone_statuses.return_value = {'dmclone-vg-v': clone(1000)}
         self.monitor.tick()
         self.dm.clone_statuses.return_value = {}
         self.monitor.tick()
-        self.dm.clone_statuses.return_value = {'dmclone-v': clone(2000)}
+        self.dm.clone_statuses.return_value = {'dmclone-vg-v': clone(2000)}
         self.monitor.tick()
         self.assertIsNone(self.seen[-1][2].rate)
 
     def test_failed_clone_is_reported_without_progress(self):
         self.dm.clone_statuses.return_value = {
-            'dmclone-v': dmsetup.FailedCloneStatus('Fail')}
+            'dmclone-vg-v': dmsetup.FailedCloneStatus('Fail')}
         self.monitor.tick()
         self.assertTrue(self.seen[0][1].failed)
         self.assertIsNone(self.seen[0][2])
@@ -131,10 +132,10 @@ class MonitorTestCase(test.TestCase):
             if lv_name == 'volume-b':
                 raise RuntimeError('boom')
             self.seen.append(lv_name)
-        monitor = periodic.HydrationMonitor(self.dm, on_status, 5)
+        monitor = periodic.HydrationMonitor(self.dm, 'vg', on_status, 5)
         self.dm.clone_statuses.return_value = {
-            'dmclone-volume-a': clone(1), 'dmclone-volume-b': clone(1),
-            'dmclone-volume-c': clone(1)}
+            'dmclone-vg-volume-a': clone(1), 'dmclone-vg-volume-b': clone(1),
+            'dmclone-vg-volume-c': clone(1)}
         report = monitor.tick()
         self.assertEqual(['volume-a', 'volume-c'], self.seen)
         self.assertEqual(['volume-b'], report.failed)
