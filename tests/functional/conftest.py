@@ -1,0 +1,130 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Fixtures of the functional suite; it runs only inside the testbed guest.
+
+Outside the guest every test here is SKIPPED with the reason below (never
+reported as passed): run the suite with ``tools/testbed/run`` (or
+``tox -e functional``), which boots the guest and runs pytest in it.
+
+Fixtures:
+
+* ``topo``: the testbed topology (:func:`testbed.topology`);
+* ``cleanup``: register undo callables (``cleanup(fn, *args)``); they run
+  in reverse order after the test, all of them even when one fails;
+* ``node_a``: a :class:`nodes.NodeProcess` worker on node A for this test;
+* ``make_lv``: ``make_lv(vg, size_bytes, name=None)`` creates an LV that
+  is removed after the test;
+* ``no_leaks`` (automatic): after every test, fails it if anything is left
+  behind (see :func:`testbed.leaks`) and then cleans up by force so the
+  next test starts clean.
+"""
+
+import itertools
+import logging
+
+import pytest
+
+from tests.functional import nodes
+from tests.functional import testbed
+
+NOT_IN_TESTBED = (
+    'NOT RUN: functional tests need the cinder-dmclone testbed guest '
+    '(%s is missing, so this is not it); run them with tools/testbed/run '
+    'or tox -e functional' % testbed.TOPOLOGY_PATH)
+
+
+def pytest_collection_modifyitems(config, items):
+    if testbed.in_testbed():
+        return
+    skip = pytest.mark.skip(reason=NOT_IN_TESTBED)
+    for item in items:
+        if 'tests/functional/' in str(item.fspath):
+            item.add_marker(skip)
+
+
+def pytest_report_header(config):
+    if testbed.in_testbed():
+        return 'testbed: %s' % testbed.TOPOLOGY_PATH
+    return '!!! ' + NOT_IN_TESTBED
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _testbed_logging():
+    logging.getLogger('testbed').setLevel(logging.DEBUG)
+
+
+@pytest.fixture(scope='session')
+def topo():
+    return testbed.topology()
+
+
+class Cleanup(object):
+    def __init__(self):
+        self._undo = []
+
+    def __call__(self, fn, *args, **kwargs):
+        self._undo.append((fn, args, kwargs))
+
+    def run(self):
+        errors = []
+        while self._undo:
+            fn, args, kwargs = self._undo.pop()
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:
+                testbed.LOG.exception('cleanup %s failed', fn)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def cleanup():
+    c = Cleanup()
+    yield c
+    c.run()
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(request):
+    if not testbed.in_testbed():
+        yield
+        return
+    baseline = testbed.snapshot()
+    yield
+    problems = testbed.leaks(baseline)
+    if problems:
+        testbed.force_cleanup(baseline)
+        pytest.fail('test left resources behind (now force-cleaned):\n  '
+                    + '\n  '.join(problems), pytrace=False)
+
+
+@pytest.fixture
+def node_a():
+    with nodes.NodeProcess('a') as worker:
+        yield worker
+
+
+_lv_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def make_lv(cleanup, request):
+    def make(vg, size_bytes, name=None):
+        name = name or 'ft%d-%s' % (next(_lv_numbers),
+                                    request.node.name[:40].strip('_'))
+        name = ''.join(c if c.isalnum() or c in '-_' else '-' for c in name)
+        path = testbed.create_lv(vg, name, size_bytes)
+        cleanup(testbed.remove_lv, vg, name)
+        return path
+    return make

@@ -1,0 +1,97 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The node-A worker pattern: code runs as node A, os-brick as node B.
+
+Later tests instantiate the Cinder driver for node A inside a
+:class:`NodeProcess` and attach its exports from the pytest process with
+os-brick; this proves the pieces: the worker really is in node A's network
+namespace with configfs visible, results, state and exceptions cross back,
+and an LIO export created by rtslib-fb inside the worker is reachable from
+node B's os-brick iSCSI connector.
+"""
+
+import os
+
+import pytest
+
+from tests.functional import nodes
+from tests.functional import testbed
+from tests.functional.testbed import MiB
+
+
+def _whoami():
+    return {'pid': os.getpid(), 'netns': nodes.netns_inode(),
+            'configfs': os.path.isdir(testbed.LIO_ROOT + '/core')}
+
+
+def _fail(message):
+    raise ValueError(message)
+
+
+def test_worker_runs_in_node_a(topo, node_a):
+    me = _whoami()
+    there = node_a.call(_whoami)
+    assert there['pid'] != me['pid']
+    assert there['netns'] == os.stat('/run/netns/%s' % topo.a.netns).st_ino
+    assert there['netns'] != me['netns']
+    assert there['configfs'], 'configfs not visible in node A'
+    addresses = node_a.run(['ip', '-o', '-4', 'addr', 'show']).stdout
+    assert topo.a.ip + '/' in addresses
+    assert topo.b.ip + '/' not in addresses
+
+
+def test_worker_state_and_errors(node_a):
+    node_a.call(nodes.remember, 'answer', {'x': 42})
+    assert node_a.call(nodes.recall, 'answer') == {'x': 42}
+    with pytest.raises(ValueError, match='from node A') as info:
+        node_a.call(_fail, 'from node A')
+    assert any('raised on node-a' in note for note in info.value.__notes__)
+    with pytest.raises(testbed.CommandError):
+        node_a.run(['false'])
+    # the worker survives its callables' exceptions
+    assert node_a.call(nodes.recall, 'answer') == {'x': 42}
+
+
+def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(
+        topo, node_a, cleanup):
+    size = 16 * MiB
+    lv = testbed.create_lv(topo.a.vg, 'worker-vol', size)
+    cleanup(testbed.remove_lv, topo.a.vg, 'worker-vol')
+    data = testbed.pattern(11, size)
+    node_a.call(testbed.write_direct, lv, 0, data)
+
+    export = node_a.call(testbed.export_iscsi_rtslib, lv, 'worker-vol')
+    cleanup(testbed.unexport_iscsi, export)     # fallback: targetcli
+    assert export.portal == topo.a.portal
+    tpg = testbed.lio_tpg_path(export.target_iqn)
+    assert os.path.isdir(tpg + '/np/' + export.portal)
+
+    # node B: os-brick, in this process (the initial namespace)
+    connector = testbed.iscsi_connector()
+    props = export.connection_properties()
+    device = connector.connect_volume(props)
+    cleanup(testbed.iscsi_logout, export)       # fallback: iscsiadm
+    path = device['path']
+    assert testbed.sha256_of_device(path, size) == testbed.sha256(data)
+
+    new = testbed.pattern(12, 1 * MiB)
+    testbed.write_direct(path, 3 * MiB, new)
+    expected = data[:3 * MiB] + new + data[4 * MiB:]
+    # node A sees node B's write on its LV
+    assert node_a.call(testbed.sha256_of_device, lv) == \
+        testbed.sha256(expected)
+
+    connector.disconnect_volume(props, device)
+    assert export.target_iqn not in testbed.iscsi_sessions().values()
+    node_a.call(testbed.unexport_iscsi_rtslib, export)
+    assert export.target_iqn not in testbed.lio_targets()
