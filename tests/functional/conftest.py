@@ -24,13 +24,20 @@ Fixtures:
 * ``node_a``: a :class:`nodes.NodeProcess` worker on node A for this test;
 * ``make_lv``: ``make_lv(vg, size_bytes, name=None)`` creates an LV that
   is removed after the test;
+* ``iscsi_source``: ``iscsi_source(size, seed=1)`` makes an LV on node A
+  filled with ``testbed.pattern(seed, size)``, exports it with LIO and logs
+  node B in: returns an :class:`IscsiSource` (undone after the test);
+* ``clone_parts``: ``clone_parts(size)`` makes a destination LV on node B's
+  VG and a zeroed metadata LV on its metadata VG: ``(dest, meta)``;
 * ``no_leaks`` (automatic): after every test, fails it if anything is left
   behind (see :func:`testbed.leaks`) and then cleans up by force so the
   next test starts clean.
 """
 
+import dataclasses
 import itertools
 import logging
+import os
 
 import pytest
 
@@ -121,10 +128,44 @@ _lv_numbers = itertools.count(1)
 @pytest.fixture
 def make_lv(cleanup, request):
     def make(vg, size_bytes, name=None):
+        # lower case, digits and '-' only: the name may become part of an
+        # IQN (iscsi_source), and IQNs allow no '_'
         name = name or 'ft%d-%s' % (next(_lv_numbers),
-                                    request.node.name[:40].strip('_'))
-        name = ''.join(c if c.isalnum() or c in '-_' else '-' for c in name)
+                                    request.node.name[:40].lower())
+        name = ''.join(c if c.isalnum() or c == '-' else '-' for c in name)
         path = testbed.create_lv(vg, name, size_bytes)
         cleanup(testbed.remove_lv, vg, name)
         return path
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class IscsiSource:
+    lv: str                        # the LV on node A
+    data: bytes                    # its content
+    export: testbed.IscsiExport
+    disk: str                      # node B's SCSI disk of the export
+
+
+@pytest.fixture
+def iscsi_source(topo, make_lv, cleanup):
+    def make(size, seed=1):
+        lv = make_lv(topo.a.vg, size)
+        data = testbed.pattern(seed, size)
+        testbed.write_direct(lv, 0, data)
+        export = testbed.export_iscsi(lv, os.path.basename(lv))
+        cleanup(testbed.unexport_iscsi, export)
+        disk = testbed.iscsi_login(export)
+        cleanup(testbed.iscsi_logout, export)
+        return IscsiSource(lv, data, export, disk)
+    return make
+
+
+@pytest.fixture
+def clone_parts(topo, make_lv):
+    def make(size, meta_size=4 * testbed.MiB):
+        dest = make_lv(topo.b.vg, size)
+        meta = make_lv(topo.b.meta_vg, meta_size)
+        testbed.zero_device(meta, meta_size)
+        return dest, meta
     return make

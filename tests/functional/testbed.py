@@ -31,6 +31,7 @@ import logging
 import mmap
 import os
 import random
+import re
 import subprocess
 import time
 
@@ -395,6 +396,20 @@ def targetcli(commands, node='a'):
     return run(['targetcli'], node=node, input='\n'.join(script) + '\n')
 
 
+def target_iqn(owner, name):
+    """The IQN of export ``name`` on node ``owner``; refuses bad names.
+
+    (IQNs take lower-case letters, digits, '-', '.' and ':'; targetcli
+    reports a bad one only as text, see :func:`targetcli`.)
+    """
+    iqn = '%s:%s' % (owner.target_iqn_prefix, name)
+    if not re.match(r'^iqn\.[0-9]{4}-[0-9]{2}\.[a-z0-9.-]+:[a-z0-9.:-]+$',
+                    iqn):
+        raise ValueError('%r is not a valid IQN: use lower-case letters, '
+                         'digits, "-" and "." in export names' % iqn)
+    return iqn
+
+
 def lio_tpg_path(target_iqn, tpg=1):
     return '%s/iscsi/%s/tpgt_%d' % (LIO_ROOT, target_iqn, tpg)
 
@@ -408,7 +423,7 @@ def export_iscsi(device, name, initiator_iqn=None, node='a'):
     topo = topology()
     owner = topo.node(node)
     initiator_iqn = initiator_iqn or topo.b.initiator_iqn
-    iqn = '%s:%s' % (owner.target_iqn_prefix, name)
+    iqn = target_iqn(owner, name)
     export = IscsiExport(iqn, owner.portal, 0, name, device, initiator_iqn)
     out = targetcli([
         '/backstores/block create name=%s dev=%s' % (name, device),
@@ -460,7 +475,7 @@ def export_iscsi_rtslib(device, name, initiator_iqn=None, node='a'):
     topo = topology()
     owner = topo.node(node)
     initiator_iqn = initiator_iqn or topo.b.initiator_iqn
-    iqn = '%s:%s' % (owner.target_iqn_prefix, name)
+    iqn = target_iqn(owner, name)
     so = rtslib_fb.BlockStorageObject(name, dev=device)
     target = rtslib_fb.Target(rtslib_fb.FabricModule('iscsi'), iqn, 'create')
     tpg = rtslib_fb.TPG(target, 1, mode='create')
