@@ -188,7 +188,10 @@ class Mover(object):
                 target_portal=data['target_portal'],
                 target_iqn=data['target_iqn'],
                 target_lun=data.get('target_lun', 0))
-            hydrate = attachments_on(volume, self.node_name) == 0
+            # Any name of this node: an attachment made under an alias
+            # still writes to the source, so it must not be hydrated yet.
+            hydrate = not any(attachments_on(volume, name)
+                              for name in self.node_names)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
                      {'vol': volume['id'], 'src': self.node_name,
@@ -205,6 +208,11 @@ class Mover(object):
                               '%(vol)s; it stays on %(src)s.',
                               {'dst': dest_node, 'vol': volume['id'],
                                'src': self.node_name})
+                    # The destination may have built (part of) the clone
+                    # before failing to answer (a timeout, a restart):
+                    # ask it to drop its side while the state still
+                    # describes the transfer.
+                    self._abort_peer(ctxt, volume, dest_host, dest_node)
                     self._drop_export(volume, connector)
                     self.store.clear(ctxt, volume['id'])
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
@@ -221,6 +229,13 @@ class Mover(object):
                          'it. Delete them, or attach the volume on '
                          '%(node)s.') % {'vol': volume['id'], 'n': len(snaps),
                                          'node': self.node_name})
+
+    def _abort_peer(self, ctxt, volume, dest_host, dest_node):
+        try:
+            self.peer.request(ctxt, volume, dest_host,
+                              self.own_connector(), peer.ABORT)
+        except Exception:
+            LOG.exception('Destination %s could not abort.', dest_node)
 
     def _drop_export(self, volume, connector):
         try:
@@ -273,6 +288,10 @@ class Mover(object):
         hydrate = bool(step.get('hydrate'))
         threshold, batch = self.tuning(volume.volume_type)
         try:
+            # Anything here is left from an earlier attempt that was given
+            # up (the source timed out and cleared its state): never reuse
+            # a clone or metadata LV whose regions may hold stale data.
+            dest.tear_down(t, volume['provider_auth'])
             dest.create_volumes(t, int(step.get('size_gb') or volume['size']))
             source = dest.connect_source(t, volume['provider_auth'])
             path = dest.build_clone(t, source, hydrate, threshold, batch)
@@ -361,6 +380,7 @@ class Mover(object):
             self.peer.request(ctxt, volume, t.source_host,
                               self.own_connector(), peer.RETIRE)
             self.store.clear(ctxt, volume['id'])
+            self.pending_finalize.discard(volume['id'])
         return True
 
     # -- destination: monitor and finalization ----------------------------
@@ -414,10 +434,12 @@ class Mover(object):
                 dest.disconnect_source(t, volume.provider_auth)
                 self.peer.request(ctxt, volume, t.source_host,
                                   self.own_connector(), peer.RETIRE)
-                self.store.clear(ctxt, volume_id)
+                # The source's export goes from the record before the
+                # state does, so a crash in between is finalized again.
                 self.store.db.volume_update(
                     ctxt, volume_id,
                     {'provider_location': None, 'provider_auth': None})
+                self.store.clear(ctxt, volume_id)
                 self.pending_finalize.discard(volume_id)
                 LOG.info('Transfer of volume %(vol)s finished: it lives on '
                          '%(node)s alone.', {'vol': volume_id,
@@ -466,11 +488,7 @@ class Mover(object):
             # The source crashed before the move was committed.
             LOG.warning('Transfer of volume %s never completed; asking '
                         '%s to drop its side.', volume.id, t.dest_node)
-            try:
-                self.peer.request(ctxt, volume, t.dest_host,
-                                  self.own_connector(), peer.ABORT)
-            except Exception:
-                LOG.exception('Destination %s could not abort.', t.dest_node)
+            self._abort_peer(ctxt, volume, t.dest_host, t.dest_node)
             self._drop_export(volume, {'initiator': None, 'host': None})
             self.store.clear(ctxt, volume.id)
             return
@@ -484,12 +502,16 @@ class Mover(object):
             if here not in self.node_names:
                 self.store.clear(ctxt, volume.id)
             return
-        if t.state == transfer.FINALIZING:
+        if t.state == transfer.FINALIZING and not dest.needs_rebuild(t):
             self.pending_finalize.add(volume.id)
             return
+        # (FINALIZING after a reboot: rebuild the clone so that the swap
+        # can check it is fully hydrated.)
         threshold, batch = self.tuning(volume.volume_type)
         source = dest.connect_source(t, volume.provider_auth)
-        dest.build_clone(t, source, t.state == transfer.HYDRATING,
+        dest.build_clone(t, source, t.state != transfer.CLONED,
                          threshold, batch)
+        if t.state == transfer.FINALIZING:
+            self.pending_finalize.add(volume.id)
         LOG.info('Clone of volume %(vol)s rebuilt after restart '
                  '(%(state)s).', {'vol': volume.id, 'state': t.state})

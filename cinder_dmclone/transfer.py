@@ -95,7 +95,8 @@ def _int(value, volume_id, name, minimum=1):
 
 
 def _match(regex, value, volume_id, name):
-    if not isinstance(value, str) or not regex.match(value):
+    # fullmatch: '$' alone would accept a trailing newline.
+    if not isinstance(value, str) or not regex.fullmatch(value):
         raise TransferStateInvalid(volume_id=volume_id,
                                    reason='%s=%r is malformed'
                                    % (name, value))
@@ -235,7 +236,11 @@ class Store(object):
             False)
 
     def clear(self, ctxt, volume_id):
-        for key in Transfer.metadata_keys():
+        # The state key goes first: without it the other keys are inert,
+        # so a crash part-way leaves no half-described transfer behind.
+        state = KEY_PREFIX + 'state'
+        keys = [state] + [k for k in Transfer.metadata_keys() if k != state]
+        for key in keys:
             try:
                 self.db.volume_admin_metadata_delete(ctxt, volume_id, key)
             except exception.CinderException:
@@ -289,8 +294,8 @@ class DestinationNode(object):
         it is created, never later (zeroing a used one would forget which
         regions hold the instance's writes).
         """
-        if self.vg.get_volume(t.lv_name) is None:
-            self.vg.create_volume(t.lv_name, '%dg' % size_gb, self.lvm_type)
+        # The metadata LV comes first: it is what recovery looks for, so a
+        # crash between the two creations leaves nothing it cannot see.
         meta_name = layout.metadata_lv_name(t.lv_name)
         if self.meta_vg.get_volume(meta_name) is None:
             size = layout.metadata_size_bytes(
@@ -300,6 +305,8 @@ class DestinationNode(object):
             self.meta_vg.create_volume(meta_name, '%dm' % (size // units.Mi),
                                        'default')
             self._zero_head(self.meta_path(t))
+        if self.vg.get_volume(t.lv_name) is None:
+            self.vg.create_volume(t.lv_name, '%dg' % size_gb, self.lvm_type)
 
     def _zero_head(self, path):
         """Zero the metadata LV's first MiB so dm-clone formats it."""
@@ -397,6 +404,16 @@ class DestinationNode(object):
     def swap_to_linear(self, t):
         """Replace a fully hydrated clone by a linear map of the LV."""
         name = self.handle_name(t)
+        if not self.dm.exists(name):
+            # Gone with a reboot: once the metadata LV is removed the swap
+            # was done (the driver maps the LV again); before, only a
+            # rebuilt clone can tell whether the LV is complete.
+            if self.has_metadata(t):
+                raise dmc_exception.InvalidTable(
+                    reason='handle %s is gone before its clone was swapped '
+                           'to linear; the clone must be rebuilt first'
+                           % name)
+            return
         if not any(s.target == 'clone' for s in self.dm.table(name)):
             return
         if not self.hydrated(t):
@@ -406,6 +423,15 @@ class DestinationNode(object):
         lv = self.lv_path(t)
         self.dm.reload(name, [dmsetup.linear_segment(
             0, self.dm.device_sectors(lv), lv)])
+
+    def has_metadata(self, t):
+        return self.meta_vg.get_volume(
+            layout.metadata_lv_name(t.lv_name)) is not None
+
+    def needs_rebuild(self, t):
+        """True if the clone is gone (a reboot) while its metadata is not."""
+        return not self.dm.exists(self.handle_name(t)) and \
+            self.has_metadata(t)
 
     def remove_metadata(self, t):
         meta_name = layout.metadata_lv_name(t.lv_name)

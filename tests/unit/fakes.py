@@ -16,6 +16,10 @@ The real kernel is exercised by the functional suite in the testbed; these
 fakes keep the driver's unit tests about the driver's decisions.
 """
 
+from oslo_concurrency import processutils
+
+from cinder import exception as cinder_exception
+
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
 
@@ -36,6 +40,19 @@ class FakeDMSetup(object):
                                              'clone': 'v1.0.0'})
         self.calls = []
         self.fail_on = {}
+        #: devices that exist for tables: with ``strict``, a table naming
+        #: a device outside ``sizes`` is refused, as the kernel would.
+        self.strict = False
+        #: called with (name, segments) before a table goes live.
+        self.check_table = None
+        #: called with the data device of a clone once fully hydrated.
+        self.on_hydrated = None
+        #: hydrated regions, kept per metadata device as dm-clone does.
+        self.meta_hydrated = {}
+        #: runtime hydration flag of each clone device (messages change it).
+        self.hydration = {}
+        #: devices whose clone reports Fail.
+        self.failed = set()
 
     def _call(self, op, *args):
         self.calls.append((op,) + args)
@@ -54,14 +71,42 @@ class FakeDMSetup(object):
             raise exception.DMSetupCommandFailed(
                 command='dmsetup create %s' % name,
                 reason='Device or resource busy')
-        dmsetup.format_table(segments)
+        self._check(name, segments)
         self.devices[name] = list(segments)
         self.uuids[name] = uuid
+        self._activated(name)
+
+    def _check(self, name, segments):
+        dmsetup.format_table(segments)
+        if self.strict:
+            for seg in segments:
+                devs = seg.args[:3] if seg.target == 'clone' else seg.args[:1]
+                for dev in devs:
+                    if dev not in self.sizes:
+                        raise exception.DMSetupCommandFailed(
+                            command='dmsetup create %s' % name,
+                            reason='%s: No such device' % dev)
+        if self.check_table is not None:
+            self.check_table(name, list(segments))
+
+    def _activated(self, name):
+        """A table went live: the clone's flags come from its table."""
+        self.hydration.pop(name, None)
+        clone = self._clone(name)
+        if clone is not None:
+            args = dmsetup.parse_clone_table(clone)
+            self.hydration[name] = 'no_hydration' not in args.features
+
+    def _clone(self, name):
+        for seg in self.devices.get(name, []):
+            if seg.target == 'clone':
+                return seg
+        return None
 
     def load(self, name, segments):
         self._call('load', name)
         self._require(name)
-        dmsetup.format_table(segments)
+        self._check(name, segments)
         self._inactive = (name, list(segments))
 
     def suspend(self, name, flush=True):
@@ -76,6 +121,7 @@ class FakeDMSetup(object):
         if inactive and inactive[0] == name:
             self.devices[name] = inactive[1]
             self._inactive = None
+            self._activated(name)
         self.suspended.discard(name)
 
     def reload(self, name, segments):
@@ -87,6 +133,7 @@ class FakeDMSetup(object):
         self._call('remove', name)
         self.devices.pop(name, None)
         self.uuids.pop(name, None)
+        self.hydration.pop(name, None)
 
     def rename(self, name, new_name):
         self._call('rename', name, new_name)
@@ -104,12 +151,64 @@ class FakeDMSetup(object):
 
     def status(self, name):
         self._require(name)
-        return [dmsetup.StatusLine(s.start, s.length, s.target, '')
+        return [dmsetup.StatusLine(s.start, s.length, s.target, '',
+                                   self._clone_status(name, s)
+                                   if s.target == 'clone' else None)
                 for s in self.devices[name]]
+
+    def _clone_status(self, name, seg):
+        if name in self.failed:
+            return dmsetup.FailedCloneStatus('Fail')
+        args = dmsetup.parse_clone_table(seg)
+        total = -(-seg.length // args.region_size)
+        hydrated = min(self.meta_hydrated.get(args.metadata_dev, 0), total)
+        features = tuple(f for f in args.features if f != 'no_hydration')
+        if not self.hydration.get(name):
+            features = ('no_hydration',) + features
+        return dmsetup.CloneStatus(
+            metadata_block_size=8, metadata_used=10, metadata_total=4096,
+            region_size=args.region_size, hydrated_regions=hydrated,
+            total_regions=total, hydrating_regions=0, features=features,
+            core_args=dict(args.core_args), read_only=False)
 
     def clone_statuses(self):
         self._call('clone_statuses')
-        return {}
+        result = {}
+        for name in sorted(self.devices):
+            seg = self._clone(name)
+            if seg is not None:
+                result[name] = self._clone_status(name, seg)
+        return result
+
+    def message(self, name, *words):
+        self._call('message', name, *words)
+        self._require(name)
+        if self._clone(name) is None:
+            raise exception.DMSetupCommandFailed(
+                command='dmsetup message %s' % name,
+                reason='Target does not support messages')
+        if words[0] == 'enable_hydration':
+            self.hydration[name] = True
+        elif words[0] == 'disable_hydration':
+            self.hydration[name] = False
+
+    def hydrate(self, name, regions=None):
+        """Let the background copy of a clone progress (test helper).
+
+        Nothing moves while hydration is off, as in the kernel; returns
+        the hydrated regions afterwards.
+        """
+        seg = self._clone(name)
+        status = self._clone_status(name, seg)
+        if not self.hydration.get(name):
+            return status.hydrated_regions
+        target = status.total_regions if regions is None else min(
+            status.hydrated_regions + regions, status.total_regions)
+        args = dmsetup.parse_clone_table(seg)
+        self.meta_hydrated[args.metadata_dev] = target
+        if target == status.total_regions and self.on_hydrated:
+            self.on_hydrated(args.dest_dev)
+        return target
 
     def targets(self):
         self._call('targets')
@@ -122,3 +221,225 @@ class FakeDMSetup(object):
     def device_sectors(self, device):
         self._call('device_sectors', device)
         return self.sizes.get(device, 2097152)
+
+
+def _size_bytes(size_str):
+    """Bytes of an LVM size string as the driver writes them ('1g', '8m')."""
+    units = {'g': 1024 ** 3, 'm': 1024 ** 2, 'k': 1024}
+    return int(float(size_str[:-1]) * units[size_str[-1].lower()])
+
+
+class FakeLVM(object):
+    """A volume group: LVs in a dict, behind brick LVM's interface.
+
+    LV sizes are mirrored into a FakeDMSetup's ``sizes`` (the LV's /dev
+    path exists for tables exactly while the LV does).  Each LV remembers
+    how often its head was zeroed and whether it holds complete data
+    (``complete``: false for an LV a transfer created until its clone is
+    fully hydrated).
+    """
+
+    def __init__(self, vg_name, dm=None):
+        self.vg_name = vg_name
+        self.dm = dm
+        self.lvs = {}
+        self.calls = []
+        self.fail_on = {}
+
+    def _call(self, op, *args):
+        self.calls.append((op,) + args)
+        if op in self.fail_on:
+            raise self.fail_on[op]
+
+    def path(self, name):
+        return '/dev/%s/%s' % (self.vg_name, name)
+
+    def by_path(self, path):
+        prefix = '/dev/%s/' % self.vg_name
+        if path.startswith(prefix):
+            return self.lvs.get(path[len(prefix):])
+        return None
+
+    def _sync(self, name):
+        if self.dm is not None:
+            self.dm.sizes[self.path(name)] = self.lvs[name]['bytes'] // 512
+
+    def add(self, name, size_str, complete=True):
+        """An LV that exists before the test starts."""
+        self.lvs[name] = {'bytes': _size_bytes(size_str), 'zeroed': 0,
+                          'complete': complete}
+        self._sync(name)
+
+    def get_volume(self, name):
+        lv = self.lvs.get(name)
+        if lv is None:
+            return None
+        return {'name': name, 'vg': self.vg_name,
+                'size': '%.2f' % (lv['bytes'] / 1024 ** 3)}
+
+    def get_volumes(self, lv_name=None):
+        return [self.get_volume(n) for n in sorted(self.lvs)
+                if lv_name is None or n == lv_name]
+
+    def create_volume(self, name, size_str, lv_type='default',
+                      mirror_count=0):
+        self._call('create_volume', name, size_str, lv_type)
+        if name in self.lvs:
+            raise processutils.ProcessExecutionError(
+                stderr='Logical Volume "%s" already exists' % name)
+        self.add(name, size_str, complete=False)
+
+    def delete(self, name):
+        self._call('delete', name)
+        if name not in self.lvs:
+            raise processutils.ProcessExecutionError(
+                stderr='Failed to find logical volume "%s"' % name)
+        del self.lvs[name]
+        if self.dm is not None:
+            self.dm.sizes.pop(self.path(name), None)
+            self.dm.meta_hydrated.pop(self.path(name), None)
+
+    def extend_volume(self, name, size_str):
+        self._call('extend_volume', name, size_str)
+        self.lvs[name]['bytes'] = _size_bytes(size_str)
+        self._sync(name)
+
+    def activate_lv(self, name, is_snapshot=False, permanent=False):
+        self._call('activate_lv', name)
+
+    def lv_has_snapshot(self, name):
+        return False
+
+    def zero(self, path):
+        """What ``dd if=/dev/zero of=<path>`` does to the LV's head."""
+        lv = self.by_path(path)
+        lv['zeroed'] += 1
+        if self.dm is not None:
+            self.dm.meta_hydrated.pop(path, None)
+        return lv
+
+
+class FakeConnector(object):
+    """os-brick's iSCSI connector on one node: sessions in a dict.
+
+    ``resolve(props)`` returns the size in sectors of the exported device
+    the properties name (raising like os-brick when it cannot log in); a
+    session's device exists in the node's FakeDMSetup while it is logged in.
+    """
+
+    def __init__(self, dm, resolve, on_disconnect=None):
+        self.dm = dm
+        self.resolve = resolve
+        self.on_disconnect = on_disconnect
+        self.sessions = {}
+        self.calls = []
+
+    @staticmethod
+    def device(props):
+        return '/dev/disk/by-path/ip-%s-iscsi-%s-lun-%d' % (
+            props['target_portal'], props['target_iqn'], props['target_lun'])
+
+    def connect_volume(self, props):
+        self.calls.append(('connect_volume', props))
+        sectors = self.resolve(props)
+        path = self.device(props)
+        self.sessions[props['target_iqn']] = path
+        self.dm.sizes[path] = sectors
+        return {'type': 'block', 'path': path}
+
+    def disconnect_volume(self, props, device_info, force=False,
+                          ignore_errors=False):
+        self.calls.append(('disconnect_volume', props, device_info, force,
+                           ignore_errors))
+        path = self.sessions.pop(props['target_iqn'], None)
+        if path is not None:
+            if self.on_disconnect is not None:
+                self.on_disconnect(path)
+            self.dm.sizes.pop(path, None)
+
+
+class FakeTarget(object):
+    """Cinder's iSCSI target driver on one node: exports and their ACLs."""
+
+    def __init__(self, ip):
+        self.ip = ip
+        self.exports = {}
+        self.calls = []
+
+    @staticmethod
+    def iqn(volume):
+        return 'iqn.2010-10.org.openstack:%s' % volume['name']
+
+    def create_export(self, context, volume, path):
+        self.calls.append(('create_export', volume['id'], path))
+        self.exports.setdefault(self.iqn(volume), {
+            'volume_id': volume['id'], 'path': path, 'acl': set()})
+        return {'location': '%s:3260,1 %s 0' % (self.ip, self.iqn(volume)),
+                'auth': 'CHAP user s3cret'}
+
+    def initialize_connection(self, volume, connector):
+        self.calls.append(('initialize_connection', volume['id'],
+                           connector.get('initiator')))
+        self.exports[self.iqn(volume)]['acl'].add(connector['initiator'])
+        return {'driver_volume_type': 'iscsi',
+                'data': {'target_portal': '%s:3260' % self.ip,
+                         'target_iqn': self.iqn(volume), 'target_lun': 0,
+                         'target_discovered': False,
+                         'volume_id': volume['id']}}
+
+    def terminate_connection(self, volume, connector, **kwargs):
+        self.calls.append(('terminate_connection', volume['id'],
+                           (connector or {}).get('initiator')))
+        export = self.exports.get(self.iqn(volume))
+        if export is not None:
+            export['acl'].discard((connector or {}).get('initiator'))
+
+    def remove_export(self, context, volume):
+        self.calls.append(('remove_export', volume['id']))
+        self.exports.pop(self.iqn(volume), None)
+
+
+class FakeDB(object):
+    """The part of cinder.db the transfer Store and Mover use.
+
+    Admin metadata is a dict of strings per volume, as in the database;
+    a volume that is not in ``volumes`` raises VolumeNotFound like the
+    real calls decorated with require_volume_exists.
+    """
+
+    def __init__(self):
+        self.volumes = {}
+        self.admin_metadata = {}
+        self.calls = []
+        self.fail_on = {}
+
+    def _call(self, op, volume_id, *args):
+        self.calls.append((op, volume_id) + args)
+        if op in self.fail_on:
+            raise self.fail_on[op]
+        if volume_id not in self.volumes:
+            raise cinder_exception.VolumeNotFound(volume_id=volume_id)
+
+    def volume_admin_metadata_get(self, ctxt, volume_id):
+        self._call('volume_admin_metadata_get', volume_id)
+        return dict(self.admin_metadata.get(volume_id, {}))
+
+    def volume_admin_metadata_update(self, ctxt, volume_id, metadata, delete,
+                                     add=True, update=True):
+        self._call('volume_admin_metadata_update', volume_id, dict(metadata),
+                   delete)
+        md = self.admin_metadata.setdefault(volume_id, {})
+        if delete:
+            for key in list(md):
+                if key not in metadata:
+                    del md[key]
+        md.update({k: str(v) for k, v in metadata.items()})
+        return dict(md)
+
+    def volume_admin_metadata_delete(self, ctxt, volume_id, key):
+        self._call('volume_admin_metadata_delete', volume_id, key)
+        self.admin_metadata.get(volume_id, {}).pop(key, None)
+
+    def volume_update(self, ctxt, volume_id, values):
+        self._call('volume_update', volume_id, dict(values))
+        self.volumes[volume_id].update(values)

@@ -1,0 +1,535 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Two nodes over in-memory fakes, for transfer and crash tests.
+
+Each :class:`Node` has what a node's volume service has: device-mapper
+(FakeDMSetup), a volume group (FakeLVM), an iSCSI initiator
+(FakeConnector), a target driver (FakeTarget) and a real
+:class:`~cinder_dmclone.mover.Mover` over a real Store, DestinationNode and
+PeerClient.  Both nodes share one FakeDB; PeerClient calls travel through
+:class:`FakeVolumeRPC` to the other node's driver-like entry points.
+
+A step that raises :class:`Crash` kills its node's service: the caller of
+an RPC sees a timeout, the node restarts (a fresh Mover over the same
+kernel, LVM and database state) and runs recovery, as cinder-volume does
+at start.  The fakes record every violation of what must never happen
+(a linear handle over a partly hydrated LV, a metadata LV zeroed twice or
+used unzeroed, an iSCSI session dropped under a live table, a lock taken
+twice) in ``Cluster.violations``.
+"""
+
+import contextlib
+import itertools
+
+import oslo_messaging
+
+from cinder import context
+from cinder import exception
+from cinder import objects
+from cinder.objects import fields
+from cinder.tests.unit import fake_constants as fake
+from cinder.tests.unit import fake_volume
+from cinder.volume import volume_utils
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import layout
+from cinder_dmclone import mover
+from cinder_dmclone import peer
+from cinder_dmclone import periodic
+from cinder_dmclone import transfer
+from tests.unit import fakes
+
+VG = 'dmc-vg'
+REGION = 128
+VOLUME_ID = fake.VOLUME_ID
+LV = 'volume-%s' % VOLUME_ID
+LV_PATH = '/dev/%s/%s' % (VG, LV)
+META = LV + '-dmcmeta'
+HANDLE = layout.handle_name(VG, LV)
+HANDLE_PATH = layout.handle_path(VG, LV)
+SECTORS = 2097152
+TUNING = (64, 16)
+
+
+class Crash(BaseException):
+    """A volume service dying right here.
+
+    Not an Exception: no ``except Exception`` handler of the code under
+    test runs, as none would in a process that died.
+    """
+
+
+class Node(object):
+    """One node: its kernel, LVM, initiator, target and volume service."""
+
+    def __init__(self, cluster, name, ip):
+        self.cluster = cluster
+        self.name = name
+        self.host = '%s@dmclone#dmclone' % name
+        self.az = 'az-%s' % name
+        self.dm = fakes.FakeDMSetup()
+        self.dm.strict = True
+        self.dm.check_table = self._check_table
+        self.dm.on_hydrated = self._hydrated
+        self.vg = fakes.FakeLVM(VG, self.dm)
+        self.connector = fakes.FakeConnector(
+            self.dm, cluster.resolve, on_disconnect=self._disconnecting)
+        self.target = fakes.FakeTarget(ip)
+        self.store = transfer.Store(cluster.db)
+        self.peer = peer.PeerClient(rpcapi=cluster.rpc)
+        self.props = {'host': name, 'ip': ip,
+                      'initiator': 'iqn.2024-01.org.example.%s:i' % name}
+        self.dest = transfer.DestinationNode(
+            self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo')
+        self.executed = []
+        self.has_service = True
+        self.service_up = True
+        self.disabled = False
+        self.down = False
+        self.restart()
+
+    # -- the service ------------------------------------------------------
+
+    def restart(self):
+        """A fresh service over the same kernel, LVM and database."""
+        self.mover = mover.Mover(
+            node_names={self.name}, node_name=self.name,
+            service_host=self.host.partition('#')[0], store=self.store,
+            peer_client=self.peer, destination=lambda: self.dest,
+            target_driver=self.target, retire_local=self.retire_local,
+            region_sectors=REGION, tuning=lambda volume_type: TUNING,
+            own_connector=lambda: dict(self.props))
+        self.monitor = periodic.HydrationMonitor(
+            self.dm, VG, self.mover.on_status, 10,
+            after_tick=self.mover.finalize_pending)
+        self.down = False
+
+    def reboot(self):
+        """Device-mapper tables and iSCSI sessions are gone; LVs stay."""
+        self.dm.devices.clear()
+        self.dm.uuids.clear()
+        self.dm.hydration.clear()
+        for path in self.connector.sessions.values():
+            self.dm.sizes.pop(path, None)
+        self.connector.sessions.clear()
+        self.restart()
+
+    def recover(self):
+        """What DMCloneVolumeDriver._recover_transfers hands the Mover."""
+        db = self.cluster.db
+        volumes = {vid for vid, rec in db.volumes.items()
+                   if volume_utils.extract_host(rec['host'], 'host')
+                   == self.name}
+        meta_lvs = [lv['name'] for lv in self.vg.get_volumes()
+                    if layout.lv_name_from_metadata_lv(lv['name'])]
+        for name in meta_lvs:
+            vid = volume_utils.extract_id_from_volume_name(
+                layout.lv_name_from_metadata_lv(name))
+            if vid in db.volumes:
+                volumes.add(vid)
+        self.mover.recover([self.cluster.volume(v) for v in sorted(volumes)],
+                           meta_lvs)
+
+    def execute(self, *cmd, **kwargs):
+        self.executed.append(cmd)
+        if cmd[0] == 'dd':
+            path = [a for a in cmd if a.startswith('of=')][0][3:]
+            if self._tables_using(path):
+                self.cluster.violation('%s: zeroed %s under a live clone'
+                                       % (self.name, path))
+            lv = self.vg.zero(path)
+            if lv['zeroed'] > 1:
+                self.cluster.violation('%s: metadata LV %s zeroed again'
+                                       % (self.name, path))
+        return '', ''
+
+    def retire_local(self, volume):
+        """DMCloneVolumeDriver._retire_local."""
+        self.dm.remove(layout.handle_name(VG, volume['name']))
+        if self.vg.get_volume(volume['name']) is not None:
+            self.vg.delete(volume['name'])
+
+    # -- invariants -------------------------------------------------------
+
+    def _tables_using(self, path):
+        return [name for name, segs in self.dm.devices.items()
+                if any(path in seg.args for seg in segs)]
+
+    def _check_table(self, name, segments):
+        for seg in segments:
+            if seg.target == 'linear' and seg.args[1] == 0:
+                lv = self.vg.by_path(seg.args[0])
+                if lv is not None and not lv['complete']:
+                    self.cluster.violation(
+                        '%s: linear table over %s, which is not fully '
+                        'hydrated' % (self.name, seg.args[0]))
+            if seg.target == 'clone':
+                meta = self.vg.by_path(seg.args[0])
+                if meta is None or meta['zeroed'] != 1:
+                    self.cluster.violation(
+                        '%s: clone over metadata %s zeroed %s times'
+                        % (self.name, seg.args[0],
+                           meta and meta['zeroed']))
+
+    def _hydrated(self, device):
+        lv = self.vg.by_path(device)
+        if lv is not None:
+            lv['complete'] = True
+
+    def _disconnecting(self, path):
+        if self._tables_using(path):
+            self.cluster.violation('%s: session %s dropped under a live '
+                                   'table' % (self.name, path))
+
+    # -- what the driver and the volume manager do -------------------------
+
+    def ensure_handle(self):
+        if not self.dm.exists(HANDLE):
+            self.dm.create(HANDLE, [dmsetup.linear_segment(
+                0, self.dm.device_sectors(LV_PATH), LV_PATH)],
+                uuid=layout.handle_uuid(VG, LV))
+        return HANDLE_PATH
+
+    def ensure_export(self):
+        """The volume manager at start: DMCloneVolumeDriver.ensure_export.
+
+        A missing handle is rebuilt, except over an LV that a transfer's
+        metadata LV says is still hydrating (_refuse_linear_over_clone).
+        """
+        if not self.dm.exists(HANDLE) and LV in self.vg.lvs and \
+                META not in self.vg.lvs:
+            self.ensure_handle()
+
+    @staticmethod
+    def _local(volume, path):
+        return {'driver_volume_type': 'local',
+                'data': {'device_path': path, 'volume_id': volume['id'],
+                         'access_mode': 'rw'}}
+
+    def initialize_connection(self, volume, connector):
+        """Manager create_export + driver initialize_connection."""
+        ctxt = self.cluster.ctxt
+        step = peer.payload(connector)
+        if step:
+            return self._local(volume, self.mover.prepare(volume, step))
+        if connector['host'] == self.name:
+            return self._local(volume, self.ensure_handle())
+        update = self.target.create_export(ctxt, volume, self.ensure_handle())
+        values = {'provider_location': update['location'],
+                  'provider_auth': update['auth']}
+        self.cluster.db.volume_update(ctxt, volume.id, values)
+        volume.update(values)
+        try:
+            if self.mover.wants_move(volume, connector):
+                info = self.mover.move(volume, connector,
+                                       self.dm.device_sectors(LV_PATH))
+                if info is not None:
+                    return info
+            return self.target.initialize_connection(volume, connector)
+        except Exception:
+            self.remove_export(volume)
+            raise
+
+    def terminate_connection(self, volume, connector):
+        step = peer.payload(connector)
+        if step:
+            self.mover.serve(volume, connector, step)
+            return False
+        if self.mover.detached(volume, connector):
+            return False
+        if connector['host'] == self.name:
+            return len(volume.volume_attachment) > 1
+        self.target.terminate_connection(volume, connector)
+        return False
+
+    def remove_export(self, volume):
+        if self.mover.load(volume['id']) is not None:
+            return
+        self.target.remove_export(self.cluster.ctxt, volume)
+
+    def attachment_delete(self, volume, connector):
+        """VolumeManager.attachment_delete."""
+        if not self.terminate_connection(volume, connector):
+            self.remove_export(volume)
+
+
+class FakeVolumeRPC(object):
+    """cinder.volume.rpcapi.VolumeAPI, delivering to a Node in-process."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.calls = []
+
+    def initialize_connection(self, ctxt, volume, connector):
+        self.calls.append(('initialize_connection', volume.host,
+                           peer.payload(connector)))
+        node = self.cluster.node_of(volume.host)
+        # The volume object travels; the routed copy names the callee.
+        return self.cluster.call(node, node.initialize_connection,
+                                 volume, connector)
+
+    def terminate_connection(self, ctxt, volume, connector, force=False):
+        self.calls.append(('terminate_connection', volume.host,
+                           peer.payload(connector)))
+        node = self.cluster.node_of(volume.host)
+        # Only the id travels; the manager loads the volume.
+        return self.cluster.call(node, node.terminate_connection,
+                                 self.cluster.volume(volume.id), connector)
+
+
+class Cluster(object):
+    """node-a and node-b sharing one database; one volume on node-a."""
+
+    def __init__(self, test, restart_before_timeout=True, reboot=False):
+        self.test = test
+        #: a crashed node reboots (kernel state lost) instead of restarting
+        #: its service only.
+        self.reboot = reboot
+        self.ctxt = context.get_admin_context()
+        self.db = fakes.FakeDB()
+        self.rpc = FakeVolumeRPC(self)
+        self.violations = []
+        self.attachments = []
+        self.snapshots = []
+        self.held = set()
+        self.restart_before_timeout = restart_before_timeout
+        self._ids = itertools.cycle([fake.ATTACHMENT_ID,
+                                     fake.ATTACHMENT2_ID])
+        self.a = Node(self, 'node-a', '10.0.0.1')
+        self.b = Node(self, 'node-b', '10.0.0.2')
+        self.nodes = {'node-a': self.a, 'node-b': self.b}
+        test.mock_object(objects.Volume, 'get_by_id',
+                         side_effect=lambda ctxt, vid: self.volume(vid))
+        test.mock_object(objects.Service, 'get_by_args',
+                         side_effect=self._service)
+        test.mock_object(objects.SnapshotList, 'get_all_for_volume',
+                         side_effect=lambda ctxt, vid: list(self.snapshots))
+        test.mock_object(mover, 'lock', side_effect=self._lock)
+        self.db.volumes[VOLUME_ID] = {
+            'host': self.a.host, 'size': 1,
+            'availability_zone': self.a.az, 'provider_location': None,
+            'provider_auth': None}
+        self.a.vg.add(LV, '1g')
+        self.a.ensure_handle()
+
+    # -- plumbing ----------------------------------------------------------
+
+    def violation(self, text):
+        self.violations.append(text)
+
+    @contextlib.contextmanager
+    def _lock_cm(self, name):
+        if name in self.held:
+            # A distributed lock is not reentrant: this would deadlock.
+            self.violation('lock %s taken twice' % name)
+            raise AssertionError('deadlock on %s' % name)
+        self.held.add(name)
+        try:
+            yield
+        finally:
+            self.held.discard(name)
+
+    def _lock(self, volume_id):
+        return self._lock_cm('dmclone-%s' % volume_id)
+
+    def _service(self, ctxt, host, binary):
+        node = self.nodes.get(host.partition('@')[0])
+        if node is None or not node.has_service:
+            raise exception.ServiceNotFound(service_id=host)
+        return FakeService(node)
+
+    def node_of(self, host):
+        return self.nodes[volume_utils.extract_host(host, 'host')]
+
+    def owner(self):
+        return self.node_of(self.db.volumes[VOLUME_ID]['host'])
+
+    def restart(self, node):
+        if self.reboot:
+            node.reboot()
+        else:
+            node.restart()
+        node.recover()
+        if self.owner() is node:
+            node.ensure_export()
+
+    def call(self, node, fn, *args):
+        """An RPC call (or a REST call through cinder-api) to ``node``."""
+        if node.down:
+            raise oslo_messaging.MessagingTimeout('%s is down' % node.name)
+        try:
+            return fn(*args)
+        except Crash:
+            node.down = True
+            if self.restart_before_timeout:
+                self.restart(node)
+            raise oslo_messaging.MessagingTimeout('%s died' % node.name)
+        except Exception as exc:
+            raise exception.VolumeBackendAPIException(data=str(exc))
+
+    def resolve(self, props):
+        """Log in from a node: the export must exist and allow us."""
+        for node in self.nodes.values():
+            if props['target_portal'] == '%s:3260' % node.target.ip:
+                export = node.target.exports.get(props['target_iqn'])
+                if export is None:
+                    raise exception.VolumeBackendAPIException(
+                        data='no such target %s' % props['target_iqn'])
+                return node.dm.device_sectors(LV_PATH)
+        raise exception.VolumeBackendAPIException(data='no portal')
+
+    def volume(self, volume_id=VOLUME_ID):
+        """A fresh Volume object from the database, as a manager loads."""
+        rec = self.db.volumes[volume_id]
+        md = self.db.admin_metadata.get(volume_id, {})
+        volume = fake_volume.fake_volume_obj(
+            self.ctxt, id=volume_id, host=rec['host'], size=rec['size'],
+            availability_zone=rec['availability_zone'],
+            provider_location=rec['provider_location'],
+            provider_auth=rec['provider_auth'],
+            volume_admin_metadata=[{'key': k, 'value': v}
+                                   for k, v in md.items()])
+        volume.volume_attachment = objects.VolumeAttachmentList(objects=[
+            objects.VolumeAttachment(
+                id=a['id'], volume_id=volume_id,
+                instance_uuid=a['instance_uuid'],
+                attach_status=a['attach_status'],
+                attached_host=a['attached_host'], connector=a['connector'])
+            for a in self.attachments])
+        volume.obj_reset_changes()
+        return volume
+
+    def crash_at(self, obj, attr, when='before', match=None):
+        """Make ``obj.attr`` kill its service once, before or after it ran.
+
+        ``match(*args, **kwargs)`` picks the call; returns a dict whose
+        ``fired`` tells whether the crash happened.
+        """
+        original = getattr(obj, attr)
+        record = {'fired': False}
+
+        def crashing(*args, **kwargs):
+            if not record['fired'] and (match is None
+                                        or match(*args, **kwargs)):
+                record['fired'] = True
+                if when == 'after':
+                    original(*args, **kwargs)
+                raise Crash('%s %s' % (when, attr))
+            return original(*args, **kwargs)
+        self.test.mock_object(obj, attr, side_effect=crashing)
+        return record
+
+    def transfer(self):
+        return transfer.Transfer.from_metadata(
+            VOLUME_ID, self.db.admin_metadata.get(VOLUME_ID))
+
+    # -- what Nova does ----------------------------------------------------
+
+    def attach(self, node, instance_uuid=fake.INSTANCE_ID):
+        """Attach on ``node``; returns (attachment, connection info)."""
+        att = {'id': next(self._ids), 'instance_uuid': instance_uuid,
+               'attach_status': fields.VolumeAttachStatus.RESERVED,
+               'attached_host': None, 'connector': None}
+        self.attachments.append(att)
+        owner = self.owner()
+        try:
+            info = self.call(owner, owner.initialize_connection,
+                             self.volume(), dict(node.props))
+        except Exception:
+            self.attachments.remove(att)
+            raise
+        att.update(attach_status=fields.VolumeAttachStatus.ATTACHED,
+                   attached_host=node.name, connector=dict(node.props))
+        return att, info
+
+    def detach(self, att):
+        owner = self.owner()
+        self.call(owner, owner.attachment_delete, self.volume(),
+                  att['connector'])
+        self.attachments.remove(att)
+
+    def tick(self, node):
+        """Let every clone with hydration on copy, then a monitor tick."""
+        for name in list(node.dm.devices):
+            if node.dm._clone(name) is not None:
+                node.dm.hydrate(name)
+        node.monitor.tick()
+
+    def settle(self, ticks=4):
+        for _ in range(ticks):
+            for node in self.nodes.values():
+                if node.down:
+                    continue
+                try:
+                    self.tick(node)
+                except Crash:
+                    self.restart(node)
+
+    # -- checks ------------------------------------------------------------
+
+    def transfer_keys(self):
+        return {k: v for k, v in self.db.admin_metadata.get(
+            VOLUME_ID, {}).items() if k.startswith(transfer.KEY_PREFIX)}
+
+    def assert_no_transfer(self):
+        """No transfer: no state key.
+
+        (Other keys left by a crash part-way through Store.clear are inert.)
+        """
+        self.test.assertNotIn('dmclone_state', self.transfer_keys())
+        self.test.assertIsNone(self.transfer())
+
+    def assert_rolled_back(self):
+        t = self.test
+        t.assertEqual([], self.violations)
+        self.assert_no_transfer()
+        t.assertEqual(self.a.host, self.db.volumes[VOLUME_ID]['host'])
+        t.assertEqual({}, self.b.vg.lvs)
+        t.assertEqual({}, self.b.dm.devices)
+        t.assertEqual({}, self.b.connector.sessions)
+        t.assertEqual([LV], list(self.a.vg.lvs))
+        t.assertTrue(self.a.vg.lvs[LV]['complete'])
+        t.assertEqual([HANDLE], list(self.a.dm.devices))
+        acl = self.a.target.exports.get(FakeTargetIQN, {}).get('acl', ())
+        t.assertNotIn(self.b.props['initiator'], acl)
+
+    def assert_completed(self):
+        t = self.test
+        t.assertEqual([], self.violations)
+        self.assert_no_transfer()
+        t.assertEqual(self.b.host, self.db.volumes[VOLUME_ID]['host'])
+        t.assertEqual(self.b.az,
+                      self.db.volumes[VOLUME_ID]['availability_zone'])
+        t.assertIsNone(self.db.volumes[VOLUME_ID]['provider_location'])
+        t.assertEqual([LV], list(self.b.vg.lvs))
+        t.assertTrue(self.b.vg.lvs[LV]['complete'])
+        t.assertEqual({HANDLE: [dmsetup.linear_segment(0, SECTORS,
+                                                       LV_PATH)]},
+                      self.b.dm.devices)
+        t.assertEqual({}, self.b.connector.sessions)
+        t.assertEqual({}, self.a.vg.lvs)
+        t.assertEqual({}, self.a.dm.devices)
+        t.assertEqual({}, self.a.target.exports)
+        t.assertEqual(set(), self.b.mover.pending_finalize)
+
+
+FakeTargetIQN = 'iqn.2010-10.org.openstack:%s' % LV
+
+
+class FakeService(object):
+    """The fields of objects.Service the Mover reads."""
+
+    def __init__(self, node):
+        self.disabled = node.disabled
+        self.is_up = node.service_up
+        self.availability_zone = node.az

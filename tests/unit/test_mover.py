@@ -1,0 +1,1081 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The Mover on both nodes, over two in-memory nodes (tests.unit.cluster).
+
+The last test case injects a crash into every step of the destination's
+flow and checks that recovery ends in a consistent state.
+"""
+
+from unittest import mock
+
+import ddt
+import oslo_messaging
+
+from cinder import context
+from cinder import coordination
+from cinder import exception
+from cinder import objects
+from cinder.objects import fields
+from cinder.tests.unit import fake_constants as fake
+from cinder.tests.unit import fake_volume
+from cinder.tests.unit import test
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import mover
+from cinder_dmclone import peer
+from cinder_dmclone import periodic
+from cinder_dmclone import transfer
+from tests.unit import cluster
+from tests.unit.cluster import HANDLE
+from tests.unit.cluster import HANDLE_PATH
+from tests.unit.cluster import LV
+from tests.unit.cluster import LV_PATH
+from tests.unit.cluster import META
+from tests.unit.cluster import SECTORS
+from tests.unit.cluster import VOLUME_ID
+
+ATTACHED = fields.VolumeAttachStatus.ATTACHED
+ATTACHING = fields.VolumeAttachStatus.ATTACHING
+RESERVED = fields.VolumeAttachStatus.RESERVED
+DETACHED = fields.VolumeAttachStatus.DETACHED
+META_PATH = '/dev/%s/%s' % (cluster.VG, META)
+IQN = 'iqn.2010-10.org.openstack:%s' % LV
+INSTANCE2_ID = '0a4ff1ce-1d1b-4f7c-a5b3-9c87a3b8c1f2'
+
+
+def attachment(status, instance=fake.INSTANCE_ID, host=None,
+               connector=None):
+    return objects.VolumeAttachment(
+        id=fake.ATTACHMENT_ID, instance_uuid=instance, attach_status=status,
+        attached_host=host, connector=connector)
+
+
+def volume_with(*attachments):
+    volume = fake_volume.fake_volume_obj(context.get_admin_context())
+    volume.volume_attachment = objects.VolumeAttachmentList(
+        objects=list(attachments))
+    return volume
+
+
+@ddt.ddt
+class HelpersTestCase(test.TestCase):
+
+    @ddt.data((RESERVED, fake.INSTANCE_ID, True),
+              (ATTACHING, fake.INSTANCE_ID, True),
+              (ATTACHED, fake.INSTANCE_ID, False),
+              (DETACHED, fake.INSTANCE_ID, False),
+              (RESERVED, None, False),
+              (ATTACHING, None, False))
+    @ddt.unpack
+    def test_is_instance_attach(self, status, instance, expected):
+        self.assertEqual(expected, mover.is_instance_attach(
+            volume_with(attachment(status, instance))))
+
+    def test_is_instance_attach_without_attachments(self):
+        self.assertFalse(mover.is_instance_attach(volume_with()))
+
+    def test_attachments_on(self):
+        volume = volume_with(
+            attachment(ATTACHED, host='node-a'),
+            attachment(ATTACHING, connector={'host': 'node-a'}),
+            attachment(ATTACHED, host='node-b'),
+            attachment(RESERVED, host='node-a'),
+            attachment(DETACHED, host='node-a'),
+            attachment(ATTACHED, host=None, connector=None))
+        self.assertEqual(2, mover.attachments_on(volume, 'node-a'))
+        self.assertEqual(1, mover.attachments_on(volume, 'node-b'))
+        self.assertEqual(0, mover.attachments_on(volume, 'node-c'))
+        self.assertEqual(0, mover.attachments_on(volume_with(), 'node-a'))
+
+    def test_lock(self):
+        get_lock = coordination.COORDINATOR.get_lock
+        get_lock.reset_mock()
+        self.assertIs(get_lock.return_value, mover.lock(VOLUME_ID))
+        get_lock.assert_called_once_with('dmclone-%s' % VOLUME_ID)
+
+
+class ClusterTestCase(test.TestCase):
+    """Base: node-a holds the volume, node-b is where it may move."""
+
+    def setUp(self):
+        super().setUp()
+        self.c = cluster.Cluster(self)
+        self.a = self.c.a
+        self.b = self.c.b
+        self.log = self.mock_object(mover, 'LOG')
+
+    def volume(self):
+        return self.c.volume()
+
+    def saved(self, state=transfer.PREPARING, dest='node-b', **progress):
+        """A transfer as the source saves it, with its export for node-b."""
+        volume = self.volume()
+        self.a.target.create_export(self.c.ctxt, volume, HANDLE_PATH)
+        self.a.target.initialize_connection(volume, self.b.props)
+        t = transfer.Transfer(
+            volume_id=VOLUME_ID, lv_name=LV, state=state,
+            source_host=self.a.host, dest_host='%s@dmclone#dmclone' % dest,
+            source_node='node-a', dest_node=dest,
+            region_sectors=cluster.REGION, clone_sectors=SECTORS,
+            target_portal='10.0.0.1:3260', target_iqn=IQN)
+        self.a.store.save(self.c.ctxt, t)
+        if progress:
+            self.c.db.admin_metadata[VOLUME_ID].update(
+                {'dmclone_' + k: v for k, v in progress.items()})
+        return t
+
+    def moved(self, live=False):
+        """A volume moved to node-b (cloned if ``live``, else hydrating)."""
+        src = self.c.attach(self.a)[0] if live else None
+        dst = self.c.attach(self.b)[0]
+        return src, dst
+
+    def ops(self):
+        return [call[2]['op'] if call[2] else None
+                for call in self.c.rpc.calls]
+
+    def features(self):
+        return dmsetup.parse_clone_table(
+            self.b.dm.devices[HANDLE][0]).features
+
+
+class WantsMoveTestCase(ClusterTestCase):
+
+    def test_instance_attach_elsewhere(self):
+        volume = volume_with(attachment(RESERVED))
+        self.assertTrue(self.a.mover.wants_move(volume, self.b.props))
+
+    def test_attach_without_instance(self):
+        # cinder-backup, image upload: an ordinary iSCSI attach.
+        volume = volume_with(attachment(RESERVED, instance=None))
+        self.assertFalse(self.a.mover.wants_move(volume, self.b.props))
+
+    def test_local_attach(self):
+        volume = volume_with(attachment(RESERVED))
+        self.assertFalse(self.a.mover.wants_move(volume, self.a.props))
+
+    def test_backup_attach_is_iscsi(self):
+        att, info = self.c.attach(self.b, instance_uuid=None)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIsNone(self.c.transfer())
+
+
+class DestinationHostTestCase(ClusterTestCase):
+
+    def test_found(self):
+        self.assertEqual(
+            ('node-b@dmclone#dmclone', 'az-node-b'),
+            self.a.mover.destination_host(self.c.ctxt, self.volume(),
+                                          'node-b'))
+        objects.Service.get_by_args.assert_called_once_with(
+            self.c.ctxt, 'node-b@dmclone', 'cinder-volume')
+
+    def test_pool_is_kept(self):
+        volume = self.volume()
+        volume.host = 'node-a@dmclone#pool-1'
+        self.assertEqual(
+            'node-b@dmclone#pool-1',
+            self.a.mover.destination_host(self.c.ctxt, volume, 'node-b')[0])
+
+    def test_no_service(self):
+        self.b.has_service = False
+        self.assertEqual((None, None), self.a.mover.destination_host(
+            self.c.ctxt, self.volume(), 'node-b'))
+
+    def test_down(self):
+        self.b.service_up = False
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.a.mover.destination_host, self.c.ctxt,
+                                self.volume(), 'node-b')
+        self.assertIn('node-b@dmclone is down or disabled', str(exc))
+        self.assertIn(VOLUME_ID, str(exc))
+
+    def test_disabled(self):
+        self.b.disabled = True
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.a.mover.destination_host, self.c.ctxt,
+                          self.volume(), 'node-b')
+
+
+class MoveTestCase(ClusterTestCase):
+
+    def test_move_hydrates_at_once(self):
+        states = []
+        prepare = self.b.mover.prepare
+
+        def prepare_seeing_state(volume, step):
+            states.append(self.c.transfer().state)
+            return prepare(volume, step)
+        self.b.mover.prepare = prepare_seeing_state
+        att, info = self.c.attach(self.b)
+        self.assertEqual({'driver_volume_type': 'local',
+                          'data': {'device_path': HANDLE_PATH,
+                                   'volume_id': VOLUME_ID,
+                                   'access_mode': 'rw'}}, info)
+        # Saved as preparing before the destination was asked.
+        self.assertEqual([transfer.PREPARING], states)
+        self.assertEqual([('initialize_connection', 'node-b@dmclone#dmclone',
+                           {'op': 'prepare', 'hydrate': True,
+                            'size_gb': 1})], self.c.rpc.calls)
+        t = self.c.transfer()
+        self.assertEqual(transfer.HYDRATING, t.state)
+        self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
+        self.assertEqual(SECTORS, t.clone_sectors)
+        self.assertEqual(cluster.REGION, t.region_sectors)
+        self.assertEqual(('10.0.0.1:3260', IQN, 0),
+                         (t.target_portal, t.target_iqn, t.target_lun))
+        self.assertEqual({'host': self.b.host, 'availability_zone':
+                          self.b.az},
+                         {k: self.c.db.volumes[VOLUME_ID][k]
+                          for k in ('host', 'availability_zone')})
+        # The ACL of the source's export admits the destination only.
+        self.assertEqual({self.b.props['initiator']},
+                         self.a.target.exports[IQN]['acl'])
+        self.assertNotIn('no_hydration', self.features())
+        self.assertEqual([], self.c.violations)
+
+    def test_live_migration_does_not_hydrate(self):
+        self.moved(live=True)
+        self.assertFalse(self.c.rpc.calls[0][2]['hydrate'])
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertIn('no_hydration', self.features())
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_attachment_under_an_alias_does_not_hydrate(self):
+        self.a.mover.node_names = {'node-a', 'node-a.example.org'}
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT2_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': ATTACHED, 'attached_host': 'node-a.example.org',
+            'connector': None})
+        self.c.attach(self.b)
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+
+    def test_destination_failure_leaves_the_volume(self):
+        self.b.vg.fail_on['create_volume'] = \
+            exception.VolumeBackendAPIException(data='VG full')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.a.target.exports)
+        self.assertEqual(['prepare', 'abort'], self.ops())
+        self.log.error.assert_called()
+
+    def test_destination_down(self):
+        self.b.down = True
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual({}, self.a.target.exports)
+        # The abort could not be delivered: logged, not raised.
+        self.log.exception.assert_called()
+
+    def test_refuses_while_in_flight(self):
+        self.saved(transfer.HYDRATING, dest='node-c', percent='42.0')
+        exc = self.assertRaises(transfer.TransferInProgress,
+                                self.a.mover.move, self.volume(),
+                                self.b.props, SECTORS)
+        for text in ('node-a', 'node-c', 'hydrating', '42.0%',
+                     'attaching on node-b'):
+            self.assertIn(text, str(exc))
+        self.assertEqual([], self.c.rpc.calls)
+        self.assertEqual('node-c', self.c.transfer().dest_node)
+
+    def test_refuses_with_snapshots(self):
+        self.c.snapshots = [mock.sentinel.snapshot]
+        exc = self.assertRaises(exception.InvalidVolume, self.a.mover.move,
+                                self.volume(), self.b.props, SECTORS)
+        self.assertIn('1 snapshot(s) on node node-a', str(exc))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.a.target.calls)
+
+    def test_no_service_on_destination(self):
+        self.b.has_service = False
+        self.assertIsNone(self.a.mover.move(self.volume(), self.b.props,
+                                            SECTORS))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.a.target.calls)
+
+    def test_destination_service_down(self):
+        self.b.service_up = False
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.a.mover.move, self.volume(), self.b.props,
+                          SECTORS)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_takes_the_volume_lock(self):
+        self.c.attach(self.b)
+        mover.lock.assert_any_call(VOLUME_ID)
+
+
+class PrepareTestCase(ClusterTestCase):
+
+    def prepare(self, **step):
+        volume = self.volume()
+        volume.provider_auth = 'CHAP user s3cret'
+        return self.b.mover.prepare(volume, dict(step, op='prepare'))
+
+    def test_no_transfer(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.prepare)
+        self.assertIn('No transfer of volume %s to this node' % VOLUME_ID,
+                      str(exc))
+
+    def test_wrong_state(self):
+        self.saved(transfer.CLONED)
+        self.assertRaises(exception.VolumeBackendAPIException, self.prepare)
+        self.assertEqual({}, self.b.vg.lvs)
+
+    def test_other_destination(self):
+        self.saved(dest='node-c')
+        self.assertRaises(exception.VolumeBackendAPIException, self.prepare)
+        self.assertEqual({}, self.b.vg.lvs)
+
+    def test_builds_without_hydration(self):
+        self.saved()
+        self.assertEqual(HANDLE_PATH, self.prepare(hydrate=False, size_gb=1))
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertIn('no_hydration', self.features())
+        self.assertEqual({'hydration_threshold': 64,
+                          'hydration_batch_size': 16},
+                         dmsetup.parse_clone_table(
+                             self.b.dm.devices[HANDLE][0]).core_args)
+        props = self.b.connector.calls[-1][1]
+        self.assertEqual('s3cret', props['auth_password'])
+
+    def test_builds_with_hydration(self):
+        self.saved()
+        self.prepare(hydrate=True)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertNotIn('no_hydration', self.features())
+
+    def test_size_from_step_or_volume(self):
+        self.saved()
+        self.prepare()
+        self.assertIn(('create_volume', LV, '1g', 'default'),
+                      self.b.vg.calls)
+        self.b.dest.tear_down(self.c.transfer(), None)
+        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
+                               transfer.PREPARING)
+        self.prepare(size_gb=2)
+        self.assertIn(('create_volume', LV, '2g', 'default'),
+                      self.b.vg.calls)
+
+    def test_failure_tears_down(self):
+        self.saved()
+        self.a.target.exports.clear()
+        self.assertRaises(exception.VolumeBackendAPIException, self.prepare)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+        # The source decides what becomes of its transfer.
+        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.log.exception.assert_called()
+
+    def test_leftovers_of_an_abandoned_attempt_are_not_reused(self):
+        # An earlier attempt hydrated part of a clone here, then the source
+        # gave up and cleared the transfer (e.g. an RPC timeout).
+        t = self.saved()
+        self.prepare(hydrate=True)
+        self.b.dm.hydrate(HANDLE, 1000)
+        self.a.store.clear(self.c.ctxt, VOLUME_ID)
+        # The next attempt must not trust those regions: the source may
+        # have been written since.
+        self.a.store.save(self.c.ctxt, t)
+        self.prepare(hydrate=True)
+        status = self.b.dm.status(HANDLE)[0].clone
+        self.assertEqual(0, status.hydrated_regions)
+        self.assertEqual(1, self.b.vg.lvs[META]['zeroed'])
+        self.assertEqual([], self.c.violations)
+
+
+class DetachedTestCase(ClusterTestCase):
+
+    def test_commit_on_source_detach(self):
+        src, dst = self.moved(live=True)
+        self.c.detach(src)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertTrue(self.b.dm.hydration[HANDLE])
+        # The source keeps its LV until the transfer retires it.
+        self.assertIn(LV, self.a.vg.lvs)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_no_commit_while_the_source_holds_another_attachment(self):
+        other = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)[0]
+        src, dst = self.moved(live=True)
+        self.c.detach(src)
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.c.detach(other)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+
+    def test_rollback_on_destination_detach(self):
+        src, dst = self.moved(live=True)
+        self.c.detach(dst)
+        self.c.assert_rolled_back()
+        self.assertEqual('release', self.ops()[-1])
+        self.assertEqual({}, self.a.target.exports)
+        self.assertEqual([src], self.c.attachments)
+        self.log.warning.assert_called()
+
+    def test_rollback_survives_source_failure(self):
+        src, dst = self.moved(live=True)
+        self.a.down = True
+        self.c.detach(dst)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.log.exception.assert_called()
+
+    def test_not_a_transfer(self):
+        self.assertFalse(self.b.mover.detached(self.volume(),
+                                               self.a.props))
+
+    def test_not_in_cloned_state(self):
+        self.moved()
+        self.assertFalse(self.b.mover.detached(self.volume(),
+                                               self.a.props))
+        self.assertFalse(self.b.mover.detached(self.volume(),
+                                               self.b.props))
+
+    def test_not_the_destination(self):
+        self.moved(live=True)
+        self.assertFalse(self.a.mover.detached(self.volume(),
+                                               self.a.props))
+
+    def test_detach_elsewhere(self):
+        self.moved(live=True)
+        self.assertFalse(self.b.mover.detached(self.volume(),
+                                               {'host': 'node-c'}))
+        self.assertFalse(self.b.mover.detached(self.volume(), None))
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+
+    def test_destination_detach_without_source_attachment(self):
+        self.moved(live=True)
+        self.c.attachments = [a for a in self.c.attachments
+                              if a['attached_host'] == 'node-b']
+        self.assertFalse(self.b.mover.detached(self.volume(),
+                                               self.b.props))
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+
+
+class OnStatusTestCase(ClusterTestCase):
+
+    def test_publishes_progress(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.b.monitor.tick()
+        md = self.c.db.admin_metadata[VOLUME_ID]
+        self.assertEqual('25.0', md['dmclone_percent'])
+        self.assertEqual('4096', md['dmclone_hydrated_regions'])
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.log.info.assert_called()
+
+    def test_finalizes_when_fully_hydrated(self):
+        self.moved()
+        self.c.tick(self.b)
+        self.c.assert_completed()
+        self.assertEqual(['prepare', 'retire'], self.ops())
+
+    def test_cloned_is_never_finalized(self):
+        self.moved(live=True)
+        self.b.dm.meta_hydrated[META_PATH] = 16384
+        self.b.monitor.tick()
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual('100.0',
+                         self.c.db.admin_metadata[VOLUME_ID]
+                         ['dmclone_percent'])
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+
+    def test_foreign_clone(self):
+        self.c.db.volumes[fake.VOLUME2_ID] = {}
+        status = mock.Mock(failed=False)
+        self.b.mover.on_status('volume-%s' % fake.VOLUME2_ID, status, None)
+        self.b.mover.on_status('legacy', status, None)
+        self.assertEqual(2, self.log.warning.call_count)
+        self.assertEqual({}, self.c.db.admin_metadata)
+
+    def test_clone_of_a_transfer_elsewhere(self):
+        self.saved(dest='node-c')
+        self.b.mover.on_status(LV, mock.Mock(failed=False), None)
+        self.log.warning.assert_called_once()
+        self.assertNotIn('dmclone_percent',
+                         self.c.db.admin_metadata[VOLUME_ID])
+
+    def test_failed_clone(self):
+        self.moved()
+        self.b.dm.failed.add(HANDLE)
+        self.b.monitor.tick()
+        self.log.error.assert_called_once()
+        self.assertNotIn('dmclone_percent',
+                         self.c.db.admin_metadata[VOLUME_ID])
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+
+    def test_eta_in_log(self):
+        self.moved()
+        progress = periodic.Progress(1, 2, 65536, rate=1.0, eta=12.0)
+        status = mock.Mock(failed=False, fully_hydrated=False)
+        self.b.mover.on_status(LV, status, progress)
+        self.assertEqual(', 12 s to go',
+                         self.log.info.call_args.args[1]['eta'])
+
+
+@ddt.ddt
+class FinalizeTestCase(ClusterTestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+
+    def test_order(self):
+        steps = []
+
+        def record(obj, name, label=None):
+            original = getattr(obj, name)
+
+            def wrapper(*args, **kwargs):
+                steps.append(label(*args) if label else name)
+                return original(*args, **kwargs)
+            self.mock_object(obj, name, side_effect=wrapper)
+        record(self.b.store, 'set_state', lambda ctxt, t, s: 'state ' + s)
+        for name in ('swap_to_linear', 'remove_metadata',
+                     'disconnect_source'):
+            record(self.b.dest, name)
+        record(self.b.peer, 'request', lambda *args: args[-1])
+        record(self.c.db, 'volume_update', lambda ctxt, vid, values:
+               'provider ' + ','.join(sorted(values)))
+        record(self.b.store, 'clear')
+        self.b.mover.finalize(VOLUME_ID)
+        self.assertEqual(['state finalizing', 'swap_to_linear',
+                          'remove_metadata', 'disconnect_source', 'retire',
+                          'provider provider_auth,provider_location',
+                          'clear'], steps)
+        self.c.assert_completed()
+
+    @ddt.data(('dest', 'swap_to_linear'), ('dest', 'remove_metadata'),
+              ('dest', 'disconnect_source'), ('peer', 'request'),
+              ('db', 'volume_update'), ('store', 'clear'),
+              ('store', 'set_state'))
+    @ddt.unpack
+    def test_failing_step_is_retried(self, owner, name):
+        obj = {'dest': self.b.dest, 'peer': self.b.peer, 'db': self.c.db,
+               'store': self.b.store}[owner]
+        original = getattr(obj, name)
+        failures = [exception.VolumeBackendAPIException(data='boom')]
+
+        def fail_once(*args, **kwargs):
+            if failures:
+                raise failures.pop()
+            return original(*args, **kwargs)
+        self.mock_object(obj, name, side_effect=fail_once)
+        self.b.mover.finalize(VOLUME_ID)
+        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.assertIsNotNone(self.c.transfer())
+        self.log.exception.assert_called_once()
+        self.b.mover.finalize_pending()
+        self.c.assert_completed()
+
+    def test_source_down_keeps_it_pending(self):
+        self.a.down = True
+        self.c.tick(self.b)
+        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.assertEqual(transfer.FINALIZING, self.c.transfer().state)
+        # Swapped already: the monitor sees no clone any more, the
+        # after-tick retry finishes the job.
+        self.assertEqual('linear', self.b.dm.devices[HANDLE][0].target)
+        self.c.tick(self.b)
+        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.a.down = False
+        self.c.tick(self.b)
+        self.c.assert_completed()
+
+    def test_nothing_to_finalize(self):
+        self.a.store.clear(self.c.ctxt, VOLUME_ID)
+        self.b.mover.pending_finalize.add(VOLUME_ID)
+        self.b.mover.finalize(VOLUME_ID)
+        self.assertEqual(set(), self.b.mover.pending_finalize)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+
+    def test_finalize_pending_in_order(self):
+        self.b.mover.pending_finalize.update({'b', 'a'})
+        finalize = self.mock_object(self.b.mover, 'finalize')
+        self.b.mover.finalize_pending()
+        self.assertEqual([mock.call('a'), mock.call('b')],
+                         finalize.call_args_list)
+
+
+class ServeTestCase(ClusterTestCase):
+
+    def serve(self, node, op, volume=None):
+        connector = dict(self.b.props, dmclone={'op': op})
+        node.mover.serve(volume or self.volume(), connector,
+                         peer.payload(connector))
+
+    def test_release(self):
+        self.saved()
+        self.serve(self.a, peer.RELEASE)
+        self.assertEqual([('terminate_connection', VOLUME_ID,
+                           self.b.props['initiator']),
+                          ('remove_export', VOLUME_ID)],
+                         self.a.target.calls[-2:])
+        self.assertEqual({}, self.a.target.exports)
+        self.assertIn(LV, self.a.vg.lvs)
+
+    def test_release_failure_is_logged(self):
+        self.saved()
+        self.mock_object(self.a.target, 'remove_export',
+                         side_effect=ValueError('x'))
+        self.serve(self.a, peer.RELEASE)
+        self.log.exception.assert_called_once()
+
+    def test_retire_refuses_while_the_record_names_this_node(self):
+        self.saved()
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.serve, self.a, peer.RETIRE)
+        self.assertIn('its record still names this node', str(exc))
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertIn(HANDLE, self.a.dm.devices)
+        self.assertIn(IQN, self.a.target.exports)
+
+    def test_retire(self):
+        self.saved()
+        self.a.store.move_volume(self.c.ctxt, VOLUME_ID, self.b.host)
+        self.serve(self.a, peer.RETIRE)
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertEqual({}, self.a.dm.devices)
+        self.assertEqual({}, self.a.target.exports)
+        # Again: nothing left to do, no error.
+        self.serve(self.a, peer.RETIRE)
+
+    def test_abort(self):
+        self.saved()
+        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.serve(self.b, peer.ABORT)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_abort_not_for_us(self):
+        self.saved(dest='node-c')
+        self.b.vg.add(LV, '1g')
+        self.serve(self.b, peer.ABORT)
+        self.serve(self.a, peer.ABORT)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(LV, self.a.vg.lvs)
+
+    def test_abort_without_transfer(self):
+        self.serve(self.b, peer.ABORT)
+        self.assertEqual([], self.b.vg.calls)
+
+    def test_other_ops_do_nothing(self):
+        self.saved()
+        self.a.mover.serve(self.volume(), {}, {'op': peer.PREPARE})
+        self.assertEqual(2, len(self.a.target.calls))
+
+
+class RecoverTestCase(ClusterTestCase):
+
+    def restart(self, node, reboot=False):
+        if reboot:
+            node.reboot()
+        else:
+            node.restart()
+        node.recover()
+
+    def test_preparing_is_torn_down(self):
+        self.saved()
+        self.b.dest.create_volumes(self.c.transfer(), 1)
+        self.restart(self.b)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertIsNone(self.c.transfer())
+        self.log.warning.assert_called()
+
+    def test_preparing_of_a_volume_recorded_here_keeps_state(self):
+        self.saved()
+        self.b.dest.create_volumes(self.c.transfer(), 1)
+        self.a.store.move_volume(self.c.ctxt, VOLUME_ID, self.b.host)
+        self.restart(self.b)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+
+    def test_cloned_is_rebuilt_without_hydration(self):
+        self.moved(live=True)
+        self.restart(self.b, reboot=True)
+        self.assertIn('no_hydration', self.features())
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual([], self.c.violations)
+
+    def test_hydrating_is_rebuilt_with_hydration(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 1000)
+        self.restart(self.b, reboot=True)
+        self.assertNotIn('no_hydration', self.features())
+        # The hydrated regions are in the (kept) metadata LV.
+        self.assertEqual(1000, self.b.dm.status(HANDLE)[0].clone
+                         .hydrated_regions)
+        self.assertEqual(1, self.b.vg.lvs[META]['zeroed'])
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_live_clone_is_left_alone_after_a_service_restart(self):
+        self.moved()
+        table = self.b.dm.devices[HANDLE]
+        self.restart(self.b)
+        self.assertIs(table, self.b.dm.devices[HANDLE])
+        self.assertEqual(1, [c[0] for c in self.b.dm.calls].count('create'))
+
+    def test_finalizing_is_pending(self):
+        self.moved()
+        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
+                               transfer.FINALIZING)
+        self.restart(self.b)
+        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.assertEqual(1, [c[0] for c in self.b.dm.calls].count('create'))
+        self.c.tick(self.b)
+        self.c.assert_completed()
+
+    def test_finalizing_after_a_reboot_rebuilds_the_clone(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
+                               transfer.FINALIZING)
+        self.restart(self.b, reboot=True)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.b.mover.finalize_pending()
+        self.c.assert_completed()
+
+    def test_source_side_unfinished_move_is_aborted(self):
+        self.saved()
+        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.restart(self.a)
+        self.assertEqual(['abort'], self.ops())
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.target.exports)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertIn(LV, self.a.vg.lvs)
+
+    def test_abort_failure_still_cleans_the_source(self):
+        self.saved()
+        self.b.down = True
+        self.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.target.exports)
+        self.log.exception.assert_called()
+
+    def test_source_after_a_finished_move_does_nothing(self):
+        self.moved()
+        self.restart(self.a)
+        # (Not even listed there: the record names node-b.)
+        self.a.mover.recover([self.volume()], [])
+        self.assertEqual(['prepare'], self.ops())
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+
+    def test_invalid_state_is_skipped(self):
+        bad = fake_volume.fake_volume_obj(
+            self.c.ctxt, id=fake.VOLUME2_ID, host=self.b.host,
+            volume_admin_metadata=[{'key': 'dmclone_state',
+                                    'value': 'hydrating'}])
+        recover_one = self.mock_object(self.b.mover, '_recover_one')
+        self.saved()
+        good = self.volume()
+        self.b.mover.recover([bad, good], [])
+        self.log.exception.assert_called_once()
+        self.assertIn(fake.VOLUME2_ID, self.log.exception.call_args.args)
+        recover_one.assert_called_once_with(good, self.c.transfer())
+
+    def test_one_failure_does_not_stop_the_others(self):
+        self.saved()
+        recover_one = self.mock_object(self.b.mover, '_recover_one',
+                                       side_effect=[ValueError('x'), None])
+        self.b.mover.recover([self.volume(), self.volume()], [])
+        self.assertEqual(2, recover_one.call_count)
+        self.log.exception.assert_called_once()
+
+    def test_volume_without_transfer(self):
+        recover_one = self.mock_object(self.b.mover, '_recover_one')
+        self.b.mover.recover([self.volume()], [])
+        recover_one.assert_not_called()
+
+    def test_leftover_metadata_is_reported_never_deleted(self):
+        stray = 'volume-%s-dmcmeta' % fake.VOLUME2_ID
+        self.b.vg.add(stray, '8m')
+        self.moved()
+        self.b.mover.recover([self.volume()], [META, stray, 'legacy'])
+        warnings = [c.args for c in self.log.warning.call_args_list]
+        self.assertEqual(1, len(warnings))
+        self.assertIn(stray, warnings[0])
+        self.assertIn(stray, self.b.vg.lvs)
+        self.assertIn(META, self.b.vg.lvs)
+
+    def test_abandoned_attempt_is_reported_then_replaced(self):
+        # The source gave up before the destination came back: recovery
+        # there sees no transfer and only reports what is left.
+        self.c.restart_before_timeout = False
+        self.c.crash_at(self.b.store, 'set_state')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertIsNone(self.c.transfer())
+        self.restart(self.b)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertIn(META, self.log.warning.call_args.args)
+        # The next move builds afresh and completes.
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+
+class ExtendRetuneDeleteTestCase(ClusterTestCase):
+
+    def test_extend(self):
+        self.moved()
+        self.b.vg.extend_volume(LV, '2g')
+        self.assertTrue(self.b.mover.extend(self.volume()))
+        self.assertEqual(['clone', 'linear'],
+                         [s.target for s in self.b.dm.devices[HANDLE]])
+        self.c.settle()
+        self.assertEqual([dmsetup.linear_segment(0, 2 * SECTORS, LV_PATH)],
+                         self.b.dm.devices[HANDLE])
+
+    def test_extend_not_here(self):
+        self.moved()
+        self.assertFalse(self.a.mover.extend(self.volume()))
+        self.assertFalse(self.b.mover.extend(self._other_volume()))
+
+    def _other_volume(self):
+        self.c.db.volumes[fake.VOLUME2_ID] = {}
+        return fake_volume.fake_volume_obj(self.c.ctxt, id=fake.VOLUME2_ID)
+
+    def test_extend_while_finalizing(self):
+        self.moved()
+        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
+                               transfer.FINALIZING)
+        self.assertFalse(self.b.mover.extend(self.volume()))
+
+    def test_retune(self):
+        self.moved(live=True)
+        tuning = mock.Mock(return_value=(128, 32))
+        self.b.mover.tuning = tuning
+        volume_type = {'extra_specs': {}}
+        self.b.mover.retune(self.volume(), volume_type)
+        tuning.assert_called_once_with(volume_type)
+        self.assertEqual([('message', HANDLE, 'hydration_threshold', 128),
+                          ('message', HANDLE, 'hydration_batch_size', 32)],
+                         [c for c in self.b.dm.calls if c[0] == 'message'])
+
+    def test_retune_nothing_to_tune(self):
+        self.moved()
+        self.a.mover.retune(self.volume(), None)
+        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
+                               transfer.FINALIZING)
+        self.b.mover.retune(self.volume(), None)
+        self.assertNotIn('message', [c[0] for c in self.b.dm.calls])
+        self.assertNotIn('message', [c[0] for c in self.a.dm.calls])
+
+    def test_delete(self):
+        self.moved()
+        self.b.mover.pending_finalize.add(VOLUME_ID)
+        self.assertTrue(self.b.mover.delete(self.volume()))
+        for node in (self.a, self.b):
+            self.assertEqual({}, node.vg.lvs)
+            self.assertEqual({}, node.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+        self.assertEqual({}, self.a.target.exports)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(set(), self.b.mover.pending_finalize)
+        self.assertEqual('retire', self.ops()[-1])
+
+    def test_delete_not_here(self):
+        self.moved()
+        self.assertFalse(self.a.mover.delete(self.volume()))
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_delete_with_source_down_can_be_retried(self):
+        self.moved()
+        self.a.down = True
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          self.b.mover.delete, self.volume())
+        self.assertIsNotNone(self.c.transfer())
+        self.a.down = False
+        self.assertTrue(self.b.mover.delete(self.volume()))
+        self.assertEqual({}, self.a.vg.lvs)
+
+    def test_refuse_if_moving(self):
+        self.assertIsNone(self.a.mover.refuse_if_moving(self.volume(),
+                                                        'a snapshot'))
+        self.moved()
+        exc = self.assertRaises(transfer.TransferInProgress,
+                                self.a.mover.refuse_if_moving,
+                                self.volume(), 'a snapshot')
+        self.assertIn('a snapshot is possible once', str(exc))
+        self.assertIn('0.0%', str(exc))
+
+
+class InvariantsTestCase(ClusterTestCase):
+    """The harness itself catches what the crash tests rule out."""
+
+    def test_linear_over_partial_lv(self):
+        self.b.vg.create_volume(LV, '1g')
+        self.b.ensure_handle()
+        self.assertIn('not fully hydrated', self.c.violations[0])
+
+    def test_metadata_zeroed_twice(self):
+        self.b.vg.add(META, '8m')
+        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        self.assertIn('zeroed again', self.c.violations[0])
+
+    def test_clone_over_unzeroed_metadata(self):
+        self.saved()
+        t = self.c.transfer()
+        self.b.vg.add(META, '8m')
+        self.b.vg.create_volume(LV, '1g')
+        source = self.b.dest.connect_source(t, None)
+        self.b.dest.build_clone(t, source, True)
+        self.assertIn('zeroed 0 times', self.c.violations[0])
+        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        self.assertIn('under a live clone', self.c.violations[1])
+        self.b.dest.disconnect_source(t, None)
+        self.assertIn('dropped under a live table', self.c.violations[2])
+
+    def test_lock_is_not_reentrant(self):
+        with mover.lock(VOLUME_ID):
+            self.assertRaises(AssertionError,
+                              mover.lock(VOLUME_ID).__enter__)
+        self.assertIn('taken twice', self.c.violations[0])
+
+
+# Steps of the destination's flow: (object, attribute, call matcher).
+def _state_is(state):
+    return lambda ctxt, t, new_state: new_state == state
+
+
+def _during(c, state):
+    """Match calls made while the transfer is in ``state``."""
+    def match(*args, **kwargs):
+        t = c.transfer()
+        return t is not None and t.state == state
+    return match
+
+
+STEPS = {
+    'clean_leftovers': lambda c, f: (
+        c.b.dest, 'tear_down', _during(c, transfer.PREPARING)),
+    'create_volumes': lambda c, f: (c.b.dest, 'create_volumes', None),
+    'create_metadata_lv': lambda c, f: (
+        c.b.vg, 'create_volume', lambda name, *a: name == META),
+    'zero_metadata': lambda c, f: (c.b.dest, '_zero_head', None),
+    'create_data_lv': lambda c, f: (
+        c.b.vg, 'create_volume', lambda name, *a: name == LV),
+    'connect_source': lambda c, f: (c.b.dest, 'connect_source', None),
+    'build_clone': lambda c, f: (c.b.dest, 'build_clone', None),
+    'set_state_prepared': lambda c, f: (
+        c.b.store, 'set_state', _state_is(
+            transfer.CLONED if f == 'live' else transfer.HYDRATING)),
+    'enable_hydration': lambda c, f: (c.b.dest, 'enable_hydration', None),
+    'set_state_committed': lambda c, f: (
+        c.b.store, 'set_state', _state_is(transfer.HYDRATING)),
+    'set_state_finalizing': lambda c, f: (
+        c.b.store, 'set_state', _state_is(transfer.FINALIZING)),
+    'swap_to_linear': lambda c, f: (c.b.dest, 'swap_to_linear', None),
+    'remove_metadata': lambda c, f: (
+        c.b.dest, 'remove_metadata', _during(c, transfer.FINALIZING)),
+    'disconnect_source': lambda c, f: (
+        c.b.dest, 'disconnect_source', _during(c, transfer.FINALIZING)),
+    'peer_retire': lambda c, f: (
+        c.b.peer, 'request', lambda *args: args[-1] == peer.RETIRE),
+    'clear_provider_fields': lambda c, f: (
+        c.db, 'volume_update',
+        lambda ctxt, vid, values: 'provider_location' in values
+        and values['provider_location'] is None),
+    'clear': lambda c, f: (c.b.store, 'clear', None),
+    'clear_part_way': lambda c, f: (
+        c.db, 'volume_admin_metadata_delete', None),
+}
+PREPARE = ('clean_leftovers', 'create_volumes', 'create_metadata_lv',
+           'zero_metadata', 'create_data_lv', 'connect_source', 'build_clone',
+           'set_state_prepared')
+COMMIT = ('enable_hydration', 'set_state_committed')
+FINALIZE = ('set_state_finalizing', 'swap_to_linear', 'remove_metadata',
+            'disconnect_source', 'peer_retire', 'clear_provider_fields',
+            'clear', 'clear_part_way')
+
+
+def _cases():
+    for mode in ('restart', 'reboot'):
+        for flow in ('available', 'live'):
+            steps = PREPARE + (COMMIT if flow == 'live' else ()) + FINALIZE
+            for step in steps:
+                for when in ('before', 'after'):
+                    if step == 'clear_part_way' and when == 'before':
+                        continue
+                    outcome = 'rolled_back' if step in PREPARE \
+                        else 'completed'
+                    yield (mode, flow, step, when, outcome)
+
+
+@ddt.ddt
+class CrashTestCase(test.TestCase):
+    """A crash at any step of a transfer ends consistent after recovery.
+
+    The destination's service dies right before or right after a step;
+    it restarts (or the node reboots) and runs recovery before the source
+    gives up waiting; Nova retries a detach that timed out; the monitor
+    ticks.  The end is either a complete rollback (the volume on node-a
+    only) or a complete move (node-b only), with no invariant violated on
+    the way.
+    """
+
+    def drive(self, c, flow):
+        src = c.attach(c.a)[0] if flow == 'live' else None
+        try:
+            c.attach(c.b)
+        except exception.VolumeBackendAPIException:
+            # The move failed: Nova gives up, the instance stays.
+            c.settle()
+            return
+        if src is not None:
+            for attempt in range(2):
+                try:
+                    c.detach(src)
+                    break
+                except oslo_messaging.MessagingTimeout:
+                    continue
+        c.settle()
+
+    @ddt.data(*_cases())
+    @ddt.unpack
+    def test_crash(self, mode, flow, step, when, outcome):
+        c = cluster.Cluster(self, reboot=(mode == 'reboot'))
+        obj, attr, match = STEPS[step](c, flow)
+        record = c.crash_at(obj, attr, when, match)
+        self.drive(c, flow)
+        self.assertTrue(record['fired'], 'the crash never happened')
+        if outcome == 'rolled_back':
+            c.assert_rolled_back()
+        else:
+            c.assert_completed()
+
+    def test_happy_paths_have_no_crash(self):
+        for flow in ('available', 'live'):
+            c = cluster.Cluster(self)
+            self.drive(c, flow)
+            c.assert_completed()
+            self.assertEqual({}, c.transfer_keys())
