@@ -64,7 +64,7 @@ CLONE_MESSAGES = ('enable_hydration', 'disable_hydration',
 
 def validate_name(name):
     """Return ``name`` if it is safe as a device-mapper name, else raise."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise exception.InvalidDMName(
             value=name,
             reason='names are 1-127 characters of A-Z a-z 0-9 _ . + - '
@@ -80,7 +80,7 @@ def validate_device(device):
     either be rejected by the kernel or let a caller point a table somewhere
     it should not.
     """
-    if (not isinstance(device, str) or not _DEVICE_RE.match(device)
+    if (not isinstance(device, str) or not _DEVICE_RE.fullmatch(device)
             or '/../' in device or device.endswith('/..')):
         raise exception.InvalidDMName(
             value=device,
@@ -559,7 +559,7 @@ class DMSetup(object):
         """Send a target message, e.g. ``('hydration_batch_size', 16)``."""
         words = [str(w) for w in words]
         if not words or words[0] not in CLONE_MESSAGES or not all(
-                _MESSAGE_WORD_RE.match(w) for w in words):
+                _MESSAGE_WORD_RE.fullmatch(w) for w in words):
             raise exception.InvalidDMName(
                 value=' '.join(words), reason='not a known dm-clone message')
         self._run('message', validate_name(name), '0', *words)

@@ -568,7 +568,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def ensure_export(self, context, volume):
         """Rebuild the handle (gone after a reboot) and the iSCSI export."""
         path = self._ensure_handle(volume)
-        if volume.get('provider_location'):
+        if self._owns_export(volume):
             return self.target_driver.ensure_export(context, volume, path)
         return None
 

@@ -49,7 +49,7 @@ MIN_METADATA_BYTES = 8 * units.Mi
 
 def validate_lv_name(lv_name):
     """Return ``lv_name`` if safe for LVM and device-mapper, else raise."""
-    if (not isinstance(lv_name, str) or not _LV_NAME_RE.match(lv_name)
+    if (not isinstance(lv_name, str) or not _LV_NAME_RE.fullmatch(lv_name)
             or lv_name in ('.', '..') or lv_name.startswith('snapshot')
             or lv_name.startswith('pvmove')):
         raise exception.InvalidDMName(
@@ -58,7 +58,7 @@ def validate_lv_name(lv_name):
 
 
 def _validate_vg_name(vg_name):
-    if (not isinstance(vg_name, str) or not _LV_NAME_RE.match(vg_name)
+    if (not isinstance(vg_name, str) or not _LV_NAME_RE.fullmatch(vg_name)
             or vg_name in ('.', '..')):
         raise exception.InvalidDMName(
             value=vg_name, reason='not a valid volume group name')

@@ -40,7 +40,8 @@ class ValidationTestCase(test.TestCase):
         self.assertEqual(name, dmsetup.validate_name(name))
 
     @ddt.data('', '-leading-dash', 'has space', 'slash/inside', 'semi;colon',
-              '$(reboot)', '0' * 128, None, 5, 'new\nline', '..')
+              '$(reboot)', '0' * 128, None, 5, 'new\nline', '..',
+              'trailing-newline\n')
     def test_invalid_names(self, name):
         self.assertRaises(exception.InvalidDMName,
                           dmsetup.validate_name, name)
@@ -51,7 +52,8 @@ class ValidationTestCase(test.TestCase):
         self.assertEqual(dev, dmsetup.validate_device(dev))
 
     @ddt.data('vg/lv', '/dev/../etc/passwd', '/dev/vg/..', '/dev/a b',
-              '253:', ':4', '', None, '/etc/passwd', '/dev/x;y')
+              '253:', ':4', '', None, '/etc/passwd', '/dev/x;y',
+              '/dev/sdb\n')
     def test_invalid_devices(self, dev):
         self.assertRaises(exception.InvalidDMName,
                           dmsetup.validate_device, dev)

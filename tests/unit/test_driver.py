@@ -639,10 +639,19 @@ class ConnectionTestCase(DriverTestBase):
         target.assert_not_called()
 
     def test_ensure_export_restores_target(self):
-        self.volume.provider_location = 'loc'
+        self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'ensure_export')
         self.drv.ensure_export(self.ctxt, self.volume)
         target.assert_called_once_with(self.ctxt, self.volume, HANDLE_PATH)
+
+    def test_ensure_export_leaves_another_nodes_export(self):
+        # A volume that moved here still names its source's export until
+        # the transfer is finalized: this node must not re-create it.
+        self.volume.provider_location = '10.0.0.2:3260,1 iqn.x:%s 0' % LV
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.volume)
+        target.assert_not_called()
+        self.assertIn(HANDLE, self.dm.devices)
 
     def test_remove_export(self):
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
