@@ -33,7 +33,12 @@ tests in tests/functional run inside Debian's user-mode-linux kernel:
    the exit status is the guest's pytest status from its final
    "@@TESTBED-RESULT rc=N" line.  124: the guest ran out of --timeout and was
    killed; 125: the guest's setup failed; 126: the guest died without a
-   result line; 2: bad usage or unsupported backend.
+   result line; 2: bad usage.
+
+--backend qemu boots Debian's own amd64 kernel under QEMU TCG instead
+(closer to production: SMP, the distro kernel; slower), with an
+out-of-tree dm-clone.ko (tools/testbed/build-qemu-kernel.sh) and the same
+rootfs, tree and run directory shared over 9p.
 
 Only one guest runs at a time (the machines have 2 cores): the runner holds
 the cache lock while the guest runs and waits for it when it is taken.
@@ -122,14 +127,19 @@ def take_lock():
     return fd
 
 
-def ensure_rootfs(lock_fd):
-    subprocess.run([os.path.join(HERE, 'setup-host.sh')], check=True)
+def build_step(lock_fd, script):
+    """Run a build script that prints its product's path last."""
     env = dict(os.environ, DMCLONE_TESTBED_LOCK_FD=str(lock_fd),
                DMCLONE_TESTBED_CACHE=CACHE)
-    out = subprocess.run([os.path.join(HERE, 'build-rootfs.sh')],
+    out = subprocess.run([os.path.join(HERE, script)],
                          check=True, env=env, pass_fds=(lock_fd,),
                          stdout=subprocess.PIPE, text=True).stdout
     return out.strip().splitlines()[-1]
+
+
+def ensure_rootfs(lock_fd):
+    subprocess.run([os.path.join(HERE, 'setup-host.sh')], check=True)
+    return build_step(lock_fd, 'build-rootfs.sh')
 
 
 def new_run_dir(pytest_args):
@@ -202,25 +212,47 @@ def kill_group(proc):
         pass
 
 
-def run_uml(args, rootfs, run_dir):
-    uml = shutil.which('linux.uml')
-    for p in (rootfs, run_dir):
-        if not SAFE_PATH_RE.match(p):
-            say('path %r is not usable on a kernel command line' % p)
-            return RC_USAGE
+def uml_command(args, rootfs, run_dir):
     uml_dir = os.path.join(run_dir, 'uml')
     os.makedirs(uml_dir)
-    cmd = [uml, 'mem=%s' % args.mem,
-           'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
-           # read-only: the guest writes into a tmpfs overlay (see stage0)
-           'ro', 'init=/sbin/testbed-stage0',
-           'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
-           'umid=testbed', 'uml_dir=%s' % uml_dir,
-           'testbed.run=%s' % run_dir]
+    return [shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
+            'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
+            # read-only: the guest writes into a tmpfs overlay (see stage0)
+            'ro', 'init=/sbin/testbed-stage0',
+            'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
+            'umid=testbed', 'uml_dir=%s' % uml_dir,
+            'testbed.run=%s' % run_dir]
+
+
+def qemu_command(args, rootfs, run_dir, kernel_dir):
+    """QEMU TCG (KVM does not work on our machines), 9p shares for all."""
+    modules = os.path.join(kernel_dir, 'lib', 'modules')
+    release, = os.listdir(modules)
+
+    def share(tag, path, readonly=True):
+        return ['-virtfs', 'local,path=%s,mount_tag=%s,security_model='
+                'passthrough,multidevs=remap%s'
+                % (path, tag, ',readonly=on' if readonly else '')]
+    return (['qemu-system-x86_64', '-accel', 'tcg,thread=multi',
+             '-cpu', 'max', '-smp', str(os.cpu_count() or 2),
+             '-m', args.mem, '-nodefaults', '-no-reboot',
+             '-display', 'none', '-monitor', 'none', '-serial', 'stdio',
+             '-kernel', os.path.join(kernel_dir, 'vmlinuz'),
+             '-initrd', os.path.join(kernel_dir, 'initrd.cpio'),
+             '-append', 'console=ttyS0 panic=-1 quiet testbed.run=%s'
+             % run_dir]
+            + share('root', rootfs)
+            + share('modules', os.path.join(modules, release))
+            + share('run', run_dir, readonly=False)
+            + share('src', TREE))
+
+
+def boot(args, cmd, run_dir):
+    """Run the guest; stream its console; return the exit status."""
     with open(os.path.join(run_dir, 'cmdline'), 'w') as f:
         f.write(' '.join(cmd) + '\n')
-    say('booting user-mode-linux (mem=%s, timeout %d s)'
-        % (args.mem, args.timeout))
+    say('booting %s (mem=%s, timeout %d s)'
+        % (args.backend, args.mem, args.timeout))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -258,7 +290,7 @@ def run_uml(args, rootfs, run_dir):
             % (args.timeout, run_dir))
         return RC_TIMEOUT
     if console.result is None:
-        say('the guest stopped (linux.uml exit status %s) without a result '
+        say('the guest stopped (exit status %s) without a result '
             'line; last console lines:' % proc.returncode)
         for line in console.tail:
             print('  | ' + line)
@@ -268,21 +300,31 @@ def run_uml(args, rootfs, run_dir):
 
 def main(argv):
     args = parse_args(argv)
-    if args.backend == 'qemu':
-        say('--backend qemu: not implemented yet (use the default uml)')
-        return RC_USAGE
     pytest_args = [guest_path(a) for a in args.pytest_args]
     t0 = time.monotonic()
     lock_fd = take_lock()
     try:
         rootfs = ensure_rootfs(lock_fd)
+        kernel_dir = None
+        if args.backend == 'qemu':
+            kernel_dir = build_step(lock_fd, 'build-qemu-kernel.sh')
     except subprocess.CalledProcessError as e:
-        say('preparing the rootfs failed: %s' % e)
+        say('preparing the guest failed: %s' % e)
         return 1
-    say('rootfs %s ready in %.1f s' % (rootfs, time.monotonic() - t0))
+    say('guest images ready in %.1f s (rootfs %s)'
+        % (time.monotonic() - t0, rootfs))
     run_dir = new_run_dir(pytest_args)
     say('run directory: %s' % run_dir)
-    rc = run_uml(args, rootfs, run_dir)
+    for path in (rootfs, run_dir, TREE):
+        if not SAFE_PATH_RE.match(path):
+            say('path %r is not usable on a kernel command line or in a '
+                'QEMU option' % path)
+            return RC_USAGE
+    if args.backend == 'qemu':
+        cmd = qemu_command(args, rootfs, run_dir, kernel_dir)
+    else:
+        cmd = uml_command(args, rootfs, run_dir)
+    rc = boot(args, cmd, run_dir)
     say('result rc=%d (run directory: %s, total %.1f s)'
         % (rc, run_dir, time.monotonic() - t0))
     return rc
