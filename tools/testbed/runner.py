@@ -12,7 +12,7 @@
 
 """Run the cinder-dmclone functional tests inside a throw-away guest kernel.
 
-    tools/testbed/run [--backend uml|qemu] [--timeout SECONDS] [--mem 3G]
+    tools/testbed/run [--backend uml|qemu] [--timeout SECONDS] [--mem 6G]
                       [-- PYTEST_ARGS...]
 
 The host kernel of our machines has no device-mapper, LIO or SCSI, so the
@@ -96,7 +96,7 @@ def parse_args(argv):
     p.add_argument('--timeout', type=int, default=1800,
                    help='seconds the guest may run, boot to power-off '
                         '(default: %(default)s)')
-    p.add_argument('--mem', default='3G',
+    p.add_argument('--mem', default='6G',
                    help='guest memory (default: %(default)s)')
     args = p.parse_args(own)
     if not re.match(r'^[0-9]+[KMG]?$', args.mem):

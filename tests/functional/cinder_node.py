@@ -1,0 +1,388 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""A node's volume service in the testbed: the real driver, real kernel.
+
+Each node's driver runs in a :class:`tests.functional.nodes.NodeProcess`
+worker on that node (node A's inside its network namespace, so LIO binds
+its portal there).  Both share one Cinder database (SQLite file) and one
+coordination backend (file locks), as the services of a real deployment
+share theirs.  What Cinder's volume *manager* would do around the driver
+(create_export, model update, initialize_connection; terminate, remove
+export) is done by :func:`attach` and :func:`detach` here, so the tests
+exercise the driver exactly as the manager calls it.
+
+Only the message bus is not real here: a :class:`SocketPeer` replaces the
+driver's PeerClient and carries the same two calls (initialize_connection,
+terminate_connection, with the volume serialised as Cinder's RPC would)
+over a UNIX socket to the other node's worker, which runs them as the
+volume manager's RPC endpoints do.  The full stack (RabbitMQ, real
+services) is exercised separately.
+"""
+
+import multiprocessing.connection
+import os
+import threading
+import traceback
+
+from tests.functional import testbed
+
+BACKEND = 'dmclone'
+RUN_DIR = '/srv/cinder-ft'
+DB_PATH = RUN_DIR + '/cinder.sqlite'
+LOCK_DIR = RUN_DIR + '/locks'
+
+_STATE = {}
+
+
+def socket_path(node_key):
+    return '%s/peer-%s.sock' % (RUN_DIR, node_key)
+
+
+def service_host(node_key):
+    return '%s@%s' % (testbed.topology().node(node_key).name, BACKEND)
+
+
+def volume_host(node_key):
+    return '%s#%s' % (service_host(node_key), BACKEND)
+
+
+# --------------------------------------------------------------------------
+# Process-wide setup (runs in every process that touches Cinder)
+# --------------------------------------------------------------------------
+
+def configure_process(node_key):
+    """oslo.config, objects, privsep and locks as a volume service has."""
+    if _STATE.get('configured'):
+        return
+    from os_brick import privileged
+    from oslo_concurrency import lockutils
+    from oslo_config import cfg
+
+    # Import what registers options (some on the command line) first.
+    from cinder.common import config  # noqa: F401
+    from cinder import coordination  # noqa: F401
+    import cinder.db.api  # noqa: F401
+    from cinder import objects
+    from cinder import service  # noqa: F401
+
+    topo = testbed.topology()
+    conf = cfg.CONF
+    conf([], project='cinder', default_config_files=[])
+    objects.register_all()
+    os.makedirs(LOCK_DIR, exist_ok=True)
+    conf.set_override('connection', 'sqlite:///' + DB_PATH,
+                      group='database')
+    conf.set_override('backend_url', 'file://' + LOCK_DIR,
+                      group='coordination')
+    conf.set_override('lock_path', LOCK_DIR, group='oslo_concurrency')
+    conf.set_override('host', topo.node(node_key).name)
+    conf.set_override('service_down_time', 24 * 3600)
+    conf.set_override('state_path', RUN_DIR)
+    lockutils.set_defaults(LOCK_DIR)
+    # Root in the guest: privileged helpers run in this process instead
+    # of a privsep daemon started through sudo.
+    privileged.default.set_client_mode(False)
+    venv_bin = os.path.dirname(topo.python)
+    if venv_bin not in os.environ.get('PATH', '').split(os.pathsep):
+        os.environ['PATH'] = venv_bin + os.pathsep + os.environ['PATH']
+    _STATE['configured'] = True
+
+
+def create_database():
+    """A fresh Cinder schema in the shared SQLite file."""
+    from cinder.db import migration
+    os.makedirs(RUN_DIR, exist_ok=True)
+    if os.path.exists(DB_PATH):
+        os.unlink(DB_PATH)
+    configure_process('b')
+    migration.db_sync()
+
+
+def register_services():
+    """Service rows of both nodes' volume services (up, enabled)."""
+    from cinder import context
+    from cinder import objects
+    ctxt = context.get_admin_context()
+    for key in ('a', 'b'):
+        objects.Service(ctxt, host=service_host(key),
+                        binary='cinder-volume', topic='cinder-volume',
+                        availability_zone='nova', report_count=1,
+                        disabled=False).create()
+
+
+# --------------------------------------------------------------------------
+# The driver of this node
+# --------------------------------------------------------------------------
+
+def start_driver(node_key, overrides=None):
+    """Build, set up and check this node's driver; start its peer socket.
+
+    Runs in the node's worker.  check_for_setup_error runs the real
+    startup path, including transfer recovery.
+    """
+    configure_process(node_key)     # registers Cinder's objects first
+    from cinder import context
+    from cinder import coordination
+    from cinder.volume import configuration as conf
+    from cinder.volume import driver as volume_driver
+    from cinder.volume.drivers import lvm
+
+    from cinder_dmclone import driver
+    from cinder_dmclone import opts
+
+    topo = testbed.topology()
+    node = topo.node(node_key)
+    coordination.COORDINATOR.start()
+    configuration = conf.Configuration(opts.dmclone_opts,
+                                       config_group=BACKEND)
+    configuration.append_config_values(lvm.volume_opts)
+    configuration.append_config_values(volume_driver.volume_opts)
+    values = dict(volume_group=node.vg, lvm_type='default',
+                  lvm_conf_file=topo.lvm_conf, target_helper='lioadm',
+                  target_protocol='iscsi', target_ip_address=node.ip,
+                  target_port=topo.iscsi_port,
+                  volume_backend_name=BACKEND, volume_clear='none',
+                  dmclone_region_size=64, dmclone_monitor_interval=3600,
+                  dmclone_metadata_volume_group=node.meta_vg)
+    if node.target_iqn_prefix:
+        values['target_prefix'] = node.target_iqn_prefix.rstrip(':') + ':'
+    values.update(overrides or {})
+    from oslo_config import cfg
+    for key, value in values.items():
+        cfg.CONF.set_override(key, value, group=BACKEND)
+    drv = driver.DMCloneVolumeDriver(configuration=configuration,
+                                     host=service_host(node_key))
+    drv.peer = SocketPeer(node_key)
+    drv.do_setup(context.get_admin_context())
+    drv.check_for_setup_error()
+    # The looping call needs the service's eventlet hub; tests drive the
+    # monitor with tick() instead.
+    drv.monitor.stop()
+    _STATE['driver'] = drv
+    _STATE['node'] = node_key
+    _serve_peer(node_key)
+    return {'host': drv.host, 'node_name': drv.node_name,
+            'metadata_vg': drv.metadata_vg.vg_name}
+
+
+def stop_driver():
+    from cinder import coordination
+    listener = _STATE.pop('listener', None)
+    if listener is not None:
+        listener.close()
+    coordination.COORDINATOR.stop()
+    _STATE.pop('driver', None)
+
+
+def driver():
+    return _STATE['driver']
+
+
+def tick():
+    """One hydration monitor pass; returns what it saw and did."""
+    report = driver().monitor.tick()
+    return {'seen': report.seen, 'handled': report.handled,
+            'failed': report.failed}
+
+
+def call(method, volume_id, *args, **kwargs):
+    """Call a driver method with the volume object loaded from the DB."""
+    from cinder import context
+    from cinder import objects
+    volume = objects.Volume.get_by_id(context.get_admin_context(),
+                                      volume_id)
+    return getattr(driver(), method)(volume, *args, **kwargs)
+
+
+def call_ctxt(method, volume_id, *args, **kwargs):
+    from cinder import context
+    from cinder import objects
+    ctxt = context.get_admin_context()
+    volume = objects.Volume.get_by_id(ctxt, volume_id)
+    return getattr(driver(), method)(ctxt, volume, *args, **kwargs)
+
+
+def snapshot_call(method, snapshot_id, *args):
+    from cinder import context
+    from cinder import objects
+    snap = objects.Snapshot.get_by_id(context.get_admin_context(),
+                                      snapshot_id)
+    return getattr(driver(), method)(snap, *args)
+
+
+def create_from(method, volume_id, source_id):
+    """create_cloned_volume(volume, src) / ..._from_snapshot(volume, snap)."""
+    from cinder import context
+    from cinder import objects
+    ctxt = context.get_admin_context()
+    volume = objects.Volume.get_by_id(ctxt, volume_id)
+    if method == 'create_cloned_volume':
+        source = objects.Volume.get_by_id(ctxt, source_id)
+    else:
+        source = objects.Snapshot.get_by_id(ctxt, source_id)
+    return getattr(driver(), method)(volume, source)
+
+
+def retype(volume_id, type_id):
+    """VolumeManager.retype within the backend."""
+    from cinder import context
+    from cinder import objects
+    from cinder.volume import volume_types
+    ctxt = context.get_admin_context()
+    volume = objects.Volume.get_by_id(ctxt, volume_id)
+    new_type = volume_types.get_volume_type(ctxt, type_id)
+    return driver().retype(ctxt, volume, new_type, {}, volume.host)
+
+
+def own_connector():
+    """os-brick's connector properties of this node, as Nova sends them."""
+    props = dict(driver()._connector_properties())
+    return props
+
+
+# --------------------------------------------------------------------------
+# What Cinder's volume manager does around the driver
+# --------------------------------------------------------------------------
+
+def manager_initialize_connection(volume_id, connector):
+    """VolumeManager.initialize_connection / _connection_create."""
+    from cinder import context
+    from cinder import objects
+    ctxt = context.get_admin_context()
+    volume = objects.Volume.get_by_id(ctxt, volume_id)
+    drv = driver()
+    drv.validate_connector(connector)
+    model_update = drv.create_export(ctxt, volume, connector)
+    if model_update:
+        volume.update(model_update)
+        volume.save()
+    try:
+        return drv.initialize_connection(volume, connector)
+    except Exception:
+        drv.remove_export(ctxt, volume)
+        raise
+
+
+def attach(volume_id, attachment_id, connector):
+    """VolumeManager.attachment_update: returns the connection info."""
+    import json
+
+    from cinder import context
+    from cinder.db import api as db
+    ctxt = context.get_admin_context()
+    info = manager_initialize_connection(volume_id, connector)
+    db.volume_attachment_update(ctxt, attachment_id,
+                                {'attach_status': 'attaching',
+                                 'connector': json.dumps(connector)})
+    db.volume_attached(ctxt, attachment_id, None, connector['host'],
+                       'na', 'rw', False)
+    return info
+
+
+def detach(volume_id, attachment_id):
+    """VolumeManager.attachment_delete."""
+    from cinder import context
+    from cinder.db import api as db
+    from cinder import objects
+    ctxt = context.get_admin_context()
+    volume = objects.Volume.get_by_id(ctxt, volume_id)
+    attachment = objects.VolumeAttachment.get_by_id(ctxt, attachment_id)
+    shared = driver().terminate_connection(volume, attachment.connector,
+                                           force=False)
+    if not shared:
+        driver().remove_export(ctxt, volume)
+    db.volume_detached(ctxt, volume_id, attachment_id)
+    return shared
+
+
+# --------------------------------------------------------------------------
+# The message bus stand-in
+# --------------------------------------------------------------------------
+
+class SocketPeer(object):
+    """PeerClient's two calls, to the other node's worker over a socket."""
+
+    def __init__(self, node_key):
+        self.node_key = node_key
+
+    def _send(self, method, volume, host, connector):
+        from cinder.objects import base
+        target = 'b' if host.startswith(service_host('b')) else 'a'
+        routed = volume.obj_clone()
+        routed.host = host
+        serializer = base.CinderObjectSerializer()
+        conn = multiprocessing.connection.Client(socket_path(target))
+        try:
+            conn.send((method, serializer.serialize_entity(None, routed),
+                       connector))
+            ok, value = conn.recv()
+        finally:
+            conn.close()
+        if not ok:
+            raise value
+        return value
+
+    def prepare(self, ctxt, volume, dest_host, connector, **params):
+        from cinder_dmclone import peer
+        step = dict(params, op=peer.PREPARE)
+        return self._send('initialize_connection', volume, dest_host,
+                          dict(connector, **{peer.PAYLOAD_KEY: step}))
+
+    def request(self, ctxt, volume, host, connector, op):
+        from cinder_dmclone import peer
+        return self._send('terminate_connection', volume, host,
+                          dict(connector or {},
+                               **{peer.PAYLOAD_KEY: {'op': op}}))
+
+
+def _handle(method, primitive, connector):
+    """Run one peer request as the volume manager's endpoint would."""
+    from cinder import context
+    from cinder import objects
+    from cinder.objects import base
+    ctxt = context.get_admin_context()
+    volume = base.CinderObjectSerializer().deserialize_entity(ctxt,
+                                                              primitive)
+    if method == 'initialize_connection':
+        drv = driver()
+        drv.validate_connector(connector)
+        drv.create_export(ctxt, volume, connector)
+        return drv.initialize_connection(volume, connector)
+    volume = objects.Volume.get_by_id(ctxt, volume.id)
+    return driver().terminate_connection(volume, connector, force=False)
+
+
+def _serve_peer(node_key):
+    path = socket_path(node_key)
+    if os.path.exists(path):
+        os.unlink(path)
+    listener = multiprocessing.connection.Listener(path)
+    _STATE['listener'] = listener
+
+    def loop():
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            try:
+                method, primitive, connector = conn.recv()
+                try:
+                    conn.send((True, _handle(method, primitive, connector)))
+                except Exception as exc:
+                    traceback.print_exc()
+                    conn.send((False, exc))
+            finally:
+                conn.close()
+
+    threading.Thread(target=loop, daemon=True, name='peer').start()

@@ -1,0 +1,223 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Two nodes' volume services and the API side's records, for the tests.
+
+The pytest process plays Cinder's API and Nova: it creates volume and
+attachment records in the shared database and routes each request to the
+worker of the node the volume record names, as the volume RPC API would.
+"""
+
+import uuid
+
+from tests.functional import cinder_node
+from tests.functional import nodes
+from tests.functional import testbed
+
+
+class Cluster(object):
+
+    def __init__(self):
+        self.workers = {}
+
+    # -- services ----------------------------------------------------------
+
+    def start(self, key):
+        worker = nodes.NodeProcess(key)
+        worker.start()
+        self.workers[key] = worker
+        worker.info['driver'] = worker.call(cinder_node.start_driver, key)
+        return worker
+
+    def stop(self, key, kill=False):
+        worker = self.workers.pop(key, None)
+        if worker is None:
+            return
+        if kill:
+            worker.proc.kill()
+            worker.proc.wait()
+            worker.close()
+        else:
+            try:
+                worker.call(cinder_node.stop_driver)
+            finally:
+                worker.close()
+
+    def close(self):
+        for key in list(self.workers):
+            self.stop(key)
+
+    def __getitem__(self, key):
+        return self.workers[key]
+
+    # -- records -----------------------------------------------------------
+
+    @staticmethod
+    def ctxt():
+        from cinder import context
+        return context.get_admin_context()
+
+    def volume(self, volume_id):
+        from cinder import objects
+        return objects.Volume.get_by_id(self.ctxt(), volume_id)
+
+    def node_of(self, volume_id):
+        host = self.volume(volume_id).host
+        for key in ('a', 'b'):
+            if host.startswith(cinder_node.service_host(key)):
+                return key
+        raise AssertionError('volume %s has host %r' % (volume_id, host))
+
+    def on_volume_node(self, volume_id, fn, *args, **kwargs):
+        """Run ``fn`` in the worker of the node the record names (RPC)."""
+        return self.workers[self.node_of(volume_id)].call(fn, *args,
+                                                          **kwargs)
+
+    def create_volume(self, node_key, size_gb=1):
+        from cinder import objects
+        ctxt = self.ctxt()
+        vtype = objects.VolumeType.get_by_name_or_id(ctxt, '__DEFAULT__')
+        volume = objects.Volume(
+            ctxt, size=size_gb, host=cinder_node.volume_host(node_key),
+            status='creating', attach_status='detached',
+            availability_zone='nova', volume_type_id=vtype.id,
+            project_id='test', user_id='test')
+        volume.create()
+        self.workers[node_key].call(cinder_node.call, 'create_volume',
+                                    volume.id)
+        volume.status = 'available'
+        volume.save()
+        return volume.id
+
+    def delete_volume(self, volume_id):
+        self.on_volume_node(volume_id, cinder_node.call, 'delete_volume',
+                            volume_id)
+        volume = self.volume(volume_id)
+        volume.destroy()
+
+    def set_size(self, volume_id, size_gb):
+        volume = self.volume(volume_id)
+        volume.size = size_gb
+        volume.save()
+
+    def create_snapshot(self, volume_id):
+        from cinder import objects
+        volume = self.volume(volume_id)
+        snap = objects.Snapshot(
+            self.ctxt(), volume_id=volume_id, volume_size=volume.size,
+            status='creating', project_id='test', user_id='test',
+            volume_type_id=volume.volume_type_id)
+        snap.create()
+        self.on_volume_node(volume_id, cinder_node.snapshot_call,
+                            'create_snapshot', snap.id)
+        snap.status = 'available'
+        snap.save()
+        return snap.id
+
+    def delete_snapshot(self, snapshot_id):
+        from cinder import objects
+        snap = objects.Snapshot.get_by_id(self.ctxt(), snapshot_id)
+        self.on_volume_node(snap.volume_id, cinder_node.snapshot_call,
+                            'delete_snapshot', snapshot_id)
+        snap.destroy()
+
+    def create_volume_from(self, node_key, method, source_id, size_gb=1):
+        """create_cloned_volume / create_volume_from_snapshot."""
+        from cinder import objects
+        ctxt = self.ctxt()
+        vtype = objects.VolumeType.get_by_name_or_id(ctxt, '__DEFAULT__')
+        volume = objects.Volume(
+            ctxt, size=size_gb, host=cinder_node.volume_host(node_key),
+            status='creating', attach_status='detached',
+            availability_zone='nova', volume_type_id=vtype.id,
+            project_id='test', user_id='test')
+        volume.create()
+        self.workers[node_key].call(cinder_node.create_from, method,
+                                    volume.id, source_id)
+        volume.status = 'available'
+        volume.save()
+        return volume.id
+
+    def forget_snapshots(self, volume_id):
+        from cinder import objects
+        for snap in objects.SnapshotList.get_all_for_volume(self.ctxt(),
+                                                            volume_id):
+            snap.destroy()
+
+    def use_type(self, volume_id, name, extra_specs, retype_on=None):
+        """Give the volume a type with ``extra_specs`` (retyping it)."""
+        from cinder.db import api as db
+        from cinder import exception
+        from cinder import objects
+        ctxt = self.ctxt()
+        try:
+            vtype = objects.VolumeType.get_by_name_or_id(ctxt, name)
+        except exception.VolumeTypeNotFoundByName:
+            vtype = objects.VolumeType(ctxt, name=name, is_public=True,
+                                       extra_specs=extra_specs)
+            vtype.create()
+        db.volume_type_extra_specs_update_or_create(ctxt, vtype.id,
+                                                    extra_specs)
+        if retype_on:
+            self.workers[retype_on].call(cinder_node.retype, volume_id,
+                                         vtype.id)
+        volume = self.volume(volume_id)
+        volume.volume_type_id = vtype.id
+        volume.save()
+
+    def reserve(self, volume_id, instance=True):
+        from cinder import objects
+        attachment = objects.VolumeAttachment(
+            self.ctxt(), volume_id=volume_id,
+            instance_uuid=str(uuid.uuid4()) if instance else None,
+            attach_status='reserved', attach_mode='rw')
+        attachment.create()
+        return attachment.id
+
+    def attach(self, volume_id, node_key, instance=True):
+        """Nova's attach from ``node_key``; returns (attachment, path)."""
+        from cinder import objects
+        attachment_id = self.reserve(volume_id, instance)
+        try:
+            info = self.on_volume_node(volume_id, cinder_node.attach,
+                                       volume_id, attachment_id,
+                                       self.connector(node_key))
+        except Exception:
+            objects.VolumeAttachment.get_by_id(self.ctxt(),
+                                               attachment_id).destroy()
+            raise
+        return attachment_id, info
+
+    def detach(self, volume_id, attachment_id):
+        self.on_volume_node(volume_id, cinder_node.detach, volume_id,
+                            attachment_id)
+        from cinder import objects
+        objects.VolumeAttachment.get_by_id(self.ctxt(),
+                                           attachment_id).destroy()
+
+    @staticmethod
+    def connector(node_key):
+        """The connector Nova's compute on ``node_key`` sends."""
+        node = testbed.topology().node(node_key)
+        return {'host': node.name, 'ip': node.ip,
+                'initiator': node.initiator_iqn, 'platform': 'x86_64',
+                'os_type': 'linux', 'multipath': False,
+                'do_local_attach': False}
+
+    def admin_metadata(self, volume_id):
+        from cinder.db import api as db
+        return db.volume_admin_metadata_get(self.ctxt(), volume_id)
+
+
+def setup_database():
+    cinder_node.create_database()
+    cinder_node.register_services()

@@ -1,0 +1,33 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Fixtures of the tests that drive the driver (import them by name)."""
+
+import pytest
+
+from tests.functional import cluster as cluster_mod
+from tests.functional import testbed
+
+
+@pytest.fixture(scope='session')
+def cluster():
+    """Both nodes' volume services over one database, for the session."""
+    if not testbed.in_testbed():
+        pytest.skip('needs the testbed guest')
+    cluster_mod.setup_database()
+    c = cluster_mod.Cluster()
+    try:
+        c.start('a')
+        c.start('b')
+        yield c
+    finally:
+        c.close()
