@@ -577,10 +577,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
         A connector on this node gets the handle itself (see
         initialize_connection): no target, no network.  A destination
-        building a clone exports nothing either.
+        building a clone exports nothing either.  While the volume is
+        moving, no other node gets an export: it would hold the clone open
+        and outlive a rollback.
         """
         if peer.payload(connector):
             return {}
+        if not self._is_local_connector(connector):
+            self.mover.refuse_if_moving(
+                volume, _('attaching on %s') % (connector or {}).get('host'))
         path = self._ensure_handle(volume)
         if self._is_local_connector(connector):
             return {}
@@ -590,8 +595,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def remove_export(self, context, volume):
         """Remove this node's export, never one a transfer still reads."""
-        if self.mover.load(volume['id']) is not None:
-            LOG.debug('Volume %s is in transfer: its export stays until '
+        t = self.mover.load(volume['id'])
+        if self.mover.is_source(t):
+            LOG.debug('Volume %s is moving away: its export stays until '
                       'the transfer ends.', volume['id'])
             return
         if not self._owns_export(volume):

@@ -208,11 +208,37 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
         self.assertIn(HANDLE, self.dm.devices)
         self.vg.revert.assert_not_called()
 
-    def test_remove_export_is_skipped(self):
+    def test_remove_export_is_skipped_on_the_source(self):
+        # The source's export feeds the clone until the transfer ends.
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            source='node-a', dest='node-b')
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_not_called()
+
+    def test_remove_export_on_the_destination_keeps_the_sources(self):
+        # The record still names the source's export: not ours to remove.
+        self.volume.provider_location = '10.0.0.2:3260,1 iqn.x:%s 0' % LV
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        target.assert_not_called()
+
+    def test_no_remote_export_while_moving(self):
+        # An export to a third node would hold the clone open and outlive
+        # a rollback: refused before anything is exported.
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        exc = self.assertRaises(
+            transfer.TransferInProgress, self.drv.create_export, self.ctxt,
+            self.volume, {'host': 'node-c', 'initiator': 'iqn.x:c'})
+        self._check(exc, 'attaching on node-c')
+        target.assert_not_called()
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_local_export_while_moving_is_fine(self):
+        self._make_handle()
+        self.assertEqual({}, self.drv.create_export(
+            self.ctxt, self.volume, {'host': 'node-a'}))
 
     def test_invalid_state_refuses_too(self):
         self.db.volume_admin_metadata_get.return_value = dict(
