@@ -220,12 +220,17 @@ def snapshot_call(method, snapshot_id, *args):
     return getattr(driver(), method)(snap, *args)
 
 
-def create_from(method, volume_id, source_id):
-    """create_cloned_volume(volume, src) / ..._from_snapshot(volume, snap)."""
+def create(method, volume_id, source_id=None):
+    """The driver's create_volume, create_cloned_volume or ..._from_snapshot.
+
+    ``source_id`` names the source volume or snapshot of the latter two.
+    """
     from cinder import context
     from cinder import objects
     ctxt = context.get_admin_context()
     volume = objects.Volume.get_by_id(ctxt, volume_id)
+    if method == 'create_volume':
+        return driver().create_volume(volume)
     if method == 'create_cloned_volume':
         source = objects.Volume.get_by_id(ctxt, source_id)
     else:

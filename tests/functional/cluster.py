@@ -82,7 +82,13 @@ class Cluster(object):
         return self.workers[self.node_of(volume_id)].call(fn, *args,
                                                           **kwargs)
 
-    def create_volume(self, node_key, size_gb=1):
+    def create_volume(self, node_key, size_gb=1, method='create_volume',
+                      source_id=None):
+        """A new volume record and the driver's create on ``node_key``.
+
+        ``method`` may be create_cloned_volume or create_volume_from_snapshot
+        with the source volume or snapshot in ``source_id``.
+        """
         from cinder import objects
         ctxt = self.ctxt()
         vtype = objects.VolumeType.get_by_name_or_id(ctxt, '__DEFAULT__')
@@ -92,8 +98,8 @@ class Cluster(object):
             availability_zone='nova', volume_type_id=vtype.id,
             project_id='test', user_id='test')
         volume.create()
-        self.workers[node_key].call(cinder_node.call, 'create_volume',
-                                    volume.id)
+        self.workers[node_key].call(cinder_node.create, method, volume.id,
+                                    source_id)
         volume.status = 'available'
         volume.save()
         return volume.id
@@ -130,23 +136,6 @@ class Cluster(object):
                             'delete_snapshot', snapshot_id)
         snap.destroy()
 
-    def create_volume_from(self, node_key, method, source_id, size_gb=1):
-        """create_cloned_volume / create_volume_from_snapshot."""
-        from cinder import objects
-        ctxt = self.ctxt()
-        vtype = objects.VolumeType.get_by_name_or_id(ctxt, '__DEFAULT__')
-        volume = objects.Volume(
-            ctxt, size=size_gb, host=cinder_node.volume_host(node_key),
-            status='creating', attach_status='detached',
-            availability_zone='nova', volume_type_id=vtype.id,
-            project_id='test', user_id='test')
-        volume.create()
-        self.workers[node_key].call(cinder_node.create_from, method,
-                                    volume.id, source_id)
-        volume.status = 'available'
-        volume.save()
-        return volume.id
-
     def forget_snapshots(self, volume_id):
         from cinder import objects
         for snap in objects.SnapshotList.get_all_for_volume(self.ctxt(),
@@ -157,21 +146,19 @@ class Cluster(object):
         """Give the volume a type with ``extra_specs`` (retyping it)."""
         from cinder.db import api as db
         from cinder import exception
-        from cinder import objects
+        from cinder.volume import volume_types
         ctxt = self.ctxt()
         try:
-            vtype = objects.VolumeType.get_by_name_or_id(ctxt, name)
+            vtype = volume_types.get_volume_type_by_name(ctxt, name)
         except exception.VolumeTypeNotFoundByName:
-            vtype = objects.VolumeType(ctxt, name=name, is_public=True,
-                                       extra_specs=extra_specs)
-            vtype.create()
-        db.volume_type_extra_specs_update_or_create(ctxt, vtype.id,
+            vtype = volume_types.create(ctxt, name, extra_specs)
+        db.volume_type_extra_specs_update_or_create(ctxt, vtype['id'],
                                                     extra_specs)
         if retype_on:
             self.workers[retype_on].call(cinder_node.retype, volume_id,
-                                         vtype.id)
+                                         vtype['id'])
         volume = self.volume(volume_id)
-        volume.volume_type_id = vtype.id
+        volume.volume_type_id = vtype['id']
         volume.save()
 
     def reserve(self, volume_id, instance=True):
@@ -198,11 +185,9 @@ class Cluster(object):
         return attachment_id, info
 
     def detach(self, volume_id, attachment_id):
+        """Nova's detach (the manager's volume_detached drops the record)."""
         self.on_volume_node(volume_id, cinder_node.detach, volume_id,
                             attachment_id)
-        from cinder import objects
-        objects.VolumeAttachment.get_by_id(self.ctxt(),
-                                           attachment_id).destroy()
 
     @staticmethod
     def connector(node_key):

@@ -1,0 +1,285 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Volumes moving from node A to node B on the real kernel.
+
+Both nodes' volume services run the real driver; the pytest process plays
+Cinder's API and Nova (see tests/functional/cluster.py).  Every scenario
+writes known data before and during the move and checks the sha256 of the
+final device against the expected image; the automatic leak check then
+finds nothing left on either node.
+"""
+
+import hashlib
+
+import pytest
+
+from tests.functional import cinder_node
+from tests.functional import fixtures
+from tests.functional import testbed
+
+# The session's two volume services (see tests/functional/fixtures.py).
+cluster = fixtures.cluster
+
+MiB = testbed.MiB
+GiB = 1024 * MiB
+REGION = 64 * 1024
+
+
+def handle(volume_id, node):
+    vg = testbed.topology().node(node).vg.replace('-', '--')
+    return '/dev/mapper/dmclone-%s-volume-%s' % (vg, volume_id)
+
+
+def lv(volume_id, node):
+    return '/dev/%s/volume-%s' % (testbed.topology().node(node).vg,
+                                  volume_id)
+
+
+class Image(object):
+    """The expected content of a volume: a base device plus our writes."""
+
+    def __init__(self, base_path, size):
+        self.base_path = base_path
+        self.size = size
+        self.writes = []
+
+    def write(self, path, offset, data):
+        testbed.write_direct(path, offset, data)
+        self.writes.append((offset, bytes(data)))
+
+    def digest(self, chunk=4 * MiB):
+        """sha256 of the base device with the writes applied on top."""
+        h = hashlib.sha256()
+        pos = 0
+        blocks = testbed.iter_direct(self.base_path, 0, self.size, chunk)
+        for block in blocks:
+            block = bytearray(block)
+            for offset, data in self.writes:
+                lo, hi = max(offset, pos), min(offset + len(data),
+                                               pos + len(block))
+                if lo < hi:
+                    block[lo - pos:hi - pos] = data[lo - offset:hi - offset]
+            h.update(block)
+            pos += len(block)
+        return h.hexdigest()
+
+
+def seed(image, path, seed_value):
+    """Known data at the start, a partial region, the middle, the end."""
+    image.write(path, 0, testbed.pattern(seed_value, 4 * MiB))
+    image.write(path, 100 * REGION + 4096,
+                testbed.pattern(seed_value + 1, 8192))
+    image.write(path, image.size // 2, testbed.pattern(seed_value + 2, MiB))
+    image.write(path, image.size - 4096,
+                testbed.pattern(seed_value + 3, 4096))
+
+
+def wait_finalized(cluster, volume_id, timeout=900):
+    """Tick node B's monitor until the transfer state is gone."""
+    def done():
+        cluster['b'].call(cinder_node.tick)
+        return not any(k.startswith('dmclone_state')
+                       for k in cluster.admin_metadata(volume_id))
+
+    def diagnostics():
+        return 'admin metadata: %s\nclone: %s' % (
+            cluster.admin_metadata(volume_id),
+            testbed.run(['dmsetup', 'status'], check=False).stdout)
+    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
+                       interval=2, diagnostics=diagnostics)
+
+
+def assert_only_on_b(cluster, volume_id, expected):
+    b_path = handle(volume_id, 'b')
+    assert cluster.node_of(volume_id) == 'b'
+    table = testbed.dm_table(b_path.split('/')[-1]).split()
+    assert table[2] == 'linear', table
+    assert not testbed.run(['test', '-e', lv(volume_id, 'a')],
+                           check=False).returncode == 0
+    assert not any(volume_id in n for n in testbed.dm_devices()
+                   if 'dmc--a' in n)
+    assert testbed.iscsi_sessions() == {}
+    assert testbed.lio_targets() == []
+    md = cluster.admin_metadata(volume_id)
+    assert not [k for k in md if k.startswith('dmclone_')], md
+    vol = cluster.volume(volume_id)
+    assert vol.provider_location is None
+    testbed.run(['sync'])
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3')
+    assert testbed.sha256_of_device(b_path) == expected
+
+
+def test_volume_moves_to_the_attaching_node(cluster):
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), 10)
+
+    attachment, info = cluster.attach(vid, 'b')
+    assert info['driver_volume_type'] == 'local'
+    path = info['data']['device_path']
+    assert path == handle(vid, 'b')
+    assert cluster.node_of(vid) == 'b'
+    md = cluster.admin_metadata(vid)
+    assert md['dmclone_state'] == 'hydrating'        # nothing left on A
+    assert md['dmclone_source_node'] == 'node-a'
+
+    # The instance writes locally at once, while hydration runs.
+    image.write(path, 4 * MiB - 4096, testbed.pattern(20, 8192))
+    image.write(path, 300 * REGION, testbed.pattern(21, REGION))
+    expected = image.digest()
+    assert testbed.sha256_of_device(path) == expected
+
+    wait_finalized(cluster, vid)
+    assert_only_on_b(cluster, vid, expected)
+    cluster.detach(vid, attachment)
+    cluster.delete_volume(vid)
+
+
+def test_live_migration_commit(cluster):
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), 30)
+    att_a, info_a = cluster.attach(vid, 'a')
+    assert info_a['driver_volume_type'] == 'local'
+
+    # Live migration: the destination attaches while the source is in use.
+    att_b, info_b = cluster.attach(vid, 'b')
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+    # The source instance keeps writing until the switch-over, and the
+    # destination reads those writes through the clone.
+    image.write(info_a['data']['device_path'], 50 * REGION,
+                testbed.pattern(31, REGION))
+    assert testbed.read_direct(info_b['data']['device_path'], 50 * REGION,
+                               REGION) == testbed.pattern(31, REGION)
+    status = testbed.dm_status(handle(vid, 'b').split('/')[-1])
+    assert 'no_hydration' in status, status
+
+    # Switch-over: the instance now runs on B, source detached = commit.
+    cluster.detach(vid, att_a)
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
+    image.write(info_b['data']['device_path'], 60 * REGION + 512 * 8,
+                testbed.pattern(32, 4096))
+    expected = image.digest()
+    wait_finalized(cluster, vid)
+    assert_only_on_b(cluster, vid, expected)
+    cluster.detach(vid, att_b)
+    cluster.delete_volume(vid)
+
+
+def test_failed_live_migration_rolls_back(cluster):
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), 40)
+    att_a, info_a = cluster.attach(vid, 'a')
+    att_b, info_b = cluster.attach(vid, 'b')
+    assert cluster.node_of(vid) == 'b'
+    image.write(info_a['data']['device_path'], 0,
+                testbed.pattern(41, MiB))
+    expected = image.digest()
+
+    # The migration fails: Nova detaches the destination.
+    cluster.detach(vid, att_b)
+    assert cluster.node_of(vid) == 'a'
+    assert not [k for k in cluster.admin_metadata(vid)
+                if k.startswith('dmclone_')]
+    assert not any('dmc--b' in n for n in testbed.dm_devices())
+    assert not any(vid in n for n in testbed.list_lvs() if 'dmc-b' in n)
+    assert testbed.iscsi_sessions() == {}
+    assert testbed.lio_targets() == []
+    assert testbed.sha256_of_device(handle(vid, 'a')) == expected
+    cluster.detach(vid, att_a)
+    cluster.delete_volume(vid)
+
+
+def test_destination_restart_mid_hydration(cluster):
+    """Node B's service dies and its kernel state goes, as in a reboot."""
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), 50)
+    # The kernel's slowest hydration, so the "reboot" lands in the middle.
+    cluster.use_type(vid, 'slow', {'dmclone:hydration_threshold': '1',
+                                   'dmclone:hydration_batch_size': '1'})
+    attachment, info = cluster.attach(vid, 'b')
+    path = info['data']['device_path']
+    image.write(path, 200 * REGION, testbed.pattern(51, 2 * REGION))
+    testbed.run(['sync'])
+    seen = cluster['b'].call(cinder_node.tick)
+    testbed.LOG.info('progress before the crash: %s (%s)',
+                     cluster.admin_metadata(vid).get('dmclone_percent'),
+                     seen)
+
+    cluster.stop('b', kill=True)
+    name = path.split('/')[-1]
+    testbed.run(['dmsetup', 'remove', '--force', name])
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'])
+    assert testbed.iscsi_sessions() == {}
+
+    cluster.start('b')       # check_for_setup_error recovers the clone
+    status = testbed.dm_status(name)
+    assert ' clone ' in ' %s ' % status, status
+    assert testbed.read_direct(path, 200 * REGION, 2 * REGION) == \
+        testbed.pattern(51, 2 * REGION)
+    # Retyping to a faster type retunes the live clone.
+    cluster.use_type(vid, 'fast', {'dmclone:hydration_threshold': '64',
+                                   'dmclone:hydration_batch_size': '16'},
+                     retype_on='b')
+    assert 'hydration_batch_size 16' in testbed.dm_status(name)
+    expected = image.digest()
+    wait_finalized(cluster, vid)
+    assert_only_on_b(cluster, vid, expected)
+    cluster.detach(vid, attachment)
+    cluster.delete_volume(vid)
+
+
+def test_extend_during_transfer(cluster):
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), 60)
+    att_a, _info_a = cluster.attach(vid, 'a')
+    att_b, info_b = cluster.attach(vid, 'b')     # clone, hydration off
+    path = info_b['data']['device_path']
+
+    cluster['b'].call(cinder_node.call, 'extend_volume', vid, 2)
+    cluster.set_size(vid, 2)
+    table = testbed.dm_table(path.split('/')[-1]).splitlines()
+    assert [line.split()[2] for line in table] == ['clone', 'linear']
+    assert testbed.device_size(path) == 2 * GiB
+    tail = testbed.pattern(61, MiB)
+    testbed.write_direct(path, 2 * GiB - MiB, tail)
+
+    cluster.detach(vid, att_a)                    # commit
+    expected = image.digest()
+    wait_finalized(cluster, vid)
+    b_path = handle(vid, 'b')
+    assert testbed.device_size(b_path) == 2 * GiB
+    assert testbed.read_direct(b_path, 2 * GiB - MiB, MiB) == tail
+    assert testbed.sha256_of_device(b_path, GiB) == expected
+    cluster.detach(vid, att_b)
+    cluster.delete_volume(vid)
+
+
+def test_refusals_during_transfer(cluster):
+    vid = cluster.create_volume('a')
+    att_a, _ = cluster.attach(vid, 'a')
+    att_b, _ = cluster.attach(vid, 'b')
+    with pytest.raises(Exception, match='moving from node-a to node-b'):
+        cluster.create_snapshot(vid)
+    cluster.forget_snapshots(vid)
+    # Another instance attaching elsewhere while the move is in flight.
+    with pytest.raises(Exception, match='moving from node-a to node-b'):
+        cluster.attach(vid, 'a')
+    cluster.detach(vid, att_b)                    # roll back
+    assert cluster.node_of(vid) == 'a'
+    cluster.detach(vid, att_a)
+    cluster.delete_volume(vid)

@@ -1,0 +1,7 @@
+#!/bin/bash
+# The main job: on a fresh Debian 12 machine (as root), set up the testbed
+# and show a volume moving from node A to node B, with progress.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")/.."
+bash tools/testbed/setup-host.sh
+exec bash tools/testbed/run -- -s -p no:cacheprovider tests/demo/test_demo.py
