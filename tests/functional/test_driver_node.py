@@ -85,9 +85,11 @@ def test_node_local_lifecycle(cluster, topo):
 
     # Snapshot, then a clone of the volume and a volume from the snapshot.
     snap = cluster.create_snapshot(vid)
-    clone = cluster.create_volume_from('a', 'create_cloned_volume', vid)
-    from_snap = cluster.create_volume_from('a', 'create_volume_from_snapshot',
-                                           snap)
+    clone = cluster.create_volume('a', method='create_cloned_volume',
+                                  source_id=vid)
+    from_snap = cluster.create_volume('a',
+                                      method='create_volume_from_snapshot',
+                                      source_id=snap)
     testbed.write_direct(path, 0, testbed.pattern(4, MiB))  # after both
     assert testbed.sha256_of_device(handle(clone)) == expected
     assert testbed.sha256_of_device(handle(from_snap)) == expected
