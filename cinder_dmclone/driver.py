@@ -85,7 +85,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.metadata_vg = None
         self.monitor = None
         self.store = transfer.Store(self.db)
-        self.peer = peer.PeerClient()
+        self.peer = peer.PeerClient(
+            timeout=self.configuration.dmclone_transfer_timeout)
         self._destination = None
         self._mover = None
         self._own_connector = None

@@ -70,9 +70,12 @@ dmclone_opts = [
     cfg.IntOpt('dmclone_transfer_timeout',
                default=120,
                min=10,
-               help='Seconds a single step of a transfer between nodes may '
-                    'wait on the other node (iSCSI login to the source, an '
-                    'RPC call) before it fails cleanly and is rolled back.'),
+               help='Seconds a transfer step may wait for the volume service '
+                    'of the other node (each RPC call between the two '
+                    'nodes) before it fails cleanly and is rolled back. It '
+                    'must cover the destination\'s iSCSI login to the '
+                    'source, and stay below rpc_response_timeout so that '
+                    'the attach request itself does not time out first.'),
     cfg.FloatOpt('dmclone_metadata_reserve',
                  default=2.0,
                  min=1.0,

@@ -24,7 +24,8 @@ the service of the other node, never through a shell on it:
   LV; ``abort``: tear down a destination that was never committed).
 
 The receiving driver recognises the entry (see DMCloneVolumeDriver) and
-runs the step there.  Calls are bounded by ``rpc_response_timeout``.
+runs the step there.  Each call waits at most ``dmclone_transfer_timeout``
+seconds for the other node, so no RPC worker blocks for longer.
 """
 
 from cinder.volume import rpcapi as volume_rpcapi
@@ -50,13 +51,19 @@ def payload(connector):
 class PeerClient(object):
     """Sends transfer steps to the service of another node."""
 
-    def __init__(self, rpcapi=None):
+    def __init__(self, rpcapi=None, timeout=None):
         self._rpcapi = rpcapi
+        self.timeout = timeout
 
     @property
     def rpcapi(self):
         if self._rpcapi is None:
-            self._rpcapi = volume_rpcapi.VolumeAPI()
+            api = volume_rpcapi.VolumeAPI()
+            if self.timeout:
+                # Every call context prepared from this client inherits
+                # the bound, instead of the global rpc_response_timeout.
+                api.client = api.client.prepare(timeout=self.timeout)
+            self._rpcapi = api
         return self._rpcapi
 
     @staticmethod

@@ -65,6 +65,13 @@ class PeerClientTestCase(test.TestCase):
         self.assertIs(mock_api.return_value, client.rpcapi)
         mock_api.assert_called_once_with()
 
+    @mock.patch.object(volume_rpcapi, 'VolumeAPI')
+    def test_calls_are_bounded_by_the_transfer_timeout(self, mock_api):
+        original = mock_api.return_value.client
+        api = peer.PeerClient(timeout=42).rpcapi
+        original.prepare.assert_called_once_with(timeout=42)
+        self.assertIs(original.prepare.return_value, api.client)
+
     def test_given_rpcapi(self):
         self.assertIs(self.rpcapi, self.client.rpcapi)
 
@@ -159,3 +166,18 @@ class VolumeRPCRoutingTestCase(test.TestCase):
         self.assertEqual((self.ctxt, 'terminate_connection'), args)
         self.assertEqual(self.volume.id, kwargs['volume_id'])
         self.assertEqual({'op': 'retire'}, kwargs['connector']['dmclone'])
+
+
+class BoundedCallsTestCase(test.TestCase):
+    """With a real RPC client, the timeout reaches every call context."""
+
+    def test_call_context_has_the_transfer_timeout(self):
+        client = peer.PeerClient(timeout=42)
+        self.mock_object(volume_rpcapi.VolumeAPI, '_compat_ver',
+                         return_value='3.0')
+        cctxt = client.rpcapi._get_cctxt('node-b@dmclone')
+        self.assertEqual(42, cctxt.timeout)
+
+    def test_without_timeout_the_global_one_applies(self):
+        client = peer.PeerClient()
+        self.assertIsNone(client.rpcapi.client.timeout)
