@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
 bash tools/testbed/setup-host.sh
-exec bash tools/testbed/run -- -s -p no:cacheprovider tests/demo/test_demo.py
+exec bash tools/testbed/run -- -s -p no:warnings --log-cli-level=CRITICAL \
+    tests/demo/test_demo.py

@@ -20,6 +20,7 @@ other node, detach the source), and the hydration monitor runs on node B.
 """
 
 import hashlib
+import os
 import time
 
 from tests.functional import cinder_node
@@ -51,6 +52,8 @@ def test_demo():
     say('Starting the volume services of node A (%s, network namespace '
         '%s) and node B (%s), both with the cinder-dmclone driver over '
         'their own LVM volume group.' % (topo.a.ip, topo.a.netns, topo.b.ip))
+    os.environ['DMCLONE_DEMO'] = '1'          # quiet workers
+    os.environ['PYTHONWARNINGS'] = 'ignore'
     cluster_mod.setup_database()
     cluster = cluster_mod.Cluster()
     try:
@@ -71,8 +74,8 @@ def run(cluster, topo):
     path_a = info['data']['device_path']
     say('An instance on node A attached it: connection "%s", device %s.'
         % (info['driver_volume_type'], path_a))
-    text = (b'cinder-dmclone demo: this block was written on node A. '
-            * 64)[:4096]
+    text = b'cinder-dmclone demo: this block was written on node A. '
+    text = (text * 80)[:4096]
     for i in range(0, GiB, 64 * MiB):
         testbed.write_direct(path_a, i, text + testbed.pattern(i, MiB - 4096))
     expected = sha(path_a, GiB)
