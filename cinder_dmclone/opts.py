@@ -68,7 +68,7 @@ dmclone_opts = [
                     'which reads the status of all clone targets with one '
                     'dmsetup call and finalizes finished transfers.'),
     cfg.IntOpt('dmclone_transfer_timeout',
-               default=120,
+               default=45,
                min=10,
                help='Seconds a transfer step may wait for the volume service '
                     'of the other node (each RPC call between the two '
