@@ -84,6 +84,14 @@ def seed(image, path, seed_value):
                 testbed.pattern(seed_value + 3, 4096))
 
 
+def seeded_volume(cluster, seed_value):
+    """A 1 GiB volume on node A with known data; returns (id, Image)."""
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), seed_value)
+    return vid, image
+
+
 def wait_finalized(cluster, volume_id, timeout=900):
     """Tick node B's monitor until the transfer state is gone."""
     def done():
@@ -120,10 +128,16 @@ def assert_only_on_b(cluster, volume_id, expected):
     assert testbed.sha256_of_device(b_path) == expected
 
 
+def finish_on_b(cluster, volume_id, expected, attachment):
+    """Hydrate to the end, check node B alone holds the data, clean up."""
+    wait_finalized(cluster, volume_id)
+    assert_only_on_b(cluster, volume_id, expected)
+    cluster.detach(volume_id, attachment)
+    cluster.delete_volume(volume_id)
+
+
 def test_volume_moves_to_the_attaching_node(cluster):
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), 10)
+    vid, image = seeded_volume(cluster, 10)
 
     attachment, info = cluster.attach(vid, 'b')
     assert info['driver_volume_type'] == 'local'
@@ -139,17 +153,11 @@ def test_volume_moves_to_the_attaching_node(cluster):
     image.write(path, 300 * REGION, testbed.pattern(21, REGION))
     expected = image.digest()
     assert testbed.sha256_of_device(path) == expected
-
-    wait_finalized(cluster, vid)
-    assert_only_on_b(cluster, vid, expected)
-    cluster.detach(vid, attachment)
-    cluster.delete_volume(vid)
+    finish_on_b(cluster, vid, expected, attachment)
 
 
 def test_live_migration_commit(cluster):
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), 30)
+    vid, image = seeded_volume(cluster, 30)
     att_a, info_a = cluster.attach(vid, 'a')
     assert info_a['driver_volume_type'] == 'local'
 
@@ -170,17 +178,11 @@ def test_live_migration_commit(cluster):
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
     image.write(info_b['data']['device_path'], 60 * REGION + 512 * 8,
                 testbed.pattern(32, 4096))
-    expected = image.digest()
-    wait_finalized(cluster, vid)
-    assert_only_on_b(cluster, vid, expected)
-    cluster.detach(vid, att_b)
-    cluster.delete_volume(vid)
+    finish_on_b(cluster, vid, image.digest(), att_b)
 
 
 def test_failed_live_migration_rolls_back(cluster):
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), 40)
+    vid, image = seeded_volume(cluster, 40)
     att_a, info_a = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')
     assert cluster.node_of(vid) == 'b'
@@ -204,9 +206,7 @@ def test_failed_live_migration_rolls_back(cluster):
 
 def test_destination_restart_mid_hydration(cluster):
     """Node B's service dies and its kernel state goes, as in a reboot."""
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), 50)
+    vid, image = seeded_volume(cluster, 50)
     # The kernel's slowest hydration, so the "reboot" lands in the middle.
     cluster.use_type(vid, 'slow', {'dmclone:hydration_threshold': '1',
                                    'dmclone:hydration_batch_size': '1'})
@@ -235,17 +235,11 @@ def test_destination_restart_mid_hydration(cluster):
                                    'dmclone:hydration_batch_size': '16'},
                      retype_on='b')
     assert 'hydration_batch_size 16' in testbed.dm_status(name)
-    expected = image.digest()
-    wait_finalized(cluster, vid)
-    assert_only_on_b(cluster, vid, expected)
-    cluster.detach(vid, attachment)
-    cluster.delete_volume(vid)
+    finish_on_b(cluster, vid, image.digest(), attachment)
 
 
 def test_extend_during_transfer(cluster):
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), 60)
+    vid, image = seeded_volume(cluster, 60)
     att_a, _info_a = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')     # clone, hydration off
     path = info_b['data']['device_path']
