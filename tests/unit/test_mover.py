@@ -16,6 +16,8 @@ The last test case injects a crash into every step of the destination's
 flow and checks that recovery ends in a consistent state.
 """
 
+import collections
+import threading
 from unittest import mock
 
 import ddt
@@ -318,6 +320,40 @@ class MoveTestCase(ClusterTestCase):
     def test_takes_the_volume_lock(self):
         self.c.attach(self.b)
         mover.lock.assert_any_call(VOLUME_ID)
+
+    def test_racing_attaches_have_one_winner(self):
+        # A second instance attach (from a third node) arrives while the
+        # first move is being built.  With a real lock it waits, then gets
+        # a clear error naming the transfer; the first move completes.
+        locks = collections.defaultdict(threading.Lock)
+        self.mock_object(mover, 'lock', side_effect=lambda n: locks[n])
+        errors = []
+        prepare = self.b.mover.prepare
+
+        def second_attach():
+            other = dict(self.b.props, host='node-c',
+                         initiator='iqn.2024-01.org.example.nodec:i')
+            try:
+                self.a.mover.move(self.volume(), other, SECTORS)
+            except transfer.TransferInProgress as exc:
+                errors.append(str(exc))
+        racer = threading.Thread(target=second_attach)
+
+        def prepare_while_another_attach_arrives(volume, step):
+            racer.start()
+            racer.join(0.2)
+            self.assertTrue(racer.is_alive())      # blocked on the lock
+            return prepare(volume, step)
+        self.b.mover.prepare = prepare_while_another_attach_arrives
+        self.c.attach(self.b)
+        racer.join(10)
+        self.assertFalse(racer.is_alive())
+        self.assertEqual(1, len(errors))
+        self.assertIn('moving from node-a to node-b', errors[0])
+        self.assertIn('attaching on node-c', errors[0])
+        t = self.c.transfer()
+        self.assertEqual(('node-b', transfer.HYDRATING),
+                         (t.dest_node, t.state))
 
 
 class PrepareTestCase(ClusterTestCase):
