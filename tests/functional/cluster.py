@@ -38,6 +38,15 @@ class Cluster(object):
         worker.info['driver'] = worker.call(cinder_node.start_driver, key)
         return worker
 
+    def ensure_running(self):
+        """Restart a node's service whose worker is gone."""
+        for key in ('a', 'b'):
+            worker = self.workers.get(key)
+            if worker is None or worker.proc is None \
+                    or worker.proc.poll() is not None:
+                self.workers.pop(key, None)
+                self.start(key)
+
     def stop(self, key, kill=False):
         worker = self.workers.pop(key, None)
         if worker is None:
