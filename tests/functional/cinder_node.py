@@ -186,7 +186,12 @@ def stop_driver():
     from cinder import coordination
     listener = _STATE.pop('listener', None)
     if listener is not None:
-        listener.close()
+        try:
+            listener.close()
+        except FileNotFoundError:
+            # The socket file is already gone (e.g. /srv cleaned up):
+            # nothing left to unlink.
+            pass
     coordination.COORDINATOR.stop()
     _STATE.pop('driver', None)
 
