@@ -214,7 +214,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if self._mover is None:
             self._mover = dmc_mover.Mover(
                 node_names=self._node_names(), node_name=self.node_name,
-                service_host=self.host, store=self.store,
+                store=self.store,
                 peer_client=self.peer, destination=self._destination_node,
                 target_driver=self.target_driver,
                 retire_local=self._retire_local,

@@ -86,12 +86,11 @@ class Mover(object):
     handle operations the driver owns.
     """
 
-    def __init__(self, node_names, node_name, service_host, store, peer_client,
+    def __init__(self, node_names, node_name, store, peer_client,
                  destination, target_driver, retire_local, region_sectors,
                  tuning, own_connector):
         self.node_names = node_names
         self.node_name = node_name
-        self.service_host = service_host
         self.store = store
         self.peer = peer_client
         self.destination = destination

@@ -104,7 +104,7 @@ class Node(object):
         """A fresh service over the same kernel, LVM and database."""
         self.mover = mover.Mover(
             node_names={self.name}, node_name=self.name,
-            service_host=self.host.partition('#')[0], store=self.store,
+            store=self.store,
             peer_client=self.peer, destination=lambda: self.dest,
             target_driver=self.target, retire_local=self.retire_local,
             region_sectors=REGION, tuning=lambda volume_type: TUNING,

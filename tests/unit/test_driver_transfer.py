@@ -280,7 +280,6 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.assertIs(m, drv.mover)
         self.assertEqual({'node-a', 'node-a.example.org'}, m.node_names)
         self.assertEqual('node-a', m.node_name)
-        self.assertEqual('node-a@dmclone#dmclone', m.service_host)
         self.assertEqual(512, m.region_sectors)
         self.assertIs(drv.store, m.store)
         self.assertIs(drv.peer, m.peer)
