@@ -550,6 +550,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return
         self._stats['vendor_name'] = 'Open Source'
         self._stats['driver_version'] = self.VERSION
+        transfers = self._transfers_in_flight()
         for pool in self._stats['pools']:
             pool.update(
                 location_info='DMCloneVolumeDriver:%s:%s:%s:%s' % (
@@ -560,7 +561,27 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 multiattach=True,
                 dmclone_node=self.node_name,
                 dmclone_region_size_kb=self.configuration.dmclone_region_size,
-                dmclone_metadata_volume_group=self._metadata_vg_name())
+                dmclone_metadata_volume_group=self._metadata_vg_name(),
+                dmclone_transfers_in_flight=transfers)
+
+    def _transfers_in_flight(self):
+        """Clone targets of this backend's handles: moves into this node.
+
+        Published in the pool stats so an admin (``cinder get-pools
+        --detail``) sees how busy each node is with incoming transfers;
+        one ``dmsetup status --target clone`` call, as the monitor makes.
+        None when device-mapper cannot be read: a stats report must not
+        fail because of it.
+        """
+        try:
+            statuses = self.dm.clone_statuses()
+        except (dmc_exception.DMSetupCommandFailed,
+                dmc_exception.DMStatusParseError):
+            LOG.warning('Could not count the transfers in flight.',
+                        exc_info=True)
+            return None
+        return sum(1 for name in statuses if layout.lv_name_from_handle(
+            name, self.configuration.volume_group) is not None)
 
     # ------------------------------------------------------------------
     # Exports and connections

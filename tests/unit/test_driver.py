@@ -575,6 +575,36 @@ class StatsTestCase(DriverTestBase):
         self.drv.vg = None
         self.assertEqual({}, self.drv.get_volume_stats(refresh=True))
 
+    def _clone_handle(self, name, lv_path):
+        self.dm.devices[name] = [dmsetup.clone_segment(
+            0, 2048, '/dev/%s/m-dmcmeta' % VG, lv_path,
+            '/dev/disk/by-path/ip-10.0.0.2:3260-lun-0', 128)]
+
+    def test_transfers_in_flight_counts_own_clones(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(0, pool['dmclone_transfers_in_flight'])
+        self._make_handle()
+        self._clone_handle('dmclone-dmc--vg-volume-b', '/dev/dmc-vg/b')
+        self._clone_handle('dmclone-dmc--vg-volume-c', '/dev/dmc-vg/c')
+        # Another backend's clone on the same host is not this pool's.
+        self._clone_handle('dmclone-other-volume-d', '/dev/other/d')
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(2, pool['dmclone_transfers_in_flight'])
+
+    def test_transfers_in_flight_unknown_when_dmsetup_fails(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        self.dm.clone_statuses = mock.Mock(
+            side_effect=dmc_exception.DMSetupCommandFailed(
+                command='dmsetup status', reason='boom'))
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertIsNone(pool['dmclone_transfers_in_flight'])
+        self.assertEqual('node-a', pool['dmclone_node'])
+
 
 class ConnectionTestCase(DriverTestBase):
 
