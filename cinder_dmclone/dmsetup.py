@@ -448,6 +448,44 @@ def parse_status_all(text):
     return result
 
 
+def parse_table_all(text):
+    """Parse ``dmsetup table`` for many devices: {name: [Segment]}.
+
+    The lines have the form ``<name>: <start> <length> <target> <args>``,
+    as in :func:`parse_status_all`; device arguments are kept as the
+    kernel printed them (``major:minor``).
+    """
+    result = {}
+    for line in text.splitlines():
+        if not line.strip() or line.strip() == 'No devices found':
+            continue
+        match = _STATUS_PREFIX_RE.match(line.strip())
+        if not match:
+            raise exception.DMStatusParseError(
+                line=line, reason='expected "<name>: <start> <length> ..."')
+        result.setdefault(match.group('name'), []).extend(
+            parse_table(match.group('rest')))
+    return result
+
+
+def parse_info_uuids(text):
+    """Parse ``dmsetup info -c --noheadings -o name,uuid --separator |``.
+
+    Returns {name: uuid}; a device without a UUID maps to ''.
+    """
+    result = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line == 'No devices found':
+            continue
+        name, sep, uuid = line.partition('|')
+        if not sep:
+            raise exception.DMStatusParseError(
+                line=line, reason='expected "<name>|<uuid>"')
+        result[name] = uuid
+    return result
+
+
 def parse_targets(text):
     """Parse ``dmsetup targets`` output into {target: version string}."""
     targets = {}
@@ -618,6 +656,35 @@ class DMSetup(object):
             if clones:
                 result[name] = clones[0]
         return result
+
+    def statuses(self):
+        """Status of EVERY device-mapper device, in one command.
+
+        Returns {device name: [StatusLine]}; the operator's status tool
+        uses it to see linear handles and clone targets in one sample.
+        """
+        out, _err = self._run('status')
+        return parse_status_all(out)
+
+    def tables(self, target=None):
+        """Tables of every device (or those with a ``target`` segment).
+
+        Returns {device name: [Segment]} from one command.
+        """
+        args = ['table']
+        if target is not None:
+            if not _MESSAGE_WORD_RE.fullmatch(target):
+                raise exception.InvalidDMName(
+                    value=target, reason='not a target type name')
+            args += ['--target', target]
+        out, _err = self._run(*args)
+        return parse_table_all(out)
+
+    def uuids(self):
+        """{name: dm UUID} of every device-mapper device (one command)."""
+        out, _err = self._run('info', '-c', '--noheadings', '-o',
+                              'name,uuid', '--separator', '|')
+        return parse_info_uuids(out)
 
     def targets(self):
         """Loaded target types: {name: version}."""

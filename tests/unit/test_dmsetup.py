@@ -459,6 +459,55 @@ class DMSetupCommandTestCase(test.TestCase):
         self.execute.return_value = ('No devices found\n', '')
         self.assertEqual({}, self.dm.clone_statuses())
 
+    def test_statuses_of_every_device_in_one_command(self):
+        self.execute.return_value = (
+            'dmclone-vg-a: 0 524288 clone %s\n'
+            'dmclone-vg-b: 0 8 linear \n'
+            'vg-lv: 0 8 linear\n' % HYDRATED, '')
+        result = self.dm.statuses()
+        self.assertEqual(1, self.execute.call_count)
+        self._assert_called('dmsetup', 'status')
+        self.assertTrue(result['dmclone-vg-a'][0].clone.fully_hydrated)
+        self.assertEqual('linear', result['dmclone-vg-b'][0].target)
+        self.assertIsNone(result['vg-lv'][0].clone)
+        self.execute.return_value = ('No devices found\n', '')
+        self.assertEqual({}, self.dm.statuses())
+
+    def test_tables_of_every_clone(self):
+        self.execute.return_value = (
+            'h1: 0 2048 clone 253:3 253:2 8:16 128 1 no_hydration\n'
+            'h2: 0 2048 clone 253:5 253:4 8:32 128\n'
+            'h2: 2048 8 linear 253:4 2048\n', '')
+        tables = self.dm.tables('clone')
+        self._assert_called('dmsetup', 'table', '--target', 'clone')
+        self.assertEqual('8:16',
+                         dmsetup.parse_clone_table(tables['h1'][0]).source_dev)
+        self.assertEqual(['clone', 'linear'],
+                         [s.target for s in tables['h2']])
+        self.execute.return_value = ('', '')
+        self.assertEqual({}, self.dm.tables())
+        self._assert_called('dmsetup', 'table')
+
+    def test_tables_refuses_odd_target(self):
+        self.assertRaises(exception.InvalidDMName, self.dm.tables, 'a b')
+        self.execute.assert_not_called()
+
+    def test_table_all_rejects_garbage(self):
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_table_all, 'no colon here')
+
+    def test_uuids(self):
+        self.execute.return_value = ('dmclone-vg-a|DMCLONE-dmclone-vg-a\n'
+                                     'plain|\n', '')
+        self.assertEqual({'dmclone-vg-a': 'DMCLONE-dmclone-vg-a',
+                          'plain': ''}, self.dm.uuids())
+        self._assert_called('dmsetup', 'info', '-c', '--noheadings', '-o',
+                            'name,uuid', '--separator', '|')
+        self.execute.return_value = ('No devices found\n', '')
+        self.assertEqual({}, self.dm.uuids())
+        self.execute.return_value = ('garbage\n', '')
+        self.assertRaises(exception.DMStatusParseError, self.dm.uuids)
+
     def test_targets_and_version(self):
         self.execute.return_value = ('clone v1.0.0\nlinear v1.4.0\n', '')
         self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
