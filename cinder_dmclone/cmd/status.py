@@ -1,0 +1,592 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""``cinder-dmclone-status``: what the driver has on this node.
+
+Run as root on a node.  It lists every volume handle (``dmclone-*``
+device-mapper devices, see :mod:`cinder_dmclone.layout`), every transfer
+into the node (handles with a ``clone`` table) with its progress, and the
+leftovers a crash can leave behind:
+
+* a metadata LV ``<lv>-dmcmeta`` with no clone target on the volume's
+  handle (normal for a moment while a transfer finalizes, and after a
+  reboot until the volume service's startup recovery has rebuilt the
+  clone; anything else needs an operator);
+* a handle whose LV does not exist.
+
+What it reads, and why the figures can be trusted:
+
+* ONE ``dmsetup status`` call gives the table type and the dm-clone
+  counters of every device at the same instant.  When a clone is
+  hydrating and ``--interval`` is above zero, a second ``dmsetup status``
+  call ``--interval`` seconds later gives the rate and ETA, computed by
+  the hydration monitor's own code
+  (:func:`cinder_dmclone.periodic.compute_progress`): they are measured
+  here, not copied.  With ``--interval 0`` the rate and ETA are the
+  monitor's last published values when the database can be read, and
+  unknown otherwise.
+* ``dmsetup table --target clone`` gives each clone's source device; the
+  iSCSI portal behind it comes from ``/dev/disk/by-path``.
+* ``dmsetup info -c`` gives the dm UUIDs (handles made by the driver have
+  ``DMCLONE-`` ones), ``lvs`` the logical volumes.
+* With ``--config-file`` and a ``[database] connection`` there, the
+  volume's admin metadata (``dmclone_state``, ``dmclone_source_node``,
+  progress published by the monitor) is read too; ``--no-db`` skips it.
+
+The commands run directly (the tool must run as root): the driver's
+rootwrap filters admit only the commands the service runs, not these.
+Exit status: 0 when all is well, 1 when leftovers or failed clones were
+found, 2 on bad usage or when a command fails.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import sys
+import time
+
+from oslo_concurrency import processutils
+from oslo_config import cfg
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
+from cinder_dmclone import periodic
+
+DRIVER = 'cinder_dmclone.driver.DMCloneVolumeDriver'
+DEFAULT_CONFIG = '/etc/cinder/cinder.conf'
+BY_PATH = '/dev/disk/by-path'
+_ISCSI_LINK_RE = re.compile(
+    r'^ip-(?P<portal>.+?)-iscsi-(?P<iqn>.+)-lun-(?P<lun>[0-9]+)$')
+
+
+class UsageError(Exception):
+    """Bad arguments or configuration: told to the operator, exit 2."""
+
+
+@dataclasses.dataclass
+class Scope:
+    """Which volume groups to look at.
+
+    ``metadata_vgs`` maps each data VG to the VG of its metadata LVs.  An
+    empty mapping means "every VG on the node" (no configuration given).
+    """
+
+    metadata_vgs: dict = dataclasses.field(default_factory=dict)
+    name_template: str = 'volume-%s'
+    database: bool = False
+
+    @property
+    def everything(self):
+        return not self.metadata_vgs
+
+    def has_vg(self, vg):
+        return self.everything or vg in self.metadata_vgs
+
+    def data_vgs_for_metadata(self, meta_vg):
+        """Data VGs whose metadata LVs live in ``meta_vg`` (None: any)."""
+        if self.everything:
+            return None
+        return {vg for vg, meta in self.metadata_vgs.items()
+                if meta == meta_vg}
+
+    def lvm_vgs(self):
+        """VG arguments for ``lvs`` (none: every VG)."""
+        return sorted(set(self.metadata_vgs) |
+                      set(self.metadata_vgs.values()))
+
+
+# --------------------------------------------------------------------------
+# Arguments and configuration
+# --------------------------------------------------------------------------
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        prog='cinder-dmclone-status',
+        description='List the dm-clone handles, transfers in flight and '
+                    'leftovers on this node (run as root).')
+    parser.add_argument('--config-file', metavar='PATH',
+                        help='cinder.conf to read the backend sections '
+                             '(volume_group, dmclone_metadata_volume_group)'
+                             ' and the database connection from.')
+    parser.add_argument('--backend', action='append', metavar='SECTION',
+                        help='Backend section(s) of --config-file to look '
+                             'at (default: every enabled backend whose '
+                             'volume_driver is this driver).')
+    parser.add_argument('--volume-group', action='append', metavar='VG',
+                        help='A data volume group to look at, instead of '
+                             '--config-file (repeatable).')
+    parser.add_argument('--metadata-volume-group', metavar='VG',
+                        help='The metadata volume group of the '
+                             '--volume-group(s) (default: the same VG).')
+    parser.add_argument('--interval', type=float, default=2.0,
+                        metavar='SECONDS',
+                        help='Seconds between the two status samples that '
+                             'measure the hydration rate; 0 takes one '
+                             'sample only (default: %(default)s). The '
+                             'second sample is only taken while a clone is '
+                             'hydrating.')
+    parser.add_argument('--no-db', action='store_true',
+                        help='Do not read the transfer state from the '
+                             'database even if --config-file names one.')
+    parser.add_argument('--json', action='store_true',
+                        help='Print one JSON document for machines.')
+    args = parser.parse_args(argv)
+    if args.interval < 0:
+        parser.error('--interval must not be negative')
+    if args.config_file and args.volume_group:
+        parser.error('use either --config-file or --volume-group, not both')
+    if args.backend and not args.config_file:
+        parser.error('--backend needs --config-file')
+    if args.metadata_volume_group and not args.volume_group:
+        parser.error('--metadata-volume-group needs --volume-group')
+    return args
+
+
+_BACKEND_OPTS = [
+    cfg.StrOpt('volume_driver'),
+    cfg.StrOpt('volume_group'),
+    cfg.StrOpt('dmclone_metadata_volume_group'),
+]
+
+
+def _backend_value(conf, section, name, default=None):
+    """A backend option as Cinder resolves it: section, backend_defaults."""
+    value = conf[section][name]
+    if value is None:
+        value = conf['backend_defaults'][name]
+    return default if value is None else value
+
+
+def load_config(path, backends=None):
+    """The Scope of the dm-clone backends of a cinder.conf.
+
+    Raises UsageError with a message an operator can act on.
+    """
+    conf = cfg.ConfigOpts()
+    conf.register_opts([cfg.ListOpt('enabled_backends', default=[]),
+                        cfg.StrOpt('volume_name_template',
+                                   default='volume-%s')])
+    conf.register_opts([cfg.StrOpt('connection', secret=True)],
+                       group='database')
+    conf.register_opts(_BACKEND_OPTS, group='backend_defaults')
+    try:
+        conf(args=[], project='cinder', default_config_files=[path])
+    except (cfg.ConfigFilesNotFoundError, cfg.ConfigFileParseError) as exc:
+        raise UsageError('cannot read %s: %s' % (path, exc)) from None
+    sections = backends or conf.enabled_backends
+    for section in sections:
+        conf.register_opts(_BACKEND_OPTS, group=section)
+    if not backends:
+        sections = [s for s in sections
+                    if _backend_value(conf, s, 'volume_driver') == DRIVER]
+    if not sections:
+        raise UsageError(
+            'no enabled backend of %s has volume_driver = %s; name the '
+            'section with --backend' % (path, DRIVER))
+    scope = Scope(name_template=conf.volume_name_template,
+                  database=bool(conf.database.connection))
+    for section in sections:
+        if section not in conf.list_all_sections():
+            raise UsageError('%s has no [%s] section' % (path, section))
+        vg = _backend_value(conf, section, 'volume_group', 'cinder-volumes')
+        scope.metadata_vgs[vg] = _backend_value(
+            conf, section, 'dmclone_metadata_volume_group', vg)
+    return scope
+
+
+def scope_from_args(args):
+    if args.config_file:
+        return load_config(args.config_file, args.backend)
+    scope = Scope()
+    for vg in args.volume_group or []:
+        scope.metadata_vgs[vg] = args.metadata_volume_group or vg
+    return scope
+
+
+# --------------------------------------------------------------------------
+# Reading the node
+# --------------------------------------------------------------------------
+
+def list_lvs(execute, vgs):
+    """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
+    try:
+        out, _err = execute('lvs', '--noheadings', '--separator', '|',
+                            '-o', 'vg_name,lv_name', *vgs)
+    except (processutils.ProcessExecutionError, OSError) as exc:
+        reason = getattr(exc, 'stderr', None) or str(exc)
+        raise dmc_exception.DMSetupCommandFailed(
+            command='lvs %s' % ' '.join(vgs), reason=reason.strip()) \
+            from None
+    result = set()
+    for line in out.splitlines():
+        vg, sep, lv = line.strip().partition('|')
+        if sep:
+            result.add((vg, lv))
+    return result
+
+
+def iscsi_links(by_path=BY_PATH):
+    """{'major:minor': (portal, iqn, lun)} of the node's iSCSI disks."""
+    links = {}
+    try:
+        names = os.listdir(by_path)
+    except OSError:
+        return links
+    for name in names:
+        match = _ISCSI_LINK_RE.fullmatch(name)
+        if not match:
+            continue
+        try:
+            rdev = os.stat(os.path.join(by_path, name)).st_rdev
+        except OSError:
+            continue
+        links['%d:%d' % (os.major(rdev), os.minor(rdev))] = (
+            match.group('portal'), match.group('iqn'),
+            int(match.group('lun')))
+    return links
+
+
+def database_reader(config_file):
+    """A function volume_id -> admin metadata, through Cinder's DB API.
+
+    Imported late: only this path needs the database and Cinder's global
+    configuration.
+    """
+    from cinder.common import config  # noqa: F401 (registers options)
+    from cinder import context
+    from cinder.db import api as db
+
+    cfg.CONF(args=[], project='cinder', default_config_files=[config_file])
+    ctxt = context.get_admin_context()
+    return lambda volume_id: db.volume_admin_metadata_get(ctxt, volume_id)
+
+
+def volume_id(lv_name, template):
+    """The volume UUID in an LV name made from ``volume_name_template``."""
+    pattern = re.escape(template).replace(re.escape('%s'), '(?P<id>.+)')
+    match = re.fullmatch(pattern, lv_name)
+    return match.group('id') if match else None
+
+
+# --------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------
+
+def _hydrating(lines):
+    return any(line.clone is not None and not line.clone.failed
+               and line.clone.hydration_enabled
+               and not line.clone.fully_hydrated for line in lines)
+
+
+def _table_type(lines):
+    targets = [line.target for line in lines]
+    if 'clone' in targets:
+        return 'clone'
+    return '+'.join(sorted(set(targets))) or 'none'
+
+
+def take_samples(dm, interval, sleep=time.sleep, clock=time.monotonic):
+    """One status sample of every device, two while a clone hydrates.
+
+    Returns (first, second, seconds between them); second is None when
+    one sample was enough.
+    """
+    t1 = clock()
+    first = dm.statuses()
+    if interval <= 0 or not any(
+            _hydrating(lines) for name, lines in first.items()
+            if layout.parse_handle(name)):
+        return first, None, None
+    sleep(interval)
+    t2 = clock()
+    return first, dm.statuses(), t2 - t1
+
+
+def _number(value):
+    """An admin metadata number (a string, maybe empty) or None."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
+              meta_vg, lvs):
+    """The transfer entry of a handle whose table is a clone."""
+    status = next(line.clone for line in lines if line.clone is not None)
+    entry = {'handle': handle['name'], 'volume_id': handle['volume_id'],
+             'volume_group': handle['volume_group'],
+             'lv_name': handle['lv_name'],
+             'metadata_lv': layout.metadata_lv_name(handle['lv_name']),
+             'metadata_volume_group': meta_vg,
+             'state': metadata.get('dmclone_state'),
+             'source_node': metadata.get('dmclone_source_node'),
+             'source_device': None, 'source_portal': None,
+             'source_iqn': None, 'failed': status.failed}
+    entry['metadata_lv_exists'] = (
+        None if meta_vg is None else
+        (meta_vg, entry['metadata_lv']) in lvs)
+    clone_segments = [s for s in table if s.target == 'clone']
+    if clone_segments:
+        args = dmsetup.parse_clone_table(clone_segments[0])
+        entry['source_device'] = args.source_dev
+        if args.source_dev in links:
+            portal, iqn, _lun = links[args.source_dev]
+            entry['source_portal'], entry['source_iqn'] = portal, iqn
+    if status.failed:
+        entry['kernel_state'] = status.state
+        return entry
+    previous = None
+    if earlier is not None and not earlier.failed:
+        previous = periodic.compute_progress(earlier)
+    progress = periodic.compute_progress(status, previous, elapsed)
+    rate, eta, source = progress.rate, progress.eta, None
+    if rate is not None:
+        source = 'sampled'
+    elif metadata.get('dmclone_rate_bps'):
+        rate = _number(metadata.get('dmclone_rate_bps'))
+        eta = _number(metadata.get('dmclone_eta_seconds'))
+        source = 'monitor'
+    entry.update(
+        hydration_enabled=status.hydration_enabled,
+        hydrated_regions=status.hydrated_regions,
+        total_regions=status.total_regions,
+        hydrating_regions=status.hydrating_regions,
+        region_bytes=progress.region_bytes,
+        percent=progress.percent, rate_bps=rate, eta_seconds=eta,
+        rate_source=source)
+    return entry
+
+
+def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
+                 read_metadata=None):
+    """Everything the tool prints, as one JSON-ready dict."""
+    statuses = second if second is not None else first
+    report = {'volume_groups': dict(scope.metadata_vgs) or None,
+              'interval_seconds': elapsed, 'handles': [], 'transfers': [],
+              'leftovers': [], 'warnings': []}
+    clone_lvs = set()
+    for name in sorted(statuses):
+        parsed = layout.parse_handle(name)
+        if parsed is None or not scope.has_vg(parsed[0]):
+            continue
+        vg, lv = parsed
+        lines = statuses[name]
+        handle = {'name': name, 'uuid': uuids.get(name),
+                  'volume_group': vg, 'lv_name': lv,
+                  'volume_id': volume_id(lv, scope.name_template),
+                  'table': _table_type(lines),
+                  'lv_exists': (vg, lv) in lvs}
+        report['handles'].append(handle)
+        if handle['uuid'] is not None and not handle['uuid'].startswith(
+                layout.HANDLE_UUID_PREFIX):
+            report['warnings'].append(
+                '%s has dm UUID %r, not one the driver makes (%s...)'
+                % (name, handle['uuid'], layout.HANDLE_UUID_PREFIX))
+        if not handle['lv_exists']:
+            report['leftovers'].append({
+                'kind': 'handle_without_lv', 'name': name,
+                'volume_group': vg, 'lv_name': lv,
+                'hint': 'the LV %s/%s is gone; if no instance uses %s, '
+                        'remove it with "dmsetup remove %s"'
+                        % (vg, lv, dmsetup.device_path(name), name)})
+        if handle['table'] != 'clone':
+            continue
+        clone_lvs.add((vg, lv))
+        metadata = _metadata(report, read_metadata, handle['volume_id'])
+        earlier = None
+        if second is not None:
+            earlier = next((line.clone for line in first.get(name, [])
+                            if line.clone is not None), None)
+        entry = _transfer(handle, lines, earlier, elapsed,
+                          tables.get(name, []), links, metadata,
+                          scope.metadata_vgs.get(vg), lvs)
+        report['transfers'].append(entry)
+        if entry['failed']:
+            report['warnings'].append(
+                'clone %s reports %s: its source or metadata device '
+                'failed; see the operations guide' % (name,
+                                                      entry['kernel_state']))
+    report['leftovers'] += _metadata_leftovers(scope, lvs, clone_lvs)
+    return report
+
+
+def _metadata(report, read_metadata, vol_id):
+    """Admin metadata of a volume, {} when unknown (with a warning)."""
+    if read_metadata is None or vol_id is None:
+        return {}
+    try:
+        return read_metadata(vol_id) or {}
+    except Exception as exc:
+        report['warnings'].append('transfer state of volume %s not read '
+                                  'from the database: %s' % (vol_id, exc))
+        return {}
+
+
+def _metadata_leftovers(scope, lvs, clone_lvs):
+    """Metadata LVs with no clone target on their volume's handle."""
+    leftovers = []
+    meta_vgs = set(scope.metadata_vgs.values())
+    for vg, name in sorted(lvs):
+        lv = layout.lv_name_from_metadata_lv(name)
+        if lv is None or not (scope.everything or vg in meta_vgs):
+            continue
+        owners = scope.data_vgs_for_metadata(vg)
+        if any(c_lv == lv and (owners is None or c_vg in owners)
+               for c_vg, c_lv in clone_lvs):
+            continue
+        leftovers.append({
+            'kind': 'metadata_lv_without_clone', 'volume_group': vg,
+            'lv_name': name,
+            'hint': 'normal for a few seconds while a transfer '
+                    'finalizes, and after a reboot until the volume '
+                    'service has started (its recovery rebuilds the clone '
+                    'or finishes the move); if it stays, check the '
+                    'dmclone_* admin metadata of the volume before '
+                    'removing it'})
+    return leftovers
+
+
+def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
+            clock=time.monotonic, links=None, read_metadata=None):
+    """Read the node and build the report (see the module docstring)."""
+    execute = execute or processutils.execute
+    dm = dm or dmsetup.DMSetup(execute=execute)
+    first, second, elapsed = take_samples(dm, args.interval, sleep, clock)
+    uuids = dm.uuids()
+    tables = dm.tables('clone')
+    lvs = list_lvs(execute, scope.lvm_vgs())
+    if links is None:
+        links = iscsi_links()
+    warnings = []
+    if (read_metadata is None and scope.database and not args.no_db
+            and args.config_file):
+        try:
+            read_metadata = database_reader(args.config_file)
+        except Exception as exc:
+            warnings.append('database not readable, transfer state and '
+                            'the monitor\'s rate unknown: %s' % exc)
+    report = build_report(scope, first, second, elapsed, uuids, tables,
+                          lvs, links, read_metadata)
+    report['warnings'] = warnings + report['warnings']
+    return report
+
+
+# --------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------
+
+def _size(value):
+    if value is None:
+        return '-'
+    for unit in ('B', 'KiB', 'MiB', 'GiB'):
+        if value < 1024 or unit == 'GiB':
+            return '%.1f %s' % (value, unit)
+        value /= 1024.0
+
+
+def _duration(seconds):
+    if seconds is None:
+        return '-'
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return '%dh%02dm' % (seconds // 3600, seconds % 3600 // 60)
+    if seconds >= 60:
+        return '%dm%02ds' % (seconds // 60, seconds % 60)
+    return '%ds' % seconds
+
+
+def _table(rows):
+    widths = [max(len(str(row[i])) for row in rows)
+              for i in range(len(rows[0]))]
+    return ['  '.join(str(cell).ljust(w) for cell, w in zip(row, widths))
+            .rstrip() for row in rows]
+
+
+def render_text(report):
+    """The report for a human: handles, transfers, leftovers, warnings."""
+    out = ['Handles: %d' % len(report['handles'])]
+    if report['handles']:
+        out += _table([('HANDLE', 'VOLUME', 'TABLE', 'LV')] + [
+            (h['name'], h['volume_id'] or '-', h['table'],
+             'ok' if h['lv_exists'] else 'MISSING')
+            for h in report['handles']])
+    out.append('')
+    out.append('Transfers in flight: %d' % len(report['transfers']))
+    if report['transfers']:
+        rows = [('VOLUME', 'STATE', 'SOURCE', 'HYDRATED', '%', 'RATE',
+                 'ETA')]
+        for t in report['transfers']:
+            source = (t['source_node'] or t['source_portal']
+                      or t['source_device'] or '-')
+            if t['failed']:
+                rows.append((t['volume_id'] or t['handle'],
+                             t['state'] or '-', source,
+                             'FAILED (%s)' % t['kernel_state'], '-', '-',
+                             '-'))
+                continue
+            state = t['state'] or ('hydrating' if t['hydration_enabled']
+                                   else 'hydration off')
+            rate = t['rate_bps']
+            rows.append((
+                t['volume_id'] or t['handle'], state, source,
+                '%d/%d' % (t['hydrated_regions'], t['total_regions']),
+                '%.1f' % t['percent'],
+                '-' if rate is None else _size(rate) + '/s',
+                _duration(t['eta_seconds'])))
+        out += _table(rows)
+    out.append('')
+    out.append('Leftovers: %s' % (len(report['leftovers']) or 'none'))
+    for item in report['leftovers']:
+        out.append('  %s %s/%s: %s' % (
+            item['kind'], item['volume_group'],
+            item.get('name') or item['lv_name'], item['hint']))
+    for warning in report['warnings']:
+        out.append('WARNING: %s' % warning)
+    return '\n'.join(out)
+
+
+def exit_code(report):
+    """1 when something needs an operator's look, else 0."""
+    failed = any(t['failed'] for t in report['transfers'])
+    return 1 if report['leftovers'] or failed else 0
+
+
+def main(argv=None, stdout=None, **collect_kwargs):
+    """Entry point of ``cinder-dmclone-status``."""
+    stdout = stdout or sys.stdout
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if os.geteuid() != 0 and 'execute' not in collect_kwargs:
+            raise UsageError('run as root: the tool reads device-mapper '
+                             'and LVM state directly')
+        report = collect(args, scope_from_args(args), **collect_kwargs)
+    except UsageError as exc:
+        print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
+        return 2
+    except (dmc_exception.DMSetupCommandFailed,
+            dmc_exception.DMStatusParseError) as exc:
+        print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump(report, stdout, indent=2, sort_keys=True)
+        stdout.write('\n')
+    else:
+        stdout.write(render_text(report) + '\n')
+    return exit_code(report)
+
+
+if __name__ == '__main__':
+    sys.exit(main())

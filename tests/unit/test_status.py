@@ -1,0 +1,427 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""cinder-dmclone-status on canned dmsetup and lvs output."""
+
+import io
+import json
+import os
+import tempfile
+from unittest import mock
+
+from oslo_concurrency import processutils
+
+from cinder.tests.unit import test
+
+from cinder_dmclone.cmd import status
+
+U1 = '11111111-1111-1111-1111-111111111111'
+U2 = '22222222-2222-2222-2222-222222222222'
+U3 = '33333333-3333-3333-3333-333333333333'
+U4 = '44444444-4444-4444-4444-444444444444'
+H1 = 'dmclone-cinder--volumes-volume-' + U1      # linear, LV present
+H2 = 'dmclone-cinder--volumes-volume-' + U2      # clone, hydrating
+H3 = 'dmclone-cinder--volumes-volume-' + U3      # linear, LV gone
+OTHER = 'dmclone-other-volume-' + U4             # another backend's
+
+
+def clone_status(hydrated, total=1024, features='0'):
+    return ('8 40/4096 128 %d/%d 16 %s 4 hydration_threshold 64 '
+            'hydration_batch_size 16 rw' % (hydrated, total, features))
+
+
+def status_text(hydrated):
+    return '\n'.join([
+        '%s: 0 2097152 linear ' % H1,
+        '%s: 0 131072 clone %s' % (H2, clone_status(hydrated)),
+        '%s: 0 2097152 linear ' % H3,
+        '%s: 0 131072 clone %s' % (OTHER, clone_status(1024)),
+        'cinder--volumes-volume--%s: 0 2097152 linear ' % U1,
+    ]) + '\n'
+
+
+TABLES = ('%s: 0 131072 clone 253:9 253:8 8:16 128 0 4 '
+          'hydration_threshold 64 hydration_batch_size 16\n'
+          '%s: 0 131072 clone 253:11 253:10 8:32 128\n' % (H2, OTHER))
+UUIDS = ''.join('%s|DMCLONE-%s\n' % (n, n) for n in (H1, H2, H3, OTHER))
+LVS = ('  cinder-volumes|volume-%s\n  cinder-volumes|volume-%s\n'
+       '  meta|volume-%s-dmcmeta\n  meta|volume-%s-dmcmeta\n'
+       % (U1, U2, U2, U4))
+
+
+class FakeNode(object):
+    """Answers the commands the tool runs, and records them."""
+
+    def __init__(self, statuses=None, tables=TABLES, uuids=UUIDS, lvs=LVS):
+        self.statuses = list(statuses or [status_text(256)])
+        self.tables = tables
+        self.uuids = uuids
+        self.lvs = lvs
+        self.calls = []
+
+    def __call__(self, *cmd, **kwargs):
+        self.calls.append(cmd)
+        if cmd[:2] == ('dmsetup', 'status'):
+            return self.statuses.pop(0), ''
+        if cmd[:2] == ('dmsetup', 'table'):
+            return self.tables, ''
+        if cmd[:2] == ('dmsetup', 'info'):
+            return self.uuids, ''
+        if cmd[0] == 'lvs':
+            if isinstance(self.lvs, Exception):
+                raise self.lvs
+            return self.lvs, ''
+        raise AssertionError('unexpected command %r' % (cmd,))
+
+
+class FakeClock(object):
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+LINKS = {'8:16': ('10.0.0.1:3260', 'iqn.2010-10.org.openstack:volume-' + U2,
+                  0)}
+
+
+class StatusToolTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.clock = FakeClock()
+
+    def run_tool(self, argv, node, links=LINKS, **kwargs):
+        out = io.StringIO()
+        code = status.main(argv, stdout=out, execute=node,
+                           sleep=self.clock.sleep, clock=self.clock,
+                           links=links, **kwargs)
+        return code, out.getvalue()
+
+    def run_json(self, argv, node, **kwargs):
+        code, text = self.run_tool(argv + ['--json'], node, **kwargs)
+        return code, json.loads(text)
+
+    def test_one_status_call_without_interval(self):
+        node = FakeNode()
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'], node)
+        status_calls = [c for c in node.calls if c[:2] == ('dmsetup',
+                                                           'status')]
+        self.assertEqual([('dmsetup', 'status')], status_calls)
+        self.assertEqual([H1, H2, H3],
+                         [h['name'] for h in report['handles']])
+        self.assertEqual(['linear', 'clone', 'linear'],
+                         [h['table'] for h in report['handles']])
+        self.assertEqual('DMCLONE-' + H1, report['handles'][0]['uuid'])
+        self.assertEqual(U1, report['handles'][0]['volume_id'])
+        (t,) = report['transfers']
+        self.assertEqual(U2, t['volume_id'])
+        self.assertEqual((256, 1024, 16), (t['hydrated_regions'],
+                                           t['total_regions'],
+                                           t['hydrating_regions']))
+        self.assertEqual(25.0, t['percent'])
+        self.assertEqual(65536, t['region_bytes'])
+        self.assertIsNone(t['rate_bps'])
+        self.assertIsNone(t['eta_seconds'])
+        self.assertIsNone(t['rate_source'])
+        self.assertEqual('8:16', t['source_device'])
+        self.assertEqual('10.0.0.1:3260', t['source_portal'])
+        self.assertEqual('volume-%s-dmcmeta' % U2, t['metadata_lv'])
+        self.assertTrue(t['metadata_lv_exists'])
+        self.assertTrue(t['hydration_enabled'])
+        # H3's LV is gone; U4's metadata LV belongs to no clone here.
+        kinds = {(item['kind'], item['lv_name'])
+                 for item in report['leftovers']}
+        self.assertEqual({('handle_without_lv', 'volume-' + U3),
+                          ('metadata_lv_without_clone',
+                           'volume-%s-dmcmeta' % U4)}, kinds)
+        self.assertEqual(1, code)
+        lvs_call = [c for c in node.calls if c[0] == 'lvs'][0]
+        self.assertEqual(('cinder-volumes', 'meta'), lvs_call[-2:])
+
+    def test_rate_and_eta_from_two_samples(self):
+        node = FakeNode(statuses=[status_text(256), status_text(512)])
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '4'], node)
+        (t,) = report['transfers']
+        self.assertEqual(512, t['hydrated_regions'])
+        # 256 regions of 64 KiB in 4 s; 512 regions to go.
+        self.assertEqual(256 * 65536 / 4.0, t['rate_bps'])
+        self.assertEqual(8.0, t['eta_seconds'])
+        self.assertEqual('sampled', t['rate_source'])
+        self.assertEqual(4.0, report['interval_seconds'])
+
+    def test_no_second_sample_when_nothing_hydrates(self):
+        node = FakeNode(statuses=['%s: 0 8 linear \n' % H1])
+        node.lvs = '  cinder-volumes|volume-%s\n' % U1
+        code, report = self.run_json(['--volume-group', 'cinder-volumes'],
+                                     node)
+        self.assertEqual(1, len([c for c in node.calls
+                                 if c[:2] == ('dmsetup', 'status')]))
+        self.assertEqual(100.0, self.clock.now)
+        self.assertEqual([], report['transfers'])
+        self.assertEqual([], report['leftovers'])
+        self.assertEqual(0, code)
+
+    def test_every_vg_without_scope(self):
+        node = FakeNode()
+        code, report = self.run_json(['--interval', '0'], node)
+        self.assertEqual(4, len(report['handles']))
+        self.assertEqual(2, len(report['transfers']))
+        # every VG: U4's metadata LV has its clone (OTHER) after all.
+        self.assertEqual(['handle_without_lv', 'handle_without_lv'],
+                         sorted(i['kind'] for i in report['leftovers']))
+        self.assertIsNone(report['transfers'][0]['metadata_lv_exists'])
+        self.assertEqual(('lvs', '--noheadings', '--separator', '|', '-o',
+                          'vg_name,lv_name'),
+                         [c for c in node.calls if c[0] == 'lvs'][0])
+
+    def test_failed_clone_is_flagged(self):
+        text = status_text(256).replace(clone_status(256), 'Fail')
+        node = FakeNode(statuses=[text])
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta'], node)
+        (t,) = report['transfers']
+        self.assertTrue(t['failed'])
+        self.assertEqual('Fail', t['kernel_state'])
+        self.assertIn('reports Fail', report['warnings'][0])
+        self.assertEqual(1, code)
+        self.assertEqual(100.0, self.clock.now)
+        code, text = self.run_tool(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta'],
+            FakeNode(statuses=[text]))
+        self.assertIn('FAILED (Fail)', text)
+
+    def test_foreign_uuid_warned(self):
+        node = FakeNode(uuids='%s|LVM-xyz\n' % H1)
+        code, report = self.run_json(['--interval', '0'], node)
+        self.assertIn('not one the driver makes', report['warnings'][0])
+        self.assertEqual('LVM-xyz', report['handles'][0]['uuid'])
+
+    def test_text_output(self):
+        node = FakeNode(statuses=[status_text(256), status_text(512)])
+        code, text = self.run_tool(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '4'], node)
+        self.assertIn('Handles: 3', text)
+        self.assertIn('Transfers in flight: 1', text)
+        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
+        self.assertEqual([U2, 'hydrating', '10.0.0.1:3260', '512/1024',
+                          '50.0', '4.0', 'MiB/s', '8s'], line.split())
+        self.assertIn('Leftovers: 2', text)
+        self.assertIn('MISSING', text)
+
+    def test_monitor_rate_from_database(self):
+        node = FakeNode()
+        metadata = {'dmclone_state': 'hydrating',
+                    'dmclone_source_node': 'node-a',
+                    'dmclone_rate_bps': '1048576',
+                    'dmclone_eta_seconds': '3725'}
+        read = mock.Mock(return_value=metadata)
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'], node,
+            read_metadata=read)
+        read.assert_called_once_with(U2)
+        (t,) = report['transfers']
+        self.assertEqual(('hydrating', 'node-a', 1048576.0, 3725.0,
+                          'monitor'),
+                         (t['state'], t['source_node'], t['rate_bps'],
+                          t['eta_seconds'], t['rate_source']))
+        code, text = self.run_tool(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'],
+            FakeNode(), read_metadata=read)
+        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
+        self.assertIn('node-a', line)
+        self.assertIn('1h02m', line)
+
+    def test_database_error_is_a_warning(self):
+        read = mock.Mock(side_effect=RuntimeError('db down'))
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes', '--interval', '0'],
+            FakeNode(), read_metadata=read)
+        self.assertIn('db down', report['warnings'][0])
+        self.assertIsNone(report['transfers'][0]['state'])
+
+    def test_lvs_failure_exits_2(self):
+        node = FakeNode(lvs=processutils.ProcessExecutionError(
+            stderr='Volume group "nope" not found', exit_code=5))
+        with mock.patch('sys.stderr', new_callable=io.StringIO) as err:
+            code, text = self.run_tool(['--volume-group', 'nope',
+                                        '--interval', '0'], node)
+        self.assertEqual(2, code)
+        self.assertIn('Volume group "nope" not found', err.getvalue())
+
+    def test_must_be_root(self):
+        with mock.patch.object(os, 'geteuid', return_value=1000), \
+                mock.patch('sys.stderr', new_callable=io.StringIO) as err:
+            self.assertEqual(2, status.main(['--json'],
+                                            stdout=io.StringIO()))
+        self.assertIn('run as root', err.getvalue())
+
+    def test_bad_arguments(self):
+        for argv in (['--interval', '-1'],
+                     ['--config-file', 'x', '--volume-group', 'v'],
+                     ['--backend', 'b'],
+                     ['--metadata-volume-group', 'm']):
+            with mock.patch('sys.stderr', new_callable=io.StringIO):
+                self.assertRaises(SystemExit, status.parse_args, argv)
+
+
+CONF_TEXT = """
+[DEFAULT]
+enabled_backends = dmclone,lvm
+volume_name_template = vol-%%s
+%s
+
+[backend_defaults]
+dmclone_metadata_volume_group = fast-meta
+
+[dmclone]
+volume_driver = cinder_dmclone.driver.DMCloneVolumeDriver
+volume_group = local-vg
+
+[lvm]
+volume_driver = cinder.volume.drivers.lvm.LVMVolumeDriver
+volume_group = lvm-vg
+
+[other]
+volume_driver = cinder_dmclone.driver.DMCloneVolumeDriver
+"""
+
+
+def local(text):
+    """Canned output for the VG and name template of CONF_TEXT."""
+    return text.replace('cinder--volumes-volume-', 'local--vg-vol-')
+
+
+class ConfigTestCase(test.TestCase):
+
+    def write_conf(self, extra=''):
+        fd, path = tempfile.mkstemp(suffix='.conf')
+        with os.fdopen(fd, 'w') as f:
+            f.write(CONF_TEXT % extra)
+        self.addCleanup(os.unlink, path)
+        return path
+
+    def test_enabled_dmclone_backends(self):
+        scope = status.load_config(self.write_conf())
+        self.assertEqual({'local-vg': 'fast-meta'}, scope.metadata_vgs)
+        self.assertEqual('vol-%s', scope.name_template)
+        self.assertFalse(scope.database)
+        self.assertEqual(['fast-meta', 'local-vg'], scope.lvm_vgs())
+
+    def test_named_backend_with_defaults(self):
+        path = self.write_conf('[database]\nconnection = sqlite://')
+        scope = status.load_config(path, ['other'])
+        self.assertEqual({'cinder-volumes': 'fast-meta'},
+                         scope.metadata_vgs)
+        self.assertTrue(scope.database)
+
+    def test_missing_section_or_file(self):
+        path = self.write_conf()
+        self.assertRaises(status.UsageError, status.load_config, path,
+                          ['nosuch'])
+        self.assertRaises(status.UsageError, status.load_config,
+                          path + '.missing')
+
+    def test_no_dmclone_backend(self):
+        fd, path = tempfile.mkstemp(suffix='.conf')
+        with os.fdopen(fd, 'w') as f:
+            f.write('[DEFAULT]\nenabled_backends = lvm\n[lvm]\n'
+                    'volume_driver = x\n')
+        self.addCleanup(os.unlink, path)
+        exc = self.assertRaises(status.UsageError, status.load_config, path)
+        self.assertIn('--backend', str(exc))
+
+    def test_main_reads_database_when_configured(self):
+        path = self.write_conf('[database]\nconnection = sqlite://')
+        read = mock.Mock(return_value={'dmclone_state': 'cloned'})
+        out = io.StringIO()
+        node = FakeNode(statuses=[local(status_text(0))],
+                        tables=local(TABLES))
+        with mock.patch.object(status, 'database_reader',
+                               return_value=read) as reader:
+            status.main(['--config-file', path, '--json', '--interval',
+                         '0'], stdout=out, execute=node, links={})
+        reader.assert_called_once_with(path)
+        report = json.loads(out.getvalue())
+        self.assertEqual('cloned', report['transfers'][0]['state'])
+        self.assertEqual('8:16', report['transfers'][0]['source_device'])
+        self.assertIsNone(report['transfers'][0]['source_portal'])
+
+    def test_no_db_flag_and_unreadable_database(self):
+        path = self.write_conf('[database]\nconnection = sqlite://')
+        with mock.patch.object(status, 'database_reader') as reader:
+            status.main(['--config-file', path, '--no-db', '--json',
+                         '--interval', '0'],
+                        stdout=io.StringIO(), execute=FakeNode(), links={})
+            reader.assert_not_called()
+            reader.side_effect = RuntimeError('no driver')
+            out = io.StringIO()
+            status.main(['--config-file', path, '--json', '--interval',
+                         '0'], stdout=out,
+                        execute=FakeNode(), links={})
+        self.assertIn('no driver', json.loads(out.getvalue())['warnings'][0])
+
+
+class HelpersTestCase(test.TestCase):
+
+    def test_volume_id(self):
+        self.assertEqual(U1, status.volume_id('volume-' + U1, 'volume-%s'))
+        self.assertIsNone(status.volume_id('snap-x', 'volume-%s'))
+
+    def test_iscsi_links(self):
+        tmp = tempfile.mkdtemp()
+        self.addCleanup(os.rmdir, tmp)
+        self.assertEqual({}, status.iscsi_links(tmp + '/missing'))
+        names = ['ip-10.0.0.1:3260-iscsi-iqn.2010-10.org.x:v-lun-0',
+                 'pci-0000:00:01.0-scsi-0:0:0:0']
+        with mock.patch.object(os, 'listdir', return_value=names), \
+                mock.patch.object(os, 'stat') as stat:
+            stat.return_value.st_rdev = os.makedev(8, 16)
+            links = status.iscsi_links(tmp)
+        self.assertEqual({'8:16': ('10.0.0.1:3260', 'iqn.2010-10.org.x:v',
+                                   0)}, links)
+        with mock.patch.object(os, 'listdir', return_value=names[:1]), \
+                mock.patch.object(os, 'stat', side_effect=OSError):
+            self.assertEqual({}, status.iscsi_links(tmp))
+
+    def test_sizes_and_durations(self):
+        self.assertEqual('-', status._size(None))
+        self.assertEqual('512.0 B', status._size(512))
+        self.assertEqual('2.0 GiB', status._size(2 * 1024 ** 3))
+        self.assertEqual('-', status._duration(None))
+        self.assertEqual('59s', status._duration(59))
+        self.assertEqual('1m05s', status._duration(65))
+        self.assertEqual('2h00m', status._duration(7200))
+
+    def test_database_reader(self):
+        with mock.patch('oslo_config.cfg.CONF') as conf, \
+                mock.patch('cinder.db.api.volume_admin_metadata_get',
+                           return_value={'a': 'b'}) as get:
+            read = status.database_reader('/etc/cinder/cinder.conf')
+            self.assertEqual({'a': 'b'}, read(U1))
+        conf.assert_called_once_with(
+            args=[], project='cinder',
+            default_config_files=['/etc/cinder/cinder.conf'])
+        self.assertEqual(U1, get.call_args[0][1])
