@@ -7,7 +7,7 @@
 #   tools/run-tests.sh pep8,py3   # only the named tox environments
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-ENVS=${1:-pep8,cover,functional}
+ENVS=${1:-pep8,cover,docs,releasenotes,genconfig,devstack,functional}
 CACHE=${DMCLONE_CACHE:-/var/cache/cinder-dmclone}
 export DEBIAN_FRONTEND=noninteractive
 
@@ -18,6 +18,10 @@ missing=()
 for pkg in python3 python3-venv git; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
 done
+# tox -e devstack lints the devstack plugin with Debian's shellcheck.
+case ",$ENVS," in *,devstack,*)
+    dpkg -s shellcheck >/dev/null 2>&1 || missing+=(shellcheck) ;;
+esac
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
