@@ -35,7 +35,8 @@ CACHE=${DMCLONE_TESTBED_CACHE:-/var/cache/cinder-dmclone/testbed}
 SUITE=bookworm
 VENV=/opt/dmclone-venv
 STAMP=.testbed-rootfs-complete
-REQ_FILES=(requirements.txt test-requirements.txt constraints.txt)
+REQ_FILES=(requirements.txt test-requirements.txt constraints.txt
+           tools/testbed/stack-requirements.txt)
 
 FORCE=0
 case "${1:-}" in
@@ -187,7 +188,8 @@ build_wheelhouse() {
     local tmp=$WHEELHOUSE.tmp
     rm -rf "$tmp"; mkdir -p "$tmp"
     (cd "$REPO" && "$PY" -m pip wheel --quiet --wheel-dir "$tmp" \
-        -c constraints.txt -r requirements.txt -r test-requirements.txt) || return 1
+        -c constraints.txt -r requirements.txt -r test-requirements.txt \
+        -r tools/testbed/stack-requirements.txt) || return 1
     touch "$tmp/.complete"
     mv -T "$tmp" "$WHEELHOUSE"
 }
@@ -229,7 +231,8 @@ in_chroot python3 -m venv "$VENV"
 if ! in_chroot "$VENV/bin/python" -m pip install --no-index --find-links /tmp/wheelhouse \
         --no-cache-dir --disable-pip-version-check --quiet \
         -c /tmp/req/constraints.txt -r /tmp/req/requirements.txt \
-        -r /tmp/req/test-requirements.txt >"$LOGDIR/venv.log" 2>&1; then
+        -r /tmp/req/test-requirements.txt -r /tmp/req/stack-requirements.txt \
+        >"$LOGDIR/venv.log" 2>&1; then
     show_log_tail "$LOGDIR/venv.log"
     die "pip install in the guest venv failed"
 fi

@@ -1,0 +1,270 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The testbed's Cinder API as its users meet it.
+
+:class:`Cloud` talks to cinder-api through python-cinderclient (one process:
+each ``openstack`` CLI call costs 20-60 s under emulation, so the CLI is
+used where the CLI itself is under test).  :meth:`Cloud.attach` and
+:meth:`Cloud.detach` do what Nova's compute manager does: reserve an
+attachment for an instance, update it with the os-brick connector of the
+compute node, connect with os-brick, complete; and the reverse.
+"""
+
+import json
+import logging
+import subprocess
+import time
+import uuid
+
+from tests.functional import stack as stack_mod
+from tests.functional import testbed
+
+LOG = logging.getLogger('cloud')
+
+TRANSFER_KEYS_QUERY = (
+    "SELECT `key`, value FROM volume_admin_metadata WHERE deleted=0 AND "
+    "volume_id='%s' AND `key` LIKE 'dmclone%%'")
+
+
+class Attachment(object):
+    def __init__(self, id, volume_id, node, connection_info, device,
+                 instance):
+        self.id = id
+        self.volume_id = volume_id
+        self.node = node
+        self.connection_info = connection_info
+        self.device = device
+        self.instance = instance
+
+    @property
+    def path(self):
+        return self.device['path']
+
+
+class Cloud(object):
+    """cinderclient with noauth, plus Nova's side of an attachment."""
+
+    def __init__(self, stack):
+        from cinderclient import client
+        from cinderclient.contrib import noauth
+        from keystoneauth1 import session
+
+        class NoAuth(noauth.CinderNoAuthPlugin):
+            # cinder routes /v3/<resource> and takes the project from the
+            # "user:project" token; the stock plugin appends a project id.
+            def get_endpoint(self, session, **kwargs):
+                return self._endpoint
+
+            def get_headers(self, session, **kwargs):
+                # Requests come from Nova's side: with a service role, as
+                # Nova's service token gives them (Cinder then lets an
+                # instance's attachment be deleted without asking Nova).
+                headers = super(NoAuth, self).get_headers(session, **kwargs)
+                headers['X-Service-Roles'] = 'service'
+                return headers
+
+        self.stack = stack
+        self.topo = stack.topo
+        sess = session.Session(auth=NoAuth('admin', 'admin',
+                                           endpoint=stack_mod.API))
+        self.c = client.Client(stack_mod.MICROVERSION, session=sess)
+        self._brick_ready = False
+
+    # -- volumes -------------------------------------------------------------
+
+    def ensure_volume_type(self):
+        """The default type: this backend, placed on either node's AZ."""
+        types = [t for t in self.c.volume_types.list()
+                 if t.name == stack_mod.VOLUME_TYPE]
+        vt = types[0] if types else self.c.volume_types.create(
+            stack_mod.VOLUME_TYPE)
+        vt.set_keys({'volume_backend_name': 'dmclone',
+                     'RESKEY:availability_zones': ','.join(
+                         sorted(stack_mod.NODE_AZ.values()))})
+        return vt
+
+    def get(self, volume_id):
+        return self.c.volumes.get(volume_id)
+
+    @staticmethod
+    def host_of(volume):
+        return getattr(volume, 'os-vol-host-attr:host')
+
+    def node_of(self, volume_id):
+        host = self.host_of(self.get(volume_id)) or ''
+        for key in ('a', 'b'):
+            if host.startswith(self.topo.node(key).name + '@'):
+                return key
+        return None
+
+    def wait_status(self, volume_id, want, timeout=600):
+        seen = []
+
+        def reached():
+            v = self.get(volume_id)
+            if not seen or seen[-1] != v.status:
+                seen.append(v.status)
+            if v.status.startswith('error') and not want.startswith('error'):
+                raise AssertionError('volume %s went to %s (seen %s); '
+                                     'user messages: %s' % (
+                                         volume_id, v.status, seen,
+                                         self.messages(volume_id)))
+            return v.status == want
+        testbed.wait_until(reached, timeout,
+                           'volume %s %s' % (volume_id, want), interval=1,
+                           diagnostics=lambda: 'statuses seen: %s' % seen)
+        return self.get(volume_id)
+
+    def create(self, size=1, az=None, name=None):
+        t0 = time.monotonic()
+        v = self.c.volumes.create(size, name=name or 'ft-%s' % uuid.uuid4(),
+                                  availability_zone=az)
+        v = self.wait_status(v.id, 'available')
+        LOG.info('volume %s available on %s (%s) in %.1f s', v.id,
+                 self.host_of(v), v.availability_zone,
+                 time.monotonic() - t0)
+        return v
+
+    def delete(self, volume_id, timeout=600):
+        self.c.volumes.delete(volume_id)
+
+        def gone():
+            try:
+                v = self.get(volume_id)
+            except Exception as exc:
+                if getattr(exc, 'code', None) == 404:
+                    return True
+                raise
+            if v.status == 'error_deleting':
+                raise AssertionError('volume %s: error_deleting' % volume_id)
+            return False
+        testbed.wait_until(gone, timeout, 'volume %s deleted' % volume_id,
+                           interval=1)
+
+    def messages(self, volume_id):
+        return [m.user_message for m in self.c.messages.list()
+                if m.resource_uuid == volume_id]
+
+    def transfer_state(self, volume_id):
+        """The persisted transfer keys (admin metadata) of the volume."""
+        out = self.stack._db(TRANSFER_KEYS_QUERY % volume_id)
+        state = {}
+        for line in out.splitlines():
+            key, _sep, value = line.partition('\t')
+            state[key] = value
+        return state
+
+    # -- Nova's side ----------------------------------------------------------
+
+    def connector(self, node_key):
+        """The os-brick connector properties of a compute node."""
+        node = self.topo.node(node_key)
+        if node.initiator_iqn:
+            self._brick()
+            from os_brick.initiator import connector
+            props = connector.get_connector_properties(
+                None, node.ip, False, False, host=node.name)
+            props['initiator'] = node.initiator_iqn
+            return props
+        # Node A has no iSCSI initiator of its own in this one-kernel
+        # testbed (the initiator's netlink lives in node B's namespace):
+        # its connector names it, with an initiator name nothing uses.
+        return {'host': node.name, 'ip': node.ip, 'multipath': False,
+                'platform': 'x86_64', 'os_type': 'linux',
+                'initiator': 'iqn.2024-01.org.example.nodea:initiator',
+                'do_local_attach': False}
+
+    def _brick(self):
+        if self._brick_ready:
+            return
+        from os_brick import privileged
+        from oslo_concurrency import lockutils
+        lockutils.set_defaults('/var/lib/cinder/tmp')
+        # We are root: os-brick's privileged calls run in this process.
+        privileged.default.set_client_mode(False)
+        self._brick_ready = True
+
+    def _brick_connector(self, protocol):
+        self._brick()
+        from os_brick.initiator import connector
+        return connector.InitiatorConnector.factory(
+            protocol, None, use_multipath=False)
+
+    def attach(self, volume_id, node_key, instance=None, mode='rw'):
+        """Nova's attach: reserve, update with the connector, connect."""
+        instance = instance or str(uuid.uuid4())
+        t0 = time.monotonic()
+        att = self.c.attachments.create(volume_id, None,
+                                        instance_id=instance, mode=mode)
+        att_id = att['id'] if isinstance(att, dict) else att.id
+        props = self.connector(node_key)
+        try:
+            updated = self.c.attachments.update(att_id, props)
+        except Exception:
+            self._forget(att_id)
+            raise
+        info = updated['connection_info'] if isinstance(
+            updated, dict) else updated.connection_info
+        device = self.connect(info, node_key)
+        self.c.attachments.complete(att_id)
+        LOG.info('attached %s on node %s in %.1f s: %s %s', volume_id,
+                 node_key.upper(), time.monotonic() - t0,
+                 info.get('driver_volume_type'), device.get('path'))
+        return Attachment(att_id, volume_id, node_key, info, device,
+                          instance)
+
+    def _forget(self, att_id):
+        try:
+            self.c.attachments.delete(att_id)
+        except Exception:
+            LOG.exception('could not delete attachment %s', att_id)
+
+    def connect(self, info, node_key):
+        """os-brick connect_volume with the connection info Cinder gave."""
+        protocol = info['driver_volume_type'].upper()
+        if protocol == 'ISCSI':
+            assert node_key == 'b', 'only node B has an iSCSI initiator'
+        conn = self._brick_connector(protocol)
+        return conn.connect_volume(info)
+
+    def detach(self, att):
+        """Nova's detach: disconnect on the node, delete the attachment."""
+        t0 = time.monotonic()
+        conn = self._brick_connector(
+            att.connection_info['driver_volume_type'].upper())
+        conn.disconnect_volume(att.connection_info, att.device)
+        self.c.attachments.delete(att.id)
+        LOG.info('detached %s from node %s in %.1f s', att.volume_id,
+                 att.node.upper(), time.monotonic() - t0)
+
+    def attachments(self, volume_id):
+        return list(self.get(volume_id).attachments)
+
+    # -- the CLI ---------------------------------------------------------------
+
+    def openstack(self, *args, timeout=300, output=True):
+        """Run the ``openstack`` CLI against the testbed; JSON output."""
+        argv = ['openstack', '--os-auth-type', 'admin_token',
+                '--os-token', 'admin:admin', '--os-endpoint', stack_mod.API,
+                '--os-volume-api-version', stack_mod.MICROVERSION]
+        argv += list(args) + (['-f', 'json'] if output else [])
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True,
+                              timeout=timeout, env=self.stack._env())
+        LOG.info('$ openstack %s (%.1f s, rc %d)', ' '.join(args),
+                 time.monotonic() - t0, proc.returncode)
+        if proc.returncode != 0:
+            raise AssertionError('openstack %s failed (%d): %s'
+                                 % (' '.join(args), proc.returncode,
+                                    proc.stderr[-3000:]))
+        return json.loads(proc.stdout) if proc.stdout.strip() else None

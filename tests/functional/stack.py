@@ -1,0 +1,351 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The full Cinder stack inside the testbed guest.
+
+MariaDB, RabbitMQ and etcd (Debian's packages), cinder-api with noauth,
+cinder-scheduler and one cinder-volume service per node with this driver
+(node A's in network namespace ``nodeA``), all real processes configured
+from ``tools/testbed/stack/``.  :class:`Stack` starts them, waits on real
+readiness (a port answering, the services' rows fresh in the database, the
+scheduler listing every pool), restarts or kills a volume service for the
+fault scenarios and shows the tail of every log when something does not
+come up.  Logs go to the run directory, which the host keeps.
+"""
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+from tests.functional import testbed
+
+LOG = logging.getLogger('stack')
+
+API_IP = '10.0.0.2'
+API = 'http://%s:8776/v3' % API_IP
+ETC = '/etc/cinder'
+CONF_DIR = '/src/tools/testbed/stack'
+STATE = '/var/lib/cinder'
+VOLUME_TYPE = 'dmclone'
+NODE_AZ = {'a': 'az-a', 'b': 'az-b'}
+MICROVERSION = '3.54'
+
+
+class StackError(AssertionError):
+    pass
+
+
+def _port_open(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def _http_json(url, timeout=30, headers=None):
+    req = urllib.request.Request(url, headers=dict(headers or {}))
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+class Stack(object):
+    """The control plane of the testbed: start, watch, stop."""
+
+    def __init__(self, topo, log_dir=None):
+        self.topo = topo
+        self.log_dir = log_dir or os.path.join(topo.artifacts_dir, 'stack')
+        self.procs = {}
+        self.timings = {}
+        self._t0 = time.monotonic()
+
+    # -- process handling --------------------------------------------------
+
+    def _env(self):
+        env = dict(os.environ)
+        venv_bin = os.path.dirname(self.topo.python)
+        env['PATH'] = os.pathsep.join([venv_bin, env.get('PATH', '')])
+        # The project from the tree; the paste filter from the stack dir.
+        env['PYTHONPATH'] = os.pathsep.join([self.topo.src, CONF_DIR])
+        env['DM_DISABLE_UDEV'] = '1'
+        return env
+
+    def _log(self, name):
+        return os.path.join(self.log_dir, '%s.log' % name)
+
+    def _spawn(self, name, argv, node='b', user_env=None):
+        if node == 'a':
+            argv = list(self.topo.node('a').exec_prefix) + list(argv)
+        out = open(self._log(name + '.out'), 'ab')
+        env = self._env()
+        env.update(user_env or {})
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, start_new_session=True,
+                                cwd='/')
+        out.close()
+        self.procs[name] = proc
+        LOG.info('started %s (pid %d): %s', name, proc.pid, ' '.join(argv))
+        return proc
+
+    def alive(self, name):
+        proc = self.procs.get(name)
+        return proc is not None and proc.poll() is None
+
+    def _stamp(self, what):
+        self.timings[what] = round(time.monotonic() - self._t0, 1)
+        LOG.info('stack: %s after %.1f s', what, self.timings[what])
+
+    def _wait(self, predicate, timeout, what, procs=()):
+        """Wait for ``predicate``; fail early if a named process died."""
+        def ready():
+            for name in procs:
+                if not self.alive(name):
+                    raise StackError('%s exited with %s while waiting for '
+                                     '%s\n%s' % (name,
+                                                 self.procs[name].poll(),
+                                                 what, self.diagnostics()))
+            return predicate()
+        try:
+            testbed.wait_until(ready, timeout, what, interval=0.5)
+        except testbed.WaitTimeout as exc:
+            raise StackError('%s\n%s' % (exc, self.diagnostics()))
+        self._stamp(what)
+
+    def diagnostics(self, lines=25):
+        """The tail of every log of the stack, for a failure message."""
+        parts = []
+        for name in sorted(os.listdir(self.log_dir)):
+            path = os.path.join(self.log_dir, name)
+            try:
+                with open(path, 'rb') as f:
+                    f.seek(0, os.SEEK_END)
+                    f.seek(max(0, f.tell() - 12000))
+                    tail = f.read().decode('utf-8', 'replace')
+            except OSError:
+                continue
+            tail = '\n'.join(tail.splitlines()[-lines:])
+            parts.append('---- %s\n%s' % (name, tail))
+        return '\n'.join(parts)
+
+    # -- configuration ------------------------------------------------------
+
+    def install_configs(self):
+        """Put the stack's configuration where the services look."""
+        os.makedirs(self.log_dir, exist_ok=True)
+        venv = os.path.dirname(os.path.dirname(self.topo.python))
+        os.makedirs(ETC + '/rootwrap.d', exist_ok=True)
+        for name in ('cinder.conf', 'node-a.conf', 'node-b.conf'):
+            shutil.copy(os.path.join(CONF_DIR, name), ETC)
+        shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
+                    ETC)
+        shutil.copy(os.path.join(venv, 'etc/cinder/rootwrap.d/'
+                                 'volume.filters'), ETC + '/rootwrap.d')
+        shutil.copy(os.path.join(self.topo.src, 'etc/cinder/rootwrap.d/'
+                                 'dmclone.filters'), ETC + '/rootwrap.d')
+        with open(os.path.join(venv, 'etc/cinder/rootwrap.conf')) as f:
+            rootwrap = f.read()
+        with open(ETC + '/rootwrap.conf', 'w') as f:
+            f.write(rootwrap.replace(
+                'exec_dirs=', 'exec_dirs=%s,' % os.path.join(venv, 'bin')))
+        self._install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
+        # privsep starts its helper through sudo: make the venv's tools
+        # reachable on sudo's path.
+        with open('/etc/sudoers.d/testbed', 'w') as f:
+            f.write('Defaults secure_path="%s:/usr/local/sbin:'
+                    '/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+                    % os.path.join(venv, 'bin'))
+        os.chmod('/etc/sudoers.d/testbed', 0o440)
+        os.makedirs(STATE + '/tmp', exist_ok=True)
+        shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
+                    '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
+        for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
+            shutil.copy(os.path.join(CONF_DIR, name), '/etc/rabbitmq/')
+
+    @staticmethod
+    def _install_paste(source):
+        """Cinder's api-paste.ini with the default-token filter in noauth."""
+        with open(source) as f:
+            lines = f.read().splitlines()
+        out = []
+        for line in lines:
+            if line.startswith('noauth =') and ' noauth ' in line:
+                line = line.replace(' noauth ', ' defaulttoken noauth ')
+            out.append(line)
+        out += ['', '[filter:defaulttoken]',
+                'paste.filter_factory = noauth_token:filter_factory', '']
+        with open(ETC + '/api-paste.ini', 'w') as f:
+            f.write('\n'.join(out))
+
+    # -- infrastructure -------------------------------------------------------
+
+    def start_mariadb(self):
+        os.makedirs('/run/mysqld', exist_ok=True)
+        shutil.copytree('/var/lib/mysql', '/srv/mysql', symlinks=True,
+                        dirs_exist_ok=True)
+        testbed.run(['chown', '-R', 'mysql:mysql', '/run/mysqld',
+                     '/srv/mysql'])
+        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'])
+
+    def mariadb_ready(self):
+        return subprocess.run(['mysqladmin', 'ping'], capture_output=True,
+                              timeout=30).returncode == 0
+
+    def create_database(self):
+        testbed.run(['mysql', '-e',
+                     "CREATE DATABASE IF NOT EXISTS cinder; "
+                     "CREATE USER IF NOT EXISTS 'cinder'@'%' IDENTIFIED BY "
+                     "'cinder'; GRANT ALL ON cinder.* TO 'cinder'@'%'; "
+                     "FLUSH PRIVILEGES;"])
+        testbed.run(['cinder-manage', '--config-file', ETC + '/cinder.conf',
+                     'db', 'sync'], timeout=600,
+                    env=self._env())
+
+    def start_rabbitmq(self):
+        for d in ('/srv/rabbitmq/mnesia', '/srv/rabbitmq/log'):
+            os.makedirs(d, exist_ok=True)
+        testbed.run(['chown', '-R', 'rabbitmq:rabbitmq', '/srv/rabbitmq',
+                     '/var/lib/rabbitmq'])
+        self._spawn('rabbitmq', ['rabbitmq-server'],
+                    user_env={'HOME': '/var/lib/rabbitmq'})
+
+    def start_etcd(self):
+        self._spawn('etcd', [
+            'etcd', '--name', 'testbed', '--data-dir', '/srv/etcd',
+            '--listen-client-urls', 'http://%s:2379' % API_IP,
+            '--advertise-client-urls', 'http://%s:2379' % API_IP,
+            '--listen-peer-urls', 'http://127.0.0.1:2380',
+            '--initial-advertise-peer-urls', 'http://127.0.0.1:2380',
+            '--initial-cluster', 'testbed=http://127.0.0.1:2380'],
+            user_env={'ETCD_UNSUPPORTED_ARCH': 'amd64'})
+
+    def etcd_ready(self):
+        try:
+            return _http_json('http://%s:2379/health' % API_IP,
+                              timeout=5).get('health') == 'true'
+        except (OSError, ValueError):
+            return False
+
+    # -- cinder ---------------------------------------------------------------
+
+    def _cinder(self, binary, node='b', extra=()):
+        name = binary if binary != 'cinder-volume' else 'volume-' + node
+        argv = [binary, '--config-file', ETC + '/cinder.conf']
+        argv += list(extra)
+        argv += ['--log-file', self._log(name)]
+        return self._spawn(name, argv, node=node)
+
+    def start_volume(self, node):
+        return self._cinder('cinder-volume', node=node, extra=(
+            '--config-file', '%s/node-%s.conf' % (ETC, node)))
+
+    def kill_volume(self, node, sig=signal.SIGKILL):
+        """Kill node's cinder-volume (and its privsep helpers) at once."""
+        name = 'volume-' + node
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, sig)
+        proc.wait(timeout=60)
+        LOG.info('%s killed with signal %d', name, sig)
+
+    def _db(self, query):
+        """A query's rows as text (quietly: readiness polls run it)."""
+        proc = subprocess.run(['mysql', '-N', '-B', 'cinder', '-e', query],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode != 0:
+            LOG.debug('mysql failed: %s', proc.stderr.strip())
+        return proc.stdout.strip()
+
+    def services_up(self, hosts):
+        """True when every ``hosts`` row reported within the last 40 s."""
+        rows = self._db(
+            "SELECT host FROM services WHERE deleted=0 AND disabled=0 AND "
+            "updated_at > UTC_TIMESTAMP() - INTERVAL 40 SECOND")
+        return set(hosts) <= set(rows.split())
+
+    def pools(self):
+        try:
+            return _http_json(
+                API + '/scheduler-stats/get_pools?detail=True',
+                headers={'X-Auth-Token': 'admin:admin',
+                         'OpenStack-API-Version': 'volume ' + MICROVERSION}
+            ).get('pools', [])
+        except (OSError, ValueError, urllib.error.URLError):
+            return []
+
+    def pools_ready(self):
+        names = {p['name'] for p in self.pools()}
+        return all(any(n.startswith(self.topo.node(k).name + '@')
+                       for n in names) for k in ('a', 'b'))
+
+    def wait_volume_up(self, node, timeout=600):
+        host = '%s@dmclone' % self.topo.node(node).name
+        self._wait(lambda: self.services_up([host]), timeout,
+                   '%s reporting' % host, procs=['volume-' + node])
+
+    # -- the whole stack ------------------------------------------------------
+
+    def start(self):
+        self.install_configs()
+        self.start_mariadb()
+        self.start_rabbitmq()
+        self.start_etcd()
+        self._wait(self.mariadb_ready, 300, 'MariaDB answering',
+                   procs=['mariadb'])
+        self.create_database()
+        self._stamp('cinder database synced')
+        self._wait(self.etcd_ready, 300, 'etcd healthy', procs=['etcd'])
+        self._wait(lambda: _port_open(API_IP, 5672), 900,
+                   'RabbitMQ listening', procs=['rabbitmq'])
+        self._cinder('cinder-api')
+        self._cinder('cinder-scheduler')
+        self.start_volume('a')
+        self.start_volume('b')
+        hosts = ['node-a@dmclone', 'node-b@dmclone']
+        self._wait(lambda: self.services_up(hosts + ['controller']), 900,
+                   'scheduler and both volume services reporting',
+                   procs=['cinder-scheduler', 'volume-a', 'volume-b'])
+        self._wait(lambda: _port_open(API_IP, 8776), 600,
+                   'cinder-api listening', procs=['cinder-api'])
+        self._wait(self.pools_ready, 600, 'both nodes\' pools listed',
+                   procs=['cinder-api', 'cinder-scheduler'])
+
+    def stop(self):
+        for name in reversed(list(self.procs)):
+            proc = self.procs[name]
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait(timeout=60)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(timeout=30)
+        self.procs.clear()
+
+    def errors_in_logs(self):
+        """ERROR/Traceback lines in the cinder service logs."""
+        found = []
+        for name in sorted(os.listdir(self.log_dir)):
+            if not name.startswith(('volume-', 'cinder-')):
+                continue
+            with open(os.path.join(self.log_dir, name), errors='replace') as f:
+                found += ['%s: %s' % (name, line.rstrip()) for line in f
+                          if ' ERROR ' in line or 'Traceback' in line]
+        return found
