@@ -26,6 +26,7 @@ This module holds Cinder semantics only; device-mapper is spoken in
 
 from oslo_config import cfg
 from oslo_log import log as logging
+from oslo_utils import excutils
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context as cinder_context
@@ -33,6 +34,8 @@ from cinder import exception
 from cinder.i18n import _
 from cinder.image import image_utils
 from cinder import interface
+from cinder.message import api as message_api
+from cinder.message import message_field
 from cinder import objects
 from cinder import utils
 from cinder.volume import volume_utils
@@ -651,14 +654,39 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return self._local_connection(volume,
                                           self._ensure_handle(volume))
         if self.mover.wants_move(volume, connector):
-            info = self.mover.move(volume, connector, self.dm.device_sectors(
-                self._lv_path(volume['name'])))
+            try:
+                info = self.mover.move(
+                    volume, connector,
+                    self.dm.device_sectors(self._lv_path(volume['name'])))
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    self._user_message(volume,
+                                       message_field.Action.UPDATE_ATTACHMENT,
+                                       message_field.Detail.ATTACH_ERROR)
             if info is not None:
                 return info
             LOG.warning('No volume service of this backend on node %s: '
                         'attaching volume %s there over iSCSI.',
                         connector.get('host'), volume['id'])
         return super().initialize_connection(volume, connector)
+
+    @staticmethod
+    def _user_message(volume, action, detail):
+        """Leave a user message for the volume's owner; never raise.
+
+        The attach request itself fails with the precise reason; the
+        message keeps a trace the project can list afterwards, as Cinder
+        does for its own failures.
+        """
+        try:
+            ctxt = cinder_context.get_admin_context()
+            ctxt.project_id = volume['project_id']
+            message_api.API().create(ctxt, action,
+                                     resource_uuid=volume['id'],
+                                     detail=detail)
+        except Exception:
+            LOG.exception('Could not record a user message for volume %s.',
+                          volume['id'])
 
     @staticmethod
     def _local_connection(volume, path):

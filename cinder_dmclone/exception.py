@@ -43,3 +43,11 @@ class InvalidTable(exception.InvalidInput):
     """A device-mapper table that the kernel would reject."""
 
     message = _("Invalid device-mapper table: %(reason)s")
+
+
+class DestinationFull(exception.VolumeBackendAPIException):
+    """The node a volume should move to cannot hold it."""
+
+    message = _("Node %(node)s cannot take volume %(volume)s: volume group "
+                "%(vg)s has %(free).2f GiB free, %(need).2f GiB needed. "
+                "Free space there or attach the volume on its node.")

@@ -286,12 +286,14 @@ class Mover(object):
         dest = self.destination()
         hydrate = bool(step.get('hydrate'))
         threshold, batch = self.tuning(volume.volume_type)
+        size_gb = int(step.get('size_gb') or volume['size'])
         try:
             # Anything here is left from an earlier attempt that was given
             # up (the source timed out and cleared its state): never reuse
             # a clone or metadata LV whose regions may hold stale data.
             dest.tear_down(t, volume['provider_auth'])
-            dest.create_volumes(t, int(step.get('size_gb') or volume['size']))
+            dest.check_space(t, size_gb, self.node_name)
+            dest.create_volumes(t, size_gb)
             source = dest.connect_source(t, volume['provider_auth'])
             path = dest.build_clone(t, source, hydrate, threshold, batch)
         except Exception:

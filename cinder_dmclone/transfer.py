@@ -287,6 +287,34 @@ class DestinationNode(object):
 
     # -- build ----------------------------------------------------------
 
+    def metadata_bytes(self, t):
+        return layout.metadata_size_bytes(
+            t.clone_sectors * dmsetup.SECTOR_SIZE,
+            t.region_sectors * dmsetup.SECTOR_SIZE,
+            self.metadata_reserve)
+
+    def check_space(self, t, size_gb, node_name):
+        """Refuse a move the volume groups here cannot hold, up front.
+
+        Checked before anything is created, so that a full node answers
+        with a clear error instead of failing half way through the build.
+        Thin LVs are allocated on write: their pool is not checked here.
+        """
+        if self.lvm_type == 'thin':
+            return
+        meta_gb = self.metadata_bytes(t) / units.Gi
+        needs = [(self.vg, float(size_gb))]
+        if self.meta_vg.vg_name == self.vg.vg_name:
+            needs = [(self.vg, size_gb + meta_gb)]
+        else:
+            needs.append((self.meta_vg, meta_gb))
+        for vg, need in needs:
+            vg.update_volume_group_info()
+            if vg.vg_free_space < need:
+                raise dmc_exception.DestinationFull(
+                    node=node_name, volume=t.volume_id, vg=vg.vg_name,
+                    free=vg.vg_free_space, need=need)
+
     def create_volumes(self, t, size_gb):
         """Create the data LV and a freshly zeroed metadata LV.
 
@@ -298,10 +326,7 @@ class DestinationNode(object):
         # crash between the two creations leaves nothing it cannot see.
         meta_name = layout.metadata_lv_name(t.lv_name)
         if self.meta_vg.get_volume(meta_name) is None:
-            size = layout.metadata_size_bytes(
-                t.clone_sectors * dmsetup.SECTOR_SIZE,
-                t.region_sectors * dmsetup.SECTOR_SIZE,
-                self.metadata_reserve)
+            size = self.metadata_bytes(t)
             self.meta_vg.create_volume(meta_name, '%dm' % (size // units.Mi),
                                        'default')
             self._zero_head(self.meta_path(t))

@@ -245,6 +245,12 @@ class FakeLVM(object):
         self.lvs = {}
         self.calls = []
         self.fail_on = {}
+        self.vg_free_space = 1024.0   # GiB, as brick LVM reports it
+        self.refreshed = 0
+
+    def update_volume_group_info(self):
+        """Brick re-reads vg_free_space here; the fake counts the calls."""
+        self.refreshed += 1
 
     def _call(self, op, *args):
         self.calls.append((op,) + args)

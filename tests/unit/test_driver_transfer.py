@@ -17,6 +17,8 @@ from unittest import mock
 import ddt
 
 from cinder import exception
+from cinder.message import api as message_api
+from cinder.message import message_field
 from cinder import objects
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
@@ -87,6 +89,34 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         self.assertEqual({'driver_volume_type': 'local'}, info)
         self.mover.move.assert_called_once_with(self.volume, REMOTE,
                                                 4194304)
+
+    def test_failed_move_leaves_a_user_message(self):
+        self.mover.wants_move.return_value = True
+        self.mover.move.side_effect = exception.VolumeBackendAPIException(
+            data='destination full')
+        self.dm.sizes[LV_PATH] = 4194304
+        create = self.mock_object(message_api.API, 'create')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.initialize_connection, self.volume, REMOTE)
+        create.assert_called_once_with(
+            mock.ANY, message_field.Action.UPDATE_ATTACHMENT,
+            resource_uuid=self.volume.id,
+            detail=message_field.Detail.ATTACH_ERROR)
+        # For the volume's project, so that its users can list it.
+        self.assertEqual(self.volume.project_id,
+                         create.call_args[0][0].project_id)
+
+    def test_user_message_failure_keeps_the_real_error(self):
+        self.mover.wants_move.return_value = True
+        self.mover.move.side_effect = exception.VolumeBackendAPIException(
+            data='destination full')
+        self.dm.sizes[LV_PATH] = 4194304
+        self.mock_object(message_api.API, 'create',
+                         side_effect=RuntimeError('db down'))
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.initialize_connection, self.volume,
+                                REMOTE)
+        self.assertIn('destination full', str(exc))
 
     def test_move_without_service_falls_back_to_iscsi(self):
         self.mover.wants_move.return_value = True

@@ -33,6 +33,7 @@ from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import mover
 from cinder_dmclone import peer
 from cinder_dmclone import periodic
@@ -419,6 +420,17 @@ class PrepareTestCase(ClusterTestCase):
         # The source decides what becomes of its transfer.
         self.assertEqual(transfer.PREPARING, self.c.transfer().state)
         self.log.exception.assert_called()
+
+    def test_full_destination_refuses_before_building(self):
+        self.saved()
+        self.b.vg.vg_free_space = 0.25
+        exc = self.assertRaises(dmc_exception.DestinationFull, self.prepare,
+                                size_gb=1)
+        self.assertIn('node-b cannot take volume %s' % VOLUME_ID, str(exc))
+        self.assertNotIn(('create_volume', LV, '1g', 'default'),
+                         self.b.vg.calls)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.connector.sessions)
 
     def test_leftovers_of_an_abandoned_attempt_are_not_reused(self):
         # An earlier attempt hydrated part of a clone here, then the source

@@ -387,6 +387,45 @@ class DestinationNodeTestCase(test.TestCase):
             root_helper='sudo cinder-rootwrap')
         self.assertEqual(1, self.meta_vg.lvs[META]['zeroed'])
 
+    # -- check_space -------------------------------------------------------
+
+    def test_check_space_passes_with_room(self):
+        self.node.check_space(self.t, 1, 'node-b')
+        self.assertEqual(1, self.vg.refreshed)
+        self.assertEqual(1, self.meta_vg.refreshed)
+        self.assertEqual([], self.vg.calls)
+
+    def test_check_space_data_vg_full(self):
+        self.vg.vg_free_space = 0.5
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('node-b', str(exc))
+        self.assertIn(VG, str(exc))
+        self.assertIn('0.50 GiB free, 1.00 GiB needed', str(exc))
+        self.assertEqual([], self.vg.calls)
+        self.assertEqual([], self.meta_vg.calls)
+
+    def test_check_space_metadata_vg_full(self):
+        self.meta_vg.vg_free_space = 0.001
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn(META_VG, str(exc))
+
+    def test_check_space_same_vg_counts_metadata(self):
+        node = transfer.DestinationNode(self.dm, self.vg, self.vg,
+                                        self.connector, self.execute, 'rh')
+        self.vg.vg_free_space = 1.0   # the 8 MiB metadata LV does not fit
+        self.assertRaises(dmc_exception.DestinationFull,
+                          node.check_space, self.t, 1, 'node-b')
+        self.vg.vg_free_space = 1.01
+        node.check_space(self.t, 1, 'node-b')
+
+    def test_check_space_skips_thin(self):
+        self.node.lvm_type = 'thin'
+        self.vg.vg_free_space = 0.0
+        self.node.check_space(self.t, 1, 'node-b')
+        self.assertEqual(0, self.vg.refreshed)
+
     def test_metadata_lv_created_first(self):
         order = []
         self.meta_vg.create_volume = mock.Mock(
