@@ -565,7 +565,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 dmclone_node=self.node_name,
                 dmclone_region_size_kb=self.configuration.dmclone_region_size,
                 dmclone_metadata_volume_group=self._metadata_vg_name(),
-                dmclone_transfers_in_flight=transfers)
+                dmclone_transfers_in_flight=transfers,
+                dmclone_transfers=self._transfer_progress())
+
+    def _transfer_progress(self):
+        """Per-volume hydration progress for the pool stats, or {}."""
+        try:
+            return self.mover.progress_report()
+        except Exception:
+            LOG.warning('Could not report the progress of transfers.',
+                        exc_info=True)
+            return {}
 
     def _transfers_in_flight(self):
         """Clone targets of this backend's handles: moves into this node.

@@ -100,6 +100,8 @@ class Mover(object):
         self.tuning = tuning
         self.own_connector = own_connector
         self.pending_finalize = set()
+        #: the last progress the monitor saw, per volume moving here.
+        self.progress = {}
 
     # -- helpers ---------------------------------------------------------
 
@@ -401,6 +403,7 @@ class Mover(object):
                        'src': t.source_node})
             return
         self.store.publish_progress(self.ctxt(), volume_id, progress)
+        self.progress[volume_id] = (t, progress)
         LOG.info('Volume %(vol)s: %(pct).1f%% hydrated from %(src)s%(eta)s.',
                  {'vol': volume_id, 'pct': progress.percent,
                   'src': t.source_node,
@@ -408,6 +411,25 @@ class Mover(object):
                   else ', %d s to go' % progress.eta})
         if t.state == transfer.HYDRATING and status.fully_hydrated:
             self.finalize(volume_id)
+
+    def progress_report(self):
+        """Transfers into this node as the pool stats publish them.
+
+        The scheduler's pool listing (``cinder get-pools --detail``) is
+        where an admin sees them through the API: the volume's admin
+        metadata, which holds the same figures, is not shown by Cinder's
+        volume API.  Transfers that ended since the last tick are dropped.
+        """
+        report = {}
+        for volume_id, (t, progress) in sorted(self.progress.items()):
+            current = self.load(volume_id)
+            if not self.is_dest(current):
+                self.progress.pop(volume_id, None)
+                continue
+            entry = dict(progress.as_dict(), state=current.state,
+                         source=t.source_node)
+            report[volume_id] = entry
+        return report
 
     def finalize_pending(self):
         for volume_id in sorted(self.pending_finalize):

@@ -594,6 +594,26 @@ class StatsTestCase(DriverTestBase):
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
         self.assertEqual(2, pool['dmclone_transfers_in_flight'])
 
+    def test_transfer_progress_in_pool_stats(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        report = {'vol': {'percent': '42.0', 'state': 'hydrating'}}
+        self.drv._mover = mock.Mock()
+        self.drv._mover.progress_report.return_value = report
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(report, pool['dmclone_transfers'])
+
+    def test_transfer_progress_failure_keeps_the_stats(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        self.drv._mover = mock.Mock()
+        self.drv._mover.progress_report.side_effect = RuntimeError('db')
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual({}, pool['dmclone_transfers'])
+        self.assertEqual('node-a', pool['dmclone_node'])
+
     def test_transfers_in_flight_unknown_when_dmsetup_fails(self):
         self.vg.vg_size = 10.0
         self.vg.vg_free_space = 8.0

@@ -533,6 +533,24 @@ class OnStatusTestCase(ClusterTestCase):
         self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
         self.log.info.assert_called()
 
+    def test_progress_report_for_the_pool_stats(self):
+        self.assertEqual({}, self.b.mover.progress_report())
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.b.monitor.tick()
+        report = self.b.mover.progress_report()
+        self.assertEqual({VOLUME_ID}, set(report))
+        self.assertEqual('25.0', report[VOLUME_ID]['percent'])
+        self.assertEqual(transfer.HYDRATING, report[VOLUME_ID]['state'])
+        self.assertEqual('node-a', report[VOLUME_ID]['source'])
+        # The source has no transfer into it to report.
+        self.assertEqual({}, self.a.mover.progress_report())
+        # Finished transfers leave the report.
+        self.c.tick(self.b)
+        self.c.assert_completed()
+        self.assertEqual({}, self.b.mover.progress_report())
+        self.assertEqual({}, self.b.mover.progress)
+
     def test_finalizes_when_fully_hydrated(self):
         self.moved()
         self.c.tick(self.b)
