@@ -10,29 +10,35 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""The demo: a volume moves from node A to node B, with progress.
+"""The demo: a volume moves from node A to node B under a real Cinder.
 
 Run by tools/run-demo.sh inside the testbed guest (pytest -s, so the
-narrative reaches the terminal).  The driver of each node runs in its own
-volume-service process, node A's in its own network namespace; the steps
-are those Cinder's API and Nova take (create, attach, write, attach on the
-other node, detach the source), and the hydration monitor runs on node B.
+narrative reaches the terminal).  It starts the whole stack (MariaDB,
+RabbitMQ, etcd, cinder-api, cinder-scheduler, one cinder-volume per node
+with this driver), creates a volume on node A with the ``openstack`` CLI,
+attaches it to an "instance" on node A the way Nova does, live-migrates
+that instance to node B, shows the hydration progress that node B's
+monitor publishes, the swap to a linear table, and checks the data.
 """
 
 import hashlib
-import os
 import time
 
-from tests.functional import cinder_node
-from tests.functional import cluster as cluster_mod
+from tests.functional import cloud as cloud_mod
+from tests.functional import stack as stack_mod
 from tests.functional import testbed
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
+SIZE_GB = 2
 
 
 def say(text):
     print('\n==> %s' % text, flush=True)
+
+
+def show(text):
+    print('    %s' % text, flush=True)
 
 
 def bar(fraction, width=40):
@@ -49,91 +55,130 @@ def sha(path, length):
 
 def test_demo():
     topo = testbed.topology()
-    say('Starting the volume services of node A (%s, network namespace '
-        '%s) and node B (%s), both with the cinder-dmclone driver over '
-        'their own LVM volume group.' % (topo.a.ip, topo.a.netns, topo.b.ip))
-    os.environ['DMCLONE_DEMO'] = '1'          # quiet workers
-    os.environ['PYTHONWARNINGS'] = 'ignore'
-    cluster_mod.setup_database()
-    cluster = cluster_mod.Cluster()
-    try:
-        cluster.start('a')
-        cluster.start('b')
-        run(cluster, topo)
-    finally:
-        cluster.close()
-
-
-def run(cluster, topo):
-    vid = cluster.create_volume('a')
-    say('Created a 1 GiB volume %s on node A: LV %s/volume-%s behind the '
-        'handle /dev/mapper/dmclone-%s-volume-%s.'
-        % (vid, topo.a.vg, vid, topo.a.vg.replace('-', '--'), vid))
-
-    att_a, info = cluster.attach(vid, 'a')
-    path_a = info['data']['device_path']
-    say('An instance on node A attached it: connection "%s", device %s.'
-        % (info['driver_volume_type'], path_a))
-    text = b'cinder-dmclone demo: this block was written on node A. '
-    text = (text * 80)[:4096]
-    for i in range(0, GiB, 64 * MiB):
-        testbed.write_direct(path_a, i, text + testbed.pattern(i, MiB - 4096))
-    expected = sha(path_a, GiB)
-    print('    wrote a recognisable 1 MiB every 64 MiB; sha256 of the whole '
-          'volume: %s' % expected)
-
-    say('Live migration to node B begins: the instance attaches the volume '
-        'on node B while node A still uses it.')
+    stack = stack_mod.Stack(topo)
+    say('Starting a Cinder cloud in the testbed: MariaDB, RabbitMQ, etcd '
+        '(the two nodes\' shared lock service), cinder-api, '
+        'cinder-scheduler, and one cinder-volume per node with the '
+        'cinder-dmclone driver: node A (%s, network namespace %s, VG %s) '
+        'and node B (%s, VG %s).' % (topo.a.ip, topo.a.netns, topo.a.vg,
+                                     topo.b.ip, topo.b.vg))
     t0 = time.monotonic()
-    att_b, info_b = cluster.attach(vid, 'b')
-    path_b = info_b['data']['device_path']
-    md = cluster.admin_metadata(vid)
-    print('    node B built a dm-clone target over node A\'s iSCSI export in '
-          '%.1f s: %s, connection "%s", volume host now %s, transfer state '
-          '"%s".' % (time.monotonic() - t0, path_b,
-                     info_b['driver_volume_type'], cluster.volume(vid).host,
-                     md.get('dmclone_state')))
-    print('    clone: %s' % testbed.dm_status(path_b.split('/')[-1]))
-    first = testbed.read_direct(path_b, 0, 4096)
-    print('    node B reads (from node A, through the clone): %r...'
-          % bytes(first[:56]))
+    try:
+        stack.start()
+        show('all services up and both pools listed in %.0f s (%s)' % (
+            time.monotonic() - t0, ', '.join(
+                '%s %.0f s' % kv for kv in stack.timings.items())))
+        cloud = cloud_mod.Cloud(stack)
+        cloud.ensure_volume_type()
+        run(cloud, topo)
+    except BaseException:
+        print(stack.diagnostics(), flush=True)
+        raise
+    finally:
+        stack.stop()
 
-    say('The migration completes: node A detaches. The move is committed '
-        'and node B copies the data in the background; the instance keeps '
-        'writing locally on node B.')
-    cluster.detach(vid, att_a)
+
+def cli(cloud, *args, output=True):
+    print('    $ openstack %s' % ' '.join(args), flush=True)
+    return cloud.openstack(*args, output=output)
+
+
+def run(cloud, topo):
+    say('The operator\'s view: the volume services, one per node, each in '
+        'its own availability zone.')
+    for s in cli(cloud, 'volume', 'service', 'list'):
+        show('%-18s %-22s %-6s %s' % (s['Binary'], s['Host'], s['Zone'],
+                                      s['State']))
+
+    say('A user creates a %d GiB volume in node A\'s zone.' % SIZE_GB)
+    vol = cli(cloud, 'volume', 'create', '--size', str(SIZE_GB),
+              '--availability-zone', 'az-a', 'demo-volume')
+    vid = vol['id']
+    v = cloud.wait_status(vid, 'available')
+    show('volume %s is available on %s' % (vid, cloud.host_of(v)))
+
+    say('An instance on node A attaches it (Nova: attachment create, '
+        'update with node A\'s connector, os-brick connect, complete).')
+    att_a = cloud.attach(vid, 'a')
+    show('connection "%s": the instance uses %s directly, no network in '
+         'the data path' % (att_a.connection_info['driver_volume_type'],
+                            att_a.path))
+    text = (b'cinder-dmclone demo: written on node A. ' * 110)[:4096]
+    for off in range(0, SIZE_GB * GiB, 64 * MiB):
+        testbed.write_direct(att_a.path, off,
+                             text + testbed.pattern(off, MiB - 4096))
+    show('the instance wrote a recognisable 1 MiB every 64 MiB')
+
+    say('Live migration of the instance to node B begins: Nova attaches the '
+        'volume on node B for the same instance while node A still uses '
+        'it.')
+    t0 = time.monotonic()
+    att_b = cloud.attach(vid, 'b', instance=att_a.instance, migration=True)
+    v = cloud.get(vid)
+    show('in %.0f s node B built a dm-clone target over node A\'s iSCSI '
+         'export (CHAP, ACL for node B only) and got a "%s" connection to '
+         '%s' % (time.monotonic() - t0,
+                 att_b.connection_info['driver_volume_type'], att_b.path))
+    show('the volume now lives on %s (%s); transfer state "%s": no '
+         'copying while node A still writes' % (
+             cloud.host_of(v), v.availability_zone,
+             cloud.transfer_state(vid).get('dmclone_state')))
+    show('clone: %s' % testbed.dm_status(att_b.path.split('/')[-1]))
+    show('node B reads node A\'s data through the clone: %r...'
+         % bytes(testbed.read_direct(att_b.path, 0, 4096)[:40]))
+
+    say('The migration completes: Nova removes node A\'s attachment. The '
+        'move is committed; node B copies the rest in the background while '
+        'the instance writes locally on node B.')
+    cloud.detach(att_a)
     note = b'written on node B during hydration'.ljust(4096, b'.')
-    testbed.write_direct(path_b, 512 * MiB, note)
-    h = hashlib.sha256()
-    for block in testbed.iter_direct(path_b, 0, GiB, 4 * MiB):
-        h.update(block)
-    expected = h.hexdigest()
+    testbed.write_direct(att_b.path, 512 * MiB, note)
+    expected = sha(att_b.path, SIZE_GB * GiB)
     start = time.monotonic()
+    last = None
     while True:
-        cluster['b'].call(cinder_node.tick)
-        md = cluster.admin_metadata(vid)
-        if 'dmclone_state' not in md:
+        state = cloud.transfer_state(vid)
+        if not state:
             break
-        pct = float(md.get('dmclone_percent') or 0)
-        rate = md.get('dmclone_rate_bps') or ''
-        eta = md.get('dmclone_eta_seconds') or ''
-        print('    %s %5.1f%%  %s  %s' % (
-            bar(pct / 100), pct,
-            '%6.1f MiB/s' % (int(rate) / MiB) if rate else '   ... MiB/s',
-            'ETA %s s' % eta if eta else 'ETA ...'), flush=True)
+        line = progress_line(state)
+        if line != last:
+            show(line)
+            last = line
         time.sleep(1)
-    say('Hydrated in %.1f s. The monitor swapped the clone for a linear '
-        'mapping, dropped the metadata LV and the iSCSI session, and node A '
-        'removed its export and its old LV.' % (time.monotonic() - start))
-    print('    node B table: %s' % testbed.dm_table(path_b.split('/')[-1]))
-    print('    LVs now: %s' % ', '.join(n for n in testbed.list_lvs()
-                                        if vid in n))
-    final = sha(path_b, GiB)
-    print('    sha256 on node B: %s' % final)
-    print('    expected:         %s' % expected)
+    say('Hydrated and finalized %.0f s after the commit: node B\'s monitor '
+        'swapped the clone for a linear mapping, dropped the metadata LV and '
+        'the iSCSI session, and node A removed its export and old LV.'
+        % (time.monotonic() - start))
+    show('node B table: %s' % testbed.dm_table(att_b.path.split('/')[-1]))
+    show('LVs of the volume: %s' % ', '.join(
+        sorted(n for n in testbed.list_lvs() if vid in n)))
+    final = sha(att_b.path, SIZE_GB * GiB)
+    show('sha256 on node B: %s' % final)
+    show('expected:         %s' % expected)
     assert final == expected, 'data differs!'
-    say('Data identical. Cleaning up.')
-    cluster.detach(vid, att_b)
-    cluster.delete_volume(vid)
+
+    say('What the API says now:')
+    shown = cli(cloud, 'volume', 'show', vid)
+    for key in ('status', 'os-vol-host-attr:host', 'availability_zone'):
+        show('%-24s %s' % (key, shown.get(key)))
+
+    say('Data identical. Detaching and deleting.')
+    cloud.detach(att_b)
+    cloud.wait_status(vid, 'available')
+    cli(cloud, 'volume', 'delete', vid, output=False)
+    testbed.wait_until(lambda: vid not in [x.id for x in
+                                           cloud.c.volumes.list()],
+                       600, 'volume deleted', interval=2)
     print('\nDEMO OK: the volume moved from node A to node B with its data '
-          'intact.')
+          'intact.', flush=True)
+
+
+def progress_line(state):
+    pct = float(state.get('dmclone_percent') or 0)
+    rate = state.get('dmclone_rate_bps')
+    eta = state.get('dmclone_eta_seconds')
+    return '%s %5.1f%%  %s  %s  (%s)' % (
+        bar(pct / 100), pct,
+        '%6.1f MiB/s' % (int(rate) / MiB) if rate else '   ... MiB/s',
+        'ETA %4s s' % eta if eta else 'ETA  ... ',
+        state.get('dmclone_state'))

@@ -136,6 +136,12 @@ class Cloud(object):
         return v
 
     def delete(self, volume_id, timeout=600):
+        """Delete the volume, first dropping attachments a failure left."""
+        for att in self.c.attachments.list(
+                search_opts={'volume_id': volume_id}):
+            LOG.warning('deleting leftover attachment %s of %s', att.id,
+                        volume_id)
+            self._forget(att.id)
         self.c.volumes.delete(volume_id)
 
         def gone():
@@ -200,21 +206,33 @@ class Cloud(object):
         return connector.InitiatorConnector.factory(
             protocol, None, use_multipath=False)
 
-    def attach(self, volume_id, node_key, instance=None, mode='rw'):
-        """Nova's attach: reserve, update with the connector, connect."""
+    def attach(self, volume_id, node_key, instance=None, mode='rw',
+               migration=False):
+        """Nova's attach: reserve, update with the connector, connect.
+
+        ``migration``: the destination side of a live migration, where
+        Nova creates the attachment with the connector in one request
+        (Cinder refuses a second connector through an update of a volume
+        that is not multiattach).
+        """
         instance = instance or str(uuid.uuid4())
         t0 = time.monotonic()
-        att = self.c.attachments.create(volume_id, None,
-                                        instance_id=instance, mode=mode)
-        att_id = att['id'] if isinstance(att, dict) else att.id
         props = self.connector(node_key)
-        try:
-            updated = self.c.attachments.update(att_id, props)
-        except Exception:
-            self._forget(att_id)
-            raise
-        info = updated['connection_info'] if isinstance(
-            updated, dict) else updated.connection_info
+        if migration:
+            att = self.c.attachments.create(volume_id, props,
+                                            instance_id=instance, mode=mode)
+            att_id = att['id']
+            info = att['connection_info']
+        else:
+            att = self.c.attachments.create(volume_id, None,
+                                            instance_id=instance, mode=mode)
+            att_id = att['id']
+            try:
+                updated = self.c.attachments.update(att_id, props)
+            except Exception:
+                self._forget(att_id)
+                raise
+            info = updated['connection_info']
         device = self.connect(info, node_key)
         self.c.attachments.complete(att_id)
         LOG.info('attached %s on node %s in %.1f s: %s %s', volume_id,
@@ -250,7 +268,7 @@ class Cloud(object):
     def attachments(self, volume_id):
         return list(self.get(volume_id).attachments)
 
-    # -- the CLI ---------------------------------------------------------------
+    # -- the CLI --------------------------------------------------------------
 
     def openstack(self, *args, timeout=300, output=True):
         """Run the ``openstack`` CLI against the testbed; JSON output."""

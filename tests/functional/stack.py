@@ -151,7 +151,8 @@ class Stack(object):
         os.makedirs(self.log_dir, exist_ok=True)
         venv = os.path.dirname(os.path.dirname(self.topo.python))
         os.makedirs(ETC + '/rootwrap.d', exist_ok=True)
-        for name in ('cinder.conf', 'node-a.conf', 'node-b.conf'):
+        for name in ('cinder.conf', 'api.conf', 'node-a.conf',
+                     'node-b.conf'):
             shutil.copy(os.path.join(CONF_DIR, name), ETC)
         shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
                     ETC)
@@ -173,6 +174,7 @@ class Stack(object):
                     % os.path.join(venv, 'bin'))
         os.chmod('/etc/sudoers.d/testbed', 0o440)
         os.makedirs(STATE + '/tmp', exist_ok=True)
+        os.makedirs(STATE + '/api-locks', exist_ok=True)
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
                     '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
         for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
@@ -314,7 +316,8 @@ class Stack(object):
         self._wait(self.etcd_ready, 300, 'etcd healthy', procs=['etcd'])
         self._wait(lambda: _port_open(API_IP, 5672), 900,
                    'RabbitMQ listening', procs=['rabbitmq'])
-        self._cinder('cinder-api')
+        self._cinder('cinder-api', extra=('--config-file',
+                                          ETC + '/api.conf'))
         self._cinder('cinder-scheduler')
         self.start_volume('a')
         self.start_volume('b')

@@ -1,0 +1,318 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The driver under the real Cinder stack, driven as its users drive it.
+
+cinder-api, cinder-scheduler and two cinder-volume services (one per node,
+this driver, the same backend name) over MariaDB, RabbitMQ and etcd, in the
+testbed guest (tests/functional/stack.py).  Volumes are created through the
+API (and the ``openstack`` CLI), attached the way Nova attaches them
+(attachments API plus os-brick on the compute node), moved by attaching
+them on the other node, live-migrated, rolled back and deleted.  After each
+flow the API must tell the truth (status, host, AZ, attachments), the data
+must be what was written, and nothing may be left on either node (the
+``no_leaks`` check of conftest.py).
+
+Node B has the testbed's only iSCSI initiator, so volumes move from node A
+to node B here.
+"""
+
+import logging
+import time
+import uuid
+
+import pytest
+
+from tests.functional import cloud as cloud_mod
+from tests.functional import stack as stack_mod
+from tests.functional import testbed
+
+LOG = logging.getLogger('fullstack')
+MiB = testbed.MiB
+GiB = 1024 * MiB
+
+
+@pytest.fixture(scope='module')
+def stack():
+    topo = testbed.topology()
+    s = stack_mod.Stack(topo)
+    try:
+        s.start()
+    except BaseException:
+        s.stop()
+        raise
+    LOG.info('stack up: %s', s.timings)
+    yield s
+    errors = s.errors_in_logs()
+    if errors:
+        LOG.warning('ERROR lines in the service logs (expected for the '
+                    'refusal scenarios):\n%s', '\n'.join(errors[-60:]))
+    s.stop()
+
+
+@pytest.fixture(scope='module')
+def cloud(stack):
+    c = cloud_mod.Cloud(stack)
+    c.ensure_volume_type()
+    return c
+
+
+@pytest.fixture(autouse=True)
+def services_running(request):
+    """Restart a volume service a fault scenario left dead."""
+    yield
+    if 'stack' not in request.fixturenames:
+        return
+    s = request.getfixturevalue('stack')
+    for key in ('a', 'b'):
+        if not s.alive('volume-' + key):
+            s.start_volume(key)
+            s.wait_volume_up(key)
+
+
+def write_pattern(path, seed, length, offset=0):
+    data = testbed.pattern(seed, length)
+    testbed.write_direct(path, offset, data)
+    return data
+
+
+def wait_finalized(cloud, volume_id, timeout=900):
+    """Until the transfer state is gone from the volume's record."""
+    last = {}
+
+    def done():
+        state = cloud.transfer_state(volume_id)
+        if state.get('dmclone_percent') != last.get('dmclone_percent'):
+            LOG.info('transfer of %s: %s', volume_id, state)
+        last.clear()
+        last.update(state)
+        return not state
+    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
+                       interval=2,
+                       diagnostics=lambda: 'last state %s' % last)
+
+
+def assert_lives_on(cloud, volume_id, node_key, status):
+    v = cloud.get(volume_id)
+    assert v.status == status, v.status
+    assert cloud.node_of(volume_id) == node_key, cloud.host_of(v)
+    assert v.availability_zone == stack_mod.NODE_AZ[node_key]
+    return v
+
+
+def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
+    vol = cloud.create(size=1, az='az-a')
+    assert_lives_on(cloud, vol.id, 'a', 'available')
+    try:
+        # An instance on node A: a local connection to A's handle.
+        att = cloud.attach(vol.id, 'a')
+        assert att.connection_info['driver_volume_type'] == 'local'
+        head = write_pattern(att.path, 11, 8 * MiB)
+        cloud.detach(att)
+        cloud.wait_status(vol.id, 'available')
+
+        # The instance moves to node B (cold): attach there moves it.
+        t0 = time.monotonic()
+        att = cloud.attach(vol.id, 'b')
+        LOG.info('attach on node B (move) took %.1f s',
+                 time.monotonic() - t0)
+        assert att.connection_info['driver_volume_type'] == 'local'
+        assert cloud.transfer_state(vol.id).get('dmclone_state') in (
+            'hydrating', 'finalizing', None)
+        assert_lives_on(cloud, vol.id, 'b', 'in-use')
+        # Reads on B come from A through the clone; writes stay on B.
+        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
+        tail = write_pattern(att.path, 12, 4 * MiB, offset=512 * MiB)
+        wait_finalized(cloud, vol.id)
+        table = testbed.dm_table(att.path.rsplit('/', 1)[-1])
+        assert ' linear ' in ' %s ' % table, table
+        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
+        assert testbed.read_direct(att.path, 512 * MiB, 4 * MiB) == tail
+        cloud.detach(att)
+        assert_lives_on(cloud, vol.id, 'b', 'available')
+        # Node A kept nothing of it.
+        assert not [lv for lv in testbed.list_lvs()
+                    if lv.startswith(topo.node('a').vg + '/')
+                    and vol.id in lv]
+    finally:
+        cloud.delete(vol.id)
+
+
+def seeded_on_a(cloud, seed, size_gb=1):
+    """A volume on node A holding a known 8 MiB head, attached there."""
+    vol = cloud.create(size=size_gb, az='az-a')
+    att = cloud.attach(vol.id, 'a')
+    assert att.connection_info['driver_volume_type'] == 'local'
+    head = write_pattern(att.path, seed, 8 * MiB)
+    return vol, att, head
+
+
+def test_live_migration_committed(cloud, topo):
+    vol, att_a, head = seeded_on_a(cloud, 21)
+    try:
+        # Nova's pre-live-migration: a second attachment of the same
+        # instance, on the destination.  The volume moves, not hydrating.
+        att_b = cloud.attach(vol.id, 'b', instance=att_a.instance,
+                             migration=True)
+        assert att_b.connection_info['driver_volume_type'] == 'local'
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
+        assert_lives_on(cloud, vol.id, 'b', 'in-use')
+        assert len(cloud.attachments(vol.id)) == 2
+        # The instance still runs on A and writes there; B reads it.
+        late = write_pattern(att_a.path, 22, 1 * MiB, offset=64 * MiB)
+        assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
+        assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
+        # The migration completes: Nova drops the source's attachment.
+        cloud.detach(att_a)
+        state = cloud.transfer_state(vol.id)
+        assert state.get('dmclone_state') in ('hydrating', 'finalizing',
+                                              None), state
+        # The instance writes on B now.
+        mine = write_pattern(att_b.path, 23, 2 * MiB, offset=256 * MiB)
+        wait_finalized(cloud, vol.id)
+        assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
+        assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
+        assert testbed.read_direct(att_b.path, 256 * MiB, 2 * MiB) == mine
+        assert [a['server_id'] for a in cloud.attachments(vol.id)] == [
+            att_a.instance]
+        assert_lives_on(cloud, vol.id, 'b', 'in-use')
+        cloud.detach(att_b)
+        assert_lives_on(cloud, vol.id, 'b', 'available')
+    finally:
+        cloud.delete(vol.id)
+
+
+def test_failed_live_migration_rolls_back(cloud, topo):
+    vol, att_a, head = seeded_on_a(cloud, 31)
+    try:
+        att_b = cloud.attach(vol.id, 'b', instance=att_a.instance,
+                             migration=True)
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
+        # A third node may not join a volume in the middle of a move.
+        props = dict(cloud.connector('b'), host='node-c')
+        before = {a.id for a in cloud.c.attachments.list(
+            search_opts={'volume_id': vol.id})}
+        with pytest.raises(Exception) as err:
+            cloud.c.attachments.create(vol.id, props,
+                                       instance_id=att_a.instance)
+        LOG.info('third-node attach refused: %s', err.value)
+        assert 'is moving from' in str(err.value), str(err.value)
+        for att in cloud.c.attachments.list(
+                search_opts={'volume_id': vol.id}):
+            if att.id not in before:
+                cloud.c.attachments.delete(att.id)
+        # The instance keeps writing on A; the migration fails and Nova
+        # removes the destination's attachment: the move is rolled back.
+        late = write_pattern(att_a.path, 32, MiB, offset=96 * MiB)
+        cloud.detach(att_b)
+        assert cloud.transfer_state(vol.id) == {}
+        assert_lives_on(cloud, vol.id, 'a', 'in-use')
+        assert not [lv for lv in testbed.list_lvs()
+                    if lv.startswith(topo.node('b').vg) and vol.id in lv]
+        assert testbed.read_direct(att_a.path, 0, 8 * MiB) == head
+        assert testbed.read_direct(att_a.path, 96 * MiB, MiB) == late
+        cloud.detach(att_a)
+        assert_lives_on(cloud, vol.id, 'a', 'available')
+    finally:
+        cloud.delete(vol.id)
+
+
+def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
+    vol, att_a, head = seeded_on_a(cloud, 41)
+    cloud.detach(att_a)
+    try:
+        # cinder-backup or an image upload on node B: no instance.
+        att = cloud.c.attachments.create(vol.id, None)
+        info = cloud.c.attachments.update(att['id'], cloud.connector('b'))
+        info = info['connection_info']
+        assert info['driver_volume_type'] == 'iscsi', info
+        assert info['target_portal'].startswith('10.0.0.1:')
+        device = cloud.connect(info, 'b')
+        try:
+            assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
+        finally:
+            cloud._brick_connector('ISCSI').disconnect_volume(info, device)
+            cloud.c.attachments.delete(att['id'])
+        assert cloud.transfer_state(vol.id) == {}
+        assert_lives_on(cloud, vol.id, 'a', 'available')
+    finally:
+        cloud.delete(vol.id)
+
+
+def test_destination_without_space_refuses_clearly(cloud, topo):
+    pool_b = [p for p in cloud.stack.pools()
+              if p['name'].startswith('node-b@')][0]
+    free_b = int(pool_b['capabilities']['free_capacity_gb'])
+    # Leave node B less room than the volume needs.
+    filler = cloud.create(size=max(1, free_b - 2), az='az-b')
+    vol = cloud.create(size=4, az='az-a')
+    try:
+        att = cloud.c.attachments.create(vol.id, None,
+                                         instance_id=str(uuid.uuid4()))
+        with pytest.raises(Exception) as err:
+            cloud.c.attachments.update(att['id'], cloud.connector('b'))
+        LOG.info('attach on a full node refused: %s', err.value)
+        assert 'cannot take volume' in str(err.value), str(err.value)
+        cloud.c.attachments.delete(att['id'])
+        assert_lives_on(cloud, vol.id, 'a', 'available')
+        assert cloud.transfer_state(vol.id) == {}
+        messages = cloud.messages(vol.id)
+        assert messages, 'no user message for the failed attach'
+        LOG.info('user messages: %s', messages)
+    finally:
+        cloud.delete(vol.id)
+        cloud.delete(filler.id)
+
+
+def test_destination_service_down_refuses_clearly(cloud, stack):
+    vol = cloud.create(size=1, az='az-a')
+    try:
+        stack.kill_volume('b')
+
+        def b_down():
+            return any(s.host == 'node-b@dmclone' and s.state == 'down'
+                       for s in cloud.c.services.list(
+                           binary='cinder-volume'))
+        testbed.wait_until(b_down, 600, 'node B reported down', interval=5)
+        att = cloud.c.attachments.create(vol.id, None,
+                                         instance_id=str(uuid.uuid4()))
+        with pytest.raises(Exception) as err:
+            cloud.c.attachments.update(att['id'], cloud.connector('b'))
+        LOG.info('attach with node B down refused: %s', err.value)
+        assert 'is down or disabled' in str(err.value), str(err.value)
+        cloud.c.attachments.delete(att['id'])
+        assert_lives_on(cloud, vol.id, 'a', 'available')
+    finally:
+        stack.start_volume('b')
+        stack.wait_volume_up('b')
+        cloud.delete(vol.id)
+
+
+def test_cli_create_placed_and_pinned(cloud):
+    # The operator's CLI, pinned to node B by availability zone.
+    shown = cloud.openstack('volume', 'create', '--size', '1',
+                            '--availability-zone', 'az-b', 'ft-cli')
+    vid = shown['id']
+    try:
+        cloud.wait_status(vid, 'available')
+        assert cloud.node_of(vid) == 'b'
+        listed = cloud.openstack('volume', 'list', '--long')
+        assert vid in [v['ID'] for v in listed]
+        # Without a zone the scheduler places it on either node.
+        placed = cloud.create(size=1)
+        assert cloud.node_of(placed.id) in ('a', 'b')
+        cloud.delete(placed.id)
+    finally:
+        cloud.openstack('volume', 'delete', vid, output=False)
+        testbed.wait_until(
+            lambda: vid not in [v.id for v in cloud.c.volumes.list()],
+            600, 'CLI-deleted volume gone', interval=2)
