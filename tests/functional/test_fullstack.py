@@ -305,7 +305,7 @@ def test_cli_create_placed_and_pinned(cloud):
     try:
         cloud.wait_status(vid, 'available')
         assert cloud.node_of(vid) == 'b'
-        listed = cloud.openstack('volume', 'list', '--long')
+        listed = cloud.openstack('volume', 'list')
         assert vid in [v['ID'] for v in listed]
         # Without a zone the scheduler places it on either node.
         placed = cloud.create(size=1)
