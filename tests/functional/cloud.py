@@ -36,6 +36,11 @@ TRANSFER_KEYS_QUERY = (
     "volume_id='%s' AND `key` LIKE 'dmclone%%'")
 
 
+def field(obj, name):
+    """A field of a cinderclient answer: a dict or a Resource."""
+    return obj[name] if isinstance(obj, dict) else getattr(obj, name)
+
+
 class Attachment(object):
     def __init__(self, id, volume_id, node, connection_info, device,
                  instance):
@@ -221,18 +226,18 @@ class Cloud(object):
         if migration:
             att = self.c.attachments.create(volume_id, props,
                                             instance_id=instance, mode=mode)
-            att_id = att['id']
-            info = att['connection_info']
+            att_id = field(att, 'id')
+            info = field(att, 'connection_info')
         else:
             att = self.c.attachments.create(volume_id, None,
                                             instance_id=instance, mode=mode)
-            att_id = att['id']
+            att_id = field(att, 'id')
             try:
                 updated = self.c.attachments.update(att_id, props)
             except Exception:
                 self._forget(att_id)
                 raise
-            info = updated['connection_info']
+            info = field(updated, 'connection_info')
         device = self.connect(info, node_key)
         self.c.attachments.complete(att_id)
         LOG.info('attached %s on node %s in %.1f s: %s %s', volume_id,

@@ -232,8 +232,8 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
     try:
         # cinder-backup or an image upload on node B: no instance.
         att = cloud.c.attachments.create(vol.id, None)
-        info = cloud.c.attachments.update(att['id'], cloud.connector('b'))
-        info = info['connection_info']
+        info = cloud_mod.field(cloud.c.attachments.update(
+            att['id'], cloud.connector('b')), 'connection_info')
         assert info['driver_volume_type'] == 'iscsi', info
         assert info['target_portal'].startswith('10.0.0.1:')
         device = cloud.connect(info, 'b')
