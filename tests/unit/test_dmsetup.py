@@ -358,30 +358,36 @@ class DMSetupCommandTestCase(test.TestCase):
         self._assert_called('dmsetup', 'resume', 'h')
 
     def test_reload_order(self):
+        # no separate suspend: resume swaps the tables under its own
+        # suspend, so no process start happens while I/O is paused
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
         self.dm.reload('h', [seg])
-        self.assertEqual(['load', 'suspend', 'resume'],
+        self.assertEqual(['load', 'resume'],
                          [c.args[1] for c in self.execute.call_args_list])
 
-    def test_reload_failed_suspend_clears_and_raises(self):
+    def test_reload_failed_resume_clears_resumes_and_raises(self):
+        calls = []
+
         def fake(*args, **kwargs):
-            if args[1] == 'suspend':
+            calls.append(args[1])
+            if args[1] == 'resume' and calls.count('resume') == 1:
                 raise processutils.ProcessExecutionError(stderr='busy')
             return '', ''
         self.execute.side_effect = fake
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
         self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
                           'h', [seg])
-        self.assertEqual(['load', 'suspend', 'clear'],
-                         [c.args[1] for c in self.execute.call_args_list])
+        self.assertEqual(['load', 'resume', 'clear', 'resume'], calls)
 
-    def test_reload_failed_suspend_and_clear(self):
+    def test_reload_failed_resume_clear_and_second_resume(self):
         self.execute.side_effect = [
             ('', ''), processutils.ProcessExecutionError(stderr='busy'),
+            processutils.ProcessExecutionError(stderr='no'),
             processutils.ProcessExecutionError(stderr='no')]
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
         self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
                           'h', [seg])
+        self.assertEqual(4, self.execute.call_count)
 
     def test_message(self):
         self.dm.message('h', 'enable_hydration')
