@@ -136,7 +136,7 @@ def markdown(data):
         out.append('')
     ul = s.get('hydration_under_load')
     if ul:
-        out += ['## 3b. Hydration with a tenant (4k randrw 50/50 QD1)', '',
+        out += ['## 3c. Hydration with a tenant (4k randrw 50/50 QD1)', '',
                 '| setting | hydration time with tenant / alone '
                 '| tenant IOPS during hydration / hydration off |',
                 '|---|---|---|']
