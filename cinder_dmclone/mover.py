@@ -55,20 +55,25 @@ def lock(volume_id):
     return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
 
 
-def is_instance_attach(volume):
+def is_instance_attach(volume, attachments=None):
     """True if an instance attachment of the volume is being set up.
 
     Only instances move volumes: cinder-backup, image upload and other
     attaches without an instance get an ordinary iSCSI export.
+    ``attachments`` defaults to the ones the volume object carries.
     """
+    if attachments is None:
+        attachments = volume.volume_attachment or []
     return any(a.instance_uuid and a.attach_status in _STARTING
-               for a in volume.volume_attachment or [])
+               for a in attachments)
 
 
-def attachments_on(volume, node):
+def attachments_on(volume, node, attachments=None):
     """Active attachments of the volume on the node ``node``."""
+    if attachments is None:
+        attachments = volume.volume_attachment or []
     count = 0
-    for a in volume.volume_attachment or []:
+    for a in attachments:
         if a.attach_status not in _ACTIVE:
             continue
         host = a.attached_host or (a.connector or {}).get('host')
@@ -115,6 +120,17 @@ class Mover(object):
     def is_source(self, t):
         return t is not None and t.source_node in self.node_names
 
+    def attachments(self, volume):
+        """The volume's attachments as the database holds them now.
+
+        The Volume object a manager hands over can predate the attachment
+        being set up: Cinder's attachment create with a connector (what
+        Nova does for the destination of a live migration) reserves the
+        attachment after it loaded the volume.
+        """
+        return objects.VolumeAttachmentList.get_all_by_volume_id(
+            self.ctxt(), volume['id'])
+
     def load(self, volume_id):
         return self.store.load(self.ctxt(), volume_id)
 
@@ -157,7 +173,7 @@ class Mover(object):
     def wants_move(self, volume, connector):
         """True if this attach should move the volume to the connector."""
         return (connector.get('host') not in self.node_names
-                and is_instance_attach(volume))
+                and is_instance_attach(volume, self.attachments(volume)))
 
     def move(self, volume, connector, lv_sectors):
         """Move ``volume`` to the connector's node; return conn info.
@@ -191,7 +207,8 @@ class Mover(object):
                 target_lun=data.get('target_lun', 0))
             # Any name of this node: an attachment made under an alias
             # still writes to the source, so it must not be hydrated yet.
-            hydrate = not any(attachments_on(volume, name)
+            current = self.attachments(volume)
+            hydrate = not any(attachments_on(volume, name, current)
                               for name in self.node_names)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
@@ -323,12 +340,13 @@ class Mover(object):
             return False
         host = (connector or {}).get('host')
         with lock(volume['id']):
+            current = self.attachments(volume)
             if host == t.source_node:
-                if attachments_on(volume, t.source_node) <= 1:
+                if attachments_on(volume, t.source_node, current) <= 1:
                     self.commit(volume, t)
                 return True
             if host in self.node_names and attachments_on(
-                    volume, t.source_node) > 0:
+                    volume, t.source_node, current) > 0:
                 self.rollback(volume, t)
                 return True
         return False
@@ -422,7 +440,10 @@ class Mover(object):
         """
         report = {}
         for volume_id, (t, progress) in sorted(self.progress.items()):
-            current = self.load(volume_id)
+            try:
+                current = self.load(volume_id)
+            except exception.VolumeNotFound:
+                current = None      # deleted since the last tick
             if not self.is_dest(current):
                 self.progress.pop(volume_id, None)
                 continue

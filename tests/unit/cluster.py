@@ -315,6 +315,10 @@ class Cluster(object):
         test.mock_object(objects.SnapshotList, 'get_all_for_volume',
                          side_effect=lambda ctxt, vid: list(self.snapshots))
         test.mock_object(mover, 'lock', side_effect=self._lock)
+        test.mock_object(objects.VolumeAttachmentList,
+                         'get_all_by_volume_id',
+                         side_effect=lambda ctxt, vid:
+                         self.volume(vid).volume_attachment)
         self.db.volumes[VOLUME_ID] = {
             'host': self.a.host, 'size': 1,
             'availability_zone': self.a.az, 'provider_location': None,

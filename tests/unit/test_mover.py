@@ -154,17 +154,24 @@ class ClusterTestCase(test.TestCase):
 
 class WantsMoveTestCase(ClusterTestCase):
 
+    def reserved(self, instance=fake.INSTANCE_ID):
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT_ID, 'instance_uuid': instance,
+            'attach_status': RESERVED, 'attached_host': None,
+            'connector': None})
+        return self.volume()
+
     def test_instance_attach_elsewhere(self):
-        volume = volume_with(attachment(RESERVED))
+        volume = self.reserved()
         self.assertTrue(self.a.mover.wants_move(volume, self.b.props))
 
     def test_attach_without_instance(self):
         # cinder-backup, image upload: an ordinary iSCSI attach.
-        volume = volume_with(attachment(RESERVED, instance=None))
+        volume = self.reserved(instance=None)
         self.assertFalse(self.a.mover.wants_move(volume, self.b.props))
 
     def test_local_attach(self):
-        volume = volume_with(attachment(RESERVED))
+        volume = self.reserved()
         self.assertFalse(self.a.mover.wants_move(volume, self.a.props))
 
     def test_backup_attach_is_iscsi(self):
@@ -247,6 +254,22 @@ class MoveTestCase(ClusterTestCase):
                          self.a.target.exports[IQN]['acl'])
         self.assertNotIn('no_hydration', self.features())
         self.assertEqual([], self.c.violations)
+
+    def test_attachment_created_after_the_volume_was_loaded(self):
+        # Nova's live migration creates the destination's attachment with
+        # its connector: the Volume the manager passes was loaded before
+        # the attachment was reserved.  The database decides.
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT2_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': ATTACHED, 'attached_host': 'node-a',
+            'connector': None})
+        stale = self.volume()
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': RESERVED, 'attached_host': None,
+            'connector': None})
+        self.assertFalse(mover.is_instance_attach(stale))
+        self.assertTrue(self.a.mover.wants_move(stale, self.b.props))
 
     def test_live_migration_does_not_hydrate(self):
         self.moved(live=True)
@@ -548,6 +571,15 @@ class OnStatusTestCase(ClusterTestCase):
         # Finished transfers leave the report.
         self.c.tick(self.b)
         self.c.assert_completed()
+        self.assertEqual({}, self.b.mover.progress_report())
+        self.assertEqual({}, self.b.mover.progress)
+
+    def test_progress_report_forgets_deleted_volumes(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.b.monitor.tick()
+        self.mock_object(self.b.mover, 'load', side_effect=(
+            exception.VolumeNotFound(volume_id=VOLUME_ID)))
         self.assertEqual({}, self.b.mover.progress_report())
         self.assertEqual({}, self.b.mover.progress)
 
