@@ -1,0 +1,138 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The rootwrap filter file against the commands the driver builds.
+
+Every command line the driver's device-mapper layer produces must be
+admitted by ``etc/cinder/rootwrap.d/dmclone.filters`` (through
+oslo.rootwrap's own matching), and nearby commands the driver never runs
+must be refused, so that the filter admits exactly the driver's commands.
+"""
+
+import os
+
+import fixtures
+from oslo_rootwrap import wrapper
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
+
+FILTERS_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'etc',
+                           'cinder', 'rootwrap.d')
+NAME = 'dmclone-dmc--a-volume-1f2e3d4c-0000-4000-8000-000000000001'
+UUID = 'DMCLONE-' + NAME
+LV = '/dev/dmc-a/volume-1f2e3d4c-0000-4000-8000-000000000001'
+META = LV + '-dmcmeta'
+SOURCE = ('/dev/disk/by-path/ip-10.0.0.1:3260-iscsi-iqn.2024-01.org.'
+          'example.nodea:volume-1f2e3d4c-lun-0')
+
+
+class RootwrapFilterTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.filters = wrapper.load_filters([os.path.abspath(FILTERS_DIR)])
+        self.assertGreater(len(self.filters), 5)
+        self.commands = []
+        self.dm = dmsetup.DMSetup(execute=self._record)
+        # rootwrap also wants the matched executable to exist in its
+        # exec_dirs; stand-ins keep the test independent of this host.
+        self.exec_dir = self.useFixture(fixtures.TempDir()).path
+        for name in ('dmsetup', 'blockdev', 'modprobe'):
+            path = os.path.join(self.exec_dir, name)
+            with open(path, 'w') as f:
+                f.write('#!/bin/sh\nexit 0\n')
+            os.chmod(path, 0o755)
+
+    def _record(self, *cmd, **kwargs):
+        self.commands.append(list(cmd))
+        if cmd[:2] == ('blockdev', '--getsz'):
+            return '2097152\n', ''
+        if cmd[:2] == ('dmsetup', 'version'):
+            return 'Library version: 1.02\nDriver version: 4.47.0\n', ''
+        return '', ''
+
+    def assertAdmitted(self, cmd):
+        try:
+            wrapper.match_filter(self.filters, list(cmd),
+                                 exec_dirs=[self.exec_dir])
+        except wrapper.NoFilterMatched:
+            self.fail('rootwrap refuses a command the driver runs: %s'
+                      % ' '.join(cmd))
+
+    def assertRefused(self, cmd):
+        self.assertRaises(wrapper.NoFilterMatched, wrapper.match_filter,
+                          self.filters, list(cmd), exec_dirs=[self.exec_dir])
+
+    def test_every_driver_command_is_admitted(self):
+        linear = [dmsetup.linear_segment(0, 2097152, LV)]
+        clone = [dmsetup.clone_segment(0, 2097152, META, LV, SOURCE, 128)]
+        dm = self.dm
+        dm.create(NAME, linear, UUID)
+        dm.load(NAME, clone)
+        dm.suspend(NAME)
+        dm.suspend(NAME, flush=False)
+        dm.resume(NAME)
+        dm.reload(NAME, linear)
+        dm.message(NAME, 'enable_hydration')
+        dm.message(NAME, 'disable_hydration')
+        dm.message(NAME, 'hydration_threshold', '64')
+        dm.message(NAME, 'hydration_batch_size', '16')
+        dm.rename(NAME, NAME + '.old')
+        dm.exists(NAME)
+        dm.status(NAME)
+        dm.table(NAME)
+        dm.clone_statuses()
+        dm.targets()
+        dm.version()
+        dm.device_sectors(LV)
+        dm.remove(NAME)
+        dm.remove(NAME, retry=False)
+        self.assertGreater(len(self.commands), 15)
+        for cmd in self.commands:
+            self.assertAdmitted(cmd)
+
+    def test_modprobe_of_the_driver(self):
+        self.assertAdmitted(['modprobe', 'dm_clone'])
+
+    def test_nearby_commands_are_refused(self):
+        for cmd in (
+                ['dmsetup', 'remove_all'],
+                ['dmsetup', 'remove', '--force', NAME],
+                ['dmsetup', 'create', NAME],                  # no uuid
+                ['dmsetup', 'create', '../evil', '--uuid', UUID],
+                ['dmsetup', 'create', NAME, '--uuid', 'a b'],
+                ['dmsetup', 'message', NAME, '0', 'set_something', '1'],
+                ['dmsetup', 'message', NAME, '0', 'hydration_threshold',
+                 '1;rm'],
+                ['dmsetup', 'status'],
+                ['dmsetup', 'wipe_table', NAME],
+                ['dmsetup', 'mknodes'],
+                ['blockdev', '--setrw', LV],
+                ['blockdev', '--getsz', '/etc/shadow; true'],
+                ['modprobe', '-r', 'dm_clone'],
+                ['modprobe', 'evil_module']):
+            self.assertRefused(cmd)
+
+    def test_names_are_validated_before_any_command(self):
+        for bad in ('../x', 'a b', '', 'x;rm -rf /', '-rf'):
+            self.assertRaises(dmc_exception.InvalidDMName, self.dm.status,
+                              bad)
+        self.assertEqual([], self.commands)
+
+    def test_filter_file_parses(self):
+        names = {f.name for f in wrapper.load_filters(
+            [os.path.abspath(FILTERS_DIR)])}
+        self.assertIn('dmsetup_create', names)
+        self.assertIn('blockdev_getsz', names)
