@@ -168,6 +168,19 @@ class Mover(object):
         return (volume_utils.append_host(dest_backend, pool),
                 service.availability_zone)
 
+    @staticmethod
+    def host_zone(ctxt, host):
+        """The availability zone of the volume service behind ``host``.
+
+        None when the service is unknown: the record keeps its zone.
+        """
+        backend = volume_utils.extract_host(host, 'backend')
+        try:
+            return objects.Service.get_by_args(
+                ctxt, backend, constants.VOLUME_BINARY).availability_zone
+        except exception.ServiceNotFound:
+            return None
+
     # -- source: starting a move -----------------------------------------
 
     def wants_move(self, volume, connector):
@@ -363,7 +376,8 @@ class Mover(object):
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
         self.destination().tear_down(t, volume['provider_auth'])
-        self.store.move_volume(ctxt, volume['id'], t.source_host)
+        self.store.move_volume(ctxt, volume['id'], t.source_host,
+                               self.host_zone(ctxt, t.source_host))
         try:
             self.peer.request(ctxt, volume, t.source_host,
                               self.own_connector(), peer.RELEASE)

@@ -498,6 +498,8 @@ class Cluster(object):
         t.assertEqual([], self.violations)
         self.assert_no_transfer()
         t.assertEqual(self.a.host, self.db.volumes[VOLUME_ID]['host'])
+        t.assertEqual(self.a.az,
+                      self.db.volumes[VOLUME_ID]['availability_zone'])
         t.assertEqual({}, self.b.vg.lvs)
         t.assertEqual({}, self.b.dm.devices)
         t.assertEqual({}, self.b.connector.sessions)

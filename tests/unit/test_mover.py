@@ -502,6 +502,15 @@ class DetachedTestCase(ClusterTestCase):
         self.assertEqual([src], self.c.attachments)
         self.log.warning.assert_called()
 
+    def test_rollback_keeps_zone_when_source_service_unknown(self):
+        src, dst = self.moved(live=True)
+        self.a.has_service = False
+        self.c.detach(dst)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        # No service to ask: the record keeps the zone it had.
+        self.assertEqual(self.b.az,
+                         self.c.db.volumes[VOLUME_ID]['availability_zone'])
+
     def test_rollback_survives_source_failure(self):
         src, dst = self.moved(live=True)
         self.a.down = True
