@@ -53,6 +53,20 @@ def sha(path, length):
     return h.hexdigest()
 
 
+def sha_with(path, length, offset, block):
+    """sha256 of the device as it will be once ``block`` is written."""
+    h = hashlib.sha256()
+    pos = 0
+    for chunk in testbed.iter_direct(path, 0, length, 4 * MiB):
+        chunk = bytes(chunk)
+        if pos <= offset < pos + len(chunk):
+            at = offset - pos
+            chunk = chunk[:at] + block + chunk[at + len(block):]
+        h.update(chunk)
+        pos += len(chunk)
+    return h.hexdigest()
+
+
 def test_demo():
     topo = testbed.topology()
     stack = stack_mod.Stack(topo)
@@ -127,13 +141,16 @@ def run(cloud, topo):
     show('node B reads node A\'s data through the clone: %r...'
          % bytes(testbed.read_direct(att_b.path, 0, 4096)[:40]))
 
+    note = b'written on node B during hydration'.ljust(4096, b'.')
+    expected = sha_with(att_a.path, SIZE_GB * GiB, 512 * MiB, note)
+    show('sha256 of node A\'s copy with the block node B is about to '
+         'write: %s' % expected)
+
     say('The migration completes: Nova removes node A\'s attachment. The '
         'move is committed; node B copies the rest in the background while '
         'the instance writes locally on node B.')
     cloud.detach(att_a)
-    note = b'written on node B during hydration'.ljust(4096, b'.')
     testbed.write_direct(att_b.path, 512 * MiB, note)
-    expected = sha(att_b.path, SIZE_GB * GiB)
     start = time.monotonic()
     last = None
     while True:
