@@ -132,6 +132,17 @@ class Mover(object):
             self.ctxt(), volume['id'])
 
     def load(self, volume_id):
+        """The volume's transfer in progress, or None.
+
+        An ``aborted`` transfer is not in progress: the volume is back to
+        normal on its source, only leftovers on the destination remain
+        (see :meth:`load_any`).
+        """
+        t = self.load_any(volume_id)
+        return None if t is None or t.state == transfer.ABORTED else t
+
+    def load_any(self, volume_id):
+        """The volume's transfer state, aborted ones included."""
         return self.store.load(self.ctxt(), volume_id)
 
     def refuse_if_moving(self, volume, action):
@@ -243,9 +254,8 @@ class Mover(object):
                     # before failing to answer (a timeout, a restart):
                     # ask it to drop its side while the state still
                     # describes the transfer.
-                    self._abort_peer(ctxt, volume, dest_host, dest_node)
                     self._drop_export(volume, connector)
-                    self.store.clear(ctxt, volume['id'])
+                    self._give_up(ctxt, volume, t)
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
@@ -262,11 +272,32 @@ class Mover(object):
                                          'node': self.node_name})
 
     def _abort_peer(self, ctxt, volume, dest_host, dest_node):
+        """Ask the destination to remove its side; True if it did."""
         try:
             self.peer.request(ctxt, volume, dest_host,
                               self.own_connector(), peer.ABORT)
         except Exception:
             LOG.exception('Destination %s could not abort.', dest_node)
+            return False
+        return True
+
+    def _give_up(self, ctxt, volume, t):
+        """End a move that never committed, from the source.
+
+        The state goes once the destination confirmed it removed its
+        side.  A destination that cannot be reached (dead mid-prepare)
+        would otherwise keep its half-built clone, metadata LV and iSCSI
+        session forever with nothing describing them: the transfer is
+        kept as ``aborted`` for its recovery to clean up.
+        """
+        if self._abort_peer(ctxt, volume, t.dest_host, t.dest_node):
+            self.store.clear(ctxt, volume['id'])
+        elif t.state != transfer.ABORTED:
+            self.store.set_state(ctxt, t, transfer.ABORTED)
+            LOG.warning('Transfer of volume %(vol)s to %(dst)s aborted; '
+                        '%(dst)s removes what it built when its service '
+                        'is back.', {'vol': volume['id'],
+                                     'dst': t.dest_node})
 
     def _drop_export(self, volume, connector):
         try:
@@ -301,9 +332,17 @@ class Mover(object):
                  volume['id'])
 
     def _abort_destination(self, volume):
-        t = self.load(volume['id'])
+        t = self.load_any(volume['id'])
         if self.is_dest(t):
             self.destination().tear_down(t, volume['provider_auth'])
+
+    def _drop_aborted(self, volume, t):
+        """Destination: remove what an aborted transfer built here."""
+        LOG.warning('Transfer of volume %(vol)s from %(src)s was aborted; '
+                    'removing what was built here.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.destination().tear_down(t, volume['provider_auth'])
+        self.store.clear(self.ctxt(), volume['id'])
 
     # -- destination -----------------------------------------------------
 
@@ -405,8 +444,16 @@ class Mover(object):
             self.destination().tune(t, threshold, batch)
 
     def delete(self, volume):
-        """A volume in transfer here is deleted: clean both nodes."""
-        t = self.load(volume['id'])
+        """A volume in transfer here is deleted: clean both nodes.
+
+        Returns False when the caller still has to delete the volume's LV
+        here (no transfer into this node).
+        """
+        t = self.load_any(volume['id'])
+        if t is not None and t.state == transfer.ABORTED:
+            if self.is_source(t):
+                self._give_up(self.ctxt(), volume, t)
+            return False
         if not self.is_dest(t):
             return False
         ctxt = self.ctxt()
@@ -423,7 +470,14 @@ class Mover(object):
     def on_status(self, lv_name, status, progress):
         """Hydration monitor callback for one clone handle."""
         volume_id = volume_utils.extract_id_from_volume_name(lv_name)
-        t = self.load(volume_id) if volume_id else None
+        t = self.load_any(volume_id) if volume_id else None
+        if self.is_dest(t) and t.state == transfer.ABORTED:
+            # The source gave up while this node was still building (its
+            # answer came too late): nothing will ever use this clone.
+            with lock(volume_id):
+                self._drop_aborted(
+                    objects.Volume.get_by_id(self.ctxt(), volume_id), t)
+            return
         if not self.is_dest(t):
             LOG.warning('Clone target of %s belongs to no transfer into '
                         'this node; leaving it alone.', lv_name)
@@ -543,14 +597,19 @@ class Mover(object):
         ctxt = self.ctxt()
         here = volume_utils.extract_host(volume.host, 'host')
         if self.is_source(t) and here in self.node_names:
-            # The source crashed before the move was committed.
+            # The source crashed before the move was committed, or gave
+            # it up while the destination was unreachable.
             LOG.warning('Transfer of volume %s never completed; asking '
                         '%s to drop its side.', volume.id, t.dest_node)
-            self._abort_peer(ctxt, volume, t.dest_host, t.dest_node)
             self._drop_export(volume, {'initiator': None, 'host': None})
-            self.store.clear(ctxt, volume.id)
+            self._give_up(ctxt, volume, t)
             return
         if not self.is_dest(t):
+            return
+        if t.state == transfer.ABORTED:
+            self._drop_aborted(volume, t)
+            return
+        if t.state == transfer.CLONED and self._recover_cloned(volume, t):
             return
         dest = self.destination()
         if t.state == transfer.PREPARING:
@@ -573,3 +632,32 @@ class Mover(object):
             self.pending_finalize.add(volume.id)
         LOG.info('Clone of volume %(vol)s rebuilt after restart '
                  '(%(state)s).', {'vol': volume.id, 'state': t.state})
+
+    def _recover_cloned(self, volume, t):
+        """Finish a commit or a rollback the crash interrupted.
+
+        In ``cloned`` the live migration's outcome is decided by detaches.
+        One may have been lost with the crash (the service died between
+        enabling hydration and recording the commit, or half way through
+        a rollback).  The attachments say what happened: none left on the
+        source means the instance runs here (commit); none here while the
+        source still has one means the migration failed (roll back).
+        Returns True if the rollback ended the transfer.
+        """
+        current = self.attachments(volume)
+        on_source = attachments_on(volume, t.source_node, current)
+        on_dest = sum(attachments_on(volume, name, current)
+                      for name in self.node_names)
+        if on_source and not on_dest:
+            self.rollback(volume, t)
+            return True
+        if not on_source:
+            threshold, batch = self.tuning(volume.volume_type)
+            dest = self.destination()
+            source = dest.connect_source(t, volume.provider_auth)
+            dest.build_clone(t, source, True, threshold, batch)
+            self.commit(volume, t)
+            LOG.info('Volume %s lost its source attachment during the '
+                     'restart: transfer committed.', volume.id)
+            return True
+        return False

@@ -32,6 +32,12 @@ state          meaning, and what recovery on the destination does
 ``finalizing`` hydration finished; the handle is (being) swapped to a
                linear table and the source cleaned up.  Recovery runs
                the finalisation again.
+``aborted``    the source gave the move up while the destination could
+               not be reached to drop its side (it died mid-prepare, or
+               never answered).  The volume stays, usable, on the
+               source; nothing treats it as moving.  The destination's
+               recovery (or its monitor) removes what it built and
+               clears the state; the source's restart asks it again.
 =============  ===========================================================
 
 This module knows transfers and the node it runs on (device-mapper, LVM,
@@ -57,7 +63,8 @@ PREPARING = 'preparing'
 CLONED = 'cloned'
 HYDRATING = 'hydrating'
 FINALIZING = 'finalizing'
-STATES = (PREPARING, CLONED, HYDRATING, FINALIZING)
+ABORTED = 'aborted'
+STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED)
 
 KEY_PREFIX = 'dmclone_'
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',

@@ -301,11 +301,22 @@ class MoveTestCase(ClusterTestCase):
         self.b.down = True
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.b)
-        self.assertIsNone(self.c.transfer())
+        # The abort could not be delivered: logged, not raised, and the
+        # transfer kept as aborted for node-b to clean up.
+        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual({}, self.a.target.exports)
-        # The abort could not be delivered: logged, not raised.
         self.log.exception.assert_called()
+        # Aborted is not moving: the volume is usable on node-a.
+        self.assertIsNone(self.a.mover.load(VOLUME_ID))
+        self.a.mover.refuse_if_moving(self.volume(), 'x')
+        self.c.restart(self.b)
+        # node-b built nothing, so nothing there names the volume: the
+        # inert state stays until node-a next moves or deletes it.
+        self.c.assert_rolled_back(aborted_ok=True)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
 
     def test_refuses_while_in_flight(self):
         self.saved(transfer.HYDRATING, dest='node-c', percent='42.0')
@@ -882,9 +893,62 @@ class RecoverTestCase(ClusterTestCase):
         self.saved()
         self.b.down = True
         self.restart(self.a)
-        self.assertIsNone(self.c.transfer())
+        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
         self.assertEqual({}, self.a.target.exports)
         self.log.exception.assert_called()
+        # The next restart of node-a, with node-b back, ends it.
+        self.b.down = False
+        self.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+
+    def test_aborted_transfer_is_dropped_by_the_destination(self):
+        self.saved()
+        t = self.c.transfer()
+        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.b.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.restart(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_aborted_clone_seen_by_the_monitor_is_dropped(self):
+        # node-b answered after node-a gave up: nothing will use it.
+        self.saved()
+        t = self.c.transfer()
+        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.b.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.c.tick(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.vg.lvs)
+
+    def test_deleting_a_volume_whose_move_was_aborted(self):
+        self.saved()
+        t = self.c.transfer()
+        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.a.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.assertFalse(self.a.mover.delete(self.volume()))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.b.vg.lvs)
+
+    def test_cloned_without_source_attachment_commits(self):
+        # The detach on the source reached node-b, which died before it
+        # recorded the commit; the attachment is gone meanwhile.
+        self.moved(live=True)
+        self.c.attachments[:] = [a for a in self.c.attachments
+                                 if a['attached_host'] != 'node-a']
+        self.restart(self.b)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_cloned_without_destination_attachment_rolls_back(self):
+        self.moved(live=True)
+        self.c.attachments[:] = [a for a in self.c.attachments
+                                 if a['attached_host'] == 'node-a']
+        self.restart(self.b)
+        self.c.assert_rolled_back()
 
     def test_source_after_a_finished_move_does_nothing(self):
         self.moved()
@@ -931,17 +995,17 @@ class RecoverTestCase(ClusterTestCase):
         self.assertIn(stray, self.b.vg.lvs)
         self.assertIn(META, self.b.vg.lvs)
 
-    def test_abandoned_attempt_is_reported_then_replaced(self):
+    def test_abandoned_attempt_is_cleaned_then_replaced(self):
         # The source gave up before the destination came back: recovery
-        # there sees no transfer and only reports what is left.
+        # there finds the transfer aborted and removes what it built.
         self.c.restart_before_timeout = False
         self.c.crash_at(self.b.store, 'set_state')
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.b)
-        self.assertIsNone(self.c.transfer())
+        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
         self.restart(self.b)
-        self.assertIn(META, self.b.vg.lvs)
-        self.assertIn(META, self.log.warning.call_args.args)
+        self.assertNotIn(META, self.b.vg.lvs)
+        self.assertIsNone(self.c.transfer())
         # The next move builds afresh and completes.
         self.c.attach(self.b)
         self.c.settle()
@@ -1126,6 +1190,12 @@ FINALIZE = ('set_state_finalizing', 'swap_to_linear', 'remove_metadata',
 
 
 def _cases():
+    # The service is back only after the source gave up waiting (what a
+    # kill -9 of the destination looks like to the source): the source
+    # aborts, the destination's recovery removes what it built.
+    for step in PREPARE:
+        for when in ('before', 'after'):
+            yield ('late', 'live', step, when, 'rolled_back')
     for mode in ('restart', 'reboot'):
         for flow in ('available', 'live'):
             steps = PREPARE + (COMMIT if flow == 'live' else ()) + FINALIZE
@@ -1170,13 +1240,17 @@ class CrashTestCase(test.TestCase):
     @ddt.data(*_cases())
     @ddt.unpack
     def test_crash(self, mode, flow, step, when, outcome):
-        c = cluster.Cluster(self, reboot=(mode == 'reboot'))
+        c = cluster.Cluster(self, reboot=(mode == 'reboot'),
+                            restart_before_timeout=(mode != 'late'))
         obj, attr, match = STEPS[step](c, flow)
         record = c.crash_at(obj, attr, when, match)
         self.drive(c, flow)
+        if mode == 'late':
+            self.assertTrue(c.b.down)
+            c.restart(c.b)
         self.assertTrue(record['fired'], 'the crash never happened')
         if outcome == 'rolled_back':
-            c.assert_rolled_back()
+            c.assert_rolled_back(aborted_ok=(mode == 'late'))
         else:
             c.assert_completed()
 
