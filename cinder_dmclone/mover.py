@@ -27,6 +27,7 @@ on a distributed lock).
 
 from oslo_log import log as logging
 from oslo_utils import excutils
+from oslo_utils import units
 
 from cinder.common import constants
 from cinder import context
@@ -210,6 +211,7 @@ class Mover(object):
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
+        self._check_source_size(volume, lv_sectors)
         with lock(volume['id']):
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
@@ -260,6 +262,24 @@ class Mover(object):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    @staticmethod
+    def _check_source_size(volume, lv_sectors):
+        """Refuse to move an LV smaller than its volume record says.
+
+        The destination would build a clone of the LV's length under a
+        volume of the record's size: the instance would see a disk whose
+        tail is not the volume's.  Something shrank the LV by hand;
+        nothing is moved or changed until an operator looks.
+        """
+        needed = int(volume['size']) * units.Gi // 512
+        if lv_sectors < needed:
+            raise exception.InvalidVolume(
+                reason=_('the LV of volume %(vol)s holds %(has)d sectors, '
+                         'its record says %(size)d GiB (%(need)d sectors); '
+                         'refusing to move it. Check the LV on its node.')
+                % {'vol': volume['id'], 'has': lv_sectors,
+                   'size': int(volume['size']), 'need': needed})
 
     def _refuse_snapshots(self, ctxt, volume):
         snaps = objects.SnapshotList.get_all_for_volume(ctxt, volume['id'])
@@ -388,9 +408,14 @@ class Mover(object):
         Returns True if the transfer handled it.
         """
         t = self.load(volume['id'])
-        if not self.is_dest(t) or t.state != transfer.CLONED:
+        if not self.is_dest(t):
             return False
         host = (connector or {}).get('host')
+        if t.state != transfer.CLONED:
+            # The source's detach again, after the commit was recorded (a
+            # retry after this service died before answering): its
+            # connection ended with the commit, nothing is exported here.
+            return host == t.source_node
         with lock(volume['id']):
             current = self.attachments(volume)
             if host == t.source_node:

@@ -287,6 +287,16 @@ class MoveTestCase(ClusterTestCase):
         self.c.attach(self.b)
         self.assertEqual(transfer.CLONED, self.c.transfer().state)
 
+    def test_source_lv_smaller_than_the_record_is_refused(self):
+        self.c.db.volumes[VOLUME_ID]['size'] = 2
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('its record says 2 GiB', str(exc))
+        self.assertEqual([], self.ops())
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.target.exports)
+        self.assertEqual({}, self.b.vg.lvs)
+
     def test_destination_failure_leaves_the_volume(self):
         self.b.vg.fail_on['create_volume'] = \
             exception.VolumeBackendAPIException(data='VG full')
@@ -538,8 +548,11 @@ class DetachedTestCase(ClusterTestCase):
 
     def test_not_in_cloned_state(self):
         self.moved()
-        self.assertFalse(self.b.mover.detached(self.volume(),
-                                               self.a.props))
+        # The source's connection ended with the commit: a (retried)
+        # detach from it is handled as a no-op; anything else is not ours.
+        self.assertTrue(self.b.mover.detached(self.volume(),
+                                              self.a.props))
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
         self.assertFalse(self.b.mover.detached(self.volume(),
                                                self.b.props))
 
@@ -940,6 +953,18 @@ class RecoverTestCase(ClusterTestCase):
                                  if a['attached_host'] != 'node-a']
         self.restart(self.b)
         self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_source_detach_retried_after_the_commit(self):
+        src, dst = self.moved(live=True)
+        self.c.detach(src)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        # The same detach again (the first answer was lost): a no-op.
+        volume = self.volume()
+        self.assertTrue(self.b.mover.detached(volume, src['connector']))
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertFalse(self.b.mover.detached(volume, {'host': 'node-c'}))
         self.c.settle()
         self.c.assert_completed()
 
