@@ -12,9 +12,12 @@
 
 """Turn a benchmark results file into its Markdown table and plot (host).
 
-    python tests/bench/report.py RESULTS.json OUT_DIR
+    python tests/bench/report.py RESULTS.json [MORE.json ...] OUT_DIR
 
-Writes ``results-<date>.json`` (the input plus the host's description),
+Several results files are merged section by section, later files
+winning (a benchmark re-run on its own: ``tox -e bench -- -- -k move``);
+the merged file records where each section came from.  Writes
+``results-<date>.json`` (the input plus the host's description),
 ``results-<date>.md`` and ``hydration-<date>.png`` into OUT_DIR.  Only the
 standard library and matplotlib (for the plot); it never imports the
 project, so it runs on the host after the guest has powered off.
@@ -69,6 +72,12 @@ def markdown(data):
            '', 'All figures are ratios between runs made side by side in '
            'this one guest; absolute speeds under emulation mean nothing.',
            '']
+    origins = data.get('section_origin', {})
+    if len(set(origins.values())) > 1:
+        out += ['Merged from several testbed runs on this machine; the '
+                'testbed run (and start time) of each section:', '']
+        out += ['* %s: %s' % kv for kv in sorted(origins.items())]
+        out.append('')
     wc = s.get('write_cost')
     if wc:
         out += ['## 1. 4k random write cost (ratio to the plain LV)', '',
@@ -186,6 +195,20 @@ def markdown(data):
                 gb, v['attach_s'], v['total_s'],
                 _f(v.get('seconds_per_gib_ratio_to_smallest'))))
         out.append('')
+    rc = s.get('recovery')
+    if rc:
+        out += ['## 7. Service start on the destination with %d transfers '
+                'in flight' % rc['transfers'], '',
+                '| start of node B\'s service after kill -9 | seconds '
+                '| extra per transfer, s |', '|---|---|---|',
+                '| no transfer (baseline) | %.1f | - |'
+                % rc['start_no_transfer_s'],
+                '| clones still in the kernel (service crash) | %.1f | %.1f |'
+                % (rc['start_after_crash_s'],
+                   rc['start_after_crash_extra_per_transfer_s']),
+                '| clones and sessions gone (reboot) | %.1f | %.1f |'
+                % (rc['start_after_reboot_s'],
+                   rc['start_after_reboot_extra_per_transfer_s']), '']
     return '\n'.join(out)
 
 
@@ -229,14 +252,32 @@ def plot(data, path):
     fig.savefig(path, dpi=90)
 
 
+def merge(paths):
+    """The first results file with the sections of the later ones."""
+    data = None
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        origin = '%s (%s)' % (os.path.basename(os.path.dirname(
+            os.path.dirname(os.path.dirname(path)))) or path,
+            part['started'])
+        if data is None:
+            data = part
+            data['section_origin'] = {k: origin for k in part['sections']}
+            continue
+        data['sections'].update(part['sections'])
+        data['section_origin'].update(
+            {k: origin for k in part['sections']})
+    return data
+
+
 def main(argv):
-    if len(argv) != 3:
+    if len(argv) < 3:
         print(__doc__)
         return 2
-    with open(argv[1]) as f:
-        data = json.load(f)
+    data = merge(argv[1:-1])
     data['host'] = host_description()
-    out_dir = argv[2]
+    out_dir = argv[-1]
     os.makedirs(out_dir, exist_ok=True)
     date = data['started'][:10]
     base = os.path.join(out_dir, 'results-%s' % date)

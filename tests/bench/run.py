@@ -13,7 +13,8 @@
 """``tox -e bench``: run the benchmarks in the testbed, then the report.
 
     python tests/bench/run.py [--scale full|quick] [--timeout S]
-                              [--out DIR] [-- PYTEST_ARGS...]
+                              [--out DIR] [--merge-into RESULTS.json]
+                              [-- PYTEST_ARGS...]
 
 Boots the testbed guest (tools/testbed/run) on tests/bench, finds the
 run directory the runner prints, and renders
@@ -46,6 +47,9 @@ def main(argv):
     p.add_argument('--scale', choices=('full', 'quick'), default='full')
     p.add_argument('--timeout', type=int, default=5400)
     p.add_argument('--out')
+    p.add_argument('--merge-into', metavar='RESULTS.json',
+                   help='an earlier results file this run completes: its '
+                        'sections are kept unless this run measured them')
     args = p.parse_args(argv)
     cmd = [os.path.join(TREE, 'tools', 'testbed', 'run'),
            '--timeout', str(args.timeout), '--', 'tests/bench',
@@ -71,7 +75,8 @@ def main(argv):
     out = args.out or (os.path.join(TREE, 'doc', 'source', 'benchmarks')
                        if args.scale == 'full'
                        else os.path.dirname(results))
-    report.main(['report', results, out])
+    inputs = ([args.merge_into] if args.merge_into else []) + [results]
+    report.main(['report'] + inputs + [out])
     print('bench: guest rc=%d, results %s' % (rc, results))
     return rc
 
