@@ -24,6 +24,7 @@ This module holds Cinder semantics only; device-mapper is spoken in
 :mod:`cinder_dmclone.dmsetup`.
 """
 
+from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import excutils
@@ -166,11 +167,16 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                  lvm_type='default',
                                  executor=self._execute,
                                  lvm_conf=self._lvm_conf())
-        except exception.VolumeGroupNotFound:
+        except (exception.VolumeGroupNotFound,
+                processutils.ProcessExecutionError) as exc:
+            # (``vgs`` of a missing VG exits non-zero on recent LVM, which
+            # brick passes on as a command error.)
+            detail = getattr(exc, 'stderr', None) or ''
             raise exception.VolumeBackendAPIException(
                 data=_('Metadata volume group %(vg)s '
-                       '(dmclone_metadata_volume_group) does not exist.')
-                % {'vg': name}) from None
+                       '(dmclone_metadata_volume_group) does not exist. '
+                       '%(detail)s') % {'vg': name,
+                                        'detail': detail.strip()}) from None
 
     def _check_device_mapper(self):
         try:

@@ -15,6 +15,7 @@
 from unittest import mock
 
 import ddt
+from oslo_concurrency import processutils
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context
@@ -195,6 +196,16 @@ class SetupTestCase(DriverTestBase):
         self.drv.check_for_setup_error()
         self.assertIs(mock_lvm.return_value, self.drv.metadata_vg)
         self.assertEqual('fast-vg', mock_lvm.call_args.args[0])
+
+    @mock.patch.object(brick_lvm, 'LVM')
+    def test_missing_metadata_vg_command_error(self, mock_lvm):
+        self.drv.configuration.dmclone_metadata_volume_group = 'nope'
+        mock_lvm.side_effect = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "nope" not found\n')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.check_for_setup_error)
+        self.assertIn('Metadata volume group nope', str(exc))
+        self.assertIn('Volume group "nope" not found', str(exc))
 
     @mock.patch.object(brick_lvm, 'LVM')
     def test_missing_metadata_vg(self, mock_lvm):
