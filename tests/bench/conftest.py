@@ -24,6 +24,7 @@ import os
 import pytest
 
 from tests.bench import bench
+from tests.functional import fixtures
 from tests.functional import testbed
 
 NOT_IN_TESTBED = (
@@ -38,12 +39,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    if testbed.in_testbed():
-        return
-    skip = pytest.mark.skip(reason=NOT_IN_TESTBED)
-    for item in items:
-        if 'tests/bench/' in str(item.fspath):
-            item.add_marker(skip)
+    fixtures.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
 
 
 @pytest.fixture(scope='session')

@@ -29,8 +29,12 @@ volume manager's RPC endpoints do.  The full stack (RabbitMQ, real
 services) is exercised separately.
 """
 
+import importlib
 import multiprocessing.connection
 import os
+import shlex
+import signal
+import sys
 import threading
 import traceback
 
@@ -99,10 +103,136 @@ def configure_process(node_key):
     # Root in the guest: privileged helpers run in this process instead
     # of a privsep daemon started through sudo.
     privileged.default.set_client_mode(False)
+    if os.environ.get(ROOTWRAP_ENV):
+        use_rootwrap(os.environ[ROOTWRAP_ENV])
     venv_bin = os.path.dirname(topo.python)
     if venv_bin not in os.environ.get('PATH', '').split(os.pathsep):
         os.environ['PATH'] = venv_bin + os.pathsep + os.environ['PATH']
     _STATE['configured'] = True
+
+
+# --------------------------------------------------------------------------
+# Root commands through cinder-rootwrap (the fault suite runs in this mode)
+# --------------------------------------------------------------------------
+
+#: Path of a rootwrap.conf; when set, every root command of the workers
+#: goes through ``sudo cinder-rootwrap`` with it.
+ROOTWRAP_ENV = 'DMCLONE_FT_ROOTWRAP'
+#: One line per command rootwrap ran ("ok") or refused ("REFUSED").
+ROOTWRAP_LOG = RUN_DIR + '/rootwrap-commands.log'
+
+
+def use_rootwrap(rootwrap_conf):
+    """Run every ``run_as_root`` command through cinder-rootwrap.
+
+    oslo's processutils drops the root helper when the caller is root, as
+    the workers are in the guest.  This puts it back: the command line
+    becomes ``sudo cinder-rootwrap <conf> <cmd>`` exactly as on a compute
+    node where cinder-volume runs unprivileged, so a command the filter
+    files do not admit fails here too (rootwrap exits 99).  Each command
+    and its verdict is logged to ROOTWRAP_LOG for the suite to check.
+    """
+    from cinder import utils
+    from oslo_concurrency import processutils
+    from oslo_config import cfg
+
+    cfg.CONF.set_override('rootwrap_config', rootwrap_conf)
+    helper = utils.get_root_helper()
+    original = processutils.execute
+
+    def execute(*cmd, **kwargs):
+        if not kwargs.get('run_as_root'):
+            return original(*cmd, **kwargs)
+        kwargs = dict(kwargs, run_as_root=False)
+        kwargs.pop('root_helper', None)
+        full = shlex.split(helper) + [str(c) for c in cmd]
+        try:
+            result = original(*full, **kwargs)
+        except processutils.ProcessExecutionError as exc:
+            verdict = ('REFUSED' if exc.exit_code == 99
+                       or 'Unauthorized command' in (exc.stderr or '')
+                       else 'failed')
+            _log_root_command(verdict, cmd)
+            raise
+        _log_root_command('ok', cmd)
+        return result
+    processutils.execute = execute
+
+
+def _log_root_command(verdict, cmd):
+    with open(ROOTWRAP_LOG, 'a') as f:
+        f.write('%s %s\n' % (verdict, shlex.join(str(c) for c in cmd)))
+
+
+# --------------------------------------------------------------------------
+# Fault injection: kill -9 of this worker at a step of a transfer
+# --------------------------------------------------------------------------
+
+def _state_is(state):
+    return lambda self, ctxt, t, new_state: new_state == state
+
+
+def _during(state):
+    return lambda self, t, *args: t.state == state
+
+
+def _op_is(op):
+    return lambda self, ctxt, volume, host, connector, op_: op_ == op
+
+
+_T = 'cinder_dmclone.transfer'
+_N = 'tests.functional.cinder_node'
+#: name -> (module, class, method, before/after, which call)
+CRASH_POINTS = {
+    'prepare: LVs created': (_T, 'DestinationNode', 'create_volumes',
+                             'after', None),
+    'prepare: source logged in': (_T, 'DestinationNode', 'connect_source',
+                                  'after', None),
+    'prepare: clone built': (_T, 'DestinationNode', 'build_clone', 'after',
+                             None),
+    'prepare: cloned recorded': (_T, 'Store', 'set_state', 'after',
+                                 _state_is('cloned')),
+    'commit: hydration enabled': (_T, 'DestinationNode', 'enable_hydration',
+                                  'after', None),
+    'commit: hydrating recorded': (_T, 'Store', 'set_state', 'after',
+                                   _state_is('hydrating')),
+    'finalize: finalizing recorded': (_T, 'Store', 'set_state', 'after',
+                                      _state_is('finalizing')),
+    'finalize: swapped to linear': (_T, 'DestinationNode', 'swap_to_linear',
+                                    'after', None),
+    'finalize: metadata LV removed': (_T, 'DestinationNode',
+                                      'remove_metadata', 'after',
+                                      _during('finalizing')),
+    'finalize: source logged out': (_T, 'DestinationNode',
+                                    'disconnect_source', 'after',
+                                    _during('finalizing')),
+    'finalize: source retired': (_N, 'SocketPeer', 'request', 'after',
+                                 _op_is('retire')),
+    'finalize: before the state is cleared': (_T, 'Store', 'clear',
+                                              'before', None),
+}
+
+
+def arm_crash(point):
+    """Make this worker SIGKILL itself at ``point`` (see CRASH_POINTS)."""
+    module, cls, attr, when, match = CRASH_POINTS[point]
+    klass = getattr(importlib.import_module(module), cls)
+    original = getattr(klass, attr)
+
+    def die():
+        sys.stderr.write('fault injection: kill -9 %s %s\n'
+                         % (when, point))
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def crashing(*args, **kwargs):
+        if match is not None and not match(*args, **kwargs):
+            return original(*args, **kwargs)
+        if when == 'before':
+            die()
+        original(*args, **kwargs)
+        die()
+    setattr(klass, attr, crashing)
 
 
 def create_database():

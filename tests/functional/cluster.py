@@ -31,12 +31,30 @@ class Cluster(object):
 
     # -- services ----------------------------------------------------------
 
-    def start(self, key):
+    def start(self, key, overrides=None):
         worker = nodes.NodeProcess(key)
         worker.start()
+        try:
+            worker.info['driver'] = worker.call(cinder_node.start_driver,
+                                                key, overrides)
+        except Exception:
+            worker.close()
+            raise
         self.workers[key] = worker
-        worker.info['driver'] = worker.call(cinder_node.start_driver, key)
         return worker
+
+    def alive(self, key):
+        worker = self.workers.get(key)
+        return worker is not None and worker.proc is not None \
+            and worker.proc.poll() is None
+
+    def forget(self, key):
+        """Drop a worker that died (a kill -9 injected in it)."""
+        worker = self.workers.pop(key, None)
+        if worker is not None:
+            if worker.proc is not None:
+                worker.proc.wait()
+            worker.close()
 
     def ensure_running(self):
         """Restart a node's service whose worker is gone."""

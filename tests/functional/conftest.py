@@ -41,6 +41,7 @@ import os
 
 import pytest
 
+from tests.functional import fixtures
 from tests.functional import nodes
 from tests.functional import testbed
 
@@ -51,12 +52,7 @@ NOT_IN_TESTBED = (
 
 
 def pytest_collection_modifyitems(config, items):
-    if testbed.in_testbed():
-        return
-    skip = pytest.mark.skip(reason=NOT_IN_TESTBED)
-    for item in items:
-        if 'tests/functional/' in str(item.fspath):
-            item.add_marker(skip)
+    fixtures.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
 
 
 def pytest_report_header(config):

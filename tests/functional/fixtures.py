@@ -18,9 +18,22 @@ from tests.functional import cluster as cluster_mod
 from tests.functional import testbed
 
 
-@pytest.fixture(scope='session')
-def cluster():
-    """Both nodes' volume services over one database, for the session."""
+def skip_outside_testbed(items, folder, reason):
+    """Mark the tests under ``folder`` SKIPPED when not in the guest.
+
+    For the conftest of each suite that needs the testbed: outside it,
+    its tests are reported as skipped with ``reason``, never as passed.
+    """
+    if testbed.in_testbed():
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if folder in str(item.fspath):
+            item.add_marker(skip)
+
+
+def running_cluster():
+    """Start both nodes' services over a fresh database; yield, stop."""
     if not testbed.in_testbed():
         pytest.skip('needs the testbed guest')
     cluster_mod.setup_database()
@@ -31,3 +44,9 @@ def cluster():
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(scope='session')
+def cluster():
+    """Both nodes' volume services over one database, for the session."""
+    yield from running_cluster()

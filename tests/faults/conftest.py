@@ -1,0 +1,214 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Fixtures of the fault suite (``tox -e faults``); testbed guest only.
+
+The suite reuses the functional harness (tests/functional/cluster.py: both
+nodes' volume services running the real driver on the real kernel) with
+two differences:
+
+* every root command of the services goes through ``sudo cinder-rootwrap``
+  with Cinder's volume.filters and this project's dmclone.filters
+  (:func:`tests.functional.cinder_node.use_rootwrap`); a command the
+  filters refuse fails the test that ran it;
+* every test adds a row to the fault matrix (scenario, result, time to
+  recover), printed at the end of the run and written to
+  ``artifacts/faults/matrix.{json,md}``.
+
+Outside the guest every test here is SKIPPED, never reported as passed.
+"""
+
+import json
+import os
+import shutil
+import time
+
+import pytest
+
+from tests.functional import cinder_node
+# The functional suite's fixtures: the leak check after every test, the
+# topology, undo callables.
+from tests.functional.conftest import _testbed_logging  # noqa: F401
+from tests.functional.conftest import cleanup  # noqa: F401
+from tests.functional.conftest import no_leaks  # noqa: F401
+from tests.functional.conftest import topo  # noqa: F401
+from tests.functional import fixtures
+from tests.functional import testbed
+
+NOT_IN_TESTBED = (
+    'NOT RUN: the fault suite needs the cinder-dmclone testbed guest (%s '
+    'is missing, so this is not it); run it with tox -e faults'
+    % testbed.TOPOLOGY_PATH)
+
+ROOTWRAP_DIR = cinder_node.RUN_DIR + '/rootwrap'
+
+_MATRIX = []
+
+
+def pytest_collection_modifyitems(config, items):
+    fixtures.skip_outside_testbed(items, 'tests/faults/', NOT_IN_TESTBED)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, 'report_' + report.when, report)
+
+
+def _install_rootwrap():
+    """rootwrap.conf and filters as a compute node installs them."""
+    venv = os.path.dirname(os.path.dirname(testbed.topology().python))
+    filters = os.path.join(ROOTWRAP_DIR, 'rootwrap.d')
+    os.makedirs(filters, exist_ok=True)
+    shutil.copy(os.path.join(venv, 'etc/cinder/rootwrap.d/volume.filters'),
+                filters)
+    shutil.copy(os.path.join(testbed.topology().src,
+                             'etc/cinder/rootwrap.d/dmclone.filters'),
+                filters)
+    with open(os.path.join(venv, 'etc/cinder/rootwrap.conf')) as f:
+        conf = f.read()
+    lines = []
+    for line in conf.splitlines():
+        if line.startswith('filters_path='):
+            line = 'filters_path=%s' % filters
+        elif line.startswith('exec_dirs='):
+            line = 'exec_dirs=%s,%s' % (os.path.join(venv, 'bin'),
+                                        line.partition('=')[2])
+        lines.append(line)
+    path = os.path.join(ROOTWRAP_DIR, 'rootwrap.conf')
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    # sudo finds cinder-rootwrap in the venv, as the stack's services do,
+    # and keeps DM_DISABLE_UDEV: the guest has no udev, so dmsetup must
+    # create its device nodes itself (a real node runs udev).
+    with open('/etc/sudoers.d/testbed', 'w') as f:
+        f.write('Defaults secure_path="%s:/usr/local/sbin:/usr/local/bin:'
+                '/usr/sbin:/usr/bin:/sbin:/bin"\n' % os.path.join(venv, 'bin'))
+        f.write('Defaults env_keep += "DM_DISABLE_UDEV"\n')
+    os.chmod('/etc/sudoers.d/testbed', 0o440)
+    return path
+
+
+@pytest.fixture(scope='session')
+def rootwrap():
+    """Root commands of the workers go through cinder-rootwrap."""
+    os.makedirs(cinder_node.RUN_DIR, exist_ok=True)
+    path = _install_rootwrap()
+    if os.path.exists(cinder_node.ROOTWRAP_LOG):
+        os.unlink(cinder_node.ROOTWRAP_LOG)
+    os.environ[cinder_node.ROOTWRAP_ENV] = path
+    yield path
+    os.environ.pop(cinder_node.ROOTWRAP_ENV, None)
+
+
+def rootwrap_log():
+    try:
+        with open(cinder_node.ROOTWRAP_LOG) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture(scope='session')
+def cluster(rootwrap):
+    """Both nodes' volume services (through rootwrap) for the session."""
+    yield from fixtures.running_cluster()
+
+
+@pytest.fixture(autouse=True)
+def services_up(request):
+    """Both volume services run at the start of every test."""
+    if 'cluster' in request.fixturenames:
+        request.getfixturevalue('cluster').ensure_running()
+
+
+class Row(object):
+    """One line of the fault matrix, filled in by the test."""
+
+    def __init__(self, name):
+        self.name = name
+        self.scenario = name
+        self.detail = ''
+        self.recover_s = None
+        self.started = time.monotonic()
+
+    def recovered(self, t0):
+        self.recover_s = round(time.monotonic() - t0, 1)
+
+
+@pytest.fixture(autouse=True)
+def fault(request):
+    """The test's row in the matrix; refused root commands fail it."""
+    if not testbed.in_testbed():
+        yield None
+        return
+    before = len(rootwrap_log())
+    row = Row(request.node.name)
+    yield row
+    lines = rootwrap_log()[before:]
+    refused = [line for line in lines if line.startswith('REFUSED')]
+    call = getattr(request.node, 'report_call', None)
+    result = 'passed' if call is not None and call.passed else 'FAILED'
+    _MATRIX.append({'test': request.node.name, 'scenario': row.scenario,
+                    'result': result, 'recover_s': row.recover_s,
+                    'detail': row.detail,
+                    'seconds': round(time.monotonic() - row.started, 1),
+                    'root_commands': len(lines), 'refused': len(refused)})
+    _write_matrix()
+    if refused:
+        pytest.fail('cinder-rootwrap refused:\n  ' + '\n  '.join(refused),
+                    pytrace=False)
+
+
+def _markdown(rows, commands, refused):
+    out = ['| scenario | result | time to recover, s | test time, s '
+           '| root commands (refused) | what happened |',
+           '|---|---|---|---|---|---|']
+    for r in rows:
+        out.append('| %s | %s | %s | %.0f | %d (%d) | %s |' % (
+            r['scenario'], r['result'],
+            '-' if r['recover_s'] is None else '%.1f' % r['recover_s'],
+            r['seconds'], r['root_commands'], r['refused'],
+            r['detail'].replace('|', '/')))
+    out.append('')
+    out.append('%d root commands ran through cinder-rootwrap, %d refused.'
+               % (commands, refused))
+    return '\n'.join(out)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _MATRIX:
+        return
+    text = _write_matrix()
+    terminalreporter.write_sep('=', 'fault matrix')
+    terminalreporter.write_line(text)
+
+
+def _write_matrix():
+    """Write the matrix so far; return its Markdown.
+
+    Called after every test, so a run cut short keeps what it measured.
+    """
+    lines = rootwrap_log()
+    refused = len([x for x in lines if x.startswith('REFUSED')])
+    text = _markdown(_MATRIX, len(lines), refused)
+    out = os.path.join(testbed.topology().artifacts_dir, 'faults')
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, 'matrix.json'), 'w') as f:
+        json.dump({'rows': _MATRIX, 'root_commands': len(lines),
+                   'refused': refused,
+                   'distinct_commands': sorted({' '.join(
+                       x.split()[1:3]) for x in lines})}, f, indent=1)
+    with open(os.path.join(out, 'matrix.md'), 'w') as f:
+        f.write(text + '\n')
+    return text

@@ -1,0 +1,97 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What the fault scenarios share: crash, restart, checks of both nodes."""
+
+import time
+
+from tests.functional import cinder_node
+from tests.functional import test_transfer as tt
+from tests.functional import testbed
+
+MiB = testbed.MiB
+REGION = tt.REGION
+SLOW = {'dmclone:hydration_threshold': '1',
+        'dmclone:hydration_batch_size': '1'}
+
+
+def state(cluster, volume_id):
+    return cluster.admin_metadata(volume_id).get('dmclone_state')
+
+
+def restart(cluster, key, row=None):
+    """Start a node's service again after its worker died; time it."""
+    assert not cluster.alive(key), 'the %s service did not die' % key
+    cluster.forget(key)
+    t0 = time.monotonic()
+    cluster.start(key)
+    if row is not None:
+        row.recovered(t0)
+
+
+def reboot_b(cluster):
+    """Node B loses its service and its kernel state, as in a reboot."""
+    cluster.stop('b', kill=True)
+    ours = [n for n, u in testbed.dm_devices().items()
+            if not u.startswith('LVM-') and 'dmc--b' in n]
+    if ours:
+        testbed.run(['dmsetup', 'remove', '--force'] + ours)
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
+    assert testbed.iscsi_sessions() == {}
+    return ours
+
+
+def tick_until_dead(cluster, key, timeout=600):
+    """Tick a node's monitor until the injected crash kills its worker."""
+    deadline = time.monotonic() + timeout
+    while cluster.alive(key):
+        assert time.monotonic() < deadline, 'no crash within %d s: %s' % (
+            timeout, testbed.run(['dmsetup', 'status'], check=False).stdout)
+        try:
+            cluster[key].call(cinder_node.tick)
+        except Exception:
+            if cluster.alive(key):
+                raise
+            break
+        time.sleep(1)
+
+
+def nothing_on_b(volume_id):
+    """No handle, LV, metadata LV or iSCSI session of the volume on B."""
+    problems = []
+    devs = [n for n in testbed.dm_devices() if volume_id in n
+            and 'dmc--b' in n]
+    if devs:
+        problems.append('dm devices %s' % devs)
+    lvs = [n for n in testbed.list_lvs() if volume_id in n
+           and n.startswith('dmc-b')]
+    if lvs:
+        problems.append('LVs %s' % lvs)
+    if testbed.iscsi_sessions():
+        problems.append('iSCSI sessions %s' % testbed.iscsi_sessions())
+    return problems
+
+
+def stays_on_a(cluster, volume_id, expected):
+    """The move was undone: node A alone holds the volume, data intact."""
+    assert cluster.node_of(volume_id) == 'a'
+    assert state(cluster, volume_id) in (None, 'aborted'), \
+        cluster.admin_metadata(volume_id)
+    assert nothing_on_b(volume_id) == []
+    assert testbed.sha256_of_device(tt.handle(volume_id, 'a')) == expected
+
+
+def end_on_a(cluster, volume_id, image, attachment):
+    """The move was undone; the instance on A detaches, the volume goes."""
+    stays_on_a(cluster, volume_id, image.digest())
+    cluster.detach(volume_id, attachment)
+    cluster.delete_volume(volume_id)
