@@ -129,8 +129,8 @@ def test_destination_reboot_during_hydration(cluster, fault):
     image.write(path_b, 40 * REGION + 512, testbed.pattern(312, 4096))
     testbed.run(['sync'])
     name = path_b.split('/')[-1]
-    fault.detail = 'clone at the reboot: %s' % ' '.join(
-        testbed.dm_status(name).split()[3:5])
+    fault.detail = 'regions hydrated at the reboot: %s' % (
+        testbed.dm_status(name).split()[6])
     helpers.reboot_b(cluster)
     t0 = time.monotonic()
     cluster.start('b')             # recovery rebuilds the clone

@@ -53,8 +53,10 @@ def slow_link(cleanup):
 
 
 def percent(cluster, volume_id):
+    # <start> <length> clone <md block> <md used/total> <region sectors>
+    # <hydrated/total regions> ...
     status = testbed.dm_status(tt.handle(volume_id, 'b').split('/')[-1])
-    hydrated, total = status.split()[5].split('/')
+    hydrated, total = status.split()[6].split('/')
     return 100.0 * int(hydrated) / int(total)
 
 
