@@ -38,6 +38,7 @@ from cinder import objects
 from cinder.objects import fields
 from cinder.volume import volume_utils
 
+from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
 from cinder_dmclone import peer
 from cinder_dmclone import transfer
@@ -272,7 +273,7 @@ class Mover(object):
         tail is not the volume's.  Something shrank the LV by hand;
         nothing is moved or changed until an operator looks.
         """
-        needed = int(volume['size']) * units.Gi // 512
+        needed = int(volume['size']) * units.Gi // dmsetup.SECTOR_SIZE
         if lv_sectors < needed:
             raise exception.InvalidVolume(
                 reason=_('the LV of volume %(vol)s holds %(has)d sectors, '
@@ -634,8 +635,12 @@ class Mover(object):
         if t.state == transfer.ABORTED:
             self._drop_aborted(volume, t)
             return
-        if t.state == transfer.CLONED and self._recover_cloned(volume, t):
-            return
+        commit = False
+        if t.state == transfer.CLONED:
+            rollback, commit = self._lost_detach(volume, t)
+            if rollback:
+                self.rollback(volume, t)
+                return
         dest = self.destination()
         if t.state == transfer.PREPARING:
             LOG.warning('Transfer of volume %s was half built; rolling '
@@ -651,15 +656,17 @@ class Mover(object):
         # can check it is fully hydrated.)
         threshold, batch = self.tuning(volume.volume_type)
         source = dest.connect_source(t, volume.provider_auth)
-        dest.build_clone(t, source, t.state != transfer.CLONED,
+        dest.build_clone(t, source, commit or t.state != transfer.CLONED,
                          threshold, batch)
+        if commit:
+            self.commit(volume, t)
         if t.state == transfer.FINALIZING:
             self.pending_finalize.add(volume.id)
         LOG.info('Clone of volume %(vol)s rebuilt after restart '
                  '(%(state)s).', {'vol': volume.id, 'state': t.state})
 
-    def _recover_cloned(self, volume, t):
-        """Finish a commit or a rollback the crash interrupted.
+    def _lost_detach(self, volume, t):
+        """(rollback, commit): the detach a crash in ``cloned`` lost.
 
         In ``cloned`` the live migration's outcome is decided by detaches.
         One may have been lost with the crash (the service died between
@@ -667,22 +674,9 @@ class Mover(object):
         a rollback).  The attachments say what happened: none left on the
         source means the instance runs here (commit); none here while the
         source still has one means the migration failed (roll back).
-        Returns True if the rollback ended the transfer.
         """
         current = self.attachments(volume)
         on_source = attachments_on(volume, t.source_node, current)
         on_dest = sum(attachments_on(volume, name, current)
                       for name in self.node_names)
-        if on_source and not on_dest:
-            self.rollback(volume, t)
-            return True
-        if not on_source:
-            threshold, batch = self.tuning(volume.volume_type)
-            dest = self.destination()
-            source = dest.connect_source(t, volume.provider_auth)
-            dest.build_clone(t, source, True, threshold, batch)
-            self.commit(volume, t)
-            LOG.info('Volume %s lost its source attachment during the '
-                     'restart: transfer committed.', volume.id)
-            return True
-        return False
+        return bool(on_source and not on_dest), not on_source
