@@ -28,6 +28,7 @@ import time
 from tests.bench import bench
 from tests.functional import cinder_node
 from tests.functional import fixtures
+from tests.functional import test_transfer as tt
 from tests.functional import testbed
 
 GiB = 1024 * bench.MiB
@@ -75,11 +76,6 @@ def test_move_end_to_end(results, cluster, scale):
         'sizes': out, 'monitor_tick_every_s': 1.0})
 
 
-def clone_handle(volume_id):
-    vg = testbed.topology().b.vg.replace('-', '--')
-    return 'dmclone-%s-volume-%s' % (vg, volume_id)
-
-
 def timed_start(cluster, key):
     t0 = time.monotonic()
     cluster.start(key)
@@ -117,7 +113,7 @@ def test_recovery_with_transfers_in_flight(results, cluster, scale):
         out['start_after_crash_s'] = timed_start(cluster, 'b')
 
         cluster.stop('b', kill=True)
-        names = [clone_handle(v) for v, _a, _b in made]
+        names = [tt.handle(v, 'b').split('/')[-1] for v, _a, _b in made]
         testbed.run(['dmsetup', 'remove', '--force'] + names)
         testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'],
                     check=False)

@@ -29,7 +29,6 @@ Outside the guest every test here is SKIPPED, never reported as passed.
 
 import json
 import os
-import shutil
 import time
 
 import pytest
@@ -42,6 +41,7 @@ from tests.functional.conftest import cleanup  # noqa: F401
 from tests.functional.conftest import no_leaks  # noqa: F401
 from tests.functional.conftest import topo  # noqa: F401
 from tests.functional import fixtures
+from tests.functional import stack
 from tests.functional import testbed
 
 NOT_IN_TESTBED = (
@@ -65,45 +65,14 @@ def pytest_runtest_makereport(item, call):
     setattr(item, 'report_' + report.when, report)
 
 
-def _install_rootwrap():
-    """rootwrap.conf and filters as a compute node installs them."""
-    venv = os.path.dirname(os.path.dirname(testbed.topology().python))
-    filters = os.path.join(ROOTWRAP_DIR, 'rootwrap.d')
-    os.makedirs(filters, exist_ok=True)
-    shutil.copy(os.path.join(venv, 'etc/cinder/rootwrap.d/volume.filters'),
-                filters)
-    shutil.copy(os.path.join(testbed.topology().src,
-                             'etc/cinder/rootwrap.d/dmclone.filters'),
-                filters)
-    with open(os.path.join(venv, 'etc/cinder/rootwrap.conf')) as f:
-        conf = f.read()
-    lines = []
-    for line in conf.splitlines():
-        if line.startswith('filters_path='):
-            line = 'filters_path=%s' % filters
-        elif line.startswith('exec_dirs='):
-            line = 'exec_dirs=%s,%s' % (os.path.join(venv, 'bin'),
-                                        line.partition('=')[2])
-        lines.append(line)
-    path = os.path.join(ROOTWRAP_DIR, 'rootwrap.conf')
-    with open(path, 'w') as f:
-        f.write('\n'.join(lines) + '\n')
-    # sudo finds cinder-rootwrap in the venv, as the stack's services do,
-    # and keeps DM_DISABLE_UDEV: the guest has no udev, so dmsetup must
-    # create its device nodes itself (a real node runs udev).
-    with open('/etc/sudoers.d/testbed', 'w') as f:
-        f.write('Defaults secure_path="%s:/usr/local/sbin:/usr/local/bin:'
-                '/usr/sbin:/usr/bin:/sbin:/bin"\n' % os.path.join(venv, 'bin'))
-        f.write('Defaults env_keep += "DM_DISABLE_UDEV"\n')
-    os.chmod('/etc/sudoers.d/testbed', 0o440)
-    return path
-
-
 @pytest.fixture(scope='session')
 def rootwrap():
     """Root commands of the workers go through cinder-rootwrap."""
     os.makedirs(cinder_node.RUN_DIR, exist_ok=True)
-    path = _install_rootwrap()
+    # DM_DISABLE_UDEV: the guest has no udev, so dmsetup must create its
+    # device nodes itself (a real node runs udev).
+    path = stack.install_rootwrap(ROOTWRAP_DIR,
+                                  sudo_env_keep=('DM_DISABLE_UDEV',))
     if os.path.exists(cinder_node.ROOTWRAP_LOG):
         os.unlink(cinder_node.ROOTWRAP_LOG)
     os.environ[cinder_node.ROOTWRAP_ENV] = path

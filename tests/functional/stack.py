@@ -51,6 +51,43 @@ class StackError(AssertionError):
     pass
 
 
+def install_rootwrap(directory, sudo_env_keep=()):
+    """rootwrap.conf and filters as a compute node installs them.
+
+    Cinder's volume.filters and this project's dmclone.filters go to
+    ``<directory>/rootwrap.d`` (made the filters_path unless Cinder's
+    default already lists it), the venv's bin joins exec_dirs, and sudo
+    finds cinder-rootwrap and privsep-helper on the venv's path, keeping
+    ``sudo_env_keep``.  Returns the rootwrap.conf path.
+    """
+    topo = testbed.topology()
+    venv = os.path.dirname(os.path.dirname(topo.python))
+    filters = os.path.join(directory, 'rootwrap.d')
+    os.makedirs(filters, exist_ok=True)
+    shutil.copy(os.path.join(venv, 'etc/cinder/rootwrap.d/volume.filters'),
+                filters)
+    shutil.copy(os.path.join(topo.src, 'etc/cinder/rootwrap.d/'
+                             'dmclone.filters'), filters)
+    with open(os.path.join(venv, 'etc/cinder/rootwrap.conf')) as f:
+        conf = f.read().splitlines()
+    for i, line in enumerate(conf):
+        key, _sep, value = line.partition('=')
+        if key == 'filters_path' and filters not in value.split(','):
+            conf[i] = 'filters_path=%s' % filters
+        elif key == 'exec_dirs':
+            conf[i] = 'exec_dirs=%s,%s' % (os.path.join(venv, 'bin'), value)
+    path = os.path.join(directory, 'rootwrap.conf')
+    with open(path, 'w') as f:
+        f.write('\n'.join(conf) + '\n')
+    with open('/etc/sudoers.d/testbed', 'w') as f:
+        f.write('Defaults secure_path="%s:/usr/local/sbin:/usr/local/bin:'
+                '/usr/sbin:/usr/bin:/sbin:/bin"\n' % os.path.join(venv, 'bin'))
+        for name in sudo_env_keep:
+            f.write('Defaults env_keep += "%s"\n' % name)
+    os.chmod('/etc/sudoers.d/testbed', 0o440)
+    return path
+
+
 def _port_open(ip, port):
     try:
         with socket.create_connection((ip, port), timeout=2):
@@ -150,29 +187,14 @@ class Stack(object):
         """Put the stack's configuration where the services look."""
         os.makedirs(self.log_dir, exist_ok=True)
         venv = os.path.dirname(os.path.dirname(self.topo.python))
-        os.makedirs(ETC + '/rootwrap.d', exist_ok=True)
         for name in ('cinder.conf', 'api.conf', 'node-a.conf',
                      'node-b.conf'):
             shutil.copy(os.path.join(CONF_DIR, name), ETC)
         shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
                     ETC)
-        shutil.copy(os.path.join(venv, 'etc/cinder/rootwrap.d/'
-                                 'volume.filters'), ETC + '/rootwrap.d')
-        shutil.copy(os.path.join(self.topo.src, 'etc/cinder/rootwrap.d/'
-                                 'dmclone.filters'), ETC + '/rootwrap.d')
-        with open(os.path.join(venv, 'etc/cinder/rootwrap.conf')) as f:
-            rootwrap = f.read()
-        with open(ETC + '/rootwrap.conf', 'w') as f:
-            f.write(rootwrap.replace(
-                'exec_dirs=', 'exec_dirs=%s,' % os.path.join(venv, 'bin')))
+        # (privsep starts its helper through sudo, on the venv's path.)
+        install_rootwrap(ETC)
         self._install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
-        # privsep starts its helper through sudo: make the venv's tools
-        # reachable on sudo's path.
-        with open('/etc/sudoers.d/testbed', 'w') as f:
-            f.write('Defaults secure_path="%s:/usr/local/sbin:'
-                    '/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
-                    % os.path.join(venv, 'bin'))
-        os.chmod('/etc/sudoers.d/testbed', 0o440)
         os.makedirs(STATE + '/tmp', exist_ok=True)
         os.makedirs(STATE + '/api-locks', exist_ok=True)
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),

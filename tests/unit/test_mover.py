@@ -914,36 +914,34 @@ class RecoverTestCase(ClusterTestCase):
         self.restart(self.a)
         self.assertIsNone(self.c.transfer())
 
-    def test_aborted_transfer_is_dropped_by_the_destination(self):
+    def aborted_after_prepare(self):
+        """node-b built the clone; node-a then recorded the move aborted."""
         self.saved()
         t = self.c.transfer()
         self.b.mover.prepare(self.volume(), {'op': 'prepare'})
-        self.b.store.set_state(self.c.ctxt, t, transfer.ABORTED)
-        self.restart(self.b)
+        self.a.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+
+    def assert_nothing_on_b(self):
         self.assertIsNone(self.c.transfer())
         self.assertEqual({}, self.b.vg.lvs)
         self.assertEqual({}, self.b.dm.devices)
         self.assertEqual({}, self.b.connector.sessions)
 
+    def test_aborted_transfer_is_dropped_by_the_destination(self):
+        self.aborted_after_prepare()
+        self.restart(self.b)
+        self.assert_nothing_on_b()
+
     def test_aborted_clone_seen_by_the_monitor_is_dropped(self):
         # node-b answered after node-a gave up: nothing will use it.
-        self.saved()
-        t = self.c.transfer()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
-        self.b.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.aborted_after_prepare()
         self.c.tick(self.b)
-        self.assertIsNone(self.c.transfer())
-        self.assertEqual({}, self.b.dm.devices)
-        self.assertEqual({}, self.b.vg.lvs)
+        self.assert_nothing_on_b()
 
     def test_deleting_a_volume_whose_move_was_aborted(self):
-        self.saved()
-        t = self.c.transfer()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
-        self.a.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.aborted_after_prepare()
         self.assertFalse(self.a.mover.delete(self.volume()))
-        self.assertIsNone(self.c.transfer())
-        self.assertEqual({}, self.b.vg.lvs)
+        self.assert_nothing_on_b()
 
     def test_cloned_without_source_attachment_commits(self):
         # The detach on the source reached node-b, which died before it
