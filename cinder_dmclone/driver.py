@@ -229,7 +229,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 retire_local=self._retire_local,
                 region_sectors=self._region_sectors(),
                 tuning=self._hydration_tuning,
-                own_connector=self._connector_properties)
+                own_connector=self._connector_properties,
+                stall_timeout=self.configuration.dmclone_stall_timeout)
         return self._mover
 
     def _destination_node(self):

@@ -95,7 +95,7 @@ class Mover(object):
 
     def __init__(self, node_names, node_name, store, peer_client,
                  destination, target_driver, retire_local, region_sectors,
-                 tuning, own_connector):
+                 tuning, own_connector, stall_timeout=0):
         self.node_names = node_names
         self.node_name = node_name
         self.store = store
@@ -109,6 +109,10 @@ class Mover(object):
         self.pending_finalize = set()
         #: the last progress the monitor saw, per volume moving here.
         self.progress = {}
+        #: seconds without hydration progress before it is reported; 0: off.
+        self.stall_timeout = stall_timeout
+        #: volumes moving here whose stall has been reported.
+        self.stalled = set()
 
     # -- helpers ---------------------------------------------------------
 
@@ -516,6 +520,7 @@ class Mover(object):
             return
         self.store.publish_progress(self.ctxt(), volume_id, progress)
         self.progress[volume_id] = (t, progress)
+        self._report_stall(volume_id, t, progress)
         LOG.info('Volume %(vol)s: %(pct).1f%% hydrated from %(src)s%(eta)s.',
                  {'vol': volume_id, 'pct': progress.percent,
                   'src': t.source_node,
@@ -523,6 +528,40 @@ class Mover(object):
                   else ', %d s to go' % progress.eta})
         if t.state == transfer.HYDRATING and status.fully_hydrated:
             self.finalize(volume_id)
+
+    def _report_stall(self, volume_id, t, progress):
+        """Say once that hydration stopped, and once that it came back.
+
+        A path to the source that stays down longer than open-iscsi's
+        replacement timeout fails the instance's reads of regions not yet
+        copied, and the kernel just keeps retrying the copy: without this
+        the operator would see I/O errors in a guest and a frozen
+        percentage, and nothing naming the cause.
+        """
+        if not self.stall_timeout:
+            return
+        if progress.stalled_seconds >= self.stall_timeout:
+            if volume_id not in self.stalled:
+                self.stalled.add(volume_id)
+                LOG.error('Hydration of volume %(vol)s from %(src)s has '
+                          'made no progress for %(s)d s at %(pct).1f%%: '
+                          'this node cannot read the source. Reads of '
+                          'regions not copied yet wait or fail until it '
+                          'can; the source LV on %(src)s still holds the '
+                          'data. Check the network path to %(portal)s and '
+                          'the iSCSI session to %(iqn)s (iscsiadm -m '
+                          'session -P 3); hydration resumes by itself when '
+                          'the path is back.',
+                          {'vol': volume_id, 'src': t.source_node,
+                           's': progress.stalled_seconds,
+                           'pct': progress.percent,
+                           'portal': t.target_portal, 'iqn': t.target_iqn})
+        elif volume_id in self.stalled:
+            self.stalled.discard(volume_id)
+            LOG.info('Hydration of volume %(vol)s from %(src)s advances '
+                     'again (%(pct).1f%%).',
+                     {'vol': volume_id, 'src': t.source_node,
+                      'pct': progress.percent})
 
     def progress_report(self):
         """Transfers into this node as the pool stats publish them.
@@ -542,7 +581,8 @@ class Mover(object):
                 self.progress.pop(volume_id, None)
                 continue
             entry = dict(progress.as_dict(), state=current.state,
-                         source=t.source_node)
+                         source=t.source_node,
+                         stalled=volume_id in self.stalled)
             report[volume_id] = entry
         return report
 

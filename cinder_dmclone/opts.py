@@ -67,6 +67,17 @@ dmclone_opts = [
                help='Seconds between two runs of the hydration monitor, '
                     'which reads the status of all clone targets with one '
                     'dmsetup call and finalizes finished transfers.'),
+    cfg.IntOpt('dmclone_stall_timeout',
+               default=300,
+               min=0,
+               help='Seconds a hydrating clone may go without copying a '
+                    'region before the monitor reports the transfer as '
+                    'stalled: an error in the log naming the source and '
+                    'its iSCSI session, and "stalled" in the transfer\'s '
+                    'progress in the pool stats. Hydration stops when the '
+                    'destination cannot read the source (network cut, '
+                    'source node down); it resumes by itself when the '
+                    'path is back. 0 turns the report off.'),
     cfg.IntOpt('dmclone_transfer_timeout',
                default=45,
                min=10,

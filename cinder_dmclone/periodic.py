@@ -42,6 +42,9 @@ class Progress:
     rate: float = None
     #: seconds to go at that rate, None when unknown.
     eta: float = None
+    #: seconds since the hydrated count last grew while hydration was
+    #: on and unfinished; 0 while it advances (see HydrationMonitor).
+    stalled_seconds: float = 0.0
 
     @property
     def fraction(self):
@@ -61,14 +64,16 @@ class Progress:
             'percent': '%.1f' % (100.0 * self.fraction),
             'rate_bps': '' if self.rate is None else '%d' % self.rate,
             'eta_seconds': '' if self.eta is None else '%d' % self.eta,
+            'stalled_seconds': '%d' % self.stalled_seconds,
         }
 
 
-def compute_progress(status, previous=None, elapsed=None):
+def compute_progress(status, previous=None, elapsed=None, stalled=0.0):
     """Progress of a clone from its status and the previous sample.
 
     ``previous`` is the Progress of the last tick and ``elapsed`` the
     seconds since; the rate is the hydrated bytes between the two samples.
+    ``stalled`` is carried as is (the monitor knows since when).
     """
     region_bytes = status.region_size * 512
     rate = eta = None
@@ -82,7 +87,24 @@ def compute_progress(status, previous=None, elapsed=None):
         elif rate > 0:
             eta = remaining / rate
     return Progress(status.hydrated_regions, status.total_regions,
-                    region_bytes, rate, eta)
+                    region_bytes, rate, eta, stalled)
+
+
+def advanced_at(status, previous, previous_since, now):
+    """When the clone last made hydration progress, as of ``now``.
+
+    A clone is only stalled while it should be copying: hydration on, not
+    finished, and the same hydrated count as at the previous tick.  A clone
+    waiting for its commit (hydration off) or seen for the first time
+    counts as advancing now.  The kernel itself never gives up on a
+    source it cannot read (it retries the regions on its next pass), so
+    this is the only place a dead path to the source becomes visible.
+    """
+    if (previous is None or previous_since is None
+            or not status.hydration_enabled or status.fully_hydrated
+            or status.hydrated_regions > previous.hydrated_regions):
+        return now
+    return previous_since
 
 
 @dataclasses.dataclass
@@ -136,11 +158,13 @@ class HydrationMonitor(object):
             report.seen += 1
             progress = None
             if not status.failed:
-                prev = self._last.get(lv_name)
+                then, prev, since = self._last.get(lv_name,
+                                                   (None, None, None))
+                since = advanced_at(status, prev, since, now)
                 progress = compute_progress(
-                    status, prev and prev[1],
-                    prev and (now - prev[0]))
-                current[lv_name] = (now, progress)
+                    status, prev, None if then is None else now - then,
+                    stalled=now - since)
+                current[lv_name] = (now, progress, since)
             try:
                 self._on_status(lv_name, status, progress)
                 report.handled += 1

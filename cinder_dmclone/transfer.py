@@ -68,7 +68,7 @@ STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED)
 
 KEY_PREFIX = 'dmclone_'
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
-                 'eta_seconds')
+                 'eta_seconds', 'stalled_seconds')
 
 _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')

@@ -366,7 +366,8 @@ def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
         hydrating_regions=status.hydrating_regions,
         region_bytes=progress.region_bytes,
         percent=progress.percent, rate_bps=rate, eta_seconds=eta,
-        rate_source=source)
+        rate_source=source,
+        stalled_seconds=_number(metadata.get('dmclone_stalled_seconds')))
     return entry
 
 
@@ -539,6 +540,11 @@ def render_text(report):
                 continue
             state = t['state'] or ('hydrating' if t['hydration_enabled']
                                    else 'hydration off')
+            if t.get('stalled_seconds'):
+                # The monitor saw no region copied for that long: the
+                # path to the source is the first suspect.
+                state += ' (no progress for %s)' % _duration(
+                    t['stalled_seconds'])
             rate = t['rate_bps']
             rows.append((
                 t['volume_id'] or t['handle'], state, source,

@@ -10,13 +10,15 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""The network between the nodes drops every packet for 30 s.
+"""The network between the nodes drops every packet.
 
 sch_netem on both ends of the veth pair: first a 2 ms delay each way so
 that a 1 GiB hydration with the kernel's defaults (one region in flight)
 lasts minutes, then ``loss 100%`` for the cut.  The cut is the fault
-itself (30 s, well under open-iscsi's 120 s replacement timeout), not a
-wait for something to happen.
+itself, not a wait for something to happen: 30 s (well under
+open-iscsi's 120 s replacement timeout), or longer than a bound that
+matters (the transfer timeout of the attach, the replacement timeout
+during hydration).
 """
 
 import threading
@@ -30,7 +32,15 @@ from tests.functional import test_transfer as tt
 from tests.functional import testbed
 
 REGION = helpers.REGION
+GiB = 1024 * helpers.MiB
 CUT_S = 30
+#: the source's transfer timeout in the long attach cut, and that cut.
+SHORT_TIMEOUT_S = 30
+LONG_ATTACH_CUT_S = 100
+#: past open-iscsi's replacement timeout (120 s): reads of regions not
+#: copied yet fail instead of waiting.
+LONG_HYDRATION_CUT_S = 150
+STALL_S = 20
 
 
 def netem(*args):
@@ -50,6 +60,14 @@ def slow_link(cleanup):
     testbed.run(['modprobe', 'sch_netem'])
     netem('delay', '2ms', 'limit', '100000')
     cleanup(netem_off)
+
+
+def restart_with(cluster, key, overrides, cleanup):
+    """Run a node's service with other options for this test only."""
+    cluster.stop(key)
+    cluster.start(key, overrides)
+    # The next test's services_up starts it again with the defaults.
+    cleanup(cluster.stop, key)
 
 
 def percent(cluster, volume_id):
@@ -135,3 +153,122 @@ def test_cut_during_attach(cluster, fault, slow_link):
     cluster.detach(vid, att_a)
     netem_off()
     tt.finish_on_b(cluster, vid, image.digest(), att_b)
+
+
+def test_cut_longer_than_the_transfer_timeout_during_attach(
+        cluster, fault, slow_link, cleanup):
+    """The source gives up, the volume stays usable where it was."""
+    fault.scenario = ('network cut %d s during the attach, transfer '
+                      'timeout %d s' % (LONG_ATTACH_CUT_S, SHORT_TIMEOUT_S))
+    restart_with(cluster, 'a', {'dmclone_transfer_timeout': SHORT_TIMEOUT_S},
+                 cleanup)
+    vid, image = tt.seeded_volume(cluster, 420)
+    att_a, info_a = cluster.attach(vid, 'a')
+    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut_at = time.monotonic()
+    try:
+        with pytest.raises(Exception) as err:
+            cluster.attach(vid, 'b')
+        failed_s = time.monotonic() - cut_at
+        # The instance on A never stopped: it writes during the cut.
+        assert cluster.node_of(vid) == 'a'
+        image.write(info_a['data']['device_path'], 7 * REGION,
+                    testbed.pattern(421, REGION))
+        time.sleep(max(0.0, LONG_ATTACH_CUT_S - (time.monotonic() - cut_at)))
+    finally:
+        netem('delay', '2ms', 'limit', '100000')
+    t0 = time.monotonic()
+    # Node B may finish its part of the prepare late; the source recorded
+    # the move as aborted, so B's monitor removes what it built.
+
+    def b_is_clean():
+        cluster['b'].call(cinder_node.tick)
+        return helpers.nothing_on_b(vid) == []
+    testbed.wait_until(b_is_clean, 600, 'node B clean after the cut',
+                       interval=3,
+                       diagnostics=lambda: str(helpers.nothing_on_b(vid)))
+    fault.recovered(t0)
+    helpers.stays_on_a(cluster, vid, image.digest())
+    fault.detail = ('attach failed after %.0f s (%s); volume stayed on A, '
+                    'retried after the cut' % (
+                        failed_s, str(err.value).splitlines()[0][:100]))
+    att_b, _info_b = cluster.attach(vid, 'b')
+    assert helpers.state(cluster, vid) == 'cloned'
+    cluster.detach(vid, att_a)
+    netem_off()
+    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+
+
+def test_cut_past_the_iscsi_timeout_during_hydration(
+        cluster, fault, slow_link, cleanup):
+    """Hydration stalls, is reported, and resumes: nothing is lost."""
+    fault.scenario = ('network cut %d s during hydration (past the iSCSI '
+                      'replacement timeout)' % LONG_HYDRATION_CUT_S)
+    restart_with(cluster, 'b', {'dmclone_stall_timeout': STALL_S}, cleanup)
+    vid, image = tt.seeded_volume(cluster, 430)
+    source_digest = image.digest()
+    cluster.use_type(vid, 'slow', helpers.SLOW)
+    att_a, _info = cluster.attach(vid, 'a')
+    att_b, info_b = cluster.attach(vid, 'b')
+    path = info_b['data']['device_path']
+    image.write(path, 30 * REGION, testbed.pattern(431, REGION))
+    cluster.detach(vid, att_a)                        # commit
+    cluster['b'].call(cinder_node.tick)
+    before = percent(cluster, vid)
+    assert before < 90, 'hydration too fast to cut in the middle'
+    # The seed's last 4 KiB: hydration goes in order, so still remote.
+    tail = (image.size - 4096, testbed.pattern(433, 4096))
+    expected = image.digest()
+
+    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut_at = time.monotonic()
+    outcome = {}
+
+    def read_tail():
+        t0 = time.monotonic()
+        try:
+            outcome['data'] = testbed.read_direct(path, tail[0], 4096)
+        except OSError as exc:
+            outcome['error'] = exc
+        outcome['seconds'] = time.monotonic() - t0
+    reader = threading.Thread(target=read_tail)
+    try:
+        reader.start()
+
+        def stalled():
+            cluster['b'].call(cinder_node.tick)
+            md = cluster.admin_metadata(vid)
+            return int(md.get('dmclone_stalled_seconds') or 0) >= STALL_S
+        testbed.wait_until(stalled, STALL_S * 3 + 60,
+                           'the monitor reporting the stall', interval=3,
+                           diagnostics=lambda: str(
+                               cluster.admin_metadata(vid)))
+        stall_seen_s = time.monotonic() - cut_at
+        # What is local stays readable, the source still holds it all.
+        assert testbed.read_direct(path, 30 * REGION, REGION) == \
+            testbed.pattern(431, REGION)
+        assert testbed.sha256_of_device(tt.lv(vid, 'a')) == source_digest
+        time.sleep(max(0.0, LONG_HYDRATION_CUT_S
+                       - (time.monotonic() - cut_at)))
+    finally:
+        netem('delay', '2ms', 'limit', '100000')
+    t0 = time.monotonic()
+    netem_off()
+    reader.join(300)
+    assert not reader.is_alive(), 'a read still hangs 300 s after the cut'
+    # Never wrong data: the read either failed or returned the volume's.
+    if 'data' in outcome:
+        assert outcome['data'] == tail[1]
+        read = 'returned the right data after %.0f s' % outcome['seconds']
+    else:
+        read = 'failed after %.0f s (%s)' % (
+            outcome['seconds'], outcome['error'].strerror)
+    tt.wait_finalized(cluster, vid)
+    fault.recovered(t0)
+    fault.detail = ('%.0f%% hydrated at the cut; stall reported after '
+                    '%.0f s; a read of an uncopied region %s'
+                    % (before, stall_seen_s, read))
+    testbed.LOG.info('long cut: %s', fault.detail)
+    tt.assert_only_on_b(cluster, vid, expected)
+    cluster.detach(vid, att_b)
+    cluster.delete_volume(vid)

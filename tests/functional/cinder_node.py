@@ -290,6 +290,9 @@ def start_driver(node_key, overrides=None):
                   target_port=topo.iscsi_port,
                   volume_backend_name=BACKEND, volume_clear='none',
                   dmclone_region_size=64, dmclone_monitor_interval=3600,
+                  # The full stack's bound in the testbed (a first login
+                  # under emulation can take a minute).
+                  dmclone_transfer_timeout=240,
                   dmclone_metadata_volume_group=node.meta_vg)
     if node.target_iqn_prefix:
         values['target_prefix'] = node.target_iqn_prefix.rstrip(':') + ':'
@@ -299,7 +302,8 @@ def start_driver(node_key, overrides=None):
         cfg.CONF.set_override(key, value, group=BACKEND)
     drv = driver.DMCloneVolumeDriver(configuration=configuration,
                                      host=service_host(node_key))
-    drv.peer = SocketPeer(node_key)
+    drv.peer = SocketPeer(node_key,
+                          timeout=configuration.dmclone_transfer_timeout)
     drv.do_setup(context.get_admin_context())
     drv.check_for_setup_error()
     # The looping call needs the service's eventlet hub; tests drive the
@@ -457,10 +461,16 @@ def detach(volume_id, attachment_id):
 # --------------------------------------------------------------------------
 
 class SocketPeer(object):
-    """PeerClient's two calls, to the other node's worker over a socket."""
+    """PeerClient's two calls, to the other node's worker over a socket.
 
-    def __init__(self, node_key):
+    Like an RPC call, a call gives up after ``timeout`` seconds with
+    oslo.messaging's MessagingTimeout, while the other node may still be
+    running the step.
+    """
+
+    def __init__(self, node_key, timeout=None):
         self.node_key = node_key
+        self.timeout = timeout
 
     def _send(self, method, volume, host, connector):
         from cinder.objects import base
@@ -472,6 +482,11 @@ class SocketPeer(object):
         try:
             conn.send((method, serializer.serialize_entity(None, routed),
                        connector))
+            if self.timeout and not conn.poll(self.timeout):
+                import oslo_messaging
+                raise oslo_messaging.MessagingTimeout(
+                    'no answer from node %s to %s within %d s'
+                    % (target, method, self.timeout))
             ok, value = conn.recv()
         finally:
             conn.close()
@@ -525,10 +540,15 @@ def _serve_peer(node_key):
             try:
                 method, primitive, connector = conn.recv()
                 try:
-                    conn.send((True, _handle(method, primitive, connector)))
+                    answer = (True, _handle(method, primitive, connector))
                 except Exception as exc:
                     traceback.print_exc()
-                    conn.send((False, exc))
+                    answer = (False, exc)
+                conn.send(answer)
+            except (OSError, EOFError):
+                # The caller timed out and hung up: its answer is lost,
+                # as an RPC reply after the caller's timeout would be.
+                traceback.print_exc()
             finally:
                 conn.close()
 

@@ -656,6 +656,38 @@ class OnStatusTestCase(ClusterTestCase):
                          self.c.db.admin_metadata[VOLUME_ID])
         self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
 
+    def _report(self, stalled):
+        status = mock.Mock(failed=False, fully_hydrated=False)
+        self.b.mover.on_status(LV, status, periodic.Progress(
+            1, 2, 65536, rate=0.0, stalled_seconds=stalled))
+        return self.b.mover.progress_report()[VOLUME_ID]
+
+    def test_stall_is_reported_once_then_its_end(self):
+        self.moved()
+        self.b.mover.stall_timeout = 300
+        self.assertFalse(self._report(290)['stalled'])
+        self.log.error.assert_not_called()
+        self.assertTrue(self._report(300)['stalled'])
+        self.assertTrue(self._report(310)['stalled'])
+        self.log.error.assert_called_once()
+        message = self.log.error.call_args.args[0] % \
+            self.log.error.call_args.args[1]
+        self.assertIn('no progress for 300 s', message)
+        self.assertIn('node-a', message)
+        self.assertIn(self.c.transfer().target_iqn, message)
+        self.assertEqual('310', self.c.db.admin_metadata[VOLUME_ID]
+                         ['dmclone_stalled_seconds'])
+        self.assertFalse(self._report(0)['stalled'])
+        self.assertTrue(any('advances again' in c.args[0]
+                            for c in self.log.info.call_args_list))
+        self.log.error.assert_called_once()
+
+    def test_stall_report_can_be_turned_off(self):
+        self.moved()
+        self.b.mover.stall_timeout = 0
+        self.assertFalse(self._report(10 ** 6)['stalled'])
+        self.log.error.assert_not_called()
+
     def test_eta_in_log(self):
         self.moved()
         progress = periodic.Progress(1, 2, 65536, rate=1.0, eta=12.0)

@@ -51,7 +51,8 @@ class ProgressTestCase(test.TestCase):
         self.assertEqual(20.0, p.eta)
         self.assertEqual({'hydrated_regions': '2048',
                           'total_regions': '4096', 'percent': '50.0',
-                          'rate_bps': '6710886', 'eta_seconds': '20'},
+                          'rate_bps': '6710886', 'eta_seconds': '20',
+                          'stalled_seconds': '0'},
                          p.as_dict())
 
     def test_stalled_has_no_eta(self):
@@ -60,6 +61,10 @@ class ProgressTestCase(test.TestCase):
         self.assertEqual(0.0, p.rate)
         self.assertIsNone(p.eta)
         self.assertEqual('', p.as_dict()['eta_seconds'])
+
+    def test_stalled_seconds_are_carried(self):
+        p = periodic.compute_progress(clone(1024), stalled=42.7)
+        self.assertEqual('42', p.as_dict()['stalled_seconds'])
 
     def test_done(self):
         prev = periodic.compute_progress(clone(4000))
@@ -119,6 +124,36 @@ class MonitorTestCase(test.TestCase):
         self.dm.clone_statuses.return_value = {'dmclone-vg-v': clone(2000)}
         self.monitor.tick()
         self.assertIsNone(self.seen[-1][2].rate)
+
+    def _stalled_after(self, *counts, **kwargs):
+        """Tick once per hydrated count, 10 s apart; the last stall."""
+        for count in counts:
+            self.dm.clone_statuses.return_value = {
+                'dmclone-vg-v': kwargs.get('make', clone)(count)}
+            self.monitor.tick()
+            self.clock.now += 10
+        return self.seen[-1][2].stalled_seconds
+
+    def test_advancing_clone_is_not_stalled(self):
+        self.assertEqual(0, self._stalled_after(10, 20, 30))
+
+    def test_stall_counts_from_the_last_advance(self):
+        self.assertEqual(0, self._stalled_after(10))
+        # Advanced at the first 20, then two ticks 10 s apart without.
+        self.assertEqual(20, self._stalled_after(20, 20, 20))
+
+    def test_stall_ends_when_copying_resumes(self):
+        self.assertEqual(20, self._stalled_after(10, 10, 10))
+        self.assertEqual(0, self._stalled_after(11))
+
+    def test_clone_waiting_for_its_commit_is_not_stalled(self):
+        def no_hydration(count):
+            return dmsetup.parse_clone_status(
+                '8 6/2048 128 %d/4096 0 1 no_hydration 0 rw' % count)
+        self.assertEqual(0, self._stalled_after(5, 5, 5, make=no_hydration))
+
+    def test_finished_clone_is_not_stalled(self):
+        self.assertEqual(0, self._stalled_after(4096, 4096, 4096))
 
     def test_failed_clone_is_reported_without_progress(self):
         self.dm.clone_statuses.return_value = {

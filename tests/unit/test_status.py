@@ -254,6 +254,18 @@ class StatusToolTestCase(test.TestCase):
         self.assertIn('node-a', line)
         self.assertIn('1h02m', line)
 
+    def test_stall_from_the_monitor(self):
+        read = mock.Mock(return_value={'dmclone_state': 'hydrating',
+                                       'dmclone_source_node': 'node-a',
+                                       'dmclone_stalled_seconds': '330'})
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '0']
+        code, report = self.run_json(args, FakeNode(), read_metadata=read)
+        self.assertEqual(330.0, report['transfers'][0]['stalled_seconds'])
+        code, text = self.run_tool(args, FakeNode(), read_metadata=read)
+        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
+        self.assertIn('hydrating (no progress for 5m30s)', line)
+
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))
         code, report = self.run_json(

@@ -182,6 +182,7 @@ class TransferMetadataTestCase(test.TestCase):
         self.assertIn('dmclone_state', keys)
         self.assertIn('dmclone_percent', keys)
         self.assertIn('dmclone_eta_seconds', keys)
+        self.assertIn('dmclone_stalled_seconds', keys)
         self.assertEqual(len(transfer.Transfer.FIELDS)
                          + len(transfer.PROGRESS_KEYS), len(set(keys)))
 
