@@ -127,7 +127,10 @@ def fault(request):
     lines = rootwrap_log()[before:]
     refused = [line for line in lines if line.startswith('REFUSED')]
     call = getattr(request.node, 'report_call', None)
-    result = 'passed' if call is not None and call.passed else 'FAILED'
+    if call is not None and call.skipped:
+        result = 'NOT RUN'
+    else:
+        result = 'passed' if call is not None and call.passed else 'FAILED'
     _MATRIX.append({'test': request.node.name, 'scenario': row.scenario,
                     'result': result, 'recover_s': row.recover_s,
                     'detail': row.detail,

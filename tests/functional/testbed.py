@@ -255,10 +255,10 @@ def read_direct(path, offset, length):
     return b''.join(iter_direct(path, offset, length))
 
 
-def sha256_of_device(path, length=None):
+def sha256_of_device(path, length=None, offset=0):
     """sha256 hex digest of a device's content, read with O_DIRECT."""
     h = hashlib.sha256()
-    for block in iter_direct(path, 0, length):
+    for block in iter_direct(path, offset, length):
         h.update(block)
     return h.hexdigest()
 

@@ -66,6 +66,8 @@ CACHE = os.environ.get('DMCLONE_TESTBED_CACHE',
 RUNS = os.environ.get('DMCLONE_TESTBED_RUNS', os.path.join(CACHE, 'runs'))
 KEEP_RUNS = int(os.environ.get('DMCLONE_TESTBED_KEEP_RUNS', '20'))
 DEFAULT_PYTEST_ARGS = ['tests/functional']
+#: in a run directory: the volume groups' backing files (--disk-vgs).
+VG_DIR = 'vgs'
 GUEST_SRC = '/src'
 
 RESULT_RE = re.compile(r'@@TESTBED-RESULT rc=(\d+)')
@@ -90,7 +92,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog='tools/testbed/run',
         usage='%(prog)s [--backend uml|qemu] [--timeout SECONDS] '
-              '[--mem SIZE] [-- PYTEST_ARGS...]',
+              '[--mem SIZE] [--disk-vgs] [-- PYTEST_ARGS...]',
         description=__doc__.split('\n\n')[0])
     p.add_argument('--backend', choices=('uml', 'qemu'), default='uml')
     p.add_argument('--timeout', type=int, default=1800,
@@ -98,6 +100,11 @@ def parse_args(argv):
                         '(default: %(default)s)')
     p.add_argument('--mem', default='6G',
                    help='guest memory (default: %(default)s)')
+    p.add_argument('--disk-vgs', action='store_true',
+                   help='keep the volume groups\' backing files in the run '
+                        'directory on the host\'s disk instead of guest '
+                        'RAM (the load test writes more than the guest '
+                        'holds); removed when the guest stops')
     args = p.parse_args(own)
     if not re.match(r'^[0-9]+[KMG]?$', args.mem):
         p.error('--mem: expected a size like 3G or 2048M')
@@ -142,7 +149,7 @@ def ensure_rootfs(lock_fd):
     return build_step(lock_fd, 'build-rootfs.sh')
 
 
-def new_run_dir(pytest_args):
+def new_run_dir(pytest_args, disk_vgs=False):
     os.makedirs(RUNS, exist_ok=True)
     old = sorted(d for d in os.listdir(RUNS) if re.match(r'^\d{8}-\d{6}-', d))
     for d in old[:max(0, len(old) - (KEEP_RUNS - 1))]:
@@ -154,6 +161,8 @@ def new_run_dir(pytest_args):
         f.write(TREE + '\n')
     with open(os.path.join(run_dir, 'spec', 'pytest-args'), 'wb') as f:
         f.write(b''.join(a.encode() + b'\0' for a in pytest_args))
+    if disk_vgs:
+        os.makedirs(os.path.join(run_dir, VG_DIR))
     return run_dir
 
 
@@ -313,7 +322,7 @@ def main(argv):
         return 1
     say('guest images ready in %.1f s (rootfs %s)'
         % (time.monotonic() - t0, rootfs))
-    run_dir = new_run_dir(pytest_args)
+    run_dir = new_run_dir(pytest_args, args.disk_vgs)
     say('run directory: %s' % run_dir)
     for path in (rootfs, run_dir, TREE):
         if not SAFE_PATH_RE.match(path):
@@ -324,7 +333,11 @@ def main(argv):
         cmd = qemu_command(args, rootfs, run_dir, kernel_dir)
     else:
         cmd = uml_command(args, rootfs, run_dir)
-    rc = boot(args, cmd, run_dir)
+    try:
+        rc = boot(args, cmd, run_dir)
+    finally:
+        # Up to tens of GiB of volume data: never kept with the logs.
+        shutil.rmtree(os.path.join(run_dir, VG_DIR), ignore_errors=True)
     say('result rc=%d (run directory: %s, total %.1f s)'
         % (rc, run_dir, time.monotonic() - t0))
     return rc
