@@ -261,13 +261,15 @@ def merge(paths):
         origin = '%s (%s)' % (os.path.basename(os.path.dirname(
             os.path.dirname(os.path.dirname(path)))) or path,
             part['started'])
+        # A file that is itself a merge says where its sections came from.
+        origins = {k: part.get('section_origin', {}).get(k, origin)
+                   for k in part['sections']}
         if data is None:
             data = part
-            data['section_origin'] = {k: origin for k in part['sections']}
+            data['section_origin'] = origins
             continue
         data['sections'].update(part['sections'])
-        data['section_origin'].update(
-            {k: origin for k in part['sections']})
+        data['section_origin'].update(origins)
     return data
 
 
