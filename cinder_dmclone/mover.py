@@ -397,12 +397,43 @@ class Mover(object):
                 LOG.exception('Building the clone of volume %s failed; '
                               'removing what was built.', volume['id'])
                 dest.tear_down(t, volume['provider_auth'])
+        self._refuse_if_given_up(volume, t)
         self.store.set_state(ctxt, t, transfer.HYDRATING if hydrate
                              else transfer.CLONED)
         LOG.info('Clone of volume %(vol)s built over %(src)s '
                  '(%(state)s).', {'vol': volume['id'],
                                   'src': t.source_node, 'state': t.state})
         return path
+
+    def _refuse_if_given_up(self, volume, t):
+        """Before recording the clone: is the source still waiting?
+
+        A build that outlasted the source's transfer timeout (a network
+        cut during the login) finishes after the source gave up and
+        recorded the move ``aborted``, or cleared it.  Recording
+        ``cloned`` then would overwrite that with a move nobody attaches
+        to, whose clone nothing would ever remove.  The check and the
+        write are two database calls: the source's ``aborted`` can still
+        land between them, and then the monitor removes the clone.
+        """
+        current = self.load_any(volume['id'])
+        if (current is not None and current.state == transfer.PREPARING
+                and current.dest_node == t.dest_node):
+            return
+        LOG.warning('The source of volume %(vol)s gave up the move while '
+                    'this node built its clone (state now %(state)s); '
+                    'removing the clone.',
+                    {'vol': volume['id'],
+                     'state': current.state if current else 'none'})
+        if current is not None and current.state == transfer.ABORTED \
+                and self.is_dest(current):
+            self._drop_aborted(volume, current)
+        else:
+            self.destination().tear_down(t, volume['provider_auth'])
+        raise exception.VolumeBackendAPIException(
+            data=_('The move of volume %s was given up by its source '
+                   'while the clone was built here; nothing was kept.')
+            % volume['id'])
 
     def detached(self, volume, connector):
         """A connection of a volume in transfer here goes away.

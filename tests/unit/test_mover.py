@@ -454,6 +454,36 @@ class PrepareTestCase(ClusterTestCase):
         self.assertIn(('create_volume', LV, '2g', 'default'),
                       self.b.vg.calls)
 
+    def given_up_during_build(self, give_up):
+        """node-a gives up (``give_up(t)``) while node-b builds."""
+        self.saved()
+        t = self.c.transfer()
+        build = self.b.dest.build_clone
+
+        def slow_build(*args, **kwargs):
+            path = build(*args, **kwargs)
+            give_up(t)
+            return path
+        self.mock_object(self.b.dest, 'build_clone', side_effect=slow_build)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.prepare)
+        self.assertIn('given up by its source', str(exc))
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_source_recorded_aborted_during_the_build(self):
+        self.given_up_during_build(lambda t: self.a.store.set_state(
+            self.c.ctxt, t, transfer.ABORTED))
+        # Not overwritten with "cloned"; the inert keys are cleared too.
+        self.assertIsNone(self.c.transfer())
+        self.log.warning.assert_called()
+
+    def test_source_cleared_the_move_during_the_build(self):
+        self.given_up_during_build(
+            lambda t: self.a.store.clear(self.c.ctxt, VOLUME_ID))
+        self.assertIsNone(self.c.transfer())
+
     def test_failure_tears_down(self):
         self.saved()
         self.a.target.exports.clear()
