@@ -238,9 +238,10 @@ def iter_direct(path, offset=0, length=None, chunk=MiB):
         done = 0
         while done < length:
             n = min(chunk, length - done)
-            view = memoryview(buf)[:n]
-            got = os.preadv(fd, [view], offset + done)
-            view.release()
+            # Released even when the read fails (EIO), or closing the
+            # buffer below would raise BufferError over the real error.
+            with memoryview(buf) as whole, whole[:n] as view:
+                got = os.preadv(fd, [view], offset + done)
             if got != n:
                 raise IOError('short read from %s at %d: %d of %d'
                               % (path, offset + done, got, n))
