@@ -610,6 +610,9 @@ class Mover(object):
                 current = None      # deleted since the last tick
             if not self.is_dest(current):
                 self.progress.pop(volume_id, None)
+                # A stall reported for a move that ended (rolled back,
+                # deleted) must not silence the report of a later one.
+                self.stalled.discard(volume_id)
                 continue
             entry = dict(progress.as_dict(), state=current.state,
                          source=t.source_node,

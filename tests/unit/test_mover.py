@@ -712,6 +712,14 @@ class OnStatusTestCase(ClusterTestCase):
                             for c in self.log.info.call_args_list))
         self.log.error.assert_called_once()
 
+    def test_stall_of_an_ended_move_is_forgotten(self):
+        self.moved()
+        self.b.mover.stall_timeout = 300
+        self._report(300)
+        self.mock_object(self.b.mover, 'load', return_value=None)
+        self.assertEqual({}, self.b.mover.progress_report())
+        self.assertEqual(set(), self.b.mover.stalled)
+
     def test_stall_report_can_be_turned_off(self):
         self.moved()
         self.b.mover.stall_timeout = 0
