@@ -55,11 +55,29 @@ def netem_off():
                     check=False)
 
 
+def slow():
+    """2 ms each way: a hydration at the kernel's defaults lasts minutes."""
+    netem('delay', '2ms', 'limit', '100000')
+
+
+def cut():
+    """The slow link, dropping every packet."""
+    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+
+
 @pytest.fixture
 def slow_link(cleanup):
     testbed.run(['modprobe', 'sch_netem'])
-    netem('delay', '2ms', 'limit', '100000')
+    slow()
     cleanup(netem_off)
+
+
+def commit_and_finish(cluster, volume_id, image, att_a, att_b):
+    """The live migration completes at full link speed; B alone holds it."""
+    assert helpers.state(cluster, volume_id) == 'cloned'
+    cluster.detach(volume_id, att_a)
+    netem_off()
+    tt.finish_on_b(cluster, volume_id, image.digest(), att_b)
 
 
 def restart_with(cluster, key, overrides, cleanup):
@@ -92,7 +110,7 @@ def test_cut_during_hydration(cluster, fault, slow_link):
     before = percent(cluster, vid)
     assert before < 90, 'hydration too fast to cut in the middle'
 
-    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut()
     cut_at = time.monotonic()
     try:
         t0 = time.monotonic()
@@ -105,7 +123,7 @@ def test_cut_during_hydration(cluster, fault, slow_link):
         during = percent(cluster, vid)
         time.sleep(max(0.0, CUT_S - (time.monotonic() - cut_at)))
     finally:
-        netem('delay', '2ms', 'limit', '100000')
+        slow()
     # From node A's LV, which the finalization retires: take it now.
     expected = image.digest()
     t0 = time.monotonic()
@@ -125,7 +143,7 @@ def test_cut_during_attach(cluster, fault, slow_link):
     fault.scenario = 'network cut %d s during the attach' % CUT_S
     vid, image = tt.seeded_volume(cluster, 410)
     att_a, info_a = cluster.attach(vid, 'a')
-    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut()
     outcome = {}
 
     def attach():
@@ -137,7 +155,7 @@ def test_cut_during_attach(cluster, fault, slow_link):
     worker.start()
     time.sleep(CUT_S)
     t0 = time.monotonic()
-    netem('delay', '2ms', 'limit', '100000')
+    slow()
     worker.join(900)
     assert not worker.is_alive(), 'attach still hanging 900 s after the cut'
     fault.recovered(t0)
@@ -149,12 +167,9 @@ def test_cut_during_attach(cluster, fault, slow_link):
     else:
         fault.detail = 'attach waited out the cut and succeeded'
         att_b, info_b = outcome['ok']
-    assert helpers.state(cluster, vid) == 'cloned'
     image.write(info_a['data']['device_path'], 5 * REGION,
                 testbed.pattern(411, REGION))
-    cluster.detach(vid, att_a)
-    netem_off()
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    commit_and_finish(cluster, vid, image, att_a, att_b)
 
 
 def test_cut_longer_than_the_transfer_timeout_during_attach(
@@ -166,7 +181,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
                  cleanup)
     vid, image = tt.seeded_volume(cluster, 420)
     att_a, info_a = cluster.attach(vid, 'a')
-    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut()
     cut_at = time.monotonic()
     try:
         with pytest.raises(Exception) as err:
@@ -178,7 +193,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
                     testbed.pattern(421, REGION))
         time.sleep(max(0.0, LONG_ATTACH_CUT_S - (time.monotonic() - cut_at)))
     finally:
-        netem('delay', '2ms', 'limit', '100000')
+        slow()
     t0 = time.monotonic()
     # Node B may finish its part of the prepare late; the source recorded
     # the move as aborted, so B's monitor removes what it built.
@@ -199,10 +214,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
     cluster.stop('a')
     cluster.start('a')
     att_b, _info_b = cluster.attach(vid, 'b')
-    assert helpers.state(cluster, vid) == 'cloned'
-    cluster.detach(vid, att_a)
-    netem_off()
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    commit_and_finish(cluster, vid, image, att_a, att_b)
 
 
 def test_cut_past_the_iscsi_timeout_during_hydration(
@@ -226,7 +238,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
     tail = (image.size - 4096, testbed.pattern(433, 4096))
     expected = image.digest()
 
-    netem('delay', '2ms', 'loss', '100%', 'limit', '100000')
+    cut()
     cut_at = time.monotonic()
     outcome = {}
 
@@ -258,7 +270,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         time.sleep(max(0.0, LONG_HYDRATION_CUT_S
                        - (time.monotonic() - cut_at)))
     finally:
-        netem('delay', '2ms', 'limit', '100000')
+        slow()
     t0 = time.monotonic()
     netem_off()
     reader.join(300)
