@@ -106,9 +106,14 @@ def test_twenty_live_migrations_at_once_under_fio(stack, cloud,  # noqa
         return local.cloud
 
     t_start = time.monotonic()
-    vols = _pool(lambda i: client().create(size=1, az='az-a'),
-                 range(COUNT), ATTACHERS)
+    vols = []   # appended as created, so a failed creation leaks nothing
+
+    def create(i):
+        vol = client().create(size=1, az='az-a')
+        vols.append(vol)
+        return vol
     try:
+        _pool(create, range(COUNT), ATTACHERS)
         # Each instance on A writes a head and a tail of its own.
         att_a = _pool(lambda v: client().attach(v.id, 'a'), vols, ATTACHERS)
         for i, att in enumerate(att_a):
