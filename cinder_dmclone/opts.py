@@ -85,8 +85,11 @@ dmclone_opts = [
                     'of the other node (each RPC call between the two '
                     'nodes) before it fails cleanly and is rolled back. It '
                     'must cover the destination\'s iSCSI login to the '
-                    'source, and stay below rpc_response_timeout so that '
-                    'the attach request itself does not time out first.'),
+                    'source. A failing attach waits on two such calls (the '
+                    'prepare, then the abort that undoes it): keep twice '
+                    'this value below rpc_response_timeout, or the failure '
+                    'reaches the caller as an RPC timeout instead of the '
+                    'driver\'s error (the move is rolled back either way).'),
     cfg.FloatOpt('dmclone_metadata_reserve',
                  default=2.0,
                  min=1.0,
