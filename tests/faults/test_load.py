@@ -98,6 +98,7 @@ def test_twenty_live_migrations_at_once_under_fio(stack, cloud,  # noqa
             '/testbed/run'):
         pytest.skip('NOT RUN: %d hydrated volumes of 1 GiB need the volume '
                     'groups on the host\'s disk: run tox -e load' % COUNT)
+    cloud_mod.load_brick()   # before any worker thread imports it
     local = threading.local()
 
     def client():

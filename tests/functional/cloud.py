@@ -31,6 +31,18 @@ from tests.functional import testbed
 
 LOG = logging.getLogger('cloud')
 
+
+def load_brick():
+    """Import os-brick's connectors; call it from the main thread first.
+
+    os-brick imports eventlet (through oslo.privsep).  Imported first in a
+    worker thread of a ``ThreadPoolExecutor``, it leaves the pool's
+    shutdown waiting forever once the map is done: the load test's first
+    runs hung right after twenty attaches (reproduced outside the guest).
+    """
+    from os_brick.initiator import connector  # noqa: F401
+
+
 TRANSFER_KEYS_QUERY = (
     "SELECT `key`, value FROM volume_admin_metadata WHERE deleted=0 AND "
     "volume_id='%s' AND `key` LIKE 'dmclone%%'")
@@ -198,6 +210,7 @@ class Cloud(object):
     def _brick(self):
         if self._brick_ready:
             return
+        load_brick()
         from os_brick import privileged
         from oslo_concurrency import lockutils
         lockutils.set_defaults('/var/lib/cinder/tmp')
@@ -207,7 +220,7 @@ class Cloud(object):
 
     def _brick_connector(self, protocol):
         self._brick()
-        from os_brick.initiator import connector
+        from os_brick.initiator import connector  # loaded by load_brick
         return connector.InitiatorConnector.factory(
             protocol, None, use_multipath=False)
 
