@@ -68,6 +68,13 @@ KEEP_RUNS = int(os.environ.get('DMCLONE_TESTBED_KEEP_RUNS', '20'))
 DEFAULT_PYTEST_ARGS = ['tests/functional']
 #: in a run directory: the volume groups' backing files (--disk-vgs).
 VG_DIR = 'vgs'
+#: --disk-vgs under UML: each volume group's sparse backing file, in the
+#: order of the guest's ubd devices (ubdb, ubdc, ...) that guest/init
+#: expects.  UML's own block driver writes straight to the host's file;
+#: a loop device over hostfs would first fill the guest's page cache with
+#: the backing file's pages.
+DISK_VGS = (('dmc-a', 24 * 1024 ** 3), ('dmc-b', 24 * 1024 ** 3),
+            ('dmc-b-meta', 1024 ** 3))
 GUEST_SRC = '/src'
 
 RESULT_RE = re.compile(r'@@TESTBED-RESULT rc=(\d+)')
@@ -163,7 +170,14 @@ def new_run_dir(pytest_args, disk_vgs=False):
         f.write(b''.join(a.encode() + b'\0' for a in pytest_args))
     if disk_vgs:
         os.makedirs(os.path.join(run_dir, VG_DIR))
+        for name, size in DISK_VGS:
+            with open(disk_vg_file(run_dir, name), 'wb') as f:
+                f.truncate(size)
     return run_dir
+
+
+def disk_vg_file(run_dir, name):
+    return os.path.join(run_dir, VG_DIR, name + '.img')
 
 
 class Console:
@@ -230,7 +244,11 @@ def uml_command(args, rootfs, run_dir):
             'ro', 'init=/sbin/testbed-stage0',
             'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
             'umid=testbed', 'uml_dir=%s' % uml_dir,
-            'testbed.run=%s' % run_dir]
+            'testbed.run=%s' % run_dir] + [
+        # ubd0 is the (unused) default; the volume groups start at ubd1
+        'ubd%d=%s' % (i, disk_vg_file(run_dir, name))
+        for i, (name, _) in enumerate(DISK_VGS, 1)
+        if os.path.exists(disk_vg_file(run_dir, name))]
 
 
 def qemu_command(args, rootfs, run_dir, kernel_dir):
