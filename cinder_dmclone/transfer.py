@@ -195,10 +195,21 @@ class Transfer:
         return [KEY_PREFIX + n for n in cls.FIELDS + PROGRESS_KEYS]
 
     def source_properties(self, provider_auth=None):
-        """os-brick iSCSI connection properties of the source export."""
+        """os-brick iSCSI connection properties of the source export.
+
+        The one portal is also given as the lists os-brick's multipath
+        form uses: with them, a disconnect takes the targets from these
+        properties instead of querying iscsiadm's discovery database.
+        That query fails on a node with no iSCSI records yet, and the
+        clean-up before a build then logged an ERROR with a traceback
+        ("Exception encountered during portal discovery").
+        """
         props = {'target_portal': self.target_portal,
                  'target_iqn': self.target_iqn,
                  'target_lun': self.target_lun,
+                 'target_portals': [self.target_portal],
+                 'target_iqns': [self.target_iqn],
+                 'target_luns': [self.target_lun],
                  'target_discovered': False,
                  'volume_id': self.volume_id}
         if provider_auth:

@@ -20,6 +20,7 @@ from cinder import context
 from cinder import exception
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import test
+from os_brick.initiator.connectors import iscsi
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
@@ -188,7 +189,9 @@ class TransferMetadataTestCase(test.TestCase):
 
     def test_source_properties_without_auth(self):
         self.assertEqual({'target_portal': PORTAL, 'target_iqn': IQN,
-                          'target_lun': 0, 'target_discovered': False,
+                          'target_lun': 0, 'target_portals': [PORTAL],
+                          'target_iqns': [IQN], 'target_luns': [0],
+                          'target_discovered': False,
                           'volume_id': VOLUME_ID},
                          make_transfer().source_properties())
         self.assertNotIn('auth_method',
@@ -202,6 +205,18 @@ class TransferMetadataTestCase(test.TestCase):
         # The secret is everything after the user name.
         self.assertEqual('pass word', props['auth_password'])
         self.assertEqual(2, props['target_lun'])
+
+    def test_source_properties_spare_os_brick_the_discovery_db(self):
+        # os-brick's disconnect path with these properties: the targets
+        # come from them, no iscsiadm discovery-database query (which
+        # exits 21 and logs an ERROR when the database is empty).
+        conn = iscsi.ISCSIConnector(None, execute=mock.Mock(
+            side_effect=AssertionError('iscsiadm must not run')))
+        props = make_transfer(target_lun=3).source_properties('CHAP u p')
+        self.assertEqual(
+            [(PORTAL, IQN, 3)],
+            conn._get_ips_iqns_luns(props, discover=False,
+                                    is_disconnect_call=True))
 
     @ddt.data((None, '0.0'), ({}, '0.0'), ({'dmclone_percent': '42.5'},
                                            '42.5'))
