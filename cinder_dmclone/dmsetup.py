@@ -548,6 +548,30 @@ class DMSetup(object):
     def _run(self, *args, **kwargs):
         return self._exec('dmsetup', *args, **kwargs)
 
+    #: attempts of a command over every device (see _run_listing)
+    LISTING_ATTEMPTS = 3
+
+    def _run_listing(self, *args):
+        """A command over every device, again if one vanished meanwhile.
+
+        ``dmsetup status`` (or ``table``, ``info``) without a name lists
+        the devices, then asks the kernel about each; a device removed in
+        between (another service's detach, a finished move) fails the
+        whole command with "Device does not exist".  The load test hit
+        it on a source node whose handles were being retired.  The next
+        listing no longer holds that device.
+        """
+        for attempt in range(1, self.LISTING_ATTEMPTS + 1):
+            try:
+                return self._run(*args)
+            except exception.DMSetupCommandFailed as exc:
+                if (attempt == self.LISTING_ATTEMPTS
+                        or exc.__cause__ is None
+                        or not _not_found(exc.__cause__)):
+                    raise
+                LOG.debug('A device went away during %s; listing again.',
+                          exc)
+
     def create(self, name, segments, uuid):
         """Create and activate ``name`` with the given table segments.
 
@@ -657,7 +681,7 @@ class DMSetup(object):
         with several clone segments keeps the first (this project never
         builds more than one clone segment per device).
         """
-        out, _err = self._run('status', '--target', 'clone')
+        out, _err = self._run_listing('status', '--target', 'clone')
         result = {}
         for name, lines in parse_status_all(out).items():
             clones = [line.clone for line in lines if line.clone is not None]
@@ -671,7 +695,7 @@ class DMSetup(object):
         Returns {device name: [StatusLine]}; the operator's status tool
         uses it to see linear handles and clone targets in one sample.
         """
-        out, _err = self._run('status')
+        out, _err = self._run_listing('status')
         return parse_status_all(out)
 
     def tables(self, target=None):
@@ -685,13 +709,13 @@ class DMSetup(object):
                 raise exception.InvalidDMName(
                     value=target, reason='not a target type name')
             args += ['--target', target]
-        out, _err = self._run(*args)
+        out, _err = self._run_listing(*args)
         return parse_table_all(out)
 
     def uuids(self):
         """{name: dm UUID} of every device-mapper device (one command)."""
-        out, _err = self._run('info', '-c', '--noheadings', '-o',
-                              'name,uuid', '--separator', '|')
+        out, _err = self._run_listing('info', '-c', '--noheadings', '-o',
+                                      'name,uuid', '--separator', '|')
         return parse_info_uuids(out)
 
     def targets(self):

@@ -308,6 +308,7 @@ class StatusTestCase(test.TestCase):
                           '../x')
 
 
+@ddt.ddt
 class DMSetupCommandTestCase(test.TestCase):
 
     def setUp(self):
@@ -460,6 +461,31 @@ class DMSetupCommandTestCase(test.TestCase):
         self._assert_called('dmsetup', 'status', '--target', 'clone')
         self.assertTrue(result['dmclone-a'].fully_hydrated)
         self.assertTrue(result['dmclone-b'].failed)
+
+    def test_listing_again_when_a_device_vanished(self):
+        # dmsetup lists, then queries each device: one removed in between
+        # fails the whole command; the next listing no longer has it.
+        gone = processutils.ProcessExecutionError(
+            stderr='Device does not exist.\nCommand failed.')
+        self.execute.side_effect = [
+            gone, ('dmclone-a: 0 524288 clone %s\n' % HYDRATED, '')]
+        self.assertEqual(['dmclone-a'], list(self.dm.clone_statuses()))
+        self.assertEqual(2, self.execute.call_count)
+
+    @ddt.data('clone_statuses', 'statuses', 'tables', 'uuids')
+    def test_listing_gives_up_after_three_vanishings(self, method):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='Device does not exist.\nCommand failed.')
+        self.assertRaises(exception.DMSetupCommandFailed,
+                          getattr(self.dm, method))
+        self.assertEqual(3, self.execute.call_count)
+
+    def test_listing_other_errors_not_retried(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            stderr='Permission denied')
+        self.assertRaises(exception.DMSetupCommandFailed,
+                          self.dm.clone_statuses)
+        self.assertEqual(1, self.execute.call_count)
 
     def test_clone_statuses_none(self):
         self.execute.return_value = ('No devices found\n', '')
