@@ -505,9 +505,11 @@ def device_path(name):
 # Commands
 # --------------------------------------------------------------------------
 
-def _not_found(exc):
-    text = '%s %s' % (getattr(exc, 'stdout', None) or '',
-                      getattr(exc, 'stderr', None) or '')
+def _not_found(failed):
+    """Did this DMSetupCommandFailed report a device that is not there?"""
+    cause = failed.__cause__
+    text = '%s %s' % (getattr(cause, 'stdout', None) or '',
+                      getattr(cause, 'stderr', None) or '')
     return ('No such device or address' in text
             or 'Device does not exist' in text
             or 'not found' in text.lower())
@@ -565,9 +567,7 @@ class DMSetup(object):
             try:
                 return self._run(*args)
             except exception.DMSetupCommandFailed as exc:
-                if (attempt == self.LISTING_ATTEMPTS
-                        or exc.__cause__ is None
-                        or not _not_found(exc.__cause__)):
+                if attempt == self.LISTING_ATTEMPTS or not _not_found(exc):
                     raise
                 LOG.debug('A device went away during %s; listing again.',
                           exc)
@@ -646,7 +646,7 @@ class DMSetup(object):
         try:
             self._run(*args)
         except exception.DMSetupCommandFailed as exc:
-            if exc.__cause__ is not None and _not_found(exc.__cause__):
+            if _not_found(exc):
                 LOG.debug('Device-mapper device %s already removed.', name)
                 return
             raise
@@ -659,7 +659,7 @@ class DMSetup(object):
         try:
             self._run('info', validate_name(name))
         except exception.DMSetupCommandFailed as exc:
-            if exc.__cause__ is not None and _not_found(exc.__cause__):
+            if _not_found(exc):
                 return False
             raise
         return True

@@ -247,8 +247,7 @@ def uml_command(args, rootfs, run_dir):
             'testbed.run=%s' % run_dir] + [
         # ubd0 is the (unused) default; the volume groups start at ubd1
         'ubd%d=%s' % (i, disk_vg_file(run_dir, name))
-        for i, (name, _) in enumerate(DISK_VGS, 1)
-        if os.path.exists(disk_vg_file(run_dir, name))]
+        for i, (name, _) in enumerate(DISK_VGS, 1) if args.disk_vgs]
 
 
 def qemu_command(args, rootfs, run_dir, kernel_dir):
