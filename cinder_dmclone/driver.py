@@ -28,6 +28,7 @@ from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import excutils
+from oslo_utils import units
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context as cinder_context
@@ -243,8 +244,25 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 self.dm, self.vg, self.metadata_vg or self.vg, connector,
                 self._execute, utils.get_root_helper(),
                 lvm_type=self.configuration.lvm_type,
-                metadata_reserve=self.configuration.dmclone_metadata_reserve)
+                metadata_reserve=self.configuration.dmclone_metadata_reserve,
+                wipe=self._wipe)
         return self._destination
+
+    def _wipe(self, path, size_mb):
+        """Clear an LV that held volume data before it is removed.
+
+        As Cinder's LVM driver does on delete (``volume_clear``,
+        ``volume_clear_size``): the extents of a thick LV go to the next
+        LV created in the group, another tenant's perhaps.  Thin LVs need
+        nothing: the pool hands out zeroed blocks.
+        """
+        if self.configuration.volume_clear == 'none' or \
+                self.configuration.lvm_type == 'thin':
+            return
+        volume_utils.clear_volume(
+            size_mb, path, volume_clear=self.configuration.volume_clear,
+            volume_clear_size=self.configuration.volume_clear_size,
+            volume_clear_ionice=self.configuration.volume_clear_ionice)
 
     def _connector_properties(self):
         """This node's initiator, for the ACL the source drops."""
@@ -255,9 +273,12 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return self._own_connector
 
     def _retire_local(self, volume):
-        """Remove this node's copy of a volume that moved away."""
+        """Remove (wiped) this node's copy of a volume that moved away."""
         self._remove_handle(volume['name'])
         if self.vg.get_volume(volume['name']) is not None:
+            path = self._lv_path(volume['name'])
+            self._wipe(path, self.dm.device_sectors(path)
+                       * dmsetup.SECTOR_SIZE // units.Mi)
             self.vg.delete(volume['name'])
 
     def _hydration_tuning(self, volume_type):
@@ -668,6 +689,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return self._local_connection(volume,
                                           self.mover.prepare(volume, step))
         if self._is_local_connector(connector):
+            self.mover.refuse_if_moving(volume, _('attaching it here'),
+                                        locked=True)
             return self._local_connection(volume,
                                           self._ensure_handle(volume))
         if self.mover.wants_move(volume, connector):

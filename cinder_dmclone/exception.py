@@ -51,3 +51,14 @@ class DestinationFull(exception.VolumeBackendAPIException):
     message = _("Node %(node)s cannot take volume %(volume)s: volume group "
                 "%(vg)s has %(free).2f GiB free, %(need).2f GiB needed. "
                 "Free space there or attach the volume on its node.")
+
+
+class StepRefused(exception.NotAuthorized):
+    """A node-to-node step without the transfer's secret.
+
+    Such a request came through the public API (a volume owner's
+    connector), not from the other node's volume service.
+    """
+
+    message = _("Refusing the dmclone step %(op)s for volume %(volume)s: "
+                "%(reason)s.")

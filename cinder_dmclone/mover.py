@@ -25,6 +25,7 @@ inside the caller's critical section (taking the lock there would deadlock
 on a distributed lock).
 """
 
+from oslo_concurrency import lockutils
 from oslo_log import log as logging
 from oslo_utils import excutils
 from oslo_utils import units
@@ -39,6 +40,7 @@ from cinder.objects import fields
 from cinder.volume import volume_utils
 
 from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import peer
 from cinder_dmclone import transfer
@@ -57,6 +59,18 @@ def lock(volume_id):
     return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
 
 
+def build_lock(volume_id):
+    """This node's lock on building or removing a volume's clone.
+
+    The destination builds a clone inside the source's critical section
+    (it holds the volume lock while it waits), and a source that gave up
+    waiting asks it to abort in the same way: the two steps may then run
+    at once in this service.  This process-local lock makes the abort wait
+    for the build, so it removes everything the build made.
+    """
+    return lockutils.lock('dmclone-build-%s' % volume_id)
+
+
 def is_instance_attach(volume, attachments=None):
     """True if an instance attachment of the volume is being set up.
 
@@ -71,7 +85,8 @@ def is_instance_attach(volume, attachments=None):
 
 
 def attachments_on(volume, node, attachments=None):
-    """Active attachments of the volume on the node ``node``."""
+    """Active attachments of the volume on ``node`` (a name or a set)."""
+    names = {node} if isinstance(node, str) else set(node)
     if attachments is None:
         attachments = volume.volume_attachment or []
     count = 0
@@ -79,7 +94,7 @@ def attachments_on(volume, node, attachments=None):
         if a.attach_status not in _ACTIVE:
             continue
         host = a.attached_host or (a.connector or {}).get('host')
-        if host == node:
+        if host in names:
             count += 1
     return count
 
@@ -113,6 +128,10 @@ class Mover(object):
         self.stall_timeout = stall_timeout
         #: volumes moving here whose stall has been reported.
         self.stalled = set()
+        #: volumes kept in ``cloned`` after writes here (see _hold).
+        self.held = set()
+        #: clone targets here that no transfer describes (reported once).
+        self.orphans = set()
 
     # -- helpers ---------------------------------------------------------
 
@@ -151,9 +170,16 @@ class Mover(object):
         """The volume's transfer state, aborted ones included."""
         return self.store.load(self.ctxt(), volume_id)
 
-    def refuse_if_moving(self, volume, action):
-        """Raise TransferInProgress if the volume is being moved."""
+    def refuse_if_moving(self, volume, action, locked=False):
+        """Raise TransferInProgress if the volume is being moved.
+
+        With ``locked``, a move being set up right now (the source holds
+        the lock while the destination builds) is waited for and seen.
+        """
         t = self.load(volume['id'])
+        if t is not None and locked:
+            with lock(volume['id']):
+                t = self.load(volume['id'])
         if t is not None:
             md = self.store.db.volume_admin_metadata_get(self.ctxt(),
                                                          volume['id'])
@@ -201,7 +227,14 @@ class Mover(object):
     # -- source: starting a move -----------------------------------------
 
     def wants_move(self, volume, connector):
-        """True if this attach should move the volume to the connector."""
+        """True if this attach should move the volume to the connector.
+
+        A multiattach volume never moves: each node's copy would take its
+        own writes, so instances on two nodes would see two disks.  It
+        stays where it is and other nodes reach it over iSCSI.
+        """
+        if volume.get('multiattach'):
+            return False
         return (connector.get('host') not in self.node_names
                 and is_instance_attach(volume, self.attachments(volume)))
 
@@ -235,12 +268,13 @@ class Mover(object):
                 clone_sectors=lv_sectors,
                 target_portal=data['target_portal'],
                 target_iqn=data['target_iqn'],
-                target_lun=data.get('target_lun', 0))
+                target_lun=data.get('target_lun', 0),
+                source_aliases=tuple(sorted(
+                    self.node_names - {self.node_name})))
             # Any name of this node: an attachment made under an alias
             # still writes to the source, so it must not be hydrated yet.
-            current = self.attachments(volume)
-            hydrate = not any(attachments_on(volume, name, current)
-                              for name in self.node_names)
+            hydrate = not attachments_on(volume, self.node_names,
+                                         self.attachments(volume))
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
                      {'vol': volume['id'], 'src': self.node_name,
@@ -249,8 +283,13 @@ class Mover(object):
             self.store.save(ctxt, t)
             try:
                 info = self.peer.prepare(ctxt, volume, dest_host, connector,
-                                         hydrate=hydrate, size_gb=volume[
-                                             'size'])
+                                         t.secret, hydrate=hydrate,
+                                         size_gb=volume['size'])
+                # Only the lock holder writes the state: the destination
+                # answered, the move is recorded here, under the lock.
+                self.store.transition(
+                    ctxt, t, (transfer.PREPARING,),
+                    transfer.HYDRATING if hydrate else transfer.CLONED)
             except Exception:
                 with excutils.save_and_reraise_exception():
                     LOG.error('Destination %(dst)s could not take volume '
@@ -296,13 +335,13 @@ class Mover(object):
                          '%(node)s.') % {'vol': volume['id'], 'n': len(snaps),
                                          'node': self.node_name})
 
-    def _abort_peer(self, ctxt, volume, dest_host, dest_node):
+    def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""
         try:
-            self.peer.request(ctxt, volume, dest_host,
-                              self.own_connector(), peer.ABORT)
+            self.peer.request(ctxt, volume, t.dest_host,
+                              self.own_connector(), peer.ABORT, t.secret)
         except Exception:
-            LOG.exception('Destination %s could not abort.', dest_node)
+            LOG.exception('Destination %s could not abort.', t.dest_node)
             return False
         return True
 
@@ -315,10 +354,11 @@ class Mover(object):
         session forever with nothing describing them: the transfer is
         kept as ``aborted`` for its recovery to clean up.
         """
-        if self._abort_peer(ctxt, volume, t.dest_host, t.dest_node):
-            self.store.clear(ctxt, volume['id'])
+        self.store.ensure_secret(ctxt, t)
+        if self._abort_peer(ctxt, volume, t):
+            self.store.clear(ctxt, volume['id'], t)
         elif t.state != transfer.ABORTED:
-            self.store.set_state(ctxt, t, transfer.ABORTED)
+            self.store.transition(ctxt, t, transfer.STATES, transfer.ABORTED)
             LOG.warning('Transfer of volume %(vol)s to %(dst)s aborted; '
                         '%(dst)s removes what it built when its service '
                         'is back.', {'vol': volume['id'],
@@ -334,8 +374,36 @@ class Mover(object):
 
     # -- source: steps asked by the destination --------------------------
 
+    def authenticate(self, volume, step):
+        """The transfer a node-to-node step belongs to, or StepRefused.
+
+        A step must carry the secret of the transfer it acts on, and its
+        operation must fit this node's side of it.  Anything else came
+        through the public API (an owner's connector with a ``dmclone``
+        entry) and changes nothing.
+        """
+        op = step.get('op')
+        t = self.load_any(volume['id'])
+        reason = None
+        if t is None:
+            reason = 'no transfer of this volume is recorded'
+        elif not t.authentic(step.get('secret')):
+            reason = 'it does not carry the transfer\'s secret'
+        elif op in (peer.PREPARE, peer.ABORT) and not self.is_dest(t):
+            reason = 'this node is not the destination'
+        elif op in (peer.RELEASE, peer.RETIRE) and not self.is_source(t):
+            reason = 'this node is not the source'
+        if reason:
+            LOG.warning('Refused dmclone step %(op)s for volume %(vol)s: '
+                        '%(why)s (a request through the public API?).',
+                        {'op': op, 'vol': volume['id'], 'why': reason})
+            raise dmc_exception.StepRefused(op=op, volume=volume['id'],
+                                            reason=reason)
+        return t
+
     def serve(self, volume, connector, step):
         """Run a step the other node asked for (no lock: see module doc)."""
+        self.authenticate(volume, step)
         op = step['op']
         if op == peer.RELEASE:
             self._drop_export(volume, connector)
@@ -357,9 +425,10 @@ class Mover(object):
                  volume['id'])
 
     def _abort_destination(self, volume):
-        t = self.load_any(volume['id'])
-        if self.is_dest(t):
-            self.destination().tear_down(t, volume['provider_auth'])
+        with build_lock(volume['id']):
+            t = self.load_any(volume['id'])
+            if self.is_dest(t):
+                self.destination().tear_down(t, volume['provider_auth'])
 
     def _drop_aborted(self, volume, t):
         """Destination: remove what an aborted transfer built here."""
@@ -367,18 +436,25 @@ class Mover(object):
                     'removing what was built here.',
                     {'vol': volume['id'], 'src': t.source_node})
         self.destination().tear_down(t, volume['provider_auth'])
-        self.store.clear(self.ctxt(), volume['id'])
+        self.store.clear(self.ctxt(), volume['id'], t)
 
     # -- destination -----------------------------------------------------
 
     def prepare(self, volume, step):
-        """Build the clone of a volume moving here; return its path."""
-        ctxt = self.ctxt()
-        t = self.load(volume['id'])
-        if not self.is_dest(t) or t.state != transfer.PREPARING:
+        """Build the clone of a volume moving here; return its path.
+
+        The source records the outcome (it holds the volume's lock while
+        it waits for this answer): nothing here writes the state.
+        """
+        t = self.authenticate(volume, step)
+        if t.state != transfer.PREPARING:
             raise exception.VolumeBackendAPIException(
                 data=_('No transfer of volume %s to this node is being '
                        'prepared.') % volume['id'])
+        with build_lock(volume['id']):
+            return self._build(volume, step, t)
+
+    def _build(self, volume, step, t):
         dest = self.destination()
         hydrate = bool(step.get('hydrate'))
         threshold, batch = self.tuning(volume.volume_type)
@@ -398,27 +474,25 @@ class Mover(object):
                               'removing what was built.', volume['id'])
                 dest.tear_down(t, volume['provider_auth'])
         self._refuse_if_given_up(volume, t)
-        self.store.set_state(ctxt, t, transfer.HYDRATING if hydrate
-                             else transfer.CLONED)
-        LOG.info('Clone of volume %(vol)s built over %(src)s '
-                 '(%(state)s).', {'vol': volume['id'],
-                                  'src': t.source_node, 'state': t.state})
+        LOG.info('Clone of volume %(vol)s built over %(src)s (hydration '
+                 '%(h)s).', {'vol': volume['id'], 'src': t.source_node,
+                             'h': 'on' if hydrate else 'off'})
         return path
 
     def _refuse_if_given_up(self, volume, t):
-        """Before recording the clone: is the source still waiting?
+        """Before answering: is the source still waiting for this move?
 
         A build that outlasted the source's transfer timeout (a network
         cut during the login) finishes after the source gave up and
-        recorded the move ``aborted``, or cleared it.  Recording
-        ``cloned`` then would overwrite that with a move nobody attaches
-        to, whose clone nothing would ever remove.  The check and the
-        write are two database calls: the source's ``aborted`` can still
-        land between them, and then the monitor removes the clone.
+        recorded the move ``aborted``, or cleared it (or a later move
+        replaced it): nobody will attach to this clone, so it goes now.
+        The source records the move only if this answer reaches it in
+        time, so a give-up that lands after this check is still safe:
+        the source's abort (or, if it cannot reach this node, the monitor
+        seeing ``aborted``) removes the clone.
         """
         current = self.load_any(volume['id'])
-        if (current is not None and current.state == transfer.PREPARING
-                and current.dest_node == t.dest_node):
+        if t.same_transfer(current) and current.state == transfer.PREPARING:
             return
         LOG.warning('The source of volume %(vol)s gave up the move while '
                     'this node built its clone (state now %(state)s); '
@@ -440,33 +514,67 @@ class Mover(object):
 
         Detach on the source (live migration done): commit, hydrate.
         Detach here while the source still holds it (live migration
-        failed): roll back; the volume stays on the source.
+        failed): roll back; the volume stays on the source -- unless the
+        clone already took writes here (see :meth:`_hold`).
         Returns True if the transfer handled it.
         """
-        t = self.load(volume['id'])
-        if not self.is_dest(t):
-            return False
         host = (connector or {}).get('host')
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or host is None:
+            return False
         if t.state != transfer.CLONED:
             # The source's detach again, after the commit was recorded (a
             # retry after this service died before answering): its
             # connection ended with the commit, nothing is exported here.
-            return host == t.source_node
+            return host in t.source_names
         with lock(volume['id']):
+            # Read again under the lock: the move may have been committed
+            # or rolled back by a detach that held it first.
+            t = self.load(volume['id'])
+            if not self.is_dest(t) or t.state != transfer.CLONED:
+                return self.is_dest(t) and host in t.source_names
             current = self.attachments(volume)
-            if host == t.source_node:
-                if attachments_on(volume, t.source_node, current) <= 1:
+            on_source = attachments_on(volume, t.source_names, current)
+            if host in t.source_names:
+                if on_source <= 1:
                     self.commit(volume, t)
                 return True
-            if host in self.node_names and attachments_on(
-                    volume, t.source_node, current) > 0:
-                self.rollback(volume, t)
+            if host in self.node_names and on_source > 0:
+                if self.destination().written(t):
+                    self._hold(volume, t)
+                else:
+                    self.rollback(volume, t)
                 return True
         return False
 
+    def _hold(self, volume, t):
+        """Keep a clone that took writes although the source is attached.
+
+        The instance ran here (a live migration switched over), so the
+        clone holds its latest writes; the source's attachment outlived
+        the migration (its compute died before cleaning up, or its detach
+        failed).  Rolling back would discard every write since the switch,
+        and committing would hydrate under a source that may still write.
+        Neither is safe without an operator: the move waits in ``cloned``
+        and is reported until the stale attachment is removed, which
+        commits it.
+        """
+        self.held.add(volume['id'])
+        LOG.error('Volume %(vol)s was detached on %(dst)s, where it took '
+                  'writes, while node %(src)s still has an attachment: the '
+                  'move is kept (not rolled back) so that no write is '
+                  'lost, with hydration off. If no instance on %(src)s '
+                  'uses the volume any more, delete that attachment '
+                  '(openstack volume attachment delete): the move then '
+                  'commits and hydrates.',
+                  {'vol': volume['id'], 'dst': t.dest_node,
+                   'src': t.source_node})
+
     def commit(self, volume, t):
         self.destination().enable_hydration(t)
-        self.store.set_state(self.ctxt(), t, transfer.HYDRATING)
+        self.store.transition(self.ctxt(), t, (transfer.CLONED,),
+                              transfer.HYDRATING)
+        self.held.discard(volume['id'])
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '
                  '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
 
@@ -478,15 +586,16 @@ class Mover(object):
         self.destination().tear_down(t, volume['provider_auth'])
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                self.host_zone(ctxt, t.source_host))
+        self.store.ensure_secret(ctxt, t)
         try:
             self.peer.request(ctxt, volume, t.source_host,
-                              self.own_connector(), peer.RELEASE)
+                              self.own_connector(), peer.RELEASE, t.secret)
         except Exception:
             LOG.exception('Source %(src)s did not drop the export of '
                           '%(vol)s; it is harmless and goes with the next '
                           'detach there.', {'src': t.source_node,
                                             'vol': volume['id']})
-        self.store.clear(ctxt, volume['id'])
+        self.store.clear(ctxt, volume['id'], t)
 
     def extend(self, volume):
         """Grow the table of a clone after its LV grew; False if none."""
@@ -511,19 +620,24 @@ class Mover(object):
         here (no transfer into this node).
         """
         t = self.load_any(volume['id'])
-        if t is not None and t.state == transfer.ABORTED:
-            if self.is_source(t):
-                self._give_up(self.ctxt(), volume, t)
-            return False
-        if not self.is_dest(t):
+        if t is None or not (self.is_dest(t) or t.state == transfer.ABORTED):
             return False
         ctxt = self.ctxt()
         with lock(volume['id']):
+            t = self.load_any(volume['id'])
+            if t is not None and t.state == transfer.ABORTED:
+                if self.is_source(t):
+                    self._give_up(ctxt, volume, t)
+                return False
+            if not self.is_dest(t):
+                return False
             self.destination().tear_down(t, volume['provider_auth'])
+            self.store.ensure_secret(ctxt, t)
             self.peer.request(ctxt, volume, t.source_host,
-                              self.own_connector(), peer.RETIRE)
-            self.store.clear(ctxt, volume['id'])
+                              self.own_connector(), peer.RETIRE, t.secret)
+            self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
+            self.held.discard(volume['id'])
         return True
 
     # -- destination: monitor and finalization ----------------------------
@@ -531,18 +645,27 @@ class Mover(object):
     def on_status(self, lv_name, status, progress):
         """Hydration monitor callback for one clone handle."""
         volume_id = volume_utils.extract_id_from_volume_name(lv_name)
-        t = self.load_any(volume_id) if volume_id else None
+        try:
+            t = self.load_any(volume_id) if volume_id else None
+        except exception.VolumeNotFound:
+            t = None
         if self.is_dest(t) and t.state == transfer.ABORTED:
             # The source gave up while this node was still building (its
             # answer came too late): nothing will ever use this clone.
             with lock(volume_id):
-                self._drop_aborted(
-                    objects.Volume.get_by_id(self.ctxt(), volume_id), t)
+                # Only if it is still that move: a retried one may have
+                # taken the lock first and be building right now.
+                current = self.load_any(volume_id)
+                if t.same_transfer(current) and \
+                        current.state == transfer.ABORTED:
+                    self._drop_aborted(
+                        objects.Volume.get_by_id(self.ctxt(), volume_id),
+                        current)
             return
         if not self.is_dest(t):
-            LOG.warning('Clone target of %s belongs to no transfer into '
-                        'this node; leaving it alone.', lv_name)
+            self._report_orphan(lv_name, volume_id)
             return
+        self.orphans.discard(lv_name)
         if status.failed:
             LOG.error('Clone of volume %(vol)s reports %(st)s: check the '
                       'metadata LV and the path to %(src)s.',
@@ -559,6 +682,23 @@ class Mover(object):
                   else ', %d s to go' % progress.eta})
         if t.state == transfer.HYDRATING and status.fully_hydrated:
             self.finalize(volume_id)
+
+    def _report_orphan(self, lv_name, volume_id):
+        """Say once that a clone here is described by no transfer.
+
+        It is left from a move that was abandoned (the volume was then
+        deleted, or moved elsewhere).  It is never removed automatically:
+        an instance may still hold it open.
+        """
+        if lv_name in self.orphans:
+            return
+        self.orphans.add(lv_name)
+        LOG.warning('Clone target of %(lv)s (volume %(vol)s) belongs to no '
+                    'transfer into this node: it is left from an abandoned '
+                    'move. Check that nothing uses it (dmsetup info), then '
+                    'remove it with dmsetup remove, log out of its iSCSI '
+                    'session and delete its LV and metadata LV.',
+                    {'lv': lv_name, 'vol': volume_id or 'unknown'})
 
     def _report_stall(self, volume_id, t, progress):
         """Say once that hydration stopped, and once that it came back.
@@ -639,19 +779,22 @@ class Mover(object):
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
                 if t.state != transfer.FINALIZING:
-                    self.store.set_state(ctxt, t, transfer.FINALIZING)
+                    self.store.transition(ctxt, t, (transfer.HYDRATING,),
+                                          transfer.FINALIZING)
                 dest = self.destination()
                 dest.swap_to_linear(t)
                 dest.remove_metadata(t)
                 dest.disconnect_source(t, volume.provider_auth)
+                self.store.ensure_secret(ctxt, t)
                 self.peer.request(ctxt, volume, t.source_host,
-                                  self.own_connector(), peer.RETIRE)
+                                  self.own_connector(), peer.RETIRE,
+                                  t.secret)
                 # The source's export goes from the record before the
                 # state does, so a crash in between is finalized again.
                 self.store.db.volume_update(
                     ctxt, volume_id,
                     {'provider_location': None, 'provider_auth': None})
-                self.store.clear(ctxt, volume_id)
+                self.store.clear(ctxt, volume_id, t)
                 self.pending_finalize.discard(volume_id)
                 LOG.info('Transfer of volume %(vol)s finished: it lives on '
                          '%(node)s alone.', {'vol': volume_id,
@@ -709,19 +852,19 @@ class Mover(object):
         if t.state == transfer.ABORTED:
             self._drop_aborted(volume, t)
             return
+        dest = self.destination()
         commit = False
         if t.state == transfer.CLONED:
             rollback, commit = self._lost_detach(volume, t)
-            if rollback:
-                self.rollback(volume, t)
+            if rollback and self._recover_rollback(volume, t):
                 return
-        dest = self.destination()
         if t.state == transfer.PREPARING:
+            # The source holds the lock while it waits for this node and
+            # owns the state: it aborts (or, if it died, its recovery
+            # does), and then clears it.
             LOG.warning('Transfer of volume %s was half built; rolling '
                         'back this node.', volume.id)
             dest.tear_down(t, volume.provider_auth)
-            if here not in self.node_names:
-                self.store.clear(ctxt, volume.id)
             return
         if t.state == transfer.FINALIZING and not dest.needs_rebuild(t):
             self.pending_finalize.add(volume.id)
@@ -739,6 +882,27 @@ class Mover(object):
         LOG.info('Clone of volume %(vol)s rebuilt after restart '
                  '(%(state)s).', {'vol': volume.id, 'state': t.state})
 
+    def _recover_rollback(self, volume, t):
+        """Finish a rollback a crash interrupted; False to keep the clone.
+
+        The clone is rebuilt first (hydration off) when a reboot took it:
+        only the clone tells whether the instance already wrote here, and
+        a clone that took writes is never rolled back (see _hold).  A
+        missing data LV means the crash came in the rollback's own
+        teardown: there is nothing left to keep.
+        """
+        dest = self.destination()
+        if dest.has_data(t):
+            if dest.needs_rebuild(t):
+                dest.build_clone(t, dest.connect_source(
+                    t, volume.provider_auth), False,
+                    *self.tuning(volume.volume_type))
+            if dest.written(t):
+                self._hold(volume, t)
+                return True
+        self.rollback(volume, t)
+        return True
+
     def _lost_detach(self, volume, t):
         """(rollback, commit): the detach a crash in ``cloned`` lost.
 
@@ -750,7 +914,6 @@ class Mover(object):
         source still has one means the migration failed (roll back).
         """
         current = self.attachments(volume)
-        on_source = attachments_on(volume, t.source_node, current)
-        on_dest = sum(attachments_on(volume, name, current)
-                      for name in self.node_names)
+        on_source = attachments_on(volume, t.source_names, current)
+        on_dest = attachments_on(volume, self.node_names, current)
         return bool(on_source and not on_dest), not on_source

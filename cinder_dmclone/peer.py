@@ -23,9 +23,15 @@ the service of the other node, never through a shell on it:
   the transfer; ``retire``: the volume has left, remove its export and old
   LV; ``abort``: tear down a destination that was never committed).
 
-The receiving driver recognises the entry (see DMCloneVolumeDriver) and
-runs the step there.  Each call waits at most ``dmclone_transfer_timeout``
-seconds for the other node, so no RPC worker blocks for longer.
+The same two calls are open to a volume's owner through the public API
+(``os-initialize_connection``, ``os-terminate_connection``), with any
+connector: every step therefore carries the transfer's secret, which only
+the volume services can read (see Transfer.secret), and the receiving
+Mover refuses a step without it (Mover.authenticate).  A connector with a
+``dmclone`` entry is never treated as an ordinary one.
+
+Each call waits at most ``dmclone_transfer_timeout`` seconds for the other
+node, so no RPC worker blocks for longer.
 """
 
 from cinder.volume import rpcapi as volume_rpcapi
@@ -39,13 +45,17 @@ OPS = (PREPARE, RELEASE, RETIRE, ABORT)
 
 
 def payload(connector):
-    """The dmclone step a connector carries, or None."""
-    if not connector:
+    """The dmclone step a connector carries, or None if it has none.
+
+    A malformed entry is still a step (an empty one, which no transfer
+    accepts): it must never fall through to an ordinary attach.
+    """
+    if not connector or PAYLOAD_KEY not in connector:
         return None
     value = connector.get(PAYLOAD_KEY)
     if isinstance(value, dict) and value.get('op') in OPS:
         return value
-    return None
+    return {'op': None}
 
 
 class PeerClient(object):
@@ -74,15 +84,16 @@ class PeerClient(object):
         routed.cluster_name = None
         return routed
 
-    def prepare(self, ctxt, volume, dest_host, connector, **params):
+    def prepare(self, ctxt, volume, dest_host, connector, secret, **params):
         """Ask the destination to build the clone; returns its conn info."""
-        step = dict(params, op=PREPARE)
+        step = dict(params, op=PREPARE, secret=secret)
         return self.rpcapi.initialize_connection(
             ctxt, self._at(volume, dest_host),
             dict(connector, **{PAYLOAD_KEY: step}))
 
-    def request(self, ctxt, volume, host, connector, op):
+    def request(self, ctxt, volume, host, connector, op, secret):
         """Run ``op`` (release, retire, abort) on ``host``'s service."""
+        step = {'op': op, 'secret': secret}
         self.rpcapi.terminate_connection(
             ctxt, self._at(volume, host),
-            dict(connector or {}, **{PAYLOAD_KEY: {'op': op}}))
+            dict(connector or {}, **{PAYLOAD_KEY: step}))

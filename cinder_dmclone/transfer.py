@@ -45,7 +45,9 @@ the iSCSI initiator); it never calls back up into the driver.
 """
 
 import dataclasses
+import hmac
 import re
+import secrets
 
 from oslo_log import log as logging
 from oslo_utils import units
@@ -67,18 +69,27 @@ ABORTED = 'aborted'
 STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED)
 
 KEY_PREFIX = 'dmclone_'
+#: bytes of randomness in a transfer's secret (hex encoded in the record).
+SECRET_BYTES = 16
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
                  'eta_seconds', 'stalled_seconds')
 
 _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
 _HOST_RE = re.compile(r'^[A-Za-z0-9_.@#:-]+$')
+_SECRET_RE = re.compile(r'^[0-9a-f]{32,128}$')
 
 
 class TransferStateInvalid(exception.VolumeBackendAPIException):
     message = _("Transfer state of volume %(volume_id)s is invalid "
                 "(%(reason)s); nothing was changed. Fix or remove the "
                 "dmclone_* admin metadata keys after checking both nodes.")
+
+
+class TransferStateConflict(exception.VolumeBackendAPIException):
+    message = _("The transfer of volume %(volume_id)s changed under this "
+                "step (expected %(expected)s, found %(found)s); the step "
+                "was not taken.")
 
 
 class TransferInProgress(exception.VolumeIsBusy):
@@ -131,15 +142,45 @@ class Transfer:
     target_portal: str
     target_iqn: str
     target_lun: int = 0
+    #: Other names of the source node (its dmclone_node_aliases): an
+    #: attachment or a detach made under one of them is the source's.
+    source_aliases: tuple = ()
+    #: A random value only the two volume services know (admin metadata
+    #: is never shown to a volume's owner): every node-to-node step
+    #: carries it, so none can be forged through the public API.
+    secret: str = ''
 
     FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
               'dest_node', 'region_sectors', 'clone_sectors',
               'target_portal', 'target_iqn', 'target_lun')
+    #: Fields a record written by release 1.1.0 does not have.
+    OPTIONAL_FIELDS = ('source_aliases', 'secret')
+
+    @property
+    def source_names(self):
+        """Every name the source node attaches and detaches under."""
+        return {self.source_node} | set(self.source_aliases)
 
     def to_metadata(self):
         """Admin metadata entries (strings) describing the transfer."""
-        return {KEY_PREFIX + name: str(getattr(self, name))
-                for name in self.FIELDS}
+        md = {KEY_PREFIX + name: str(getattr(self, name))
+              for name in self.FIELDS}
+        md[KEY_PREFIX + 'source_aliases'] = ','.join(
+            sorted(self.source_aliases))
+        md[KEY_PREFIX + 'secret'] = self.secret
+        return md
+
+    def same_transfer(self, other):
+        """True if ``other`` is this very move, not a later one."""
+        return (other is not None and bool(self.secret)
+                and hmac.compare_digest(self.secret, other.secret or '')
+                and self.dest_node == other.dest_node)
+
+    def authentic(self, secret):
+        """True if ``secret`` is this transfer's (constant-time compare)."""
+        return (bool(self.secret) and isinstance(secret, str)
+                and hmac.compare_digest(self.secret.encode(),
+                                        secret.encode()))
 
     @classmethod
     def from_metadata(cls, volume_id, metadata):
@@ -176,6 +217,12 @@ class Transfer:
             raise TransferStateInvalid(volume_id=volume_id,
                                        reason='source and destination are '
                                               'the same host')
+        aliases = metadata.get(KEY_PREFIX + 'source_aliases') or ''
+        aliases = tuple(_match(_HOST_RE, name, volume_id, 'source_aliases')
+                        for name in aliases.split(',') if name)
+        secret = metadata.get(KEY_PREFIX + 'secret') or ''
+        if secret:
+            _match(_SECRET_RE, secret, volume_id, 'secret')
         return cls(
             volume_id=volume_id, lv_name=raw['lv_name'], state=raw['state'],
             source_host=raw['source_host'], dest_host=raw['dest_host'],
@@ -188,11 +235,13 @@ class Transfer:
             target_iqn=_match(_IQN_RE, raw['target_iqn'], volume_id,
                               'target_iqn'),
             target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
-                            minimum=0))
+                            minimum=0),
+            source_aliases=aliases, secret=secret)
 
     @classmethod
     def metadata_keys(cls):
-        return [KEY_PREFIX + n for n in cls.FIELDS + PROGRESS_KEYS]
+        return [KEY_PREFIX + n
+                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS]
 
     def source_properties(self, provider_auth=None):
         """os-brick iSCSI connection properties of the source export.
@@ -229,6 +278,12 @@ class Store(object):
     Admin metadata is visible to every service of the deployment (and to
     admins, never to the volume's owner), which is what lets any node tell
     where a volume is in its move.
+
+    This is the only code that writes a transfer's state.  Every writer
+    holds the volume's lock (see :func:`cinder_dmclone.mover.lock`), and
+    every change of state is conditional: :meth:`transition` re-reads the
+    record and changes it only if it is still the same move in one of the
+    states the step expects, so a step that lost a race changes nothing.
     """
 
     def __init__(self, db):
@@ -238,14 +293,48 @@ class Store(object):
         md = self.db.volume_admin_metadata_get(ctxt, volume_id)
         return Transfer.from_metadata(volume_id, md)
 
+    @staticmethod
+    def new_secret():
+        return secrets.token_hex(SECRET_BYTES)
+
     def save(self, ctxt, transfer):
+        """Record a new move (with a fresh secret if it has none)."""
+        if not transfer.secret:
+            transfer.secret = self.new_secret()
         self.db.volume_admin_metadata_update(
             ctxt, transfer.volume_id, transfer.to_metadata(), False)
 
-    def set_state(self, ctxt, transfer, state):
-        transfer.state = state
+    def ensure_secret(self, ctxt, transfer):
+        """Give a move recorded by release 1.1.0 its secret (under lock).
+
+        Steps are only ever sent by the node holding the volume's lock,
+        which calls this first: the other node then reads the secret from
+        the record like any other field.
+        """
+        if transfer.secret:
+            return
+        transfer.secret = self.new_secret()
+        self.db.volume_admin_metadata_update(
+            ctxt, transfer.volume_id,
+            {KEY_PREFIX + 'secret': transfer.secret}, False)
+
+    def transition(self, ctxt, transfer, expected, state):
+        """Move ``transfer`` from one of ``expected`` states to ``state``.
+
+        Raises TransferStateConflict, writing nothing, if the record no
+        longer describes this move (cleared, replaced by another move) or
+        is in a state the step does not expect.
+        """
+        current = self.load(ctxt, transfer.volume_id)
+        if not transfer.same_transfer(current) or \
+                current.state not in expected:
+            raise TransferStateConflict(
+                volume_id=transfer.volume_id,
+                expected='/'.join(expected),
+                found=current.state if current is not None else 'none')
         self.db.volume_admin_metadata_update(
             ctxt, transfer.volume_id, {KEY_PREFIX + 'state': state}, False)
+        transfer.state = state
 
     def publish_progress(self, ctxt, volume_id, progress):
         self.db.volume_admin_metadata_update(
@@ -253,7 +342,18 @@ class Store(object):
             {KEY_PREFIX + k: v for k, v in progress.as_dict().items()},
             False)
 
-    def clear(self, ctxt, volume_id):
+    def clear(self, ctxt, volume_id, transfer=None):
+        """Forget the move; with ``transfer``, only if it is still that one.
+
+        A step that ends a move passes it, so that a later move of the
+        same volume recorded meanwhile is never erased.
+        """
+        if transfer is not None and transfer.secret:
+            current = self.load(ctxt, volume_id)
+            if current is not None and not transfer.same_transfer(current):
+                LOG.warning('Not clearing the transfer of volume %s: the '
+                            'record describes another move now.', volume_id)
+                return
         # The state key goes first: without it the other keys are inert,
         # so a crash part-way leaves no half-described transfer behind.
         state = KEY_PREFIX + 'state'
@@ -278,10 +378,13 @@ class DestinationNode(object):
     ``vg``/``meta_vg`` are Cinder brick LVM objects of the data and
     metadata volume groups, ``dm`` a :class:`cinder_dmclone.dmsetup.DMSetup`,
     ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
+    ``wipe(path, size_mb)`` clears an LV's data before it is removed (the
+    driver honours ``volume_clear`` with it); None for no clearing.
     """
 
     def __init__(self, dm, vg, meta_vg, connector, execute, root_helper,
-                 lvm_type='default', metadata_reserve=2.0):
+                 lvm_type='default', metadata_reserve=2.0, wipe=None):
+        self.wipe = wipe
         self.dm = dm
         self.vg = vg
         self.meta_vg = meta_vg
@@ -467,6 +570,23 @@ class DestinationNode(object):
         self.dm.reload(name, [dmsetup.linear_segment(
             0, self.dm.device_sectors(lv), lv)])
 
+    def written(self, t):
+        """True if the clone may hold data the source does not have.
+
+        In ``cloned`` hydration is off, so a region is hydrated only
+        because the instance wrote (or discarded) it here.  Without a
+        clone to ask (a reboot), the answer is yes: never assume a clone
+        holds nothing.
+        """
+        name = self.handle_name(t)
+        if not self.dm.exists(name):
+            return True
+        status = [s.clone for s in self.dm.status(name) if s.clone]
+        return not status or status[0].hydrated_regions > 0
+
+    def has_data(self, t):
+        return self.vg.get_volume(t.lv_name) is not None
+
     def has_metadata(self, t):
         return self.meta_vg.get_volume(
             layout.metadata_lv_name(t.lv_name)) is not None
@@ -482,9 +602,20 @@ class DestinationNode(object):
             self.meta_vg.delete(meta_name)
 
     def tear_down(self, t, provider_auth):
-        """Remove everything the transfer built here (a rollback)."""
+        """Remove everything the transfer built here (a rollback).
+
+        The data LV goes (wiped) before the metadata LV: while a metadata
+        LV is there nothing maps the partly hydrated data LV on its own
+        (the driver's guard), so a crash in between never exposes it.
+        """
         self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
-        self.remove_metadata(t)
-        if self.vg.get_volume(t.lv_name) is not None:
+        if self.has_data(t):
+            self._wipe(self.lv_path(t))
             self.vg.delete(t.lv_name)
+        self.remove_metadata(t)
+
+    def _wipe(self, path):
+        if self.wipe is not None:
+            self.wipe(path, self.dm.device_sectors(path)
+                      * dmsetup.SECTOR_SIZE // units.Mi)

@@ -437,6 +437,12 @@ class Cluster(object):
         return transfer.Transfer.from_metadata(
             VOLUME_ID, self.db.admin_metadata.get(VOLUME_ID))
 
+    def set_state(self, t, state):
+        """Put the recorded transfer in ``state`` (a test's arrangement)."""
+        self.db.volume_admin_metadata_update(
+            self.ctxt, VOLUME_ID, {'dmclone_state': state}, False)
+        t.state = state
+
     # -- what Nova does ----------------------------------------------------
 
     def attach(self, node, instance_uuid=fake.INSTANCE_ID):

@@ -210,6 +210,17 @@ class FakeDMSetup(object):
             self.on_hydrated(args.dest_dev)
         return target
 
+    def write(self, name, regions=1):
+        """An instance writes ``regions`` whole regions through a clone.
+
+        dm-clone marks them hydrated whether hydration is on or off.
+        """
+        seg = self._clone(name)
+        status = self._clone_status(name, seg)
+        args = dmsetup.parse_clone_table(seg)
+        self.meta_hydrated[args.metadata_dev] = min(
+            status.hydrated_regions + regions, status.total_regions)
+
     def targets(self):
         self._call('targets')
         return dict(self.target_types)

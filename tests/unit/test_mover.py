@@ -235,10 +235,12 @@ class MoveTestCase(ClusterTestCase):
                                    'access_mode': 'rw'}}, info)
         # Saved as preparing before the destination was asked.
         self.assertEqual([transfer.PREPARING], states)
+        t = self.c.transfer()
         self.assertEqual([('initialize_connection', 'node-b@dmclone#dmclone',
                            {'op': 'prepare', 'hydrate': True,
-                            'size_gb': 1})], self.c.rpc.calls)
-        t = self.c.transfer()
+                            'size_gb': 1, 'secret': t.secret})],
+                         self.c.rpc.calls)
+        self.assertEqual(32, len(t.secret))
         self.assertEqual(transfer.HYDRATING, t.state)
         self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
         self.assertEqual(SECTORS, t.clone_sectors)
@@ -406,13 +408,23 @@ class PrepareTestCase(ClusterTestCase):
     def prepare(self, **step):
         volume = self.volume()
         volume.provider_auth = 'CHAP user s3cret'
+        t = self.c.transfer()
+        step.setdefault('secret', t.secret if t else None)
         return self.b.mover.prepare(volume, dict(step, op='prepare'))
 
     def test_no_transfer(self):
-        exc = self.assertRaises(exception.VolumeBackendAPIException,
-                                self.prepare)
-        self.assertIn('No transfer of volume %s to this node' % VOLUME_ID,
-                      str(exc))
+        exc = self.assertRaises(dmc_exception.StepRefused, self.prepare)
+        self.assertIn('no transfer of this volume is recorded', str(exc))
+
+    def test_forged_secret(self):
+        self.saved()
+        exc = self.assertRaises(dmc_exception.StepRefused, self.prepare,
+                                secret='0' * 32)
+        self.assertIn('secret', str(exc))
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertRaises(dmc_exception.StepRefused, self.prepare,
+                          secret=None)
+        self.assertEqual({}, self.b.vg.lvs)
 
     def test_wrong_state(self):
         self.saved(transfer.CLONED)
@@ -421,13 +433,14 @@ class PrepareTestCase(ClusterTestCase):
 
     def test_other_destination(self):
         self.saved(dest='node-c')
-        self.assertRaises(exception.VolumeBackendAPIException, self.prepare)
+        self.assertRaises(dmc_exception.StepRefused, self.prepare)
         self.assertEqual({}, self.b.vg.lvs)
 
     def test_builds_without_hydration(self):
         self.saved()
         self.assertEqual(HANDLE_PATH, self.prepare(hydrate=False, size_gb=1))
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        # The source records the outcome once this answer reaches it.
+        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
         self.assertIn('no_hydration', self.features())
         self.assertEqual({'hydration_threshold': 64,
                           'hydration_batch_size': 16},
@@ -439,7 +452,7 @@ class PrepareTestCase(ClusterTestCase):
     def test_builds_with_hydration(self):
         self.saved()
         self.prepare(hydrate=True)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
         self.assertNotIn('no_hydration', self.features())
 
     def test_size_from_step_or_volume(self):
@@ -448,8 +461,6 @@ class PrepareTestCase(ClusterTestCase):
         self.assertIn(('create_volume', LV, '1g', 'default'),
                       self.b.vg.calls)
         self.b.dest.tear_down(self.c.transfer(), None)
-        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
-                               transfer.PREPARING)
         self.prepare(size_gb=2)
         self.assertIn(('create_volume', LV, '2g', 'default'),
                       self.b.vg.calls)
@@ -473,8 +484,8 @@ class PrepareTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.connector.sessions)
 
     def test_source_recorded_aborted_during_the_build(self):
-        self.given_up_during_build(lambda t: self.a.store.set_state(
-            self.c.ctxt, t, transfer.ABORTED))
+        self.given_up_during_build(lambda t: self.a.store.transition(
+            self.c.ctxt, t, (transfer.PREPARING,), transfer.ABORTED))
         # Not overwritten with "cloned"; the inert keys are cleared too.
         self.assertIsNone(self.c.transfer())
         self.log.warning.assert_called()
@@ -753,11 +764,12 @@ class FinalizeTestCase(ClusterTestCase):
                 steps.append(label(*args) if label else name)
                 return original(*args, **kwargs)
             self.mock_object(obj, name, side_effect=wrapper)
-        record(self.b.store, 'set_state', lambda ctxt, t, s: 'state ' + s)
+        record(self.b.store, 'transition',
+               lambda ctxt, t, expected, s: 'state ' + s)
         for name in ('swap_to_linear', 'remove_metadata',
                      'disconnect_source'):
             record(self.b.dest, name)
-        record(self.b.peer, 'request', lambda *args: args[-1])
+        record(self.b.peer, 'request', lambda *args: args[-2])
         record(self.c.db, 'volume_update', lambda ctxt, vid, values:
                'provider ' + ','.join(sorted(values)))
         record(self.b.store, 'clear')
@@ -771,7 +783,7 @@ class FinalizeTestCase(ClusterTestCase):
     @ddt.data(('dest', 'swap_to_linear'), ('dest', 'remove_metadata'),
               ('dest', 'disconnect_source'), ('peer', 'request'),
               ('db', 'volume_update'), ('store', 'clear'),
-              ('store', 'set_state'))
+              ('store', 'transition'))
     @ddt.unpack
     def test_failing_step_is_retried(self, owner, name):
         obj = {'dest': self.b.dest, 'peer': self.b.peer, 'db': self.c.db,
@@ -822,10 +834,42 @@ class FinalizeTestCase(ClusterTestCase):
 
 class ServeTestCase(ClusterTestCase):
 
-    def serve(self, node, op, volume=None):
-        connector = dict(self.b.props, dmclone={'op': op})
+    def serve(self, node, op, volume=None, secret=None):
+        t = self.c.transfer()
+        if secret is None and t is not None:
+            secret = t.secret
+        connector = dict(self.b.props, dmclone={'op': op, 'secret': secret})
         node.mover.serve(volume or self.volume(), connector,
                          peer.payload(connector))
+
+    def test_steps_without_the_secret_are_refused(self):
+        # What a volume owner can send through os-terminate_connection.
+        self.saved()
+        self.b.mover.prepare(self.volume(), {
+            'op': 'prepare', 'secret': self.c.transfer().secret})
+        for node, op in ((self.b, peer.ABORT), (self.a, peer.RELEASE),
+                         (self.a, peer.RETIRE)):
+            for secret in ('0' * 32, '', 'x'):
+                self.assertRaises(dmc_exception.StepRefused, self.serve,
+                                  node, op, secret=secret)
+            connector = dict(self.b.props, dmclone={'op': op})
+            self.assertRaises(dmc_exception.StepRefused, node.mover.serve,
+                              self.volume(), connector,
+                              peer.payload(connector))
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertIn(IQN, self.a.target.exports)
+        self.assertIn(LV, self.a.vg.lvs)
+
+    def test_steps_of_a_legacy_record_are_refused(self):
+        # A record written by 1.1.0 has no secret: nothing can prove a
+        # step on it came from the other node.
+        self.saved()
+        md = self.c.db.admin_metadata[VOLUME_ID]
+        md.pop('dmclone_secret')
+        self.assertRaises(dmc_exception.StepRefused, self.serve, self.a,
+                          peer.RELEASE, secret='')
+        self.assertIn(IQN, self.a.target.exports)
 
     def test_release(self):
         self.saved()
@@ -865,7 +909,8 @@ class ServeTestCase(ClusterTestCase):
 
     def test_abort(self):
         self.saved()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.b.mover.prepare(self.volume(), {
+            'op': 'prepare', 'secret': self.c.transfer().secret})
         self.serve(self.b, peer.ABORT)
         self.assertEqual({}, self.b.vg.lvs)
         self.assertEqual({}, self.b.dm.devices)
@@ -874,18 +919,24 @@ class ServeTestCase(ClusterTestCase):
     def test_abort_not_for_us(self):
         self.saved(dest='node-c')
         self.b.vg.add(LV, '1g')
-        self.serve(self.b, peer.ABORT)
-        self.serve(self.a, peer.ABORT)
+        self.assertRaises(dmc_exception.StepRefused, self.serve, self.b,
+                          peer.ABORT)
+        self.assertRaises(dmc_exception.StepRefused, self.serve, self.a,
+                          peer.ABORT)
         self.assertIn(LV, self.b.vg.lvs)
         self.assertIn(LV, self.a.vg.lvs)
 
     def test_abort_without_transfer(self):
-        self.serve(self.b, peer.ABORT)
+        self.assertRaises(dmc_exception.StepRefused, self.serve, self.b,
+                          peer.ABORT, secret='0' * 32)
         self.assertEqual([], self.b.vg.calls)
 
     def test_other_ops_do_nothing(self):
         self.saved()
-        self.a.mover.serve(self.volume(), {}, {'op': peer.PREPARE})
+        self.assertRaises(dmc_exception.StepRefused, self.a.mover.serve,
+                          self.volume(), {}, {
+                              'op': peer.PREPARE,
+                              'secret': self.c.transfer().secret})
         self.assertEqual(2, len(self.a.target.calls))
 
 
@@ -903,8 +954,12 @@ class RecoverTestCase(ClusterTestCase):
         self.b.dest.create_volumes(self.c.transfer(), 1)
         self.restart(self.b)
         self.assertEqual({}, self.b.vg.lvs)
-        self.assertIsNone(self.c.transfer())
+        # The source owns a move being prepared (it holds the lock while
+        # it waits): it gives up and clears it, never node-b's recovery.
+        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
         self.log.warning.assert_called()
+        self.restart(self.a)
+        self.assertIsNone(self.c.transfer())
 
     def test_preparing_of_a_volume_recorded_here_keeps_state(self):
         self.saved()
@@ -942,8 +997,7 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_finalizing_is_pending(self):
         self.moved()
-        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
-                               transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
         self.restart(self.b)
         self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
         self.assertEqual(1, [c[0] for c in self.b.dm.calls].count('create'))
@@ -953,8 +1007,7 @@ class RecoverTestCase(ClusterTestCase):
     def test_finalizing_after_a_reboot_rebuilds_the_clone(self):
         self.moved()
         self.b.dm.hydrate(HANDLE)
-        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
-                               transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
         self.restart(self.b, reboot=True)
         self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
         self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
@@ -963,7 +1016,8 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_source_side_unfinished_move_is_aborted(self):
         self.saved()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
+        self.b.mover.prepare(self.volume(), {
+            'op': 'prepare', 'secret': self.c.transfer().secret})
         self.restart(self.a)
         self.assertEqual(['abort'], self.ops())
         self.assertIsNone(self.c.transfer())
@@ -988,8 +1042,9 @@ class RecoverTestCase(ClusterTestCase):
         """node-b built the clone; node-a then recorded the move aborted."""
         self.saved()
         t = self.c.transfer()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare'})
-        self.a.store.set_state(self.c.ctxt, t, transfer.ABORTED)
+        self.b.mover.prepare(self.volume(), {'op': 'prepare',
+                                             'secret': t.secret})
+        self.c.set_state(t, transfer.ABORTED)
 
     def assert_nothing_on_b(self):
         self.assertIsNone(self.c.transfer())
@@ -1092,7 +1147,7 @@ class RecoverTestCase(ClusterTestCase):
         # The source gave up before the destination came back: recovery
         # there finds the transfer aborted and removes what it built.
         self.c.restart_before_timeout = False
-        self.c.crash_at(self.b.store, 'set_state')
+        self.c.crash_at(self.b.dest, 'build_clone', 'after')
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.b)
         self.assertEqual(transfer.ABORTED, self.c.transfer().state)
@@ -1128,8 +1183,7 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
 
     def test_extend_while_finalizing(self):
         self.moved()
-        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
-                               transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
         self.assertFalse(self.b.mover.extend(self.volume()))
 
     def test_retune(self):
@@ -1146,8 +1200,7 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
     def test_retune_nothing_to_tune(self):
         self.moved()
         self.a.mover.retune(self.volume(), None)
-        self.b.store.set_state(self.c.ctxt, self.c.transfer(),
-                               transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
         self.b.mover.retune(self.volume(), None)
         self.assertNotIn('message', [c[0] for c in self.b.dm.calls])
         self.assertNotIn('message', [c[0] for c in self.a.dm.calls])
@@ -1228,7 +1281,7 @@ class InvariantsTestCase(ClusterTestCase):
 
 # Steps of the destination's flow: (object, attribute, call matcher).
 def _state_is(state):
-    return lambda ctxt, t, new_state: new_state == state
+    return lambda ctxt, t, expected, new_state: new_state == state
 
 
 def _during(c, state):
@@ -1250,21 +1303,23 @@ STEPS = {
         c.b.vg, 'create_volume', lambda name, *a: name == LV),
     'connect_source': lambda c, f: (c.b.dest, 'connect_source', None),
     'build_clone': lambda c, f: (c.b.dest, 'build_clone', None),
+    # (Recorded by the source, which holds the lock while it waits for the
+    # destination's answer: a crash of node-a here.)
     'set_state_prepared': lambda c, f: (
-        c.b.store, 'set_state', _state_is(
+        c.a.store, 'transition', _state_is(
             transfer.CLONED if f == 'live' else transfer.HYDRATING)),
     'enable_hydration': lambda c, f: (c.b.dest, 'enable_hydration', None),
     'set_state_committed': lambda c, f: (
-        c.b.store, 'set_state', _state_is(transfer.HYDRATING)),
+        c.b.store, 'transition', _state_is(transfer.HYDRATING)),
     'set_state_finalizing': lambda c, f: (
-        c.b.store, 'set_state', _state_is(transfer.FINALIZING)),
+        c.b.store, 'transition', _state_is(transfer.FINALIZING)),
     'swap_to_linear': lambda c, f: (c.b.dest, 'swap_to_linear', None),
     'remove_metadata': lambda c, f: (
         c.b.dest, 'remove_metadata', _during(c, transfer.FINALIZING)),
     'disconnect_source': lambda c, f: (
         c.b.dest, 'disconnect_source', _during(c, transfer.FINALIZING)),
     'peer_retire': lambda c, f: (
-        c.b.peer, 'request', lambda *args: args[-1] == peer.RETIRE),
+        c.b.peer, 'request', lambda *args: args[-2] == peer.RETIRE),
     'clear_provider_fields': lambda c, f: (
         c.db, 'volume_update',
         lambda ctxt, vid, values: 'provider_location' in values
@@ -1317,8 +1372,10 @@ class CrashTestCase(test.TestCase):
         src = c.attach(c.a)[0] if flow == 'live' else None
         try:
             c.attach(c.b)
-        except exception.VolumeBackendAPIException:
-            # The move failed: Nova gives up, the instance stays.
+        except (exception.VolumeBackendAPIException,
+                oslo_messaging.MessagingTimeout):
+            # The move failed (or the source died answering): Nova gives
+            # up, the instance stays.
             c.settle()
             return
         if src is not None:
@@ -1339,8 +1396,9 @@ class CrashTestCase(test.TestCase):
         record = c.crash_at(obj, attr, when, match)
         self.drive(c, flow)
         if mode == 'late':
-            self.assertTrue(c.b.down)
-            c.restart(c.b)
+            down = [node for node in (c.a, c.b) if node.down]
+            self.assertEqual(1, len(down))
+            c.restart(down[0])
         self.assertTrue(record['fired'], 'the crash never happened')
         if outcome == 'rolled_back':
             c.assert_rolled_back(aborted_ok=(mode == 'late'))

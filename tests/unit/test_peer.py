@@ -30,12 +30,16 @@ CONNECTOR = {'host': 'node-b', 'initiator': 'iqn.2024-01.org.example.b:i',
 @ddt.ddt
 class PayloadTestCase(test.TestCase):
 
-    @ddt.data(None, {}, {'host': 'node-b'}, {'dmclone': None},
-              {'dmclone': 'prepare'}, {'dmclone': ['prepare']},
-              {'dmclone': {}}, {'dmclone': {'op': 'reboot'}},
-              {'dmclone': {'op': None}})
+    @ddt.data(None, {}, {'host': 'node-b'})
     def test_no_step(self, connector):
         self.assertIsNone(peer.payload(connector))
+
+    @ddt.data({'dmclone': None}, {'dmclone': 'prepare'},
+              {'dmclone': ['prepare']}, {'dmclone': {}},
+              {'dmclone': {'op': 'reboot'}}, {'dmclone': {'op': None}})
+    def test_malformed_step_is_still_a_step(self, connector):
+        # Never an ordinary attach: a step no transfer accepts.
+        self.assertEqual({'op': None}, peer.payload(connector))
 
     @ddt.data(*peer.OPS)
     def test_step(self, op):
@@ -90,44 +94,46 @@ class PeerClientTestCase(test.TestCase):
         connector = dict(CONNECTOR)
         info = self.client.prepare(self.ctxt, self.volume,
                                    'node-b@dmclone#dmclone', connector,
-                                   hydrate=False, size_gb=3)
+                                   'f' * 32, hydrate=False, size_gb=3)
         self.assertIs(self.rpcapi.initialize_connection.return_value, info)
         ctxt, routed, sent = self.rpcapi.initialize_connection.call_args.args
         self.assertIs(self.ctxt, ctxt)
         self.assertEqual('node-b@dmclone#dmclone', routed.host)
-        self.assertEqual(dict(CONNECTOR, dmclone={'op': 'prepare',
-                                                  'hydrate': False,
-                                                  'size_gb': 3}), sent)
+        step = {'op': 'prepare', 'hydrate': False, 'size_gb': 3,
+                'secret': 'f' * 32}
+        self.assertEqual(dict(CONNECTOR, dmclone=step), sent)
         self.assertEqual(CONNECTOR, connector)
-        self.assertEqual({'op': 'prepare', 'hydrate': False, 'size_gb': 3},
-                         peer.payload(sent))
+        self.assertEqual(step, peer.payload(sent))
 
     def test_prepare_op_cannot_be_overridden(self):
         self.client.prepare(self.ctxt, self.volume, 'node-b@dmclone#dmclone',
-                            CONNECTOR, op='retire')
+                            CONNECTOR, 'f' * 32, op='retire')
         sent = self.rpcapi.initialize_connection.call_args.args[2]
         self.assertEqual('prepare', sent['dmclone']['op'])
 
     def test_prepare_errors_propagate(self):
         self.rpcapi.initialize_connection.side_effect = ValueError('x')
         self.assertRaises(ValueError, self.client.prepare, self.ctxt,
-                          self.volume, 'node-b@dmclone#dmclone', CONNECTOR)
+                          self.volume, 'node-b@dmclone#dmclone', CONNECTOR,
+                          'f' * 32)
 
     def test_request(self):
         for op in (peer.RELEASE, peer.RETIRE, peer.ABORT):
             self.assertIsNone(self.client.request(
                 self.ctxt, self.volume, 'node-b@dmclone#dmclone',
-                CONNECTOR, op))
+                CONNECTOR, op, 'f' * 32))
             ctxt, routed, sent = \
                 self.rpcapi.terminate_connection.call_args.args
             self.assertEqual('node-b@dmclone#dmclone', routed.host)
-            self.assertEqual(dict(CONNECTOR, dmclone={'op': op}), sent)
+            self.assertEqual(dict(CONNECTOR, dmclone={
+                'op': op, 'secret': 'f' * 32}), sent)
 
     def test_request_without_connector(self):
         self.client.request(self.ctxt, self.volume, 'node-b@dmclone#dmclone',
-                            None, peer.ABORT)
+                            None, peer.ABORT, 'f' * 32)
         sent = self.rpcapi.terminate_connection.call_args.args[2]
-        self.assertEqual({'dmclone': {'op': 'abort'}}, sent)
+        self.assertEqual({'dmclone': {'op': 'abort', 'secret': 'f' * 32}},
+                         sent)
 
 
 class VolumeRPCRoutingTestCase(test.TestCase):
@@ -148,24 +154,26 @@ class VolumeRPCRoutingTestCase(test.TestCase):
 
     def test_prepare_goes_to_destination_service(self):
         self.client.prepare(self.ctxt, self.volume, 'node-b@dmclone#dmclone',
-                            CONNECTOR, hydrate=True, size_gb=1)
+                            CONNECTOR, 'f' * 32, hydrate=True, size_gb=1)
         kwargs = self.prepare.call_args.kwargs
         self.assertEqual('node-b', kwargs['server'])
         self.assertEqual('cinder-volume.node-b@dmclone', kwargs['topic'])
         args, kwargs = self.cctxt.call.call_args
         self.assertEqual((self.ctxt, 'initialize_connection'), args)
         self.assertEqual('node-b@dmclone#dmclone', kwargs['volume'].host)
-        self.assertEqual({'op': 'prepare', 'hydrate': True, 'size_gb': 1},
+        self.assertEqual({'op': 'prepare', 'hydrate': True, 'size_gb': 1,
+                          'secret': 'f' * 32},
                          kwargs['connector']['dmclone'])
 
     def test_request_goes_to_named_service(self):
         self.client.request(self.ctxt, self.volume, 'node-c@dmclone#dmclone',
-                            CONNECTOR, peer.RETIRE)
+                            CONNECTOR, peer.RETIRE, 'f' * 32)
         self.assertEqual('node-c', self.prepare.call_args.kwargs['server'])
         args, kwargs = self.cctxt.call.call_args
         self.assertEqual((self.ctxt, 'terminate_connection'), args)
         self.assertEqual(self.volume.id, kwargs['volume_id'])
-        self.assertEqual({'op': 'retire'}, kwargs['connector']['dmclone'])
+        self.assertEqual({'op': 'retire', 'secret': 'f' * 32},
+                         kwargs['connector']['dmclone'])
 
 
 class BoundedCallsTestCase(test.TestCase):

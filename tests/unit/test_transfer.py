@@ -72,7 +72,8 @@ class TransferMetadataTestCase(test.TestCase):
     def test_round_trip(self):
         t = make_transfer(state=transfer.HYDRATING, target_lun=3)
         md = t.to_metadata()
-        self.assertEqual(set('dmclone_' + f for f in transfer.Transfer.FIELDS),
+        self.assertEqual(set('dmclone_' + f for f in transfer.Transfer.FIELDS
+                             + transfer.Transfer.OPTIONAL_FIELDS),
                          set(md))
         self.assertTrue(all(isinstance(v, str) for v in md.values()))
         self.assertEqual('3', md['dmclone_target_lun'])
@@ -184,8 +185,45 @@ class TransferMetadataTestCase(test.TestCase):
         self.assertIn('dmclone_percent', keys)
         self.assertIn('dmclone_eta_seconds', keys)
         self.assertIn('dmclone_stalled_seconds', keys)
+        self.assertIn('dmclone_secret', keys)
+        self.assertIn('dmclone_source_aliases', keys)
         self.assertEqual(len(transfer.Transfer.FIELDS)
+                         + len(transfer.Transfer.OPTIONAL_FIELDS)
                          + len(transfer.PROGRESS_KEYS), len(set(keys)))
+
+    def test_optional_fields_round_trip(self):
+        t = make_transfer(source_aliases=('node-a.example', 'node-a2'),
+                          secret='ab' * 16)
+        md = t.to_metadata()
+        self.assertEqual('node-a.example,node-a2',
+                         md['dmclone_source_aliases'])
+        back = transfer.Transfer.from_metadata(VOLUME_ID, md)
+        self.assertEqual(t, back)
+        self.assertEqual({'node-a', 'node-a.example', 'node-a2'},
+                         back.source_names)
+
+    def test_record_of_release_1_1_0_loads(self):
+        md = metadata()
+        del md['dmclone_secret'], md['dmclone_source_aliases']
+        t = transfer.Transfer.from_metadata(VOLUME_ID, md)
+        self.assertEqual(('', ()), (t.secret, t.source_aliases))
+        self.assertFalse(t.authentic(''))
+        self.assertFalse(t.same_transfer(t))
+
+    @ddt.data(('secret', 'not-hex-' * 5), ('secret', 'ab'),
+              ('secret', 'AB' * 16), ('source_aliases', 'a b'),
+              ('source_aliases', 'ok,bad/one'))
+    @ddt.unpack
+    def test_bad_optional_field(self, field, value):
+        self.assertRaises(transfer.TransferStateInvalid,
+                          transfer.Transfer.from_metadata, VOLUME_ID,
+                          metadata(**{field: value}))
+
+    def test_authentic(self):
+        t = make_transfer(secret='ab' * 16)
+        self.assertTrue(t.authentic('ab' * 16))
+        for other in ('ab' * 15, 'cd' * 16, '', None, 42, 'ab' * 16 + 'x'):
+            self.assertFalse(t.authentic(other))
 
     def test_source_properties_without_auth(self):
         self.assertEqual({'target_portal': PORTAL, 'target_iqn': IQN,
@@ -259,20 +297,82 @@ class StoreTestCase(test.TestCase):
         self.assertEqual(('volume_admin_metadata_update', VOLUME_ID,
                           t.to_metadata(), False), self.db.calls[-2])
 
-    def test_set_state(self):
+    def test_transition(self):
         t = make_transfer()
         self.store.save(self.ctxt, t)
         del self.db.calls[:]
-        self.store.set_state(self.ctxt, t, transfer.CLONED)
+        self.store.transition(self.ctxt, t, (transfer.PREPARING,),
+                              transfer.CLONED)
         self.assertEqual(transfer.CLONED, t.state)
         self.assertEqual([('volume_admin_metadata_update', VOLUME_ID,
                            {'dmclone_state': 'cloned'}, False)],
-                         self.db.calls)
+                         [c for c in self.db.calls
+                          if c[0] == 'volume_admin_metadata_update'])
         self.assertEqual(transfer.CLONED,
                          self.store.load(self.ctxt, VOLUME_ID).state)
 
+    def test_save_gives_a_fresh_secret(self):
+        t, u = make_transfer(), make_transfer()
+        self.store.save(self.ctxt, t)
+        self.store.save(self.ctxt, u)
+        self.assertEqual(32, len(t.secret))
+        self.assertNotEqual(t.secret, u.secret)
+
+    def test_transition_from_an_unexpected_state_writes_nothing(self):
+        t = make_transfer()
+        self.store.save(self.ctxt, t)
+        exc = self.assertRaises(
+            transfer.TransferStateConflict, self.store.transition,
+            self.ctxt, t, (transfer.CLONED,), transfer.HYDRATING)
+        self.assertIn('expected cloned, found preparing', str(exc))
+        self.assertEqual(transfer.PREPARING,
+                         self.store.load(self.ctxt, VOLUME_ID).state)
+
+    def test_transition_of_a_cleared_move_writes_nothing(self):
+        # The race the review found: a state written after a clear left
+        # a lone dmclone_state that broke every later attach.
+        t = make_transfer()
+        self.store.save(self.ctxt, t)
+        self.store.clear(self.ctxt, VOLUME_ID)
+        self.assertRaises(transfer.TransferStateConflict,
+                          self.store.transition, self.ctxt, t,
+                          (transfer.PREPARING,), transfer.CLONED)
+        self.assertNotIn('dmclone_state',
+                         self.db.admin_metadata.get(VOLUME_ID, {}))
+
+    def test_transition_of_a_replaced_move_writes_nothing(self):
+        old, new = make_transfer(), make_transfer()
+        self.store.save(self.ctxt, old)
+        self.store.save(self.ctxt, new)
+        self.assertRaises(transfer.TransferStateConflict,
+                          self.store.transition, self.ctxt, old,
+                          (transfer.PREPARING,), transfer.ABORTED)
+        self.assertEqual(new, self.store.load(self.ctxt, VOLUME_ID))
+
+    def test_clear_of_a_replaced_move_keeps_the_new_one(self):
+        old, new = make_transfer(), make_transfer()
+        self.store.save(self.ctxt, old)
+        self.store.save(self.ctxt, new)
+        self.store.clear(self.ctxt, VOLUME_ID, old)
+        self.assertEqual(new, self.store.load(self.ctxt, VOLUME_ID))
+        self.store.clear(self.ctxt, VOLUME_ID, new)
+        self.assertIsNone(self.store.load(self.ctxt, VOLUME_ID))
+
+    def test_ensure_secret(self):
+        t = make_transfer()
+        self.store.save(self.ctxt, t)
+        secret = t.secret
+        self.store.ensure_secret(self.ctxt, t)
+        self.assertEqual(secret, t.secret)
+        t.secret = ''
+        self.store.ensure_secret(self.ctxt, t)
+        self.assertNotEqual(secret, t.secret)
+        self.assertEqual(t.secret,
+                         self.store.load(self.ctxt, VOLUME_ID).secret)
+
     def test_publish_progress(self):
-        self.store.save(self.ctxt, make_transfer())
+        t = make_transfer()
+        self.store.save(self.ctxt, t)
         self.store.publish_progress(self.ctxt, VOLUME_ID, periodic.Progress(
             hydrated_regions=4096, total_regions=16384, region_bytes=65536,
             rate=1048576.0, eta=768.0))
@@ -284,8 +384,7 @@ class StoreTestCase(test.TestCase):
         self.assertEqual('768', md['dmclone_eta_seconds'])
         self.assertEqual('25.0', transfer.progress_percent(md))
         # Progress does not disturb the transfer itself.
-        self.assertEqual(make_transfer(),
-                         self.store.load(self.ctxt, VOLUME_ID))
+        self.assertEqual(t, self.store.load(self.ctxt, VOLUME_ID))
 
     def test_clear(self):
         self.store.save(self.ctxt, make_transfer())
