@@ -756,7 +756,8 @@ class Mover(object):
                 continue
             entry = dict(progress.as_dict(), state=current.state,
                          source=t.source_node,
-                         stalled=volume_id in self.stalled)
+                         stalled=volume_id in self.stalled,
+                         stale_source_attachment=volume_id in self.held)
             report[volume_id] = entry
         return report
 

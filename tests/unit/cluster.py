@@ -303,6 +303,8 @@ class Cluster(object):
         self.snapshots = []
         self.held = set()
         self.restart_before_timeout = restart_before_timeout
+        #: the volume's multiattach flag (its volume type's).
+        self.multiattach = False
         self._ids = itertools.cycle([fake.ATTACHMENT_ID,
                                      fake.ATTACHMENT2_ID])
         self.a = Node(self, 'node-a', '10.0.0.1')
@@ -401,6 +403,7 @@ class Cluster(object):
             availability_zone=rec['availability_zone'],
             provider_location=rec['provider_location'],
             provider_auth=rec['provider_auth'],
+            multiattach=self.multiattach,
             volume_admin_metadata=[{'key': k, 'value': v}
                                    for k, v in md.items()])
         volume.volume_attachment = objects.VolumeAttachmentList(objects=[

@@ -138,6 +138,19 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         self.mover.wants_move.assert_not_called()
         self.mover.prepare.assert_not_called()
 
+    def test_local_attach_waits_for_and_refuses_a_move(self):
+        # On the source, while a move is being prepared: the attach waits
+        # for the lock and is refused, so hydration never runs under a
+        # writer here.  (Before: no check at all.)
+        self.mover.refuse_if_moving.side_effect = \
+            transfer.TransferInProgress(
+                volume_name=LV, source='node-a', dest='node-b',
+                state='cloned', percent='0.0', action='attaching it here')
+        self.assertRaises(transfer.TransferInProgress,
+                          self.drv.initialize_connection, self.volume, LOCAL)
+        self.mover.refuse_if_moving.assert_called_once_with(
+            self.volume, mock.ANY, locked=True)
+
     def test_terminate_with_step_serves_it(self):
         target = self.mock_object(self.drv.target_driver,
                                   'terminate_connection')
@@ -352,6 +365,35 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.lvs.clear()
         self.drv._retire_local(self.volume)
         self.vg.delete.assert_called_once_with(LV)
+
+    @mock.patch.object(volume_utils, 'clear_volume')
+    def test_retire_local_wipes_the_old_copy(self, mock_clear):
+        # The moved volume's extents go to the next thick LV here,
+        # another tenant's perhaps.  (Before: removed without a wipe.)
+        self.drv.configuration.volume_clear = 'zero'
+        self.drv.configuration.volume_clear_size = 0
+        self._make_handle()
+        order = []
+        mock_clear.side_effect = lambda *a, **k: order.append('wipe')
+        self.vg.delete.side_effect = lambda name: order.append('delete')
+        self.drv._retire_local(self.volume)
+        mock_clear.assert_called_once_with(
+            1024, LV_PATH, volume_clear='zero', volume_clear_size=0,
+            volume_clear_ionice=self.drv.configuration.volume_clear_ionice)
+        self.assertEqual(['wipe', 'delete'], order)
+
+    @ddt.data(dict(volume_clear='none'),
+              dict(volume_clear='zero', lvm_type='thin'))
+    @mock.patch.object(volume_utils, 'clear_volume')
+    def test_no_wipe_when_not_needed(self, config, mock_clear):
+        for key, value in config.items():
+            setattr(self.drv.configuration, key, value)
+        self.drv._wipe(LV_PATH, 1024)
+        mock_clear.assert_not_called()
+
+    @mock.patch.object(volume_utils, 'brick_get_connector')
+    def test_destination_wipes_with_the_driver(self, mock_connector):
+        self.assertEqual(self.drv._wipe, self.drv._destination_node().wipe)
 
     def test_monitor_wired_to_mover(self):
         self.mock_object(test_driver.driver.periodic.HydrationMonitor,

@@ -617,6 +617,147 @@ class DetachedTestCase(ClusterTestCase):
                                                self.b.props))
         self.assertEqual(transfer.CLONED, self.c.transfer().state)
 
+    def test_detach_that_lost_the_race_for_the_lock(self):
+        # Another detach committed the move while this one waited for the
+        # lock: it reads the state again and does nothing more.
+        src, dst = self.moved(live=True)
+        cloned = self.c.transfer()
+        self.c.detach(src)
+        self.mock_object(self.b.mover, 'load',
+                         side_effect=[cloned, self.c.transfer()])
+        enable = self.mock_object(self.b.dest, 'enable_hydration')
+        self.assertTrue(self.b.mover.detached(self.volume(), self.a.props))
+        enable.assert_not_called()
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+
+    # -- a destination that took writes is never rolled back -------------
+    def test_destination_that_took_writes_is_kept(self):
+        # The migration switched over (the instance wrote on node-b), but
+        # the source's attachment outlived it (its compute died before
+        # cleaning up).  A detach on node-b must not discard the writes.
+        # (Before: rolled back, node-b's LV and every write deleted.)
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)
+        self.c.detach(dst)
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertEqual(3, self.b.dm.status(HANDLE)[0].clone
+                         .hydrated_regions)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.assertNotIn('release', self.ops())
+        self.log.error.assert_called_once()
+        self.assertIn('attachment delete', self.log.error.call_args[0][0])
+        self.c.tick(self.b)
+        report = self.b.mover.progress_report()[VOLUME_ID]
+        self.assertTrue(report['stale_source_attachment'])
+        # The operator removes the stale attachment: the move commits.
+        self.c.detach(src)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertEqual(set(), self.b.mover.held)
+
+    def test_written_clone_is_kept_by_recovery_after_a_reboot(self):
+        # The rollback's detach was lost with a reboot of node-b: the
+        # clone is rebuilt first, and it says the instance wrote here.
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.c.attachments.remove(dst)
+        self.b.reboot()
+        self.b.recover()
+        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual(2, self.b.dm.status(HANDLE)[0].clone
+                         .hydrated_regions)
+        self.assertIn('no_hydration', self.features())
+        self.assertEqual({VOLUME_ID}, self.b.mover.held)
+
+    def test_unwritten_clone_is_rolled_back_by_recovery_after_a_reboot(self):
+        src, dst = self.moved(live=True)
+        self.c.attachments.remove(dst)
+        self.b.reboot()
+        self.b.recover()
+        self.c.assert_rolled_back()
+
+    def test_rollback_interrupted_after_the_data_lv_went(self):
+        # The crash came inside the rollback's teardown, between the data
+        # LV and the metadata LV: recovery finishes the rollback.
+        src, dst = self.moved(live=True)
+        self.c.crash_at(self.b.dest, 'remove_metadata',
+                        match=lambda t: True)
+        self.c.restart_before_timeout = False
+        self.assertRaises(oslo_messaging.MessagingTimeout, self.c.detach,
+                          dst)
+        self.assertNotIn(LV, self.b.vg.lvs)
+        self.assertIn(META, self.b.vg.lvs)
+        self.c.attachments.remove(dst)
+        self.b.reboot()
+        self.b.recover()
+        self.c.assert_rolled_back()
+
+    # -- the source's other names -------------------------------------------
+    def alias_attach(self):
+        """node-a's instance attached under its alias node-a.alias."""
+        self.a.mover.node_names = {'node-a', 'node-a.alias'}
+        src = self.c.attach(self.a)[0]
+        src['attached_host'] = 'node-a.alias'
+        src['connector'] = dict(src['connector'], host='node-a.alias')
+        dst = self.c.attach(self.b)[0]
+        self.assertEqual(('node-a.alias',), self.c.transfer().source_aliases)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        return src, dst
+
+    def test_source_detach_under_an_alias_commits(self):
+        # (Before: node-b did not know the alias, and ran an iSCSI
+        # terminate of its own instead of committing.)
+        src, dst = self.alias_attach()
+        terminations = len(self.b.target.calls)
+        self.c.detach(src)
+        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(terminations, len(self.b.target.calls))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_failed_migration_under_an_alias_rolls_back(self):
+        # (Before: the source's attachment under its alias was not
+        # counted, so nothing was rolled back.)
+        src, dst = self.alias_attach()
+        self.c.detach(dst)
+        self.c.assert_rolled_back()
+
+    def test_lost_detach_counts_the_alias(self):
+        # node-b restarts while the instance still runs on node-a under
+        # its alias: a commit now would hydrate under a live writer.
+        src, dst = self.alias_attach()
+        self.c.attachments.remove(dst)
+        self.b.restart()
+        self.b.recover()
+        self.c.assert_rolled_back()
+
+
+class MultiattachTestCase(ClusterTestCase):
+    """A multiattach volume never moves: other nodes reach it by iSCSI."""
+
+    def test_second_node_gets_iscsi_and_the_volume_stays(self):
+        # (Before: the volume moved to node-b while an instance on node-a
+        # still wrote to node-a's copy: two diverging disks.)
+        self.c.multiattach = True
+        self.c.attach(self.a)
+        info = self.c.attach(self.b, instance_uuid=INSTANCE2_ID)[1]
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_first_attach_elsewhere_does_not_move_it_either(self):
+        self.c.multiattach = True
+        info = self.c.attach(self.b)[1]
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIsNone(self.c.transfer())
+
 
 class OnStatusTestCase(ClusterTestCase):
 
@@ -861,6 +1002,68 @@ class ServeTestCase(ClusterTestCase):
         self.assertIn(IQN, self.a.target.exports)
         self.assertIn(LV, self.a.vg.lvs)
 
+    def test_owner_cannot_abort_a_hydrating_move(self):
+        # The reproduction of the review: while the volume hydrated on
+        # node-b, os-terminate_connection with this connector made node-b
+        # delete the clone and the LV holding the owner's writes.
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 100)
+        for step in ({'op': 'abort'}, {'op': 'retire'}, {'op': 'release'},
+                     {'op': 'abort', 'secret': None}, {'op': 'x'}, 'abort'):
+            connector = {'host': 'node-x', 'dmclone': step}
+            for node in (self.b, self.a):
+                self.assertRaises(exception.VolumeBackendAPIException,
+                                  self.c.call, node,
+                                  node.terminate_connection, self.volume(),
+                                  connector)
+                self.assertRaises(exception.VolumeBackendAPIException,
+                                  self.c.call, node,
+                                  node.initialize_connection, self.volume(),
+                                  connector)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertIn(IQN, self.a.target.exports)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_an_abort_waits_for_a_build_in_progress(self):
+        # The source gave up waiting and asks node-b to abort while node-b
+        # still builds: the abort must remove what the build made, not
+        # run before the build's last steps.
+        self.saved()
+        secret = self.c.transfer().secret
+        building, release = threading.Event(), threading.Event()
+        build = self.b.dest.build_clone
+
+        def slow_build(*args, **kwargs):
+            building.set()
+            release.wait(10)
+            return build(*args, **kwargs)
+        self.mock_object(self.b.dest, 'build_clone', side_effect=slow_build)
+        worker = threading.Thread(target=self.b.mover.prepare, args=(
+            self.volume(), {'op': 'prepare', 'secret': secret}))
+        worker.start()
+        self.assertTrue(building.wait(10))
+        aborter = threading.Thread(target=self.serve,
+                                   args=(self.b, peer.ABORT))
+        aborter.start()
+        aborter.join(0.2)
+        self.assertTrue(aborter.is_alive(), 'the abort did not wait')
+        release.set()
+        worker.join(10)
+        aborter.join(10)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_source_steps_are_refused_on_the_destination(self):
+        self.saved()
+        for op in (peer.RELEASE, peer.RETIRE):
+            exc = self.assertRaises(dmc_exception.StepRefused, self.serve,
+                                    self.b, op)
+            self.assertIn('not the source', str(exc))
+
     def test_steps_of_a_legacy_record_are_refused(self):
         # A record written by 1.1.0 has no secret: nothing can prove a
         # step on it came from the other node.
@@ -1063,6 +1266,39 @@ class RecoverTestCase(ClusterTestCase):
         self.c.tick(self.b)
         self.assert_nothing_on_b()
 
+    def test_monitor_spares_a_retried_move_that_took_the_lock_first(self):
+        # The monitor read 'aborted' outside the lock; a retried move of
+        # the same volume took the lock first and recorded itself.  The
+        # monitor must not tear that one down.  (Before: it did.)
+        self.aborted_after_prepare()
+        retried = self.c.transfer()
+        retried.secret = ''
+        retried.state = transfer.PREPARING
+        locking = mover.lock
+
+        def retry_first(volume_id):
+            self.a.store.save(self.c.ctxt, retried)
+            return locking(volume_id)
+        self.mock_object(mover, 'lock', side_effect=retry_first)
+        self.c.tick(self.b)
+        self.assertEqual(retried, self.c.transfer())
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(HANDLE, self.b.dm.devices)
+
+    def test_clone_of_a_deleted_volume_is_reported_once(self):
+        # (Before: VolumeNotFound at every monitor tick.)
+        self.moved()
+        self.mock_object(self.b.mover, 'load_any',
+                         side_effect=exception.VolumeNotFound(
+                             volume_id=VOLUME_ID))
+        for _ in range(3):
+            report = self.b.monitor.tick()
+            self.assertEqual([], report.failed)
+        warnings = [c for c in self.log.warning.call_args_list
+                    if 'abandoned move' in c[0][0]]
+        self.assertEqual(1, len(warnings))
+        self.assertIn(LV, self.b.vg.lvs)
+
     def test_deleting_a_volume_whose_move_was_aborted(self):
         self.aborted_after_prepare()
         self.assertFalse(self.a.mover.delete(self.volume()))
@@ -1218,6 +1454,13 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.assertEqual(set(), self.b.mover.pending_finalize)
         self.assertEqual('retire', self.ops()[-1])
 
+    def test_delete_that_lost_the_race_for_the_lock(self):
+        self.moved()
+        t = self.c.transfer()
+        self.mock_object(self.b.mover, 'load_any', side_effect=[t, None])
+        self.assertFalse(self.b.mover.delete(self.volume()))
+        self.assertIn(LV, self.b.vg.lvs)
+
     def test_delete_not_here(self):
         self.moved()
         self.assertFalse(self.a.mover.delete(self.volume()))
@@ -1233,6 +1476,17 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.a.down = False
         self.assertTrue(self.b.mover.delete(self.volume()))
         self.assertEqual({}, self.a.vg.lvs)
+
+    def test_refuse_if_moving_under_the_lock(self):
+        self.saved()
+        taken = []
+        locking = mover.lock
+        self.mock_object(mover, 'lock', side_effect=lambda vid: (
+            taken.append(vid), locking(vid))[1])
+        self.assertRaises(transfer.TransferInProgress,
+                          self.a.mover.refuse_if_moving, self.volume(),
+                          'attaching', locked=True)
+        self.assertEqual([VOLUME_ID], taken)
 
     def test_refuse_if_moving(self):
         self.assertIsNone(self.a.mover.refuse_if_moving(self.volume(),

@@ -825,6 +825,35 @@ class DestinationNodeTestCase(test.TestCase):
         self.assertEqual({}, self.vg.lvs)
         self.assertEqual({}, self.meta_vg.lvs)
 
+    def test_tear_down_removes_the_data_lv_wiped_before_the_metadata(self):
+        # While the metadata LV exists nothing maps the partly hydrated
+        # LV linear; a crash between the two removals must leave the
+        # metadata LV.  The data LV is wiped first (volume_clear): its
+        # extents go to the next LV of the group.  (Before: metadata LV
+        # first, and no wipe at all.)
+        self._build()
+        events = []
+        self.node.wipe = lambda path, size_mb: events.append(
+            ('wipe', path, size_mb, META in self.meta_vg.lvs))
+        delete_data = self.vg.delete
+        delete_meta = self.meta_vg.delete
+        self.mock_object(self.vg, 'delete', side_effect=lambda name: (
+            events.append(('delete', name)), delete_data(name)))
+        self.mock_object(self.meta_vg, 'delete', side_effect=lambda name: (
+            events.append(('delete', name)), delete_meta(name)))
+        self.node.tear_down(self.t, None)
+        self.assertEqual([('wipe', LV_PATH, 1024, True), ('delete', LV),
+                          ('delete', META)], events)
+
+    def test_written(self):
+        self._build(hydrate=False)
+        self.assertFalse(self.node.written(self.t))
+        self.dm.write(HANDLE, 1)
+        self.assertTrue(self.node.written(self.t))
+        # No clone to ask (a reboot): never assume it holds nothing.
+        self.dm.remove(HANDLE)
+        self.assertTrue(self.node.written(self.t))
+
     def test_tear_down_is_idempotent(self):
         self.node.tear_down(self.t, None)
         self._build()
