@@ -21,11 +21,12 @@ share theirs.  What Cinder's volume *manager* would do around the driver
 export) is done by :func:`attach` and :func:`detach` here, so the tests
 exercise the driver exactly as the manager calls it.
 
-Only the message bus is not real here: a :class:`SocketPeer` replaces the
-driver's PeerClient and carries the same two calls (initialize_connection,
-terminate_connection, with the volume serialised as Cinder's RPC would)
-over a UNIX socket to the other node's worker, which runs them as the
-volume manager's RPC endpoints do.  The full stack (RabbitMQ, real
+Only the message bus is not real here: a :class:`SocketRPC` replaces the
+volume RPC API under the driver's own PeerClient and carries its two calls
+(initialize_connection, terminate_connection, with the volume serialised
+as Cinder's RPC would) over a UNIX socket to the other node's worker,
+which runs them as the volume manager's RPC endpoints do.  What a step
+carries is built by the real PeerClient.  The full stack (RabbitMQ, real
 services) is exercised separately.
 """
 
@@ -169,7 +170,7 @@ def _log_root_command(verdict, cmd):
 # --------------------------------------------------------------------------
 
 def _state_is(state):
-    return lambda self, ctxt, t, new_state: new_state == state
+    return lambda self, ctxt, t, expected, new_state: new_state == state
 
 
 def _during(state):
@@ -177,10 +178,12 @@ def _during(state):
 
 
 def _op_is(op):
-    return lambda self, ctxt, volume, host, connector, op_: op_ == op
+    return lambda self, ctxt, volume, connector, force=False: (
+        connector.get('dmclone', {}).get('op') == op)
 
 
 _T = 'cinder_dmclone.transfer'
+_M = 'cinder_dmclone.mover'
 _N = 'tests.functional.cinder_node'
 #: name -> (module, class, method, before/after, which call)
 CRASH_POINTS = {
@@ -190,13 +193,15 @@ CRASH_POINTS = {
                                   'after', None),
     'prepare: clone built': (_T, 'DestinationNode', 'build_clone', 'after',
                              None),
-    'prepare: cloned recorded': (_T, 'Store', 'set_state', 'after',
-                                 _state_is('cloned')),
+    # (The source records 'cloned' once this answer reaches it: the last
+    # step of the destination's prepare is its check before answering.)
+    'prepare: before answering': (_M, 'Mover', '_refuse_if_given_up',
+                                  'after', None),
     'commit: hydration enabled': (_T, 'DestinationNode', 'enable_hydration',
                                   'after', None),
-    'commit: hydrating recorded': (_T, 'Store', 'set_state', 'after',
+    'commit: hydrating recorded': (_T, 'Store', 'transition', 'after',
                                    _state_is('hydrating')),
-    'finalize: finalizing recorded': (_T, 'Store', 'set_state', 'after',
+    'finalize: finalizing recorded': (_T, 'Store', 'transition', 'after',
                                       _state_is('finalizing')),
     'finalize: swapped to linear': (_T, 'DestinationNode', 'swap_to_linear',
                                     'after', None),
@@ -206,8 +211,8 @@ CRASH_POINTS = {
     'finalize: source logged out': (_T, 'DestinationNode',
                                     'disconnect_source', 'after',
                                     _during('finalizing')),
-    'finalize: source retired': (_N, 'SocketPeer', 'request', 'after',
-                                 _op_is('retire')),
+    'finalize: source retired': (_N, 'SocketRPC', 'terminate_connection',
+                                 'after', _op_is('retire')),
     'finalize: before the state is cleared': (_T, 'Store', 'clear',
                                               'before', None),
 }
@@ -276,6 +281,7 @@ def start_driver(node_key, overrides=None):
 
     from cinder_dmclone import driver
     from cinder_dmclone import opts
+    from cinder_dmclone import peer
 
     topo = testbed.topology()
     node = topo.node(node_key)
@@ -302,8 +308,8 @@ def start_driver(node_key, overrides=None):
         cfg.CONF.set_override(key, value, group=BACKEND)
     drv = driver.DMCloneVolumeDriver(configuration=configuration,
                                      host=service_host(node_key))
-    drv.peer = SocketPeer(node_key,
-                          timeout=configuration.dmclone_transfer_timeout)
+    drv.peer = peer.PeerClient(rpcapi=SocketRPC(
+        node_key, timeout=configuration.dmclone_transfer_timeout))
     drv.do_setup(context.get_admin_context())
     drv.check_for_setup_error()
     # The looping call needs the service's eventlet hub; tests drive the
@@ -460,8 +466,8 @@ def detach(volume_id, attachment_id):
 # The message bus stand-in
 # --------------------------------------------------------------------------
 
-class SocketPeer(object):
-    """PeerClient's two calls, to the other node's worker over a socket.
+class SocketRPC(object):
+    """The volume RPC API's two calls, to the other node's worker.
 
     Like an RPC call, a call gives up after ``timeout`` seconds with
     oslo.messaging's MessagingTimeout, while the other node may still be
@@ -472,11 +478,9 @@ class SocketPeer(object):
         self.node_key = node_key
         self.timeout = timeout
 
-    def _send(self, method, volume, host, connector):
+    def _send(self, method, routed, connector):
         from cinder.objects import base
-        target = 'b' if host.startswith(service_host('b')) else 'a'
-        routed = volume.obj_clone()
-        routed.host = host
+        target = 'b' if routed.host.startswith(service_host('b')) else 'a'
         serializer = base.CinderObjectSerializer()
         conn = multiprocessing.connection.Client(socket_path(target))
         try:
@@ -494,17 +498,11 @@ class SocketPeer(object):
             raise value
         return value
 
-    def prepare(self, ctxt, volume, dest_host, connector, **params):
-        from cinder_dmclone import peer
-        step = dict(params, op=peer.PREPARE)
-        return self._send('initialize_connection', volume, dest_host,
-                          dict(connector, **{peer.PAYLOAD_KEY: step}))
+    def initialize_connection(self, ctxt, volume, connector):
+        return self._send('initialize_connection', volume, connector)
 
-    def request(self, ctxt, volume, host, connector, op):
-        from cinder_dmclone import peer
-        return self._send('terminate_connection', volume, host,
-                          dict(connector or {},
-                               **{peer.PAYLOAD_KEY: {'op': op}}))
+    def terminate_connection(self, ctxt, volume, connector, force=False):
+        return self._send('terminate_connection', volume, connector)
 
 
 def _handle(method, primitive, connector):
