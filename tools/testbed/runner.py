@@ -12,8 +12,8 @@
 
 """Run the cinder-dmclone functional tests inside a throw-away guest kernel.
 
-    tools/testbed/run [--backend uml|qemu] [--timeout SECONDS] [--mem 6G]
-                      [-- PYTEST_ARGS...]
+    tools/testbed/run [--backend auto|uml|qemu] [--timeout SECONDS]
+                      [--mem 6G] [-- PYTEST_ARGS...]
 
 The host kernel of our machines has no device-mapper, LIO or SCSI, so the
 tests in tests/functional run inside Debian's user-mode-linux kernel:
@@ -34,6 +34,13 @@ tests in tests/functional run inside Debian's user-mode-linux kernel:
    "@@TESTBED-RESULT rc=N" line.  124: the guest ran out of --timeout and was
    killed; 125: the guest's setup failed; 126: the guest died without a
    result line; 2: bad usage.
+
+--backend auto (the default) uses user-mode-linux when a two-second probe
+boot shows it can run processes on this host, and QEMU otherwise: Debian's
+UML kernel 6.1 saves a process's FPU state in a buffer of 2696 bytes, and
+a host whose CPU has larger state (AMX: 11008 bytes) refuses that buffer,
+so the guest's first process dies ("ptrace set fp regs failed, errno =
+14").
 
 --backend qemu boots Debian's own amd64 kernel under QEMU TCG instead
 (closer to production: SMP, the distro kernel; slower), with an
@@ -56,6 +63,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -98,10 +106,11 @@ def parse_args(argv):
         own, pytest_args = argv, []
     p = argparse.ArgumentParser(
         prog='tools/testbed/run',
-        usage='%(prog)s [--backend uml|qemu] [--timeout SECONDS] '
+        usage='%(prog)s [--backend auto|uml|qemu] [--timeout SECONDS] '
               '[--mem SIZE] [--disk-vgs] [-- PYTEST_ARGS...]',
         description=__doc__.split('\n\n')[0])
-    p.add_argument('--backend', choices=('uml', 'qemu'), default='uml')
+    p.add_argument('--backend', choices=('auto', 'uml', 'qemu'),
+                   default='auto')
     p.add_argument('--timeout', type=int, default=1800,
                    help='seconds the guest may run, boot to power-off '
                         '(default: %(default)s)')
@@ -235,6 +244,44 @@ def kill_group(proc):
         pass
 
 
+#: what Debian's UML kernel prints when the host refuses its FPU buffer
+UML_FP_FAILURE = 'ptrace set fp regs failed'
+
+
+def uml_runs_processes(rootfs):
+    """Boot UML with /bin/true as init: True if the process ran.
+
+    A working guest panics with exit code 0 of init; a host whose FPU
+    state UML cannot restore kills init with SIGSEGV first.  Two seconds.
+    """
+    with tempfile.TemporaryDirectory(prefix='uml-probe-') as tmp:
+        cmd = [shutil.which('linux.uml') or 'linux.uml', 'mem=64M',
+               'root=/dev/root', 'rootfstype=hostfs',
+               'rootflags=%s' % rootfs, 'ro', 'init=/bin/true',
+               'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1',
+               'umid=probe', 'uml_dir=%s' % tmp]
+        try:
+            out = subprocess.run(cmd, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, timeout=60,
+                                 start_new_session=True).stdout
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            say('UML probe failed to run: %s' % exc)
+            return False
+    text = out.decode('utf-8', 'replace')
+    return UML_FP_FAILURE not in text and 'exitcode=0x00000000' in text
+
+
+def choose_backend(args, rootfs):
+    if args.backend != 'auto':
+        return args.backend
+    if uml_runs_processes(rootfs):
+        return 'uml'
+    say('user-mode-linux cannot run processes on this host (its FPU '
+        'state is larger than Debian\'s UML 6.1 saves): using QEMU')
+    return 'qemu'
+
+
 def uml_command(args, rootfs, run_dir):
     uml_dir = os.path.join(run_dir, 'uml')
     os.makedirs(uml_dir)
@@ -331,6 +378,7 @@ def main(argv):
     lock_fd = take_lock()
     try:
         rootfs = ensure_rootfs(lock_fd)
+        args.backend = choose_backend(args, rootfs)
         kernel_dir = None
         if args.backend == 'qemu':
             kernel_dir = build_step(lock_fd, 'build-qemu-kernel.sh')
