@@ -36,11 +36,12 @@ tests in tests/functional run inside Debian's user-mode-linux kernel:
    result line; 2: bad usage.
 
 --backend auto (the default) uses user-mode-linux when a two-second probe
-boot shows it can run processes on this host, and QEMU otherwise: Debian's
-UML kernel 6.1 saves a process's FPU state in a buffer of 2696 bytes, and
-a host whose CPU has larger state (AMX: 11008 bytes) refuses that buffer,
-so the guest's first process dies ("ptrace set fp regs failed, errno =
-14").
+boot shows it can run processes on this host, and QEMU otherwise.  Debian's
+UML kernel 6.1 saves a process's FPU state in a buffer of 2696 bytes, and a
+host whose CPU has larger state (AMX: 11008 bytes) refuses that buffer, so
+the guest's first process dies ("ptrace set fp regs failed, errno = 14");
+there the runner preloads uml-xstate-shim.so (built once into the cache),
+which completes UML's short buffer, and probes again.
 
 --backend qemu boots Debian's own amd64 kernel under QEMU TCG instead
 (closer to production: SMP, the distro kernel; slower), with an
@@ -57,6 +58,7 @@ DMCLONE_TESTBED_RUNS (default $CACHE/runs), DMCLONE_TESTBED_KEEP_RUNS (20).
 import argparse
 import collections
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -248,7 +250,7 @@ def kill_group(proc):
 UML_FP_FAILURE = 'ptrace set fp regs failed'
 
 
-def uml_runs_processes(rootfs):
+def uml_runs_processes(rootfs, env=None):
     """Boot UML with /bin/true as init: True if the process ran.
 
     A working guest panics with exit code 0 of init; a host whose FPU
@@ -264,7 +266,7 @@ def uml_runs_processes(rootfs):
             out = subprocess.run(cmd, stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, timeout=60,
-                                 start_new_session=True).stdout
+                                 start_new_session=True, env=env).stdout
         except (OSError, subprocess.TimeoutExpired) as exc:
             say('UML probe failed to run: %s' % exc)
             return False
@@ -272,14 +274,42 @@ def uml_runs_processes(rootfs):
     return UML_FP_FAILURE not in text and 'exitcode=0x00000000' in text
 
 
+def xstate_shim():
+    """Build (or reuse) uml-xstate-shim.so; its path, or None."""
+    source = os.path.join(HERE, 'uml-xstate-shim.c')
+    with open(source, 'rb') as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    path = os.path.join(CACHE, 'uml-xstate-shim-%s.so' % digest)
+    if not os.path.exists(path):
+        tmp = path + '.tmp'
+        try:
+            subprocess.run(['gcc', '-shared', '-fPIC', '-O2', '-Wall',
+                            '-o', tmp, source, '-ldl'], check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            say('could not build the UML xstate shim: %s' % exc)
+            return None
+        os.rename(tmp, path)
+    return path
+
+
 def choose_backend(args, rootfs):
-    if args.backend != 'auto':
-        return args.backend
+    """The backend to boot, and the environment UML needs (or None)."""
+    if args.backend == 'qemu':
+        return 'qemu', None
     if uml_runs_processes(rootfs):
-        return 'uml'
-    say('user-mode-linux cannot run processes on this host (its FPU '
-        'state is larger than Debian\'s UML 6.1 saves): using QEMU')
-    return 'qemu'
+        return 'uml', None
+    shim = xstate_shim()
+    env = dict(os.environ, LD_PRELOAD=shim) if shim else None
+    if env and uml_runs_processes(rootfs, env):
+        say('user-mode-linux runs with %s (this CPU\'s FPU state is larger '
+            'than Debian\'s UML 6.1 saves)' % shim)
+        return 'uml', env
+    if args.backend == 'uml':
+        say('user-mode-linux cannot run processes on this host; trying '
+            'anyway as --backend uml asks')
+        return 'uml', None
+    say('user-mode-linux cannot run processes on this host: using QEMU')
+    return 'qemu', None
 
 
 def uml_command(args, rootfs, run_dir):
@@ -320,7 +350,7 @@ def qemu_command(args, rootfs, run_dir, kernel_dir):
             + share('src', TREE))
 
 
-def boot(args, cmd, run_dir):
+def boot(args, cmd, run_dir, env=None):
     """Run the guest; stream its console; return the exit status."""
     with open(os.path.join(run_dir, 'cmdline'), 'w') as f:
         f.write(' '.join(cmd) + '\n')
@@ -329,7 +359,7 @@ def boot(args, cmd, run_dir):
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=run_dir)
+                            start_new_session=True, cwd=run_dir, env=env)
     console = Console(proc.stdout, os.path.join(run_dir, 'console.log'))
     timed_out = False
     try:
@@ -378,7 +408,7 @@ def main(argv):
     lock_fd = take_lock()
     try:
         rootfs = ensure_rootfs(lock_fd)
-        args.backend = choose_backend(args, rootfs)
+        args.backend, uml_env = choose_backend(args, rootfs)
         kernel_dir = None
         if args.backend == 'qemu':
             kernel_dir = build_step(lock_fd, 'build-qemu-kernel.sh')
@@ -399,7 +429,7 @@ def main(argv):
     else:
         cmd = uml_command(args, rootfs, run_dir)
     try:
-        rc = boot(args, cmd, run_dir)
+        rc = boot(args, cmd, run_dir, env=uml_env)
     finally:
         # Up to tens of GiB of volume data: never kept with the logs.
         shutil.rmtree(os.path.join(run_dir, VG_DIR), ignore_errors=True)

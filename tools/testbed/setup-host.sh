@@ -16,6 +16,7 @@ PACKAGES=(
     python3           # runs tools/testbed/run
     python3-pip       # builds the guest's wheelhouse (pip wheel) on the host
     coreutils util-linux  # sha256sum, flock, timeout
+    gcc libc6-dev     # builds uml-xstate-shim.so where UML needs it
 )
 
 missing=()
