@@ -505,14 +505,36 @@ def device_path(name):
 # Commands
 # --------------------------------------------------------------------------
 
+#: dmsetup's exit status when a command failed (``Command failed.``);
+#: rootwrap's own refusals use 96-99, a missing executable 127.
+_DMSETUP_FAILED = 1
+#: What dmsetup prints (under LC_ALL=C) for a device that is not there:
+#: ``info``/``status``/``table`` see a device that does not exist, the
+#: other commands get ENXIO from their ioctl on that name.
+_NOT_FOUND_LINES = (
+    re.compile(r'^Device does not exist\.$'),
+    re.compile(r'^device-mapper: [a-z_]+ ioctl on .* failed: '
+               r'No such device or address$'),
+)
+
+
 def _not_found(failed):
-    """Did this DMSetupCommandFailed report a device that is not there?"""
+    """Did this DMSetupCommandFailed report a device that is not there?
+
+    Only dmsetup's own failure status with one of its exact messages
+    counts: anything else (rootwrap's "Executable not found", a kernel
+    without device-mapper, a command that could not start) is a real
+    failure and must not pass for an absent device.
+    """
     cause = failed.__cause__
-    text = '%s %s' % (getattr(cause, 'stdout', None) or '',
-                      getattr(cause, 'stderr', None) or '')
-    return ('No such device or address' in text
-            or 'Device does not exist' in text
-            or 'not found' in text.lower())
+    if (not isinstance(cause, processutils.ProcessExecutionError)
+            or cause.exit_code != _DMSETUP_FAILED):
+        return False
+    # (``info`` prints its message on standard output, the ioctl
+    # failures go to standard error.)
+    lines = ('%s\n%s' % (cause.stdout or '', cause.stderr or '')).splitlines()
+    return any(regex.match(line.strip()) for line in lines
+               for regex in _NOT_FOUND_LINES)
 
 
 class DMSetup(object):

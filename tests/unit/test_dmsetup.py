@@ -413,9 +413,53 @@ class DMSetupCommandTestCase(test.TestCase):
 
     def test_remove_already_gone_is_fine(self):
         self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=1,
             stderr='device-mapper: remove ioctl on h  failed: No such device '
                    'or address\nCommand failed.')
         self.dm.remove('h')
+
+    @ddt.data(
+        # rootwrap without the executable, or refusing the command
+        (96, 'Executable not found: dmsetup (filter match = dmsetup_rm)'),
+        (99, 'Unauthorized command: dmsetup remove h (no filter matched)'),
+        # the kernel's device-mapper missing altogether
+        (1, '/dev/mapper/control: open failed: No such device or address\n'
+            'Failure to communicate with kernel device-mapper driver.\n'
+            'Command failed.'),
+        # the right message, but from something that did not exit 1
+        (2, 'Device does not exist.'),
+        (None, 'Device does not exist.'))
+    @ddt.unpack
+    def test_remove_other_not_found_errors_raise(self, code, stderr):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=code, stderr=stderr)
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.remove,
+                          'h')
+
+    def test_exists_message_on_stdout(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=1, stdout='Device does not exist.\n',
+            stderr='Command failed.\n')
+        self.assertFalse(self.dm.exists('h'))
+
+    def test_exists_rootwrap_not_found_raises(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=96, stderr='Executable not found: dmsetup')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
+                          'h')
+
+    def test_exists_start_failure_raises(self):
+        self.execute.side_effect = FileNotFoundError(
+            2, 'No such file or directory: not found')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
+                          'h')
+
+    def test_listing_not_retried_when_rootwrap_lacks_dmsetup(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=96, stderr='Executable not found: dmsetup')
+        self.assertRaises(exception.DMSetupCommandFailed,
+                          self.dm.clone_statuses)
+        self.assertEqual(1, self.execute.call_count)
 
     def test_remove_busy_raises(self):
         self.execute.side_effect = processutils.ProcessExecutionError(
@@ -434,7 +478,7 @@ class DMSetupCommandTestCase(test.TestCase):
         self.assertTrue(self.dm.exists('h'))
         self._assert_called('dmsetup', 'info', 'h')
         self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.assertFalse(self.dm.exists('h'))
 
     def test_exists_other_error_raises(self):
@@ -466,7 +510,7 @@ class DMSetupCommandTestCase(test.TestCase):
         # dmsetup lists, then queries each device: one removed in between
         # fails the whole command; the next listing no longer has it.
         gone = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.execute.side_effect = [
             gone, ('dmclone-a: 0 524288 clone %s\n' % HYDRATED, '')]
         self.assertEqual(['dmclone-a'], list(self.dm.clone_statuses()))
@@ -475,7 +519,7 @@ class DMSetupCommandTestCase(test.TestCase):
     @ddt.data('clone_statuses', 'statuses', 'tables', 'uuids')
     def test_listing_gives_up_after_three_vanishings(self, method):
         self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.assertRaises(exception.DMSetupCommandFailed,
                           getattr(self.dm, method))
         self.assertEqual(3, self.execute.call_count)
