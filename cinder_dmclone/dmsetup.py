@@ -537,11 +537,23 @@ def _not_found(failed):
                for regex in _NOT_FOUND_LINES)
 
 
+#: Every command runs under ``/usr/bin/env LC_ALL=C``: the messages
+#: matched above are dmsetup's untranslated ones, and an environment
+#: variable set in this process would not reach a command started through
+#: sudo and rootwrap.  The absolute path keeps the rootwrap filters exact:
+#: oslo.rootwrap's EnvFilter (Cinder's, for LVM) admits any arguments
+#: after the command, and while matching it strips a leading bare
+#: ``env`` from the command line, so a filter of ours expecting ``env``
+#: would never match once Cinder's volume.filters had been read first.
+ENV_PREFIX = ('/usr/bin/env', 'LC_ALL=C')
+
+
 class DMSetup(object):
     """Thin wrapper around the ``dmsetup`` command.
 
     Every call goes through ``execute`` (Cinder's ``utils.execute`` unless a
-    test passes another) as root with the configured root helper, tables are
+    test passes another) as root with the configured root helper and under
+    ``LC_ALL=C`` (see :data:`ENV_PREFIX`), tables are
     fed on standard input (so multi-segment tables need no quoting), and a
     failure becomes :class:`~cinder_dmclone.exception.DMSetupCommandFailed`
     carrying the kernel's message.
@@ -557,7 +569,7 @@ class DMSetup(object):
             kwargs.setdefault('root_helper', self._root_helper)
         cmdline = ' '.join([command] + [str(a) for a in args])
         try:
-            return self._execute(command, *args, **kwargs)
+            return self._execute(*ENV_PREFIX, command, *args, **kwargs)
         except processutils.ProcessExecutionError as exc:
             raise exception.DMSetupCommandFailed(
                 command=cmdline,

@@ -222,8 +222,9 @@ def scope_from_args(args):
 def list_lvs(execute, vgs):
     """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
     try:
-        out, _err = execute('lvs', '--noheadings', '--separator', '|',
-                            '-o', 'vg_name,lv_name', *vgs)
+        out, _err = execute(*dmsetup.ENV_PREFIX, 'lvs', '--noheadings',
+                            '--separator', '|', '-o', 'vg_name,lv_name',
+                            *vgs)
     except (processutils.ProcessExecutionError, OSError) as exc:
         reason = getattr(exc, 'stderr', None) or str(exc)
         raise dmc_exception.DMSetupCommandFailed(

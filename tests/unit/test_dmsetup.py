@@ -320,7 +320,8 @@ class DMSetupCommandTestCase(test.TestCase):
     def _assert_called(self, *args, **kwargs):
         kwargs.setdefault('run_as_root', True)
         kwargs.setdefault('root_helper', 'sudo cinder-rootwrap x')
-        self.execute.assert_called_with(*args, **kwargs)
+        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, *args,
+                                        **kwargs)
 
     def test_default_execute_is_cinders(self):
         from cinder import utils
@@ -329,8 +330,26 @@ class DMSetupCommandTestCase(test.TestCase):
     def test_no_root_helper_given(self):
         dm = dmsetup.DMSetup(execute=self.execute)
         dm.resume('a')
-        self.execute.assert_called_with('dmsetup', 'resume', 'a',
-                                        run_as_root=True)
+        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, 'dmsetup',
+                                        'resume', 'a', run_as_root=True)
+
+    def test_every_command_runs_under_lc_all_c(self):
+        self.execute.side_effect = lambda *cmd, **kw: (
+            ('8\n', '') if 'blockdev' in cmd else ('', ''))
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.dm.create('h', [seg], uuid='DMCLONE-h')
+        self.dm.reload('h', [seg])
+        self.dm.remove('h')
+        self.dm.exists('h')
+        self.dm.clone_statuses()
+        self.dm.device_sectors('/dev/vg/lv')
+        self.dm.version()
+        commands = [c.args for c in self.execute.call_args_list]
+        self.assertEqual(8, len(commands))
+        for cmd in commands:
+            self.assertEqual(('/usr/bin/env', 'LC_ALL=C'), cmd[:2])
+        self.assertEqual(['blockdev'] + ['dmsetup'] * 7,
+                         sorted(cmd[2] for cmd in commands))
 
     def test_create_feeds_table_on_stdin(self):
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
@@ -364,14 +383,14 @@ class DMSetupCommandTestCase(test.TestCase):
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
         self.dm.reload('h', [seg])
         self.assertEqual(['load', 'resume'],
-                         [c.args[1] for c in self.execute.call_args_list])
+                         [c.args[3] for c in self.execute.call_args_list])
 
     def test_reload_failed_resume_clears_resumes_and_raises(self):
         calls = []
 
         def fake(*args, **kwargs):
-            calls.append(args[1])
-            if args[1] == 'resume' and calls.count('resume') == 1:
+            calls.append(args[3])
+            if args[3] == 'resume' and calls.count('resume') == 1:
                 raise processutils.ProcessExecutionError(stderr='busy')
             return '', ''
         self.execute.side_effect = fake

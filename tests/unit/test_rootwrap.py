@@ -19,6 +19,8 @@ must be refused, so that the filter admits exactly the driver's commands.
 """
 
 import os
+import shutil
+import sys
 
 import fixtures
 from oslo_rootwrap import wrapper
@@ -57,9 +59,9 @@ class RootwrapFilterTestCase(test.TestCase):
 
     def _record(self, *cmd, **kwargs):
         self.commands.append(list(cmd))
-        if cmd[:2] == ('blockdev', '--getsz'):
+        if cmd[2:4] == ('blockdev', '--getsz'):
             return '2097152\n', ''
-        if cmd[:2] == ('dmsetup', 'version'):
+        if cmd[2:4] == ('dmsetup', 'version'):
             return 'Library version: 1.02\nDriver version: 4.47.0\n', ''
         return '', ''
 
@@ -70,6 +72,14 @@ class RootwrapFilterTestCase(test.TestCase):
         except wrapper.NoFilterMatched:
             self.fail('rootwrap refuses a command the driver runs: %s'
                       % ' '.join(cmd))
+
+    def assertRunsAsBuilt(self, filters, cmd):
+        """Admitted, and run with the arguments (and LC_ALL=C) intact."""
+        cmd = list(cmd)
+        match = wrapper.match_filter(filters, list(cmd),
+                                     exec_dirs=[self.exec_dir])
+        self.assertEqual(cmd, match.get_command(list(cmd),
+                                                exec_dirs=[self.exec_dir]))
 
     def assertRefused(self, cmd):
         self.assertRaises(wrapper.NoFilterMatched, wrapper.match_filter,
@@ -103,11 +113,55 @@ class RootwrapFilterTestCase(test.TestCase):
         for cmd in self.commands:
             self.assertAdmitted(cmd)
 
+    def test_commands_run_under_lc_all_c(self):
+        self.dm.remove(NAME)
+        self.dm.device_sectors(LV)
+        self.assertEqual([['/usr/bin/env', 'LC_ALL=C', 'dmsetup', 'remove',
+                           '--retry', NAME],
+                          ['/usr/bin/env', 'LC_ALL=C', 'blockdev', '--getsz',
+                           LV]], self.commands)
+        for cmd in self.commands:
+            self.assertRunsAsBuilt(self.filters, cmd)
+
+    def test_admitted_next_to_cinders_volume_filters(self):
+        # rootwrap reads the files of a directory in no fixed order, and
+        # Cinder's EnvFilters strip a bare leading "env" while matching:
+        # the driver's commands must pass (with LC_ALL=C kept) whichever
+        # file comes first.
+        volume_filters = os.path.join(sys.prefix, 'etc', 'cinder',
+                                      'rootwrap.d', 'volume.filters')
+        if not os.path.exists(volume_filters):
+            self.skipTest('Cinder\'s volume.filters is not installed')
+        cinder_dir = self.useFixture(fixtures.TempDir()).path
+        shutil.copy(volume_filters, cinder_dir)
+        ours = os.path.abspath(FILTERS_DIR)
+        self.dm.remove(NAME)
+        self.dm.message(NAME, 'hydration_batch_size', '16')
+        self.dm.device_sectors(LV)
+        for dirs in ([cinder_dir, ours], [ours, cinder_dir]):
+            filters = wrapper.load_filters(dirs)
+            for cmd in self.commands:
+                self.assertRunsAsBuilt(filters, cmd)
+
     def test_modprobe_of_the_driver(self):
         self.assertAdmitted(['modprobe', 'dm_clone'])
 
     def test_nearby_commands_are_refused(self):
+        env = ['/usr/bin/env', 'LC_ALL=C']
         for cmd in (
+                env + ['dmsetup', 'remove_all'],
+                env + ['dmsetup', 'remove', '--force', NAME],
+                env + ['dmsetup', 'status'],
+                env + ['blockdev', '--setrw', LV],
+                env + ['sh', '-c', 'true'],
+                ['/usr/bin/env', 'LC_ALL=C', 'LD_PRELOAD=/tmp/x.so',
+                 'dmsetup', 'version'],
+                ['/usr/bin/env', 'LD_PRELOAD=/tmp/x.so', 'dmsetup',
+                 'version'],
+                ['/usr/bin/env', 'LC_ALL=C.UTF-8', 'dmsetup', 'version'],
+                ['/tmp/env', 'LC_ALL=C', 'dmsetup', 'version'],
+                ['env', 'LC_ALL=C', 'dmsetup', 'version'],
+                ['dmsetup', 'version'],
                 ['dmsetup', 'remove_all'],
                 ['dmsetup', 'remove', '--force', NAME],
                 ['dmsetup', 'create', NAME],                  # no uuid

@@ -23,6 +23,7 @@ from oslo_concurrency import processutils
 from cinder.tests.unit import test
 
 from cinder_dmclone.cmd import status
+from cinder_dmclone import dmsetup
 
 U1 = '11111111-1111-1111-1111-111111111111'
 U2 = '22222222-2222-2222-2222-222222222222'
@@ -69,6 +70,10 @@ class FakeNode(object):
         self.calls = []
 
     def __call__(self, *cmd, **kwargs):
+        # Every command runs under LC_ALL=C; record it without the prefix.
+        if cmd[:2] != dmsetup.ENV_PREFIX:
+            raise AssertionError('not run under LC_ALL=C: %r' % (cmd,))
+        cmd = cmd[2:]
         self.calls.append(cmd)
         if cmd[:2] == ('dmsetup', 'status'):
             return self.statuses.pop(0), ''
