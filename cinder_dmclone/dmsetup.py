@@ -685,9 +685,6 @@ class DMSetup(object):
                 return
             raise
 
-    def rename(self, name, new_name):
-        self._run('rename', validate_name(name), validate_name(new_name))
-
     def exists(self, name):
         """True if a device-mapper device called ``name`` exists."""
         try:

@@ -135,12 +135,6 @@ class FakeDMSetup(object):
         self.uuids.pop(name, None)
         self.hydration.pop(name, None)
 
-    def rename(self, name, new_name):
-        self._call('rename', name, new_name)
-        self._require(name)
-        self.devices[new_name] = self.devices.pop(name)
-        self.uuids[new_name] = self.uuids.pop(name)
-
     def exists(self, name):
         return name in self.devices
 

@@ -489,10 +489,6 @@ class DMSetupCommandTestCase(test.TestCase):
         self.assertIn('Device or resource busy', str(exc))
         self.assertIn('dmsetup remove --retry h', str(exc))
 
-    def test_rename(self):
-        self.dm.rename('a', 'b')
-        self._assert_called('dmsetup', 'rename', 'a', 'b')
-
     def test_exists(self):
         self.assertTrue(self.dm.exists('h'))
         self._assert_called('dmsetup', 'info', 'h')

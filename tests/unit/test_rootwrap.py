@@ -29,6 +29,7 @@ from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
 
 FILTERS_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'etc',
                            'cinder', 'rootwrap.d')
@@ -36,6 +37,7 @@ NAME = 'dmclone-dmc--a-volume-1f2e3d4c-0000-4000-8000-000000000001'
 UUID = 'DMCLONE-' + NAME
 LV = '/dev/dmc-a/volume-1f2e3d4c-0000-4000-8000-000000000001'
 META = LV + '-dmcmeta'
+ENV = ['/usr/bin/env', 'LC_ALL=C']
 SOURCE = ('/dev/disk/by-path/ip-10.0.0.1:3260-iscsi-iqn.2024-01.org.'
           'example.nodea:volume-1f2e3d4c-lun-0')
 
@@ -99,7 +101,6 @@ class RootwrapFilterTestCase(test.TestCase):
         dm.message(NAME, 'disable_hydration')
         dm.message(NAME, 'hydration_threshold', '64')
         dm.message(NAME, 'hydration_batch_size', '16')
-        dm.rename(NAME, NAME + '.old')
         dm.exists(NAME)
         dm.status(NAME)
         dm.table(NAME)
@@ -143,11 +144,64 @@ class RootwrapFilterTestCase(test.TestCase):
             for cmd in self.commands:
                 self.assertRunsAsBuilt(filters, cmd)
 
+    def test_every_handle_name_is_admitted(self):
+        for vg in ('cinder-volumes', 'a', 'x.y+z_', 'a-b-c', 'vg--x'):
+            for lv in ('volume-1f2e3d4c-0000-4000-8000-000000000001', 'lv',
+                       'a-b', '_x', 'x--y'):
+                name = layout.handle_name(vg, lv)
+                self.assertAdmitted(ENV + ['dmsetup', 'create', name,
+                                           '--uuid',
+                                           layout.handle_uuid(vg, lv)])
+                for op in ('load', 'resume', 'clear', 'info', 'status',
+                           'table', 'suspend', 'remove'):
+                    self.assertAdmitted(ENV + ['dmsetup', op, name])
+                self.assertAdmitted(ENV + ['dmsetup', 'remove', '--retry',
+                                           name])
+                self.assertAdmitted(ENV + ['dmsetup', 'message', name, '0',
+                                           'enable_hydration'])
+
+    def test_foreign_device_names_are_refused(self):
+        for name in (
+                'cinder--volumes-volume--x',     # an LVM LV's own device
+                'othervg-volume-1',              # another VG's LV
+                'dmclone-vg-a/../x',             # a path
+                '/dev/mapper/' + NAME,
+                'dmclone-onlyonepart',           # no VG part
+                'dmclone--vg-lv',                # VG part starts with '-'
+                'dmclone-vg-',                   # no LV
+                'dmclone-vg--lv',                # doubled dash: still VG
+                'DMCLONE-' + NAME,               # a UUID, not a name
+                'crypt-' + NAME,
+                NAME + ' x'):
+            for op in ('load', 'resume', 'clear', 'info', 'status', 'table',
+                       'suspend', 'remove'):
+                self.assertRefused(ENV + ['dmsetup', op, name])
+            self.assertRefused(ENV + ['dmsetup', 'remove', '--retry', name])
+            self.assertRefused(ENV + ['dmsetup', 'suspend', name,
+                                      '--noflush'])
+            self.assertRefused(ENV + ['dmsetup', 'message', name, '0',
+                                      'enable_hydration'])
+            self.assertRefused(ENV + ['dmsetup', 'message', name, '0',
+                                      'hydration_batch_size', '16'])
+            self.assertRefused(ENV + ['dmsetup', 'create', name, '--uuid',
+                                      'DMCLONE-' + name])
+        # a handle's name with another subsystem's UUID
+        self.assertRefused(ENV + ['dmsetup', 'create', NAME, '--uuid',
+                                  'LVM-abcdef'])
+        self.assertRefused(ENV + ['dmsetup', 'create', NAME, '--uuid', NAME])
+
+    def test_rename_is_refused(self):
+        # The driver renames nothing; a rename between handle names could
+        # swap two volumes under their users.
+        self.assertRefused(ENV + ['dmsetup', 'rename', NAME,
+                                  'dmclone-dmc--a-volume-other'])
+        self.assertRefused(ENV + ['dmsetup', 'rename', NAME, NAME + '.old'])
+
     def test_modprobe_of_the_driver(self):
         self.assertAdmitted(['modprobe', 'dm_clone'])
 
     def test_nearby_commands_are_refused(self):
-        env = ['/usr/bin/env', 'LC_ALL=C']
+        env = ENV
         for cmd in (
                 env + ['dmsetup', 'remove_all'],
                 env + ['dmsetup', 'remove', '--force', NAME],
