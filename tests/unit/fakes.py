@@ -165,7 +165,7 @@ class FakeDMSetup(object):
             total_regions=total, hydrating_regions=0, features=features,
             core_args=dict(args.core_args), read_only=False)
 
-    def clone_statuses(self):
+    def clone_statuses(self, errors=None):
         self._call('clone_statuses')
         result = {}
         for name in sorted(self.devices):

@@ -12,9 +12,11 @@
 
 """Table builders, status parsers and command wrappers of dmsetup.py."""
 
+import logging
 from unittest import mock
 
 import ddt
+import fixtures
 from oslo_concurrency import processutils
 
 from cinder.tests.unit import test
@@ -295,6 +297,42 @@ class StatusTestCase(test.TestCase):
         self.assertRaises(exception.DMStatusParseError,
                           dmsetup.parse_status_all, text)
 
+    def test_parse_status_all_name_with_colon(self):
+        # dmsetup mangles white space in names, not ':'
+        text = ('odd:name: 0 8 linear \n'
+                'dmclone-vg-a: 0 524288 clone %s\n' % HYDRATED)
+        result = dmsetup.parse_status_all(text)
+        self.assertEqual(['dmclone-vg-a', 'odd:name'], sorted(result))
+        self.assertEqual('linear', result['odd:name'][0].target)
+
+    def test_parse_status_all_bad_line_costs_only_its_device(self):
+        bad = 'dmclone-vg-b: 0 524288 clone %s' % CREATED.replace(
+            'no_hydration', 'new_feature')
+        text = '\n'.join([
+            'dmclone-vg-a: 0 524288 clone %s' % HYDRATED, bad,
+            'dmclone-vg-b: 524288 8 linear ',
+            'no name here',
+            'dmclone-vg-c: 0 524288 clone %s' % CREATED]) + '\n'
+        errors = {}
+        result = dmsetup.parse_status_all(text, errors=errors)
+        self.assertEqual(['dmclone-vg-a', 'dmclone-vg-c'], sorted(result))
+        self.assertEqual({'dmclone-vg-b', None}, set(errors))
+        self.assertIn(bad, str(errors['dmclone-vg-b']))
+        self.assertIn('new_feature', str(errors['dmclone-vg-b']))
+        self.assertIn('no name here', str(errors[None]))
+        # without ``errors`` the whole text is refused, as before
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_status_all, text)
+
+    def test_parse_table_all_bad_line_costs_only_its_device(self):
+        text = ('h:1: 0 2048 clone 253:3 253:2 8:16 128\n'
+                'h2: 0 x linear 253:4 0\n'
+                'h3: 0 8 linear 253:4 0\n')
+        errors = {}
+        result = dmsetup.parse_table_all(text, errors=errors)
+        self.assertEqual(['h3', 'h:1'], sorted(result))
+        self.assertEqual(['h2'], list(errors))
+
     def test_parse_targets(self):
         self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
                          dmsetup.parse_targets(
@@ -520,6 +558,33 @@ class DMSetupCommandTestCase(test.TestCase):
         self._assert_called('dmsetup', 'status', '--target', 'clone')
         self.assertTrue(result['dmclone-a'].fully_hydrated)
         self.assertTrue(result['dmclone-b'].failed)
+
+    def test_clone_statuses_a_bad_line_costs_only_its_device(self):
+        bad = 'dmclone-b: 0 524288 clone %s' % CREATED.replace(
+            'no_hydration', 'new_feature')
+        self.execute.return_value = (
+            'dmclone-a: 0 524288 clone %s\n%s\n'
+            'odd:name: 0 524288 clone %s\n' % (HYDRATED, bad, HYDRATED), '')
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        result = self.dm.clone_statuses()
+        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
+        self.assertIn(bad, log.output)
+        # a caller that asks for the errors logs them itself
+        errors = {}
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        result = self.dm.clone_statuses(errors=errors)
+        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
+        self.assertEqual(['dmclone-b'], list(errors))
+        self.assertEqual('', log.output)
+
+    def test_statuses_and_tables_collect_errors(self):
+        self.execute.return_value = ('a: 0 8 linear \nb: x 8 linear \n', '')
+        errors = {}
+        self.assertEqual(['a'], list(self.dm.statuses(errors=errors)))
+        self.assertEqual(['b'], list(errors))
+        errors = {}
+        self.assertEqual(['a'], list(self.dm.tables(errors=errors)))
+        self.assertEqual(['b'], list(errors))
 
     def test_listing_again_when_a_device_vanished(self):
         # dmsetup lists, then queries each device: one removed in between
