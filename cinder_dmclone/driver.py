@@ -119,6 +119,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """True if the connector is a host on this very node."""
         return bool(connector) and connector.get('host') in self._node_names()
 
+    @staticmethod
+    def _require_host(connector):
+        """Refuse a connector that does not name its node.
+
+        Whether an attach is local, an iSCSI export or a move depends on
+        the connector's ``host``: without it there is no right answer.
+        (A detach needs none: a force detach has no connector at all.)
+        """
+        if not connector or not connector.get('host'):
+            raise exception.InvalidConnectorException(missing='host')
+
     # ------------------------------------------------------------------
     # Setup
     # ------------------------------------------------------------------
@@ -625,9 +636,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """
         if peer.payload(connector):
             return {}
+        self._require_host(connector)
         if not self._is_local_connector(connector):
             self.mover.refuse_if_moving(
-                volume, _('attaching on %s') % (connector or {}).get('host'))
+                volume, _('attaching on %s') % connector['host'])
         path = self._ensure_handle(volume)
         if self._is_local_connector(connector):
             return {}
@@ -652,6 +664,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return location.startswith(own)
 
     def validate_connector(self, connector):
+        if not peer.payload(connector):
+            self._require_host(connector)
         if self._is_local_connector(connector):
             return True
         return self.target_driver.validate_connector(connector)
@@ -667,6 +681,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if step:
             return self._local_connection(volume,
                                           self.mover.prepare(volume, step))
+        self._require_host(connector)
         if self._is_local_connector(connector):
             return self._local_connection(volume,
                                           self._ensure_handle(volume))

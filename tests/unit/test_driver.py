@@ -675,6 +675,61 @@ class ConnectionTestCase(DriverTestBase):
                           self.drv.validate_connector, {'host': 'node-b'})
         self.drv.validate_connector(REMOTE)
 
+    def _instance_attaching(self):
+        attachment = objects.VolumeAttachment(
+            id=fake.ATTACHMENT_ID, instance_uuid=fake.INSTANCE_ID,
+            attach_status='attaching')
+        self.mock_object(
+            objects.VolumeAttachmentList, 'get_all_by_volume_id',
+            return_value=objects.VolumeAttachmentList(objects=[attachment]))
+        self.volume.volume_attachment = objects.VolumeAttachmentList(
+            objects=[attachment])
+
+    HOSTLESS = ({'initiator': 'iqn.2024-01.org.example.b:i'},
+                {'host': None, 'initiator': 'iqn.2024-01.org.example.b:i'},
+                {'host': '', 'initiator': 'iqn.2024-01.org.example.b:i'},
+                {}, None)
+
+    def _assert_refused_without_host(self, call):
+        self._instance_attaching()
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        for connector in self.HOSTLESS:
+            exc = self.assertRaises(exception.InvalidConnectorException,
+                                    call, connector)
+            self.assertIn('host', str(exc))
+        target.assert_not_called()
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_validate_connector_without_host(self):
+        self._assert_refused_without_host(self.drv.validate_connector)
+
+    def test_create_export_without_host(self):
+        self._assert_refused_without_host(
+            lambda c: self.drv.create_export(self.ctxt, self.volume, c))
+
+    def test_initialize_connection_without_host(self):
+        self._assert_refused_without_host(
+            lambda c: self.drv.initialize_connection(self.volume, c))
+
+    def test_validate_connector_of_a_node_to_node_step(self):
+        # the other node's service sends its own connector with the step;
+        # the step is checked where it is served, not here
+        step = {'initiator': 'iqn.2024-01.org.example.b:i',
+                'dmclone': {'op': 'prepare'}}
+        self.drv.validate_connector(step)
+        self.drv.validate_connector(dict(step, host='node-b'))
+
+    def test_terminate_without_host_still_detaches(self):
+        # a force detach has no connector; nothing here needs its host
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        connector = {'initiator': 'iqn.2024-01.org.example.b:i'}
+        self.assertFalse(self.drv.terminate_connection(self.volume,
+                                                       connector))
+        self.assertFalse(self.drv.terminate_connection(self.volume, None,
+                                                       force=True))
+        self.assertEqual(2, target.call_count)
+
     def test_terminate_local(self):
         target = self.mock_object(self.drv.target_driver,
                                   'terminate_connection')
