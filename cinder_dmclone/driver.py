@@ -24,6 +24,8 @@ This module holds Cinder semantics only; device-mapper is spoken in
 :mod:`cinder_dmclone.dmsetup`.
 """
 
+import ipaddress
+
 from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -58,6 +60,23 @@ from cinder_dmclone import transfer  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CONF = cfg.CONF
+
+
+def _same_address(portal_address, configured):
+    """Do a portal's address and a configured address name one host?
+
+    IP addresses compare by value (``fd00:0::1`` is ``[fd00::1]``), host
+    names without regard to case.
+    """
+    portal_address = portal_address.strip()
+    if portal_address.startswith('[') and portal_address.endswith(']'):
+        portal_address = portal_address[1:-1]
+    configured = (configured or '').strip()
+    try:
+        return (ipaddress.ip_address(portal_address)
+                == ipaddress.ip_address(configured))
+    except ValueError:
+        return portal_address.lower() == configured.lower()
 
 
 @interface.volumedriver
@@ -659,9 +678,18 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.target_driver.remove_export(context, volume)
 
     def _owns_export(self, volume):
+        """True if the volume's export is this node's.
+
+        Cinder's iSCSI targets write ``provider_location`` as
+        ``<portal>[;<portal>...],<tid> <iqn> <lun>``, the primary portal
+        (``target_ip_address``) first, as ``<address>:<port>`` with an
+        IPv6 address in brackets (``volume_utils.sanitize_host``).
+        """
         location = volume.get('provider_location') or ''
-        own = '%s:' % self.configuration.target_ip_address
-        return location.startswith(own)
+        portal = location.split(',', 1)[0].split(';', 1)[0]
+        address, sep, _port = portal.rpartition(':')
+        return bool(sep) and _same_address(
+            address, self.configuration.target_ip_address)
 
     def validate_connector(self, connector):
         if not peer.payload(connector):

@@ -637,6 +637,7 @@ class StatsTestCase(DriverTestBase):
         self.assertEqual('node-a', pool['dmclone_node'])
 
 
+@ddt.ddt
 class ConnectionTestCase(DriverTestBase):
 
     def test_local_connection(self):
@@ -774,6 +775,44 @@ class ConnectionTestCase(DriverTestBase):
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_called_once_with(self.ctxt, self.volume)
+
+    @ddt.data(
+        ('10.0.0.1', '10.0.0.1:3260,1 iqn.x:lv 0', True),
+        ('10.0.0.1', '10.0.0.10:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', '10.0.0.2:3260;10.0.0.1:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', '10.0.0.1:3260;10.0.0.2:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00::1]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00:0:0::1]:3260,1 iqn.x:lv 0', True),
+        ('FD00::1', '[fd00::1]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00::10]:3260,1 iqn.x:lv 0', False),
+        ('fd00::1', '[fd00::1:5]:3260,1 iqn.x:lv 0', False),
+        ('fd00::1', '[fd00::1]:3260;[fd00::2]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '10.0.0.1:3260,1 iqn.x:lv 0', False),
+        ('storage-a.example', 'storage-a.example:3260,1 iqn.x:lv 0', True),
+        ('storage-a.example', 'Storage-A.example:3260,1 iqn.x:lv 0', True),
+        ('storage-a.example', 'storage-a.example.org:3260,1 iqn.x:lv 0',
+         False),
+        ('storage-a.example', 'storage-a:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', 'no portal here', False),
+        ('10.0.0.1', '', False),
+        ('10.0.0.1', None, False))
+    @ddt.unpack
+    def test_remove_export_by_portal(self, address, location, own):
+        # Cinder's iSCSI targets write the primary portal first, an IPv6
+        # address in brackets (volume_utils.sanitize_host)
+        self.drv = self._make_driver(target_ip_address=address)
+        self.drv.dm = self.dm
+        self.volume.provider_location = location
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        self.assertEqual(1 if own else 0, target.call_count)
+
+    def test_ipv6_location_as_cinder_writes_it(self):
+        self.drv = self._make_driver(target_ip_address='fd00::1')
+        helper = self.drv.target_driver
+        location = helper._iscsi_location('fd00::1', 1, 'iqn.x:lv', 0)
+        self.assertTrue(self.drv._owns_export(
+            {'provider_location': location}))
 
     def test_remove_export_of_another_node_is_left_alone(self):
         self.volume.provider_location = '10.0.0.2:3260,1 iqn.x:%s 0' % LV
