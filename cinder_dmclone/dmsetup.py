@@ -50,7 +50,6 @@ _NAME_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_.+-]{0,126}$')
 # A device argument inside a table: an absolute /dev path or major:minor.
 _DEVICE_RE = re.compile(r'^(/dev/[A-Za-z0-9_.+:/-]+|[0-9]+:[0-9]+)$')
 _MESSAGE_WORD_RE = re.compile(r'^[a-z_]+$|^[0-9]+$')
-_STATUS_PREFIX_RE = re.compile(r'^(?P<name>[^\s:]+):\s+(?P<rest>.*)$')
 
 CLONE_FEATURES = ('no_hydration', 'no_discard_passdown')
 CLONE_CORE_ARGS = ('hydration_threshold', 'hydration_batch_size')
@@ -429,43 +428,70 @@ def parse_status(text):
             for line in text.splitlines() if line.strip()]
 
 
-def parse_status_all(text):
-    """Parse ``dmsetup status`` for many devices: {name: [StatusLine]}.
+def _split_named_line(line):
+    """``(name, rest)`` of a ``<name>: <rest>`` line of a listing.
 
-    Each line is ``<name>: <start> <length> <target> <params>``; dmsetup says
-    ``No devices found`` when there is nothing to list.
+    dmsetup mangles white space in device names (``\\x20``) but not
+    ``:``, so the name is the first word without its final colon.
     """
-    result = {}
+    words = line.split(None, 1)
+    if len(words) != 2 or len(words[0]) < 2 or not words[0].endswith(':'):
+        raise exception.DMStatusParseError(
+            line=line, reason='expected "<name>: <start> <length> ..."')
+    return words[0][:-1], words[1]
+
+
+def _parse_listing(text, parse_rest, errors):
+    """Parse ``<name>: ...`` lines into {name: [parse_rest(rest) items]}.
+
+    With ``errors`` None, any bad line raises.  Otherwise a device with a
+    bad line is left out of the result and ``errors[name]`` holds a
+    DMStatusParseError that quotes the whole line; a line without a name
+    is recorded under None.  The other devices are unaffected.
+    """
+    result, bad = {}, {}
     for line in text.splitlines():
         if not line.strip() or line.strip() == 'No devices found':
             continue
-        match = _STATUS_PREFIX_RE.match(line.strip())
-        if not match:
-            raise exception.DMStatusParseError(
-                line=line, reason='expected "<name>: <start> <length> ..."')
-        result.setdefault(match.group('name'), []).append(
-            _parse_status_segment(match.group('rest')))
+        name = None
+        try:
+            name, rest = _split_named_line(line)
+            if name in bad:
+                continue
+            parsed = parse_rest(rest)
+        except exception.DMStatusParseError as exc:
+            if errors is None:
+                raise
+            result.pop(name, None)
+            bad[name] = exception.DMStatusParseError(
+                line=line, reason=exc.kwargs.get('reason', str(exc)))
+            continue
+        result.setdefault(name, []).extend(parsed)
+    if errors is not None:
+        errors.update(bad)
     return result
 
 
-def parse_table_all(text):
+def parse_status_all(text, errors=None):
+    """Parse ``dmsetup status`` for many devices: {name: [StatusLine]}.
+
+    Each line is ``<name>: <start> <length> <target> <params>``; dmsetup says
+    ``No devices found`` when there is nothing to list.  A bad line raises,
+    or with an ``errors`` dict costs only its own device (see
+    :func:`_parse_listing`).
+    """
+    return _parse_listing(
+        text, lambda rest: [_parse_status_segment(rest)], errors)
+
+
+def parse_table_all(text, errors=None):
     """Parse ``dmsetup table`` for many devices: {name: [Segment]}.
 
     The lines have the form ``<name>: <start> <length> <target> <args>``,
     as in :func:`parse_status_all`; device arguments are kept as the
     kernel printed them (``major:minor``).
     """
-    result = {}
-    for line in text.splitlines():
-        if not line.strip() or line.strip() == 'No devices found':
-            continue
-        match = _STATUS_PREFIX_RE.match(line.strip())
-        if not match:
-            raise exception.DMStatusParseError(
-                line=line, reason='expected "<name>: <start> <length> ..."')
-        result.setdefault(match.group('name'), []).extend(
-            parse_table(match.group('rest')))
-    return result
+    return _parse_listing(text, parse_table, errors)
 
 
 def parse_info_uuids(text):
@@ -505,21 +531,55 @@ def device_path(name):
 # Commands
 # --------------------------------------------------------------------------
 
+#: dmsetup's exit status when a command failed (``Command failed.``);
+#: rootwrap's own refusals use 96-99, a missing executable 127.
+_DMSETUP_FAILED = 1
+#: What dmsetup prints (under LC_ALL=C) for a device that is not there:
+#: ``info``/``status``/``table`` see a device that does not exist, the
+#: other commands get ENXIO from their ioctl on that name.
+_NOT_FOUND_LINES = (
+    re.compile(r'^Device does not exist\.$'),
+    re.compile(r'^device-mapper: [a-z_]+ ioctl on .* failed: '
+               r'No such device or address$'),
+)
+
+
 def _not_found(failed):
-    """Did this DMSetupCommandFailed report a device that is not there?"""
+    """Did this DMSetupCommandFailed report a device that is not there?
+
+    Only dmsetup's own failure status with one of its exact messages
+    counts: anything else (rootwrap's "Executable not found", a kernel
+    without device-mapper, a command that could not start) is a real
+    failure and must not pass for an absent device.
+    """
     cause = failed.__cause__
-    text = '%s %s' % (getattr(cause, 'stdout', None) or '',
-                      getattr(cause, 'stderr', None) or '')
-    return ('No such device or address' in text
-            or 'Device does not exist' in text
-            or 'not found' in text.lower())
+    if (not isinstance(cause, processutils.ProcessExecutionError)
+            or cause.exit_code != _DMSETUP_FAILED):
+        return False
+    # (``info`` prints its message on standard output, the ioctl
+    # failures go to standard error.)
+    lines = ('%s\n%s' % (cause.stdout or '', cause.stderr or '')).splitlines()
+    return any(regex.match(line.strip()) for line in lines
+               for regex in _NOT_FOUND_LINES)
+
+
+#: Every command runs under ``/usr/bin/env LC_ALL=C``: the messages
+#: matched above are dmsetup's untranslated ones, and an environment
+#: variable set in this process would not reach a command started through
+#: sudo and rootwrap.  The absolute path keeps the rootwrap filters exact:
+#: oslo.rootwrap's EnvFilter (Cinder's, for LVM) admits any arguments
+#: after the command, and while matching it strips a leading bare
+#: ``env`` from the command line, so a filter of ours expecting ``env``
+#: would never match once Cinder's volume.filters had been read first.
+ENV_PREFIX = ('/usr/bin/env', 'LC_ALL=C')
 
 
 class DMSetup(object):
     """Thin wrapper around the ``dmsetup`` command.
 
     Every call goes through ``execute`` (Cinder's ``utils.execute`` unless a
-    test passes another) as root with the configured root helper, tables are
+    test passes another) as root with the configured root helper and under
+    ``LC_ALL=C`` (see :data:`ENV_PREFIX`), tables are
     fed on standard input (so multi-segment tables need no quoting), and a
     failure becomes :class:`~cinder_dmclone.exception.DMSetupCommandFailed`
     carrying the kernel's message.
@@ -535,7 +595,7 @@ class DMSetup(object):
             kwargs.setdefault('root_helper', self._root_helper)
         cmdline = ' '.join([command] + [str(a) for a in args])
         try:
-            return self._execute(command, *args, **kwargs)
+            return self._execute(*ENV_PREFIX, command, *args, **kwargs)
         except processutils.ProcessExecutionError as exc:
             raise exception.DMSetupCommandFailed(
                 command=cmdline,
@@ -651,9 +711,6 @@ class DMSetup(object):
                 return
             raise
 
-    def rename(self, name, new_name):
-        self._run('rename', validate_name(name), validate_name(new_name))
-
     def exists(self, name):
         """True if a device-mapper device called ``name`` exists."""
         try:
@@ -674,34 +731,53 @@ class DMSetup(object):
         out, _err = self._run('table', validate_name(name))
         return parse_table(out)
 
-    def clone_statuses(self):
+    @staticmethod
+    def _unparsed(errors, log_to):
+        """Log what a listing could not parse, unless a caller takes it."""
+        if log_to is None:
+            for name, exc in sorted(errors.items(), key=lambda e: str(e[0])):
+                LOG.warning('Ignoring device-mapper device %s this time: '
+                            '%s', name, exc)
+        else:
+            log_to.update(errors)
+
+    def clone_statuses(self, errors=None):
         """Status of every clone target, in ONE command.
 
         Returns {device name: CloneStatus or FailedCloneStatus}; a device
         with several clone segments keeps the first (this project never
-        builds more than one clone segment per device).
+        builds more than one clone segment per device).  A device whose
+        line cannot be parsed is left out: it goes into ``errors``
+        ({name: DMStatusParseError}) when given, else to the log.
         """
         out, _err = self._run_listing('status', '--target', 'clone')
+        bad = {}
         result = {}
-        for name, lines in parse_status_all(out).items():
+        for name, lines in parse_status_all(out, errors=bad).items():
             clones = [line.clone for line in lines if line.clone is not None]
             if clones:
                 result[name] = clones[0]
+        self._unparsed(bad, errors)
         return result
 
-    def statuses(self):
+    def statuses(self, errors=None):
         """Status of EVERY device-mapper device, in one command.
 
         Returns {device name: [StatusLine]}; the operator's status tool
         uses it to see linear handles and clone targets in one sample.
+        Unparsable devices as in :meth:`clone_statuses`.
         """
         out, _err = self._run_listing('status')
-        return parse_status_all(out)
+        bad = {}
+        result = parse_status_all(out, errors=bad)
+        self._unparsed(bad, errors)
+        return result
 
-    def tables(self, target=None):
+    def tables(self, target=None, errors=None):
         """Tables of every device (or those with a ``target`` segment).
 
-        Returns {device name: [Segment]} from one command.
+        Returns {device name: [Segment]} from one command; unparsable
+        devices as in :meth:`clone_statuses`.
         """
         args = ['table']
         if target is not None:
@@ -710,7 +786,10 @@ class DMSetup(object):
                     value=target, reason='not a target type name')
             args += ['--target', target]
         out, _err = self._run_listing(*args)
-        return parse_table_all(out)
+        bad = {}
+        result = parse_table_all(out, errors=bad)
+        self._unparsed(bad, errors)
+        return result
 
     def uuids(self):
         """{name: dm UUID} of every device-mapper device (one command)."""

@@ -24,6 +24,8 @@ This module holds Cinder semantics only; device-mapper is spoken in
 :mod:`cinder_dmclone.dmsetup`.
 """
 
+import ipaddress
+
 from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
@@ -59,6 +61,23 @@ from cinder_dmclone import transfer  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CONF = cfg.CONF
+
+
+def _same_address(portal_address, configured):
+    """Do a portal's address and a configured address name one host?
+
+    IP addresses compare by value (``fd00:0::1`` is ``[fd00::1]``), host
+    names without regard to case.
+    """
+    portal_address = portal_address.strip()
+    if portal_address.startswith('[') and portal_address.endswith(']'):
+        portal_address = portal_address[1:-1]
+    configured = (configured or '').strip()
+    try:
+        return (ipaddress.ip_address(portal_address)
+                == ipaddress.ip_address(configured))
+    except ValueError:
+        return portal_address.lower() == configured.lower()
 
 
 @interface.volumedriver
@@ -119,6 +138,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _is_local_connector(self, connector):
         """True if the connector is a host on this very node."""
         return bool(connector) and connector.get('host') in self._node_names()
+
+    @staticmethod
+    def _require_host(connector):
+        """Refuse a connector that does not name its node.
+
+        Whether an attach is local, an iSCSI export or a move depends on
+        the connector's ``host``: without it there is no right answer.
+        (A detach needs none: a force detach has no connector at all.)
+        """
+        if not connector or not connector.get('host'):
+            raise exception.InvalidConnectorException(missing='host')
 
     # ------------------------------------------------------------------
     # Setup
@@ -646,9 +676,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """
         if peer.payload(connector):
             return {}
+        self._require_host(connector)
         if not self._is_local_connector(connector):
             self.mover.refuse_if_moving(
-                volume, _('attaching on %s') % (connector or {}).get('host'))
+                volume, _('attaching on %s') % connector['host'])
         path = self._ensure_handle(volume)
         if self._is_local_connector(connector):
             return {}
@@ -668,11 +699,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.target_driver.remove_export(context, volume)
 
     def _owns_export(self, volume):
+        """True if the volume's export is this node's.
+
+        Cinder's iSCSI targets write ``provider_location`` as
+        ``<portal>[;<portal>...],<tid> <iqn> <lun>``, the primary portal
+        (``target_ip_address``) first, as ``<address>:<port>`` with an
+        IPv6 address in brackets (``volume_utils.sanitize_host``).
+        """
         location = volume.get('provider_location') or ''
-        own = '%s:' % self.configuration.target_ip_address
-        return location.startswith(own)
+        portal = location.split(',', 1)[0].split(';', 1)[0]
+        address, sep, _port = portal.rpartition(':')
+        return bool(sep) and _same_address(
+            address, self.configuration.target_ip_address)
 
     def validate_connector(self, connector):
+        if not peer.payload(connector):
+            self._require_host(connector)
         if self._is_local_connector(connector):
             return True
         return self.target_driver.validate_connector(connector)
@@ -688,6 +730,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if step:
             return self._local_connection(volume,
                                           self.mover.prepare(volume, step))
+        self._require_host(connector)
         if self._is_local_connector(connector):
             self.mover.refuse_if_moving(volume, _('attaching it here'),
                                         locked=True)

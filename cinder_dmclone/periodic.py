@@ -17,7 +17,8 @@ Each tick reads the status of every clone target on the node with ONE
 transfer, works out progress (hydrated/total, rate, ETA) and hands each
 handle's status to a callback that decides what to do with it (the
 transfer logic: finalize a finished clone, publish progress).  A failure
-on one volume is logged and never stops the others.
+on one volume, in its callback or in the parse of its status line, is
+logged and never stops the others.
 """
 
 import dataclasses
@@ -144,13 +145,14 @@ class HydrationMonitor(object):
         """Run one pass; never raises for a single volume's failure."""
         report = TickReport()
         now = self._clock()
+        errors = {}
         try:
-            statuses = self._dm.clone_statuses()
+            statuses = self._dm.clone_statuses(errors=errors)
         except Exception:
             LOG.exception('Hydration monitor could not read clone status.')
             report.failed.append(None)
             return report
-        current = {}
+        current = self._unreadable(errors, report)
         for name, status in sorted(statuses.items()):
             lv_name = layout.lv_name_from_handle(name, self._volume_group)
             if lv_name is None:
@@ -179,6 +181,27 @@ class HydrationMonitor(object):
             except Exception:
                 LOG.exception('Hydration monitor follow-up work failed.')
         return report
+
+    def _unreadable(self, errors, report):
+        """Log the status lines that could not be parsed, one by one.
+
+        Such a volume is skipped this tick and keeps its previous sample
+        (so its rate and stall time carry on); the other volumes are
+        handled as usual.  Devices that are not this backend's handles
+        are not its business.  Returns the samples to carry over.
+        """
+        kept = {}
+        for name, exc in sorted(errors.items(), key=lambda e: str(e[0])):
+            lv_name = None if name is None else layout.lv_name_from_handle(
+                name, self._volume_group)
+            if name is not None and lv_name is None:
+                continue
+            LOG.error('Hydration monitor cannot read the status of %s; '
+                      'skipping it this tick: %s', name or 'a device', exc)
+            report.failed.append(lv_name)
+            if lv_name in self._last:
+                kept[lv_name] = self._last[lv_name]
+        return kept
 
     def start(self):
         """Start ticking every ``interval`` seconds in the service."""

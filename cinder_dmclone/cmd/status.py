@@ -44,8 +44,12 @@ What it reads, and why the figures can be trusted:
 
 The commands run directly (the tool must run as root): the driver's
 rootwrap filters admit only the commands the service runs, not these.
-Exit status: 0 when all is well, 1 when leftovers or failed clones were
-found, 2 on bad usage or when a command fails.
+A device whose status line cannot be parsed is left out and reported
+(a handle of the driver's under ``unreadable``); the others are listed
+as usual.
+
+Exit status: 0 when all is well, 1 when leftovers, failed clones or
+unreadable handles were found, 2 on bad usage or when a command fails.
 """
 
 import argparse
@@ -222,8 +226,9 @@ def scope_from_args(args):
 def list_lvs(execute, vgs):
     """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
     try:
-        out, _err = execute('lvs', '--noheadings', '--separator', '|',
-                            '-o', 'vg_name,lv_name', *vgs)
+        out, _err = execute(*dmsetup.ENV_PREFIX, 'lvs', '--noheadings',
+                            '--separator', '|', '-o', 'vg_name,lv_name',
+                            *vgs)
     except (processutils.ProcessExecutionError, OSError) as exc:
         reason = getattr(exc, 'stderr', None) or str(exc)
         raise dmc_exception.DMSetupCommandFailed(
@@ -297,21 +302,23 @@ def _table_type(lines):
     return '+'.join(sorted(set(targets))) or 'none'
 
 
-def take_samples(dm, interval, sleep=time.sleep, clock=time.monotonic):
+def take_samples(dm, interval, sleep=time.sleep, clock=time.monotonic,
+                 errors=None):
     """One status sample of every device, two while a clone hydrates.
 
     Returns (first, second, seconds between them); second is None when
-    one sample was enough.
+    one sample was enough.  Devices whose status line cannot be parsed
+    are left out of both and put in ``errors`` (see DMSetup.statuses).
     """
     t1 = clock()
-    first = dm.statuses()
+    first = dm.statuses(errors=errors)
     if interval <= 0 or not any(
             _hydrating(lines) for name, lines in first.items()
             if layout.parse_handle(name)):
         return first, None, None
     sleep(interval)
     t2 = clock()
-    return first, dm.statuses(), t2 - t1
+    return first, dm.statuses(errors=errors), t2 - t1
 
 
 def _number(value):
@@ -371,18 +378,46 @@ def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
     return entry
 
 
+def _ours(scope, name):
+    """True if ``name`` is a handle of a volume group in scope."""
+    parsed = None if name is None else layout.parse_handle(name)
+    return parsed is not None and scope.has_vg(parsed[0])
+
+
+def _unreadable(scope, status_errors, table_errors, report):
+    """Report the lines that could not be parsed, the driver's only.
+
+    A handle whose status line is unreadable is listed under
+    ``unreadable`` (and makes the exit status 1); a line without a device
+    name could be anyone's, so it is a warning.
+    """
+    for name, exc in sorted(status_errors.items(), key=lambda e: str(e[0])):
+        if name is None:
+            report['warnings'].append('unreadable dmsetup status output: '
+                                      '%s' % exc)
+        elif _ours(scope, name):
+            report['unreadable'].append({'name': name, 'reason': str(exc)})
+            report['warnings'].append('cannot read the status of %s: %s'
+                                      % (name, exc))
+    for name, exc in sorted(table_errors.items(), key=lambda e: str(e[0])):
+        if name is None or _ours(scope, name):
+            report['warnings'].append('cannot read the table of %s: %s'
+                                      % (name or 'a device', exc))
+
+
 def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
-                 read_metadata=None):
+                 read_metadata=None, status_errors=None, table_errors=None):
     """Everything the tool prints, as one JSON-ready dict."""
     statuses = second if second is not None else first
     report = {'volume_groups': dict(scope.metadata_vgs) or None,
               'interval_seconds': elapsed, 'handles': [], 'transfers': [],
-              'leftovers': [], 'warnings': []}
+              'leftovers': [], 'unreadable': [], 'warnings': []}
+    _unreadable(scope, status_errors or {}, table_errors or {}, report)
     clone_lvs = set()
     for name in sorted(statuses):
-        parsed = layout.parse_handle(name)
-        if parsed is None or not scope.has_vg(parsed[0]):
+        if not _ours(scope, name) or name in (status_errors or {}):
             continue
+        parsed = layout.parse_handle(name)
         vg, lv = parsed
         lines = statuses[name]
         handle = {'name': name, 'uuid': uuids.get(name),
@@ -465,9 +500,11 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
     """Read the node and build the report (see the module docstring)."""
     execute = execute or processutils.execute
     dm = dm or dmsetup.DMSetup(execute=execute)
-    first, second, elapsed = take_samples(dm, args.interval, sleep, clock)
+    status_errors, table_errors = {}, {}
+    first, second, elapsed = take_samples(dm, args.interval, sleep, clock,
+                                          errors=status_errors)
     uuids = dm.uuids()
-    tables = dm.tables('clone')
+    tables = dm.tables('clone', errors=table_errors)
     lvs = list_lvs(execute, scope.lvm_vgs())
     if links is None:
         links = iscsi_links()
@@ -480,7 +517,8 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
             warnings.append('database not readable, transfer state and '
                             'the monitor\'s rate unknown: %s' % exc)
     report = build_report(scope, first, second, elapsed, uuids, tables,
-                          lvs, links, read_metadata)
+                          lvs, links, read_metadata, status_errors,
+                          table_errors)
     report['warnings'] = warnings + report['warnings']
     return report
 
@@ -567,7 +605,8 @@ def render_text(report):
 def exit_code(report):
     """1 when something needs an operator's look, else 0."""
     failed = any(t['failed'] for t in report['transfers'])
-    return 1 if report['leftovers'] or failed else 0
+    return 1 if (report['leftovers'] or failed
+                 or report.get('unreadable')) else 0
 
 
 def main(argv=None, stdout=None, **collect_kwargs):

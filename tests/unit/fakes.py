@@ -135,12 +135,6 @@ class FakeDMSetup(object):
         self.uuids.pop(name, None)
         self.hydration.pop(name, None)
 
-    def rename(self, name, new_name):
-        self._call('rename', name, new_name)
-        self._require(name)
-        self.devices[new_name] = self.devices.pop(name)
-        self.uuids[new_name] = self.uuids.pop(name)
-
     def exists(self, name):
         return name in self.devices
 
@@ -171,7 +165,7 @@ class FakeDMSetup(object):
             total_regions=total, hydrating_regions=0, features=features,
             core_args=dict(args.core_args), read_only=False)
 
-    def clone_statuses(self):
+    def clone_statuses(self, errors=None):
         self._call('clone_statuses')
         result = {}
         for name in sorted(self.devices):

@@ -12,9 +12,11 @@
 
 """Table builders, status parsers and command wrappers of dmsetup.py."""
 
+import logging
 from unittest import mock
 
 import ddt
+import fixtures
 from oslo_concurrency import processutils
 
 from cinder.tests.unit import test
@@ -295,6 +297,42 @@ class StatusTestCase(test.TestCase):
         self.assertRaises(exception.DMStatusParseError,
                           dmsetup.parse_status_all, text)
 
+    def test_parse_status_all_name_with_colon(self):
+        # dmsetup mangles white space in names, not ':'
+        text = ('odd:name: 0 8 linear \n'
+                'dmclone-vg-a: 0 524288 clone %s\n' % HYDRATED)
+        result = dmsetup.parse_status_all(text)
+        self.assertEqual(['dmclone-vg-a', 'odd:name'], sorted(result))
+        self.assertEqual('linear', result['odd:name'][0].target)
+
+    def test_parse_status_all_bad_line_costs_only_its_device(self):
+        bad = 'dmclone-vg-b: 0 524288 clone %s' % CREATED.replace(
+            'no_hydration', 'new_feature')
+        text = '\n'.join([
+            'dmclone-vg-a: 0 524288 clone %s' % HYDRATED, bad,
+            'dmclone-vg-b: 524288 8 linear ',
+            'no name here',
+            'dmclone-vg-c: 0 524288 clone %s' % CREATED]) + '\n'
+        errors = {}
+        result = dmsetup.parse_status_all(text, errors=errors)
+        self.assertEqual(['dmclone-vg-a', 'dmclone-vg-c'], sorted(result))
+        self.assertEqual({'dmclone-vg-b', None}, set(errors))
+        self.assertIn(bad, str(errors['dmclone-vg-b']))
+        self.assertIn('new_feature', str(errors['dmclone-vg-b']))
+        self.assertIn('no name here', str(errors[None]))
+        # without ``errors`` the whole text is refused, as before
+        self.assertRaises(exception.DMStatusParseError,
+                          dmsetup.parse_status_all, text)
+
+    def test_parse_table_all_bad_line_costs_only_its_device(self):
+        text = ('h:1: 0 2048 clone 253:3 253:2 8:16 128\n'
+                'h2: 0 x linear 253:4 0\n'
+                'h3: 0 8 linear 253:4 0\n')
+        errors = {}
+        result = dmsetup.parse_table_all(text, errors=errors)
+        self.assertEqual(['h3', 'h:1'], sorted(result))
+        self.assertEqual(['h2'], list(errors))
+
     def test_parse_targets(self):
         self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
                          dmsetup.parse_targets(
@@ -320,7 +358,8 @@ class DMSetupCommandTestCase(test.TestCase):
     def _assert_called(self, *args, **kwargs):
         kwargs.setdefault('run_as_root', True)
         kwargs.setdefault('root_helper', 'sudo cinder-rootwrap x')
-        self.execute.assert_called_with(*args, **kwargs)
+        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, *args,
+                                        **kwargs)
 
     def test_default_execute_is_cinders(self):
         from cinder import utils
@@ -329,8 +368,26 @@ class DMSetupCommandTestCase(test.TestCase):
     def test_no_root_helper_given(self):
         dm = dmsetup.DMSetup(execute=self.execute)
         dm.resume('a')
-        self.execute.assert_called_with('dmsetup', 'resume', 'a',
-                                        run_as_root=True)
+        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, 'dmsetup',
+                                        'resume', 'a', run_as_root=True)
+
+    def test_every_command_runs_under_lc_all_c(self):
+        self.execute.side_effect = lambda *cmd, **kw: (
+            ('8\n', '') if 'blockdev' in cmd else ('', ''))
+        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
+        self.dm.create('h', [seg], uuid='DMCLONE-h')
+        self.dm.reload('h', [seg])
+        self.dm.remove('h')
+        self.dm.exists('h')
+        self.dm.clone_statuses()
+        self.dm.device_sectors('/dev/vg/lv')
+        self.dm.version()
+        commands = [c.args for c in self.execute.call_args_list]
+        self.assertEqual(8, len(commands))
+        for cmd in commands:
+            self.assertEqual(('/usr/bin/env', 'LC_ALL=C'), cmd[:2])
+        self.assertEqual(['blockdev'] + ['dmsetup'] * 7,
+                         sorted(cmd[2] for cmd in commands))
 
     def test_create_feeds_table_on_stdin(self):
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
@@ -364,14 +421,14 @@ class DMSetupCommandTestCase(test.TestCase):
         seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
         self.dm.reload('h', [seg])
         self.assertEqual(['load', 'resume'],
-                         [c.args[1] for c in self.execute.call_args_list])
+                         [c.args[3] for c in self.execute.call_args_list])
 
     def test_reload_failed_resume_clears_resumes_and_raises(self):
         calls = []
 
         def fake(*args, **kwargs):
-            calls.append(args[1])
-            if args[1] == 'resume' and calls.count('resume') == 1:
+            calls.append(args[3])
+            if args[3] == 'resume' and calls.count('resume') == 1:
                 raise processutils.ProcessExecutionError(stderr='busy')
             return '', ''
         self.execute.side_effect = fake
@@ -413,9 +470,53 @@ class DMSetupCommandTestCase(test.TestCase):
 
     def test_remove_already_gone_is_fine(self):
         self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=1,
             stderr='device-mapper: remove ioctl on h  failed: No such device '
                    'or address\nCommand failed.')
         self.dm.remove('h')
+
+    @ddt.data(
+        # rootwrap without the executable, or refusing the command
+        (96, 'Executable not found: dmsetup (filter match = dmsetup_rm)'),
+        (99, 'Unauthorized command: dmsetup remove h (no filter matched)'),
+        # the kernel's device-mapper missing altogether
+        (1, '/dev/mapper/control: open failed: No such device or address\n'
+            'Failure to communicate with kernel device-mapper driver.\n'
+            'Command failed.'),
+        # the right message, but from something that did not exit 1
+        (2, 'Device does not exist.'),
+        (None, 'Device does not exist.'))
+    @ddt.unpack
+    def test_remove_other_not_found_errors_raise(self, code, stderr):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=code, stderr=stderr)
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.remove,
+                          'h')
+
+    def test_exists_message_on_stdout(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=1, stdout='Device does not exist.\n',
+            stderr='Command failed.\n')
+        self.assertFalse(self.dm.exists('h'))
+
+    def test_exists_rootwrap_not_found_raises(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=96, stderr='Executable not found: dmsetup')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
+                          'h')
+
+    def test_exists_start_failure_raises(self):
+        self.execute.side_effect = FileNotFoundError(
+            2, 'No such file or directory: not found')
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
+                          'h')
+
+    def test_listing_not_retried_when_rootwrap_lacks_dmsetup(self):
+        self.execute.side_effect = processutils.ProcessExecutionError(
+            exit_code=96, stderr='Executable not found: dmsetup')
+        self.assertRaises(exception.DMSetupCommandFailed,
+                          self.dm.clone_statuses)
+        self.assertEqual(1, self.execute.call_count)
 
     def test_remove_busy_raises(self):
         self.execute.side_effect = processutils.ProcessExecutionError(
@@ -426,15 +527,11 @@ class DMSetupCommandTestCase(test.TestCase):
         self.assertIn('Device or resource busy', str(exc))
         self.assertIn('dmsetup remove --retry h', str(exc))
 
-    def test_rename(self):
-        self.dm.rename('a', 'b')
-        self._assert_called('dmsetup', 'rename', 'a', 'b')
-
     def test_exists(self):
         self.assertTrue(self.dm.exists('h'))
         self._assert_called('dmsetup', 'info', 'h')
         self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.assertFalse(self.dm.exists('h'))
 
     def test_exists_other_error_raises(self):
@@ -462,11 +559,38 @@ class DMSetupCommandTestCase(test.TestCase):
         self.assertTrue(result['dmclone-a'].fully_hydrated)
         self.assertTrue(result['dmclone-b'].failed)
 
+    def test_clone_statuses_a_bad_line_costs_only_its_device(self):
+        bad = 'dmclone-b: 0 524288 clone %s' % CREATED.replace(
+            'no_hydration', 'new_feature')
+        self.execute.return_value = (
+            'dmclone-a: 0 524288 clone %s\n%s\n'
+            'odd:name: 0 524288 clone %s\n' % (HYDRATED, bad, HYDRATED), '')
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        result = self.dm.clone_statuses()
+        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
+        self.assertIn(bad, log.output)
+        # a caller that asks for the errors logs them itself
+        errors = {}
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        result = self.dm.clone_statuses(errors=errors)
+        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
+        self.assertEqual(['dmclone-b'], list(errors))
+        self.assertEqual('', log.output)
+
+    def test_statuses_and_tables_collect_errors(self):
+        self.execute.return_value = ('a: 0 8 linear \nb: x 8 linear \n', '')
+        errors = {}
+        self.assertEqual(['a'], list(self.dm.statuses(errors=errors)))
+        self.assertEqual(['b'], list(errors))
+        errors = {}
+        self.assertEqual(['a'], list(self.dm.tables(errors=errors)))
+        self.assertEqual(['b'], list(errors))
+
     def test_listing_again_when_a_device_vanished(self):
         # dmsetup lists, then queries each device: one removed in between
         # fails the whole command; the next listing no longer has it.
         gone = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.execute.side_effect = [
             gone, ('dmclone-a: 0 524288 clone %s\n' % HYDRATED, '')]
         self.assertEqual(['dmclone-a'], list(self.dm.clone_statuses()))
@@ -475,7 +599,7 @@ class DMSetupCommandTestCase(test.TestCase):
     @ddt.data('clone_statuses', 'statuses', 'tables', 'uuids')
     def test_listing_gives_up_after_three_vanishings(self, method):
         self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Device does not exist.\nCommand failed.')
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
         self.assertRaises(exception.DMSetupCommandFailed,
                           getattr(self.dm, method))
         self.assertEqual(3, self.execute.call_count)

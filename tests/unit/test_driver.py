@@ -637,6 +637,7 @@ class StatsTestCase(DriverTestBase):
         self.assertEqual('node-a', pool['dmclone_node'])
 
 
+@ddt.ddt
 class ConnectionTestCase(DriverTestBase):
 
     def test_local_connection(self):
@@ -674,6 +675,61 @@ class ConnectionTestCase(DriverTestBase):
         self.assertRaises(exception.InvalidConnectorException,
                           self.drv.validate_connector, {'host': 'node-b'})
         self.drv.validate_connector(REMOTE)
+
+    def _instance_attaching(self):
+        attachment = objects.VolumeAttachment(
+            id=fake.ATTACHMENT_ID, instance_uuid=fake.INSTANCE_ID,
+            attach_status='attaching')
+        self.mock_object(
+            objects.VolumeAttachmentList, 'get_all_by_volume_id',
+            return_value=objects.VolumeAttachmentList(objects=[attachment]))
+        self.volume.volume_attachment = objects.VolumeAttachmentList(
+            objects=[attachment])
+
+    HOSTLESS = ({'initiator': 'iqn.2024-01.org.example.b:i'},
+                {'host': None, 'initiator': 'iqn.2024-01.org.example.b:i'},
+                {'host': '', 'initiator': 'iqn.2024-01.org.example.b:i'},
+                {}, None)
+
+    def _assert_refused_without_host(self, call):
+        self._instance_attaching()
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        for connector in self.HOSTLESS:
+            exc = self.assertRaises(exception.InvalidConnectorException,
+                                    call, connector)
+            self.assertIn('host', str(exc))
+        target.assert_not_called()
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_validate_connector_without_host(self):
+        self._assert_refused_without_host(self.drv.validate_connector)
+
+    def test_create_export_without_host(self):
+        self._assert_refused_without_host(
+            lambda c: self.drv.create_export(self.ctxt, self.volume, c))
+
+    def test_initialize_connection_without_host(self):
+        self._assert_refused_without_host(
+            lambda c: self.drv.initialize_connection(self.volume, c))
+
+    def test_validate_connector_of_a_node_to_node_step(self):
+        # the other node's service sends its own connector with the step;
+        # the step is checked where it is served, not here
+        step = {'initiator': 'iqn.2024-01.org.example.b:i',
+                'dmclone': {'op': 'prepare'}}
+        self.drv.validate_connector(step)
+        self.drv.validate_connector(dict(step, host='node-b'))
+
+    def test_terminate_without_host_still_detaches(self):
+        # a force detach has no connector; nothing here needs its host
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        connector = {'initiator': 'iqn.2024-01.org.example.b:i'}
+        self.assertFalse(self.drv.terminate_connection(self.volume,
+                                                       connector))
+        self.assertFalse(self.drv.terminate_connection(self.volume, None,
+                                                       force=True))
+        self.assertEqual(2, target.call_count)
 
     def test_terminate_local(self):
         target = self.mock_object(self.drv.target_driver,
@@ -719,6 +775,44 @@ class ConnectionTestCase(DriverTestBase):
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_called_once_with(self.ctxt, self.volume)
+
+    @ddt.data(
+        ('10.0.0.1', '10.0.0.1:3260,1 iqn.x:lv 0', True),
+        ('10.0.0.1', '10.0.0.10:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', '10.0.0.2:3260;10.0.0.1:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', '10.0.0.1:3260;10.0.0.2:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00::1]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00:0:0::1]:3260,1 iqn.x:lv 0', True),
+        ('FD00::1', '[fd00::1]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '[fd00::10]:3260,1 iqn.x:lv 0', False),
+        ('fd00::1', '[fd00::1:5]:3260,1 iqn.x:lv 0', False),
+        ('fd00::1', '[fd00::1]:3260;[fd00::2]:3260,1 iqn.x:lv 0', True),
+        ('fd00::1', '10.0.0.1:3260,1 iqn.x:lv 0', False),
+        ('storage-a.example', 'storage-a.example:3260,1 iqn.x:lv 0', True),
+        ('storage-a.example', 'Storage-A.example:3260,1 iqn.x:lv 0', True),
+        ('storage-a.example', 'storage-a.example.org:3260,1 iqn.x:lv 0',
+         False),
+        ('storage-a.example', 'storage-a:3260,1 iqn.x:lv 0', False),
+        ('10.0.0.1', 'no portal here', False),
+        ('10.0.0.1', '', False),
+        ('10.0.0.1', None, False))
+    @ddt.unpack
+    def test_remove_export_by_portal(self, address, location, own):
+        # Cinder's iSCSI targets write the primary portal first, an IPv6
+        # address in brackets (volume_utils.sanitize_host)
+        self.drv = self._make_driver(target_ip_address=address)
+        self.drv.dm = self.dm
+        self.volume.provider_location = location
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        self.assertEqual(1 if own else 0, target.call_count)
+
+    def test_ipv6_location_as_cinder_writes_it(self):
+        self.drv = self._make_driver(target_ip_address='fd00::1')
+        helper = self.drv.target_driver
+        location = helper._iscsi_location('fd00::1', 1, 'iqn.x:lv', 0)
+        self.assertTrue(self.drv._owns_export(
+            {'provider_location': location}))
 
     def test_remove_export_of_another_node_is_left_alone(self):
         self.volume.provider_location = '10.0.0.2:3260,1 iqn.x:%s 0' % LV

@@ -12,7 +12,10 @@
 
 """The hydration monitor: one status call per tick, isolation of failures."""
 
+import logging
 from unittest import mock
+
+import fixtures
 
 from cinder.tests.unit import test
 
@@ -99,6 +102,44 @@ class MonitorTestCase(test.TestCase):
         self.assertEqual(1000, report.seen)
         self.assertEqual(1000, report.handled)
         self.assertEqual(1000, len(self.seen))
+
+    def test_one_unreadable_status_costs_only_its_volume(self):
+        # a real DMSetup parsing the kernel's text: a feature this code
+        # does not know, or a foreign name with ':' in it, must not stop
+        # the other volumes' tick
+        good = ('8 6/2048 128 %d/4096 0 0 4 hydration_threshold 1 '
+                'hydration_batch_size 1 rw')
+        bad_line = ('dmclone-vg-volume-b: 0 524288 clone 8 6/2048 128 '
+                    '1/4096 0 1 new_feature 0 rw')
+        text = '\n'.join([
+            'dmclone-vg-volume-a: 0 524288 clone ' + good % 1,
+            bad_line,
+            'someone:else: 0 524288 clone ' + good % 3,
+            'dmclone-vg-volume-c: 0 524288 clone ' + good % 4]) + '\n'
+        execute = mock.Mock(return_value=(text, ''))
+        self.monitor._dm = dmsetup.DMSetup(execute=execute)
+        self.clock.now += 5
+        self.monitor._last['volume-b'] = (95.0, 'earlier', 90.0)
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        report = self.monitor.tick()
+        self.assertEqual(['volume-a', 'volume-c'], [s[0] for s in self.seen])
+        self.assertEqual(2, report.handled)
+        self.assertEqual(['volume-b'], report.failed)
+        self.assertIn(bad_line, log.output)
+        self.assertNotIn('someone:else', log.output)
+        # the unreadable volume keeps its last sample for the next tick
+        self.assertEqual((95.0, 'earlier', 90.0),
+                         self.monitor._last['volume-b'])
+
+    def test_unattributable_status_line_is_logged(self):
+        self.dm.clone_statuses.side_effect = (
+            lambda errors: errors.update({None: ValueError('garbage')})
+            or {'dmclone-vg-volume-a': clone(2)})
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        report = self.monitor.tick()
+        self.assertEqual(['volume-a'], [s[0] for s in self.seen])
+        self.assertEqual([None], report.failed)
+        self.assertIn('garbage', log.output)
 
     def test_ignores_foreign_devices(self):
         self.dm.clone_statuses.return_value = {

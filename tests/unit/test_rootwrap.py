@@ -19,6 +19,8 @@ must be refused, so that the filter admits exactly the driver's commands.
 """
 
 import os
+import shutil
+import sys
 
 import fixtures
 from oslo_rootwrap import wrapper
@@ -27,6 +29,7 @@ from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
 
 FILTERS_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'etc',
                            'cinder', 'rootwrap.d')
@@ -34,6 +37,7 @@ NAME = 'dmclone-dmc--a-volume-1f2e3d4c-0000-4000-8000-000000000001'
 UUID = 'DMCLONE-' + NAME
 LV = '/dev/dmc-a/volume-1f2e3d4c-0000-4000-8000-000000000001'
 META = LV + '-dmcmeta'
+ENV = ['/usr/bin/env', 'LC_ALL=C']
 SOURCE = ('/dev/disk/by-path/ip-10.0.0.1:3260-iscsi-iqn.2024-01.org.'
           'example.nodea:volume-1f2e3d4c-lun-0')
 
@@ -57,9 +61,9 @@ class RootwrapFilterTestCase(test.TestCase):
 
     def _record(self, *cmd, **kwargs):
         self.commands.append(list(cmd))
-        if cmd[:2] == ('blockdev', '--getsz'):
+        if cmd[2:4] == ('blockdev', '--getsz'):
             return '2097152\n', ''
-        if cmd[:2] == ('dmsetup', 'version'):
+        if cmd[2:4] == ('dmsetup', 'version'):
             return 'Library version: 1.02\nDriver version: 4.47.0\n', ''
         return '', ''
 
@@ -70,6 +74,14 @@ class RootwrapFilterTestCase(test.TestCase):
         except wrapper.NoFilterMatched:
             self.fail('rootwrap refuses a command the driver runs: %s'
                       % ' '.join(cmd))
+
+    def assertRunsAsBuilt(self, filters, cmd):
+        """Admitted, and run with the arguments (and LC_ALL=C) intact."""
+        cmd = list(cmd)
+        match = wrapper.match_filter(filters, list(cmd),
+                                     exec_dirs=[self.exec_dir])
+        self.assertEqual(cmd, match.get_command(list(cmd),
+                                                exec_dirs=[self.exec_dir]))
 
     def assertRefused(self, cmd):
         self.assertRaises(wrapper.NoFilterMatched, wrapper.match_filter,
@@ -89,7 +101,6 @@ class RootwrapFilterTestCase(test.TestCase):
         dm.message(NAME, 'disable_hydration')
         dm.message(NAME, 'hydration_threshold', '64')
         dm.message(NAME, 'hydration_batch_size', '16')
-        dm.rename(NAME, NAME + '.old')
         dm.exists(NAME)
         dm.status(NAME)
         dm.table(NAME)
@@ -103,11 +114,108 @@ class RootwrapFilterTestCase(test.TestCase):
         for cmd in self.commands:
             self.assertAdmitted(cmd)
 
+    def test_commands_run_under_lc_all_c(self):
+        self.dm.remove(NAME)
+        self.dm.device_sectors(LV)
+        self.assertEqual([['/usr/bin/env', 'LC_ALL=C', 'dmsetup', 'remove',
+                           '--retry', NAME],
+                          ['/usr/bin/env', 'LC_ALL=C', 'blockdev', '--getsz',
+                           LV]], self.commands)
+        for cmd in self.commands:
+            self.assertRunsAsBuilt(self.filters, cmd)
+
+    def test_admitted_next_to_cinders_volume_filters(self):
+        # rootwrap reads the files of a directory in no fixed order, and
+        # Cinder's EnvFilters strip a bare leading "env" while matching:
+        # the driver's commands must pass (with LC_ALL=C kept) whichever
+        # file comes first.
+        volume_filters = os.path.join(sys.prefix, 'etc', 'cinder',
+                                      'rootwrap.d', 'volume.filters')
+        if not os.path.exists(volume_filters):
+            self.skipTest('Cinder\'s volume.filters is not installed')
+        cinder_dir = self.useFixture(fixtures.TempDir()).path
+        shutil.copy(volume_filters, cinder_dir)
+        ours = os.path.abspath(FILTERS_DIR)
+        self.dm.remove(NAME)
+        self.dm.message(NAME, 'hydration_batch_size', '16')
+        self.dm.device_sectors(LV)
+        for dirs in ([cinder_dir, ours], [ours, cinder_dir]):
+            filters = wrapper.load_filters(dirs)
+            for cmd in self.commands:
+                self.assertRunsAsBuilt(filters, cmd)
+
+    def test_every_handle_name_is_admitted(self):
+        for vg in ('cinder-volumes', 'a', 'x.y+z_', 'a-b-c', 'vg--x'):
+            for lv in ('volume-1f2e3d4c-0000-4000-8000-000000000001', 'lv',
+                       'a-b', '_x', 'x--y'):
+                name = layout.handle_name(vg, lv)
+                self.assertAdmitted(ENV + ['dmsetup', 'create', name,
+                                           '--uuid',
+                                           layout.handle_uuid(vg, lv)])
+                for op in ('load', 'resume', 'clear', 'info', 'status',
+                           'table', 'suspend', 'remove'):
+                    self.assertAdmitted(ENV + ['dmsetup', op, name])
+                self.assertAdmitted(ENV + ['dmsetup', 'remove', '--retry',
+                                           name])
+                self.assertAdmitted(ENV + ['dmsetup', 'message', name, '0',
+                                           'enable_hydration'])
+
+    def test_foreign_device_names_are_refused(self):
+        for name in (
+                'cinder--volumes-volume--x',     # an LVM LV's own device
+                'othervg-volume-1',              # another VG's LV
+                'dmclone-vg-a/../x',             # a path
+                '/dev/mapper/' + NAME,
+                'dmclone-onlyonepart',           # no VG part
+                'dmclone--vg-lv',                # VG part starts with '-'
+                'dmclone-vg-',                   # no LV
+                'dmclone-vg--lv',                # doubled dash: still VG
+                'DMCLONE-' + NAME,               # a UUID, not a name
+                'crypt-' + NAME,
+                NAME + ' x'):
+            for op in ('load', 'resume', 'clear', 'info', 'status', 'table',
+                       'suspend', 'remove'):
+                self.assertRefused(ENV + ['dmsetup', op, name])
+            self.assertRefused(ENV + ['dmsetup', 'remove', '--retry', name])
+            self.assertRefused(ENV + ['dmsetup', 'suspend', name,
+                                      '--noflush'])
+            self.assertRefused(ENV + ['dmsetup', 'message', name, '0',
+                                      'enable_hydration'])
+            self.assertRefused(ENV + ['dmsetup', 'message', name, '0',
+                                      'hydration_batch_size', '16'])
+            self.assertRefused(ENV + ['dmsetup', 'create', name, '--uuid',
+                                      'DMCLONE-' + name])
+        # a handle's name with another subsystem's UUID
+        self.assertRefused(ENV + ['dmsetup', 'create', NAME, '--uuid',
+                                  'LVM-abcdef'])
+        self.assertRefused(ENV + ['dmsetup', 'create', NAME, '--uuid', NAME])
+
+    def test_rename_is_refused(self):
+        # The driver renames nothing; a rename between handle names could
+        # swap two volumes under their users.
+        self.assertRefused(ENV + ['dmsetup', 'rename', NAME,
+                                  'dmclone-dmc--a-volume-other'])
+        self.assertRefused(ENV + ['dmsetup', 'rename', NAME, NAME + '.old'])
+
     def test_modprobe_of_the_driver(self):
         self.assertAdmitted(['modprobe', 'dm_clone'])
 
     def test_nearby_commands_are_refused(self):
+        env = ENV
         for cmd in (
+                env + ['dmsetup', 'remove_all'],
+                env + ['dmsetup', 'remove', '--force', NAME],
+                env + ['dmsetup', 'status'],
+                env + ['blockdev', '--setrw', LV],
+                env + ['sh', '-c', 'true'],
+                ['/usr/bin/env', 'LC_ALL=C', 'LD_PRELOAD=/tmp/x.so',
+                 'dmsetup', 'version'],
+                ['/usr/bin/env', 'LD_PRELOAD=/tmp/x.so', 'dmsetup',
+                 'version'],
+                ['/usr/bin/env', 'LC_ALL=C.UTF-8', 'dmsetup', 'version'],
+                ['/tmp/env', 'LC_ALL=C', 'dmsetup', 'version'],
+                ['env', 'LC_ALL=C', 'dmsetup', 'version'],
+                ['dmsetup', 'version'],
                 ['dmsetup', 'remove_all'],
                 ['dmsetup', 'remove', '--force', NAME],
                 ['dmsetup', 'create', NAME],                  # no uuid

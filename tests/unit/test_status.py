@@ -23,6 +23,7 @@ from oslo_concurrency import processutils
 from cinder.tests.unit import test
 
 from cinder_dmclone.cmd import status
+from cinder_dmclone import dmsetup
 
 U1 = '11111111-1111-1111-1111-111111111111'
 U2 = '22222222-2222-2222-2222-222222222222'
@@ -69,6 +70,10 @@ class FakeNode(object):
         self.calls = []
 
     def __call__(self, *cmd, **kwargs):
+        # Every command runs under LC_ALL=C; record it without the prefix.
+        if cmd[:2] != dmsetup.ENV_PREFIX:
+            raise AssertionError('not run under LC_ALL=C: %r' % (cmd,))
+        cmd = cmd[2:]
         self.calls.append(cmd)
         if cmd[:2] == ('dmsetup', 'status'):
             return self.statuses.pop(0), ''
@@ -114,6 +119,39 @@ class StatusToolTestCase(test.TestCase):
     def run_json(self, argv, node, **kwargs):
         code, text = self.run_tool(argv + ['--json'], node, **kwargs)
         return code, json.loads(text)
+
+    def test_an_unreadable_status_line_costs_only_its_device(self):
+        bad = ('%s: 0 131072 clone 8 40/4096 128 5/1024 16 1 new_feature '
+               '0 rw' % H2)
+        text = status_text(256).replace(
+            '%s: 0 131072 clone %s' % (H2, clone_status(256)), bad)
+        text += ('odd:name: 0 8 linear \nno name at all\n'
+                 'foreign: x 8 linear \n')
+        node = FakeNode(statuses=[text], tables=TABLES + 'h: 0 x linear\n')
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'], node)
+        self.assertEqual(1, code)
+        self.assertEqual([H1, H3], [h['name'] for h in report['handles']])
+        self.assertEqual([H2], [u['name'] for u in report['unreadable']])
+        self.assertIn(bad, report['unreadable'][0]['reason'])
+        warnings = '\n'.join(report['warnings'])
+        self.assertIn(bad, warnings)
+        self.assertIn('no name at all', warnings)
+        self.assertNotIn('odd:name', warnings)      # not the driver's
+        self.assertNotIn('foreign', warnings)
+        self.assertNotIn("'h'", warnings)
+
+    def test_an_unreadable_table_line_is_a_warning(self):
+        node = FakeNode(tables=TABLES + '%s: 0 x linear\nnonsense\n' % H1)
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'], node)
+        self.assertEqual([H1, H2, H3], [h['name'] for h in report['handles']])
+        self.assertEqual([], report['unreadable'])
+        warnings = '\n'.join(report['warnings'])
+        self.assertIn('cannot read the table of %s' % H1, warnings)
+        self.assertIn('cannot read the table of a device', warnings)
 
     def test_one_status_call_without_interval(self):
         node = FakeNode()
