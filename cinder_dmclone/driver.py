@@ -487,6 +487,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         The handle is reloaded to the new length (suspend/load/resume keeps
         in-flight I/O), so an attached instance sees the new size.
         """
+        self.mover.refuse_extend_while_undecided(volume)
         self.vg.extend_volume(volume['name'], self._sizestr(new_size))
         if self.mover.extend(volume):
             LOG.info('Volume %s extended during its transfer: the clone '

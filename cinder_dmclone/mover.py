@@ -271,10 +271,11 @@ class Mover(object):
                 target_lun=data.get('target_lun', 0),
                 source_aliases=tuple(sorted(
                     self.node_names - {self.node_name})))
+            current = self.attachments(volume)
             # Any name of this node: an attachment made under an alias
             # still writes to the source, so it must not be hydrated yet.
-            hydrate = not attachments_on(volume, self.node_names,
-                                         self.attachments(volume))
+            hydrate = not attachments_on(volume, self.node_names, current)
+            starting = self._starting_attachments(current)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
                      {'vol': volume['id'], 'src': self.node_name,
@@ -285,6 +286,7 @@ class Mover(object):
                 info = self.peer.prepare(ctxt, volume, dest_host, connector,
                                          t.secret, hydrate=hydrate,
                                          size_gb=volume['size'])
+                self._refuse_if_attach_withdrawn(volume, starting)
                 # Only the lock holder writes the state: the destination
                 # answered, the move is recorded here, under the lock.
                 self.store.transition(
@@ -306,6 +308,28 @@ class Mover(object):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    @staticmethod
+    def _starting_attachments(attachments):
+        return {a.id for a in attachments
+                if a.instance_uuid and a.attach_status in _STARTING}
+
+    def _refuse_if_attach_withdrawn(self, volume, starting):
+        """Undo a move whose attach was withdrawn while it was built.
+
+        Nova gives up on an attach whose call timed out and deletes the
+        attachment it reserved, while this node may still be moving the
+        volume for it.  Recording the move then would leave the volume
+        on the destination with no instance using it (and, for a live
+        migration, its source instance without its disk): the move is
+        given up instead, like any failed prepare.
+        """
+        remaining = self._starting_attachments(self.attachments(volume))
+        if starting and not starting & remaining:
+            raise exception.VolumeBackendAPIException(
+                data=_('The attachment that moved volume %s was deleted '
+                       'while the move was prepared (the attach timed '
+                       'out?); the move is given up.') % volume['id'])
 
     @staticmethod
     def _check_source_size(volume, lv_sectors):
@@ -596,6 +620,24 @@ class Mover(object):
                           'detach there.', {'src': t.source_node,
                                             'vol': volume['id']})
         self.store.clear(ctxt, volume['id'], t)
+
+    def refuse_extend_while_undecided(self, volume):
+        """No extend while a live migration may still roll back.
+
+        In ``cloned`` the move may still be rolled back to the source,
+        whose LV has the old size: the volume record would then claim a
+        size its LV does not have.  Once the move is committed the
+        destination's LV is the volume, and an extend is mapped linearly
+        past the clone.
+        """
+        t = self.load(volume['id'])
+        if self.is_dest(t) and t.state in (transfer.PREPARING,
+                                           transfer.CLONED):
+            raise transfer.TransferInProgress(
+                volume_name=volume['name'], source=t.source_node,
+                dest=t.dest_node, state=t.state, percent='0.0',
+                action=_('an extend (the live migration is not decided '
+                         'yet)'))
 
     def extend(self, volume):
         """Grow the table of a clone after its LV grew; False if none."""

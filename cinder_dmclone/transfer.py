@@ -298,11 +298,27 @@ class Store(object):
         return secrets.token_hex(SECRET_BYTES)
 
     def save(self, ctxt, transfer):
-        """Record a new move (with a fresh secret if it has none)."""
+        """Record a new move (with a fresh secret if it has none).
+
+        Progress left by an earlier move (a clear that a crash cut short)
+        goes first: it must never be shown as this move's.
+        """
         if not transfer.secret:
             transfer.secret = self.new_secret()
+        self._delete(ctxt, transfer.volume_id,
+                     [KEY_PREFIX + k for k in PROGRESS_KEYS])
         self.db.volume_admin_metadata_update(
             ctxt, transfer.volume_id, transfer.to_metadata(), False)
+
+    def _delete(self, ctxt, volume_id, keys):
+        md = self.db.volume_admin_metadata_get(ctxt, volume_id) or {}
+        for key in keys:
+            if key not in md:
+                continue
+            try:
+                self.db.volume_admin_metadata_delete(ctxt, volume_id, key)
+            except exception.CinderException:
+                pass
 
     def ensure_secret(self, ctxt, transfer):
         """Give a move recorded by release 1.1.0 its secret (under lock).

@@ -459,7 +459,8 @@ class Cluster(object):
             info = self.call(owner, owner.initialize_connection,
                              self.volume(), dict(node.props))
         except Exception:
-            self.attachments.remove(att)
+            if att in self.attachments:     # (Nova may have deleted it)
+                self.attachments.remove(att)
             raise
         att.update(attach_status=fields.VolumeAttachStatus.ATTACHED,
                    attached_host=node.name, connector=dict(node.props))

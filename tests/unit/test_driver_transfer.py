@@ -189,6 +189,15 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         self.assertEqual(1024, dmsetup.table_length(self.dm.devices[HANDLE]))
         target.assert_called_once_with(self.volume)
 
+    def test_extend_refused_before_the_lv_grows(self):
+        self.mover.refuse_extend_while_undecided.side_effect = \
+            transfer.TransferInProgress(
+                volume_name=LV, source='node-b', dest='node-a',
+                state='cloned', percent='0.0', action='an extend')
+        self.assertRaises(transfer.TransferInProgress,
+                          self.drv.extend_volume, self.volume, 2)
+        self.vg.extend_volume.assert_not_called()
+
     def test_delete_during_transfer(self):
         self.mover.delete.return_value = True
         self._make_handle()

@@ -737,6 +737,46 @@ class DetachedTestCase(ClusterTestCase):
         self.c.assert_rolled_back()
 
 
+class WithdrawnAttachTestCase(ClusterTestCase):
+
+    def test_attachment_deleted_while_the_move_is_prepared(self):
+        # Nova's attach call timed out; it deleted the attachment it had
+        # reserved while node-b was still building.  The late success
+        # must not move the volume to a node nobody attaches on.
+        # (Before: the move was recorded and the volume left node-a.)
+        build = self.b.dest.build_clone
+
+        def build_then_withdraw(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.c.attachments[:] = [
+                a for a in self.c.attachments
+                if a['attach_status'] != RESERVED]
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_withdraw)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('was deleted while the move was prepared', str(exc))
+        self.c.assert_rolled_back()
+
+    def test_live_migration_withdrawn_keeps_the_source_attachment(self):
+        src = self.c.attach(self.a)[0]
+        build = self.b.dest.build_clone
+
+        def build_then_withdraw(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.c.attachments[:] = [
+                a for a in self.c.attachments
+                if a['attach_status'] != RESERVED]
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_withdraw)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.c.assert_rolled_back()
+        self.assertEqual([src], self.c.attachments)
+
+
 class MultiattachTestCase(ClusterTestCase):
     """A multiattach volume never moves: other nodes reach it by iSCSI."""
 
@@ -1407,6 +1447,19 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.c.settle()
         self.assertEqual([dmsetup.linear_segment(0, 2 * SECTORS, LV_PATH)],
                          self.b.dm.devices[HANDLE])
+
+    def test_no_extend_while_a_live_migration_may_roll_back(self):
+        # A rollback would leave the record larger than node-a's LV.
+        # (Before: the extend went through, and after the rollback every
+        # later move was refused because the LV was smaller than its
+        # record.)
+        src, dst = self.moved(live=True)
+        self.assertRaises(transfer.TransferInProgress,
+                          self.b.mover.refuse_extend_while_undecided,
+                          self.volume())
+        self.c.detach(src)
+        self.b.mover.refuse_extend_while_undecided(self.volume())
+        self.a.mover.refuse_extend_while_undecided(self.volume())
 
     def test_extend_not_here(self):
         self.moved()

@@ -311,6 +311,19 @@ class StoreTestCase(test.TestCase):
         self.assertEqual(transfer.CLONED,
                          self.store.load(self.ctxt, VOLUME_ID).state)
 
+    def test_progress_of_an_earlier_move_is_not_shown_for_a_new_one(self):
+        # A clear cut short by a crash left the old move's progress.
+        # (Before: the next move showed it as its own.)
+        self.db.admin_metadata[VOLUME_ID] = {'dmclone_percent': '87.5',
+                                             'dmclone_eta_seconds': '12',
+                                             'readonly': 'False'}
+        self.store.save(self.ctxt, make_transfer())
+        md = self.db.admin_metadata[VOLUME_ID]
+        self.assertNotIn('dmclone_percent', md)
+        self.assertNotIn('dmclone_eta_seconds', md)
+        self.assertEqual('False', md['readonly'])
+        self.assertEqual('0', transfer.progress_percent(md)[0])
+
     def test_save_gives_a_fresh_secret(self):
         t, u = make_transfer(), make_transfer()
         self.store.save(self.ctxt, t)
