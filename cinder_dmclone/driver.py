@@ -30,7 +30,6 @@ from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import excutils
-from oslo_utils import units
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context as cinder_context
@@ -58,6 +57,7 @@ from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import periodic  # noqa: E402
 from cinder_dmclone import transfer  # noqa: E402
+from cinder_dmclone import wiper  # noqa: E402
 
 LOG = logging.getLogger(__name__)
 CONF = cfg.CONF
@@ -113,6 +113,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             timeout=self.configuration.dmclone_transfer_timeout)
         self._destination = None
         self._mover = None
+        self._wiper = None
         self._own_connector = None
 
     @classmethod
@@ -171,6 +172,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.metadata_vg = self._open_metadata_vg()
         self._check_device_mapper()
         self._recover_transfers()
+        self.wiper.resume()
         self._start_monitor()
 
     def _region_sectors(self):
@@ -275,8 +277,21 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 self._execute, utils.get_root_helper(),
                 lvm_type=self.configuration.lvm_type,
                 metadata_reserve=self.configuration.dmclone_metadata_reserve,
-                wipe=self._wipe)
+                discard=self.wiper.discard)
         return self._destination
+
+    @property
+    def wiper(self):
+        """Removes old copies, wiped, in the background."""
+        if self._wiper is None:
+            self._wiper = wiper.Wiper(
+                self.vg, self.dm,
+                wipe=self._wipe if self._needs_wipe() else None)
+        return self._wiper
+
+    def _needs_wipe(self):
+        return (self.configuration.volume_clear != 'none'
+                and self.configuration.lvm_type != 'thin')
 
     def _wipe(self, path, size_mb):
         """Clear an LV that held volume data before it is removed.
@@ -286,8 +301,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         LV created in the group, another tenant's perhaps.  Thin LVs need
         nothing: the pool hands out zeroed blocks.
         """
-        if self.configuration.volume_clear == 'none' or \
-                self.configuration.lvm_type == 'thin':
+        if not self._needs_wipe():
             return
         volume_utils.clear_volume(
             size_mb, path, volume_clear=self.configuration.volume_clear,
@@ -305,11 +319,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _retire_local(self, volume):
         """Remove (wiped) this node's copy of a volume that moved away."""
         self._remove_handle(volume['name'])
-        if self.vg.get_volume(volume['name']) is not None:
-            path = self._lv_path(volume['name'])
-            self._wipe(path, self.dm.device_sectors(path)
-                       * dmsetup.SECTOR_SIZE // units.Mi)
-            self.vg.delete(volume['name'])
+        self.wiper.discard(volume['name'])
 
     def _hydration_tuning(self, volume_type):
         """Threshold and batch size: volume type extra specs over config."""
@@ -446,7 +456,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             LOG.error('Could not create the handle of volume %s; deleting '
                       'its logical volume.', volume['id'])
             self._remove_handle(volume['name'])
-            self.vg.delete(volume['name'])
+            self.wiper.discard(volume['name'])
             raise
 
     def create_snapshot(self, snapshot):
@@ -576,6 +586,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.ManageExistingInvalidReference(
                 existing_ref=existing_ref,
                 reason=_('%s holds dm-clone metadata of a transfer.') % name)
+        if layout.is_retiring_lv(name):
+            raise exception.ManageExistingInvalidReference(
+                existing_ref=existing_ref,
+                reason=_('%s is an old copy being wiped.') % name)
 
     def manage_existing_get_size(self, volume, existing_ref):
         self._check_manage_reference(existing_ref)
@@ -596,10 +610,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         entries = super().get_manageable_volumes(
             cinder_volumes, marker, limit, offset, sort_keys, sort_dirs)
         for entry in entries:
-            if layout.lv_name_from_metadata_lv(
-                    entry['reference']['source-name']):
+            name = entry['reference']['source-name']
+            if layout.lv_name_from_metadata_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'dm-clone transfer metadata'
+            elif layout.is_retiring_lv(name):
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = 'old copy being wiped'
         return entries
 
     # ------------------------------------------------------------------
@@ -675,7 +692,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         moving, no other node gets an export: it would hold the clone open
         and outlive a rollback.
         """
-        if peer.payload(connector):
+        step = peer.payload(connector)
+        if step:
+            # Refused here, before the manager could take a failed attach
+            # for a reason to remove this volume's export.
+            self.mover.authenticate(volume, step)
             return {}
         self._require_host(connector)
         if not self._is_local_connector(connector):

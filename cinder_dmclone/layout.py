@@ -124,6 +124,20 @@ def lv_name_from_metadata_lv(name):
         return None
 
 
+#: marks an old copy being wiped (see cinder_dmclone.wiper)
+RETIRING_MARK = '-dmcwipe-'
+_RETIRING_RE = re.compile(r'^.+-dmcwipe-[0-9a-f]{8}$')
+
+
+def retiring_lv_name(lv_name, token):
+    """The name an LV takes while it is wiped before its removal."""
+    return validate_lv_name('%s%s%s' % (lv_name, RETIRING_MARK, token))
+
+
+def is_retiring_lv(name):
+    return isinstance(name, str) and bool(_RETIRING_RE.fullmatch(name))
+
+
 def lv_device(volume_group, lv_name):
     """The /dev path LVM gives an LV."""
     return '/dev/%s/%s' % (volume_group, validate_lv_name(lv_name))

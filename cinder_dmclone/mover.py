@@ -132,6 +132,9 @@ class Mover(object):
         self.held = set()
         #: clone targets here that no transfer describes (reported once).
         self.orphans = set()
+        #: LV name -> volume id of the moves into this node: an LV is not
+        #: always named after its volume (a migrated volume's _name_id).
+        self.lv_volumes = {}
 
     # -- helpers ---------------------------------------------------------
 
@@ -434,7 +437,7 @@ class Mover(object):
         elif op == peer.RETIRE:
             self._retire(volume, connector)
         elif op == peer.ABORT:
-            self._abort_destination(volume)
+            self._abort_destination(volume, step)
 
     def _retire(self, volume, connector):
         """The volume has left: drop its export, handle and old LV."""
@@ -448,11 +451,23 @@ class Mover(object):
         LOG.info('Old copy of volume %s removed from this node.',
                  volume['id'])
 
-    def _abort_destination(self, volume):
+    def _abort_destination(self, volume, step):
+        """Remove what this node built for a move the source gave up.
+
+        Only if the record still describes that move once the build lock
+        is ours: the abort may have waited for a build, and meanwhile the
+        move been given up for good and a later move of the volume built
+        here.  (A move is aborted only by the source that gave it up, so
+        its secret alone tells it apart.)
+        """
         with build_lock(volume['id']):
             t = self.load_any(volume['id'])
-            if self.is_dest(t):
+            if t is not None and t.authentic(step.get('secret')):
                 self.destination().tear_down(t, volume['provider_auth'])
+            else:
+                LOG.warning('Abort of an earlier move of volume %s ignored: '
+                            'the record describes another move now.',
+                            volume['id'])
 
     def _drop_aborted(self, volume, t):
         """Destination: remove what an aborted transfer built here."""
@@ -470,15 +485,19 @@ class Mover(object):
         The source records the outcome (it holds the volume's lock while
         it waits for this answer): nothing here writes the state.
         """
-        t = self.authenticate(volume, step)
-        if t.state != transfer.PREPARING:
-            raise exception.VolumeBackendAPIException(
-                data=_('No transfer of volume %s to this node is being '
-                       'prepared.') % volume['id'])
+        self.authenticate(volume, step)
         with build_lock(volume['id']):
+            # Checked again once the lock is ours: while this step waited,
+            # its move may have been given up and a later one built.
+            t = self.authenticate(volume, step)
+            if t.state != transfer.PREPARING:
+                raise exception.VolumeBackendAPIException(
+                    data=_('No transfer of volume %s to this node is being '
+                           'prepared.') % volume['id'])
             return self._build(volume, step, t)
 
     def _build(self, volume, step, t):
+        self.lv_volumes[t.lv_name] = volume['id']
         dest = self.destination()
         hydrate = bool(step.get('hydrate'))
         threshold, batch = self.tuning(volume.volume_type)
@@ -544,6 +563,10 @@ class Mover(object):
         """
         host = (connector or {}).get('host')
         t = self.load(volume['id'])
+        if self._half_rolled_back(volume, t):
+            # (Then the detach goes on as any here: the export goes.)
+            self._finish_rollback(volume)
+            return False
         if not self.is_dest(t) or host is None:
             return False
         if t.state != transfer.CLONED:
@@ -564,10 +587,7 @@ class Mover(object):
                     self.commit(volume, t)
                 return True
             if host in self.node_names and on_source > 0:
-                if self.destination().written(t):
-                    self._hold(volume, t)
-                else:
-                    self.rollback(volume, t)
+                self._roll_back_unless_written(volume, t)
                 return True
         return False
 
@@ -593,6 +613,29 @@ class Mover(object):
                   'commits and hydrates.',
                   {'vol': volume['id'], 'dst': t.dest_node,
                    'src': t.source_node})
+
+    def _half_rolled_back(self, volume, t):
+        """True for a move in ``cloned`` whose record names us again.
+
+        The destination points the record back at the source in the
+        middle of its rollback; a crash there leaves the state behind on
+        a volume that no longer moves, and the destination's recovery no
+        longer sees it (nothing of it is left there).  The source sees it
+        at the next detach (Nova retries the one that failed) or restart.
+        """
+        return (self.is_source(t) and t.state == transfer.CLONED
+                and volume_utils.extract_host(volume['host'], 'host')
+                in self.node_names)
+
+    def _finish_rollback(self, volume):
+        with lock(volume['id']):
+            t = self.load(volume['id'])
+            if self._half_rolled_back(volume, t):
+                LOG.warning('Finishing the rollback of the move of volume '
+                            '%(vol)s to %(dst)s that its destination did not '
+                            'complete.', {'vol': volume['id'],
+                                          'dst': t.dest_node})
+                self._give_up(self.ctxt(), volume, t)
 
     def commit(self, volume, t):
         self.destination().enable_hydration(t)
@@ -626,13 +669,15 @@ class Mover(object):
 
         In ``cloned`` the move may still be rolled back to the source,
         whose LV has the old size: the volume record would then claim a
-        size its LV does not have.  Once the move is committed the
+        size its LV does not have.  In ``preparing`` the destination
+        builds a clone of the old size.  Once the move is committed the
         destination's LV is the volume, and an extend is mapped linearly
-        past the clone.
+        past the clone.  The check waits for a move being set up.
         """
-        t = self.load(volume['id'])
-        if self.is_dest(t) and t.state in (transfer.PREPARING,
-                                           transfer.CLONED):
+        with lock(volume['id']):
+            t = self.load(volume['id'])
+        if t is not None and t.state in (transfer.PREPARING,
+                                         transfer.CLONED):
             raise transfer.TransferInProgress(
                 volume_name=volume['name'], source=t.source_node,
                 dest=t.dest_node, state=t.state, percent='0.0',
@@ -686,10 +731,13 @@ class Mover(object):
 
     def on_status(self, lv_name, status, progress):
         """Hydration monitor callback for one clone handle."""
-        volume_id = volume_utils.extract_id_from_volume_name(lv_name)
+        volume_id = (self.lv_volumes.get(lv_name)
+                     or volume_utils.extract_id_from_volume_name(lv_name))
         try:
             t = self.load_any(volume_id) if volume_id else None
         except exception.VolumeNotFound:
+            t = None
+        if t is not None and t.lv_name != lv_name:
             t = None
         if self.is_dest(t) and t.state == transfer.ABORTED:
             # The source gave up while this node was still building (its
@@ -735,12 +783,17 @@ class Mover(object):
         if lv_name in self.orphans:
             return
         self.orphans.add(lv_name)
-        LOG.warning('Clone target of %(lv)s (volume %(vol)s) belongs to no '
-                    'transfer into this node: it is left from an abandoned '
-                    'move. Check that nothing uses it (dmsetup info), then '
-                    'remove it with dmsetup remove, log out of its iSCSI '
-                    'session and delete its LV and metadata LV.',
-                    {'lv': lv_name, 'vol': volume_id or 'unknown'})
+        LOG.warning('Clone target of LV %(lv)s belongs to no transfer into '
+                    'this node that this service knows of (volume %(vol)s '
+                    'by its name). Before anything else, look the LV up in '
+                    'the database: a volume whose _name_id or '
+                    'dmclone_lv_name names it is still moving (restart '
+                    'this service so that it finds it). Only if none does '
+                    'is it left from an abandoned move: then check that '
+                    'nothing has it open (dmsetup info), remove it, log '
+                    'out of its iSCSI session and delete its LV and '
+                    'metadata LV.', {'lv': lv_name,
+                                     'vol': volume_id or 'unknown'})
 
     def _report_stall(self, volume_id, t, progress):
         """Say once that hydration stopped, and once that it came back.
@@ -867,6 +920,8 @@ class Mover(object):
             if t is None:
                 continue
             known.add(t.lv_name)
+            if self.is_dest(t):
+                self.lv_volumes[t.lv_name] = volume.id
             try:
                 self._recover_one(volume, t)
             except Exception:
@@ -899,7 +954,9 @@ class Mover(object):
         commit = False
         if t.state == transfer.CLONED:
             rollback, commit = self._lost_detach(volume, t)
-            if rollback and self._recover_rollback(volume, t):
+            if rollback or not dest.has_data(t):
+                # (No data LV: a rollback's teardown had begun.)
+                self._roll_back_unless_written(volume, t)
                 return
         if t.state == transfer.PREPARING:
             # The source holds the lock while it waits for this node and
@@ -911,6 +968,12 @@ class Mover(object):
             return
         if t.state == transfer.FINALIZING and not dest.needs_rebuild(t):
             self.pending_finalize.add(volume.id)
+            return
+        if not dest.has_data(t):
+            # Only a delete removes the LV of a committed move: it was cut
+            # short, and the volume is in error_deleting.
+            LOG.warning('Volume %s has no LV here any more: its delete was '
+                        'interrupted; delete it again.', volume.id)
             return
         # (FINALIZING after a reboot: rebuild the clone so that the swap
         # can check it is fully hydrated.)
@@ -925,14 +988,15 @@ class Mover(object):
         LOG.info('Clone of volume %(vol)s rebuilt after restart '
                  '(%(state)s).', {'vol': volume.id, 'state': t.state})
 
-    def _recover_rollback(self, volume, t):
-        """Finish a rollback a crash interrupted; False to keep the clone.
+    def _roll_back_unless_written(self, volume, t):
+        """Roll a move in ``cloned`` back, unless the clone took writes.
 
-        The clone is rebuilt first (hydration off) when a reboot took it:
-        only the clone tells whether the instance already wrote here, and
-        a clone that took writes is never rolled back (see _hold).  A
-        missing data LV means the crash came in the rollback's own
-        teardown: there is nothing left to keep.
+        The clone is rebuilt first (hydration off) when a reboot, or a
+        crash in an earlier rollback's teardown, took it: only the clone
+        tells whether the instance already wrote here, and a clone that
+        took writes is never rolled back (see _hold).  A missing data LV
+        means a rollback's teardown already began: nothing is left to
+        keep, and the rollback is finished.
         """
         dest = self.destination()
         if dest.has_data(t):
@@ -942,9 +1006,8 @@ class Mover(object):
                     *self.tuning(volume.volume_type))
             if dest.written(t):
                 self._hold(volume, t)
-                return True
+                return
         self.rollback(volume, t)
-        return True
 
     def _lost_detach(self, volume, t):
         """(rollback, commit): the detach a crash in ``cloned`` lost.

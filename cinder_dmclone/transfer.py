@@ -341,13 +341,20 @@ class Store(object):
         longer describes this move (cleared, replaced by another move) or
         is in a state the step does not expect.
         """
+        # A move recorded by release 1.1.0 gets its secret here first (the
+        # caller holds the lock, as every writer does).
+        self.ensure_secret(ctxt, transfer)
         current = self.load(ctxt, transfer.volume_id)
-        if not transfer.same_transfer(current) or \
-                current.state not in expected:
+        if current is None or not transfer.same_transfer(current):
+            found = 'none' if current is None else 'another move'
+        elif current.state not in expected:
+            found = current.state
+        else:
+            found = None
+        if found is not None:
             raise TransferStateConflict(
                 volume_id=transfer.volume_id,
-                expected='/'.join(expected),
-                found=current.state if current is not None else 'none')
+                expected='/'.join(expected), found=found)
         self.db.volume_admin_metadata_update(
             ctxt, transfer.volume_id, {KEY_PREFIX + 'state': state}, False)
         transfer.state = state
@@ -394,13 +401,14 @@ class DestinationNode(object):
     ``vg``/``meta_vg`` are Cinder brick LVM objects of the data and
     metadata volume groups, ``dm`` a :class:`cinder_dmclone.dmsetup.DMSetup`,
     ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
-    ``wipe(path, size_mb)`` clears an LV's data before it is removed (the
-    driver honours ``volume_clear`` with it); None for no clearing.
+    ``discard(lv_name)`` removes the data LV (the driver's
+    :class:`~cinder_dmclone.wiper.Wiper`, which honours ``volume_clear``);
+    by default it is simply deleted.
     """
 
     def __init__(self, dm, vg, meta_vg, connector, execute, root_helper,
-                 lvm_type='default', metadata_reserve=2.0, wipe=None):
-        self.wipe = wipe
+                 lvm_type='default', metadata_reserve=2.0, discard=None):
+        self.discard = discard or vg.delete
         self.dm = dm
         self.vg = vg
         self.meta_vg = meta_vg
@@ -620,18 +628,13 @@ class DestinationNode(object):
     def tear_down(self, t, provider_auth):
         """Remove everything the transfer built here (a rollback).
 
-        The data LV goes (wiped) before the metadata LV: while a metadata
-        LV is there nothing maps the partly hydrated data LV on its own
-        (the driver's guard), so a crash in between never exposes it.
+        The data LV goes (to be wiped) before the metadata LV: while a
+        metadata LV is there nothing maps the partly hydrated data LV on
+        its own (the driver's guard), so a crash in between never exposes
+        it.
         """
         self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
         if self.has_data(t):
-            self._wipe(self.lv_path(t))
-            self.vg.delete(t.lv_name)
+            self.discard(t.lv_name)
         self.remove_metadata(t)
-
-    def _wipe(self, path):
-        if self.wipe is not None:
-            self.wipe(path, self.dm.device_sectors(path)
-                      * dmsetup.SECTOR_SIZE // units.Mi)

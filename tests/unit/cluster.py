@@ -47,6 +47,7 @@ from cinder_dmclone import mover
 from cinder_dmclone import peer
 from cinder_dmclone import periodic
 from cinder_dmclone import transfer
+from cinder_dmclone import wiper
 from tests.unit import fakes
 
 VG = 'dmc-vg'
@@ -89,6 +90,8 @@ class Node(object):
         self.peer = peer.PeerClient(rpcapi=cluster.rpc)
         self.props = {'host': name, 'ip': ip,
                       'initiator': 'iqn.2024-01.org.example.%s:i' % name}
+        #: devices wiped before their LV went (volume_clear = zero here).
+        self.wiped = []
         self.dest = transfer.DestinationNode(
             self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo')
         self.executed = []
@@ -102,6 +105,10 @@ class Node(object):
 
     def restart(self):
         """A fresh service over the same kernel, LVM and database."""
+        # (Old copies are wiped in the background; here, at once.)
+        self.wiper = wiper.Wiper(self.vg, self.dm, wipe=self._wipe,
+                                 spawn=lambda fn, *args: fn(*args))
+        self.dest.discard = lambda name: self.wiper.discard(name)
         self.mover = mover.Mover(
             node_names={self.name}, node_name=self.name,
             store=self.store,
@@ -139,6 +146,7 @@ class Node(object):
                 volumes.add(vid)
         self.mover.recover([self.cluster.volume(v) for v in sorted(volumes)],
                            meta_lvs)
+        self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
         self.executed.append(cmd)
@@ -156,8 +164,13 @@ class Node(object):
     def retire_local(self, volume):
         """DMCloneVolumeDriver._retire_local."""
         self.dm.remove(layout.handle_name(VG, volume['name']))
-        if self.vg.get_volume(volume['name']) is not None:
-            self.vg.delete(volume['name'])
+        self.wiper.discard(volume['name'])
+
+    def _wipe(self, path, size_mb):
+        if self._tables_using(path):
+            self.cluster.violation('%s: wiped %s under a live table'
+                                   % (self.name, path))
+        self.wiped.append(path)
 
     # -- invariants -------------------------------------------------------
 
@@ -262,6 +275,14 @@ class Node(object):
         if not self.terminate_connection(volume, connector):
             self.remove_export(volume)
 
+    def delete_volume(self, volume):
+        """DMCloneVolumeDriver.delete_volume."""
+        if self.mover.delete(volume):
+            return
+        self.dm.remove(HANDLE)
+        if LV in self.vg.lvs:
+            self.vg.delete(LV)
+
 
 class FakeVolumeRPC(object):
     """cinder.volume.rpcapi.VolumeAPI, delivering to a Node in-process."""
@@ -303,6 +324,7 @@ class Cluster(object):
         self.snapshots = []
         self.held = set()
         self.restart_before_timeout = restart_before_timeout
+        self.deleted = False
         #: the volume's multiattach flag (its volume type's).
         self.multiattach = False
         self._ids = itertools.cycle([fake.ATTACHMENT_ID,
@@ -472,6 +494,12 @@ class Cluster(object):
                   att['connector'])
         self.attachments.remove(att)
 
+    def delete(self):
+        """The user deletes the volume (Cinder routes it to its host)."""
+        owner = self.owner()
+        self.call(owner, owner.delete_volume, self.volume())
+        self.deleted = True
+
     def tick(self, node):
         """Let every clone with hydration on copy, then a monitor tick."""
         for name in list(node.dm.devices):
@@ -526,6 +554,16 @@ class Cluster(object):
         acl = self.a.target.exports.get(FakeTargetIQN, {}).get('acl', ())
         t.assertNotIn(self.b.props['initiator'], acl)
 
+    def assert_deleted(self):
+        t = self.test
+        t.assertEqual([], self.violations)
+        self.assert_no_transfer()
+        for node in self.nodes.values():
+            t.assertEqual({}, node.vg.lvs, node.name)
+            t.assertEqual({}, node.dm.devices, node.name)
+            t.assertEqual({}, node.connector.sessions, node.name)
+            t.assertEqual({}, node.target.exports, node.name)
+
     def assert_completed(self):
         t = self.test
         t.assertEqual([], self.violations)
@@ -544,6 +582,9 @@ class Cluster(object):
         t.assertEqual({}, self.a.dm.devices)
         t.assertEqual({}, self.a.target.exports)
         t.assertEqual(set(), self.b.mover.pending_finalize)
+        # The source's old copy was wiped before its extents were freed.
+        t.assertTrue(any('/%s-dmcwipe-' % LV in p for p in self.a.wiped),
+                     str(self.a.wiped))
 
 
 FakeTargetIQN = 'iqn.2010-10.org.openstack:%s' % LV

@@ -310,6 +310,17 @@ class FakeLVM(object):
             self.dm.sizes.pop(self.path(name), None)
             self.dm.meta_hydrated.pop(self.path(name), None)
 
+    def rename_volume(self, name, new_name):
+        self._call('rename_volume', name, new_name)
+        if name not in self.lvs or new_name in self.lvs:
+            raise processutils.ProcessExecutionError(
+                stderr='cannot rename "%s" to "%s"' % (name, new_name))
+        self.lvs[new_name] = self.lvs.pop(name)
+        if self.dm is not None:
+            for table in (self.dm.sizes, self.dm.meta_hydrated):
+                if self.path(name) in table:
+                    table[self.path(new_name)] = table.pop(self.path(name))
+
     def extend_volume(self, name, size_str):
         self._call('extend_volume', name, size_str)
         self.lvs[name]['bytes'] = _size_bytes(size_str)

@@ -83,6 +83,7 @@ class DriverTestBase(test.TestCase):
             {'name': name, 'size': self.lvs[name]} if name in self.lvs
             else None)
         self.vg.lv_has_snapshot.return_value = False
+        self.vg.get_volumes.return_value = []
         self.drv = self._make_driver()
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
         self.drv.dm = self.dm
@@ -526,6 +527,12 @@ class ManageTestCase(DriverTestBase):
                                 self.drv.manage_existing, self.volume, ref)
         self.assertIn('dm-clone metadata', str(exc))
 
+    def test_manage_refuses_an_old_copy_being_wiped(self):
+        ref = {'source-name': LV + '-dmcwipe-0123abcd'}
+        exc = self.assertRaises(exception.ManageExistingInvalidReference,
+                                self.drv.manage_existing, self.volume, ref)
+        self.assertIn('old copy being wiped', str(exc))
+
     def test_manage_get_size(self):
         self.lvs['legacy'] = '1.5'
         self.assertEqual(2, self.drv.manage_existing_get_size(
@@ -540,7 +547,8 @@ class ManageTestCase(DriverTestBase):
     def test_manageable_volumes_hide_metadata(self):
         self.vg.get_volumes.return_value = [
             {'name': 'legacy', 'size': '1.0'},
-            {'name': LV + '-dmcmeta', 'size': '0.01'}]
+            {'name': LV + '-dmcmeta', 'size': '0.01'},
+            {'name': LV + '-dmcwipe-0123abcd', 'size': '1.0'}]
         self.vg.lv_is_snapshot.return_value = False
         self.vg.lv_is_open.return_value = False
         entries = self.drv.get_manageable_volumes([], None, 10, 0,
@@ -550,6 +558,8 @@ class ManageTestCase(DriverTestBase):
         self.assertFalse(by_name[LV + '-dmcmeta']['safe_to_manage'])
         self.assertEqual('dm-clone transfer metadata',
                          by_name[LV + '-dmcmeta']['reason_not_safe'])
+        self.assertEqual('old copy being wiped',
+                         by_name[LV + '-dmcwipe-0123abcd']['reason_not_safe'])
 
 
 class StatsTestCase(DriverTestBase):

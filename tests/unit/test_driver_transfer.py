@@ -381,15 +381,25 @@ class WiringTestCase(test_driver.DriverTestBase):
         # another tenant's perhaps.  (Before: removed without a wipe.)
         self.drv.configuration.volume_clear = 'zero'
         self.drv.configuration.volume_clear_size = 0
+        self.drv.wiper._spawn = lambda fn, *args: fn(*args)
         self._make_handle()
         order = []
-        mock_clear.side_effect = lambda *a, **k: order.append('wipe')
-        self.vg.delete.side_effect = lambda name: order.append('delete')
+        mock_clear.side_effect = lambda *a, **k: order.append(('wipe', a[1]))
+        self.vg.rename_volume.side_effect = lambda old, new: (
+            order.append(('rename', old, new)),
+            self.dm.sizes.__setitem__(
+                '/dev/%s/%s' % (test_driver.VG, new), self.dm.sizes[LV_PATH]))
+        self.vg.delete.side_effect = lambda name: order.append(
+            ('delete', name))
         self.drv._retire_local(self.volume)
+        retiring = order[0][2]
+        self.assertTrue(retiring.startswith(LV + '-dmcwipe-'))
+        self.assertEqual([('rename', LV, retiring),
+                          ('wipe', '/dev/%s/%s' % (test_driver.VG, retiring)),
+                          ('delete', retiring)], order)
         mock_clear.assert_called_once_with(
-            1024, LV_PATH, volume_clear='zero', volume_clear_size=0,
+            1024, mock.ANY, volume_clear='zero', volume_clear_size=0,
             volume_clear_ionice=self.drv.configuration.volume_clear_ionice)
-        self.assertEqual(['wipe', 'delete'], order)
 
     @ddt.data(dict(volume_clear='none'),
               dict(volume_clear='zero', lvm_type='thin'))
@@ -402,7 +412,10 @@ class WiringTestCase(test_driver.DriverTestBase):
 
     @mock.patch.object(volume_utils, 'brick_get_connector')
     def test_destination_wipes_with_the_driver(self, mock_connector):
-        self.assertEqual(self.drv._wipe, self.drv._destination_node().wipe)
+        self.assertEqual(self.drv.wiper.discard,
+                         self.drv._destination_node().discard)
+        self.assertIs(self.drv.wiper, self.drv.wiper)
+        self.assertIsNone(self.drv.wiper.wipe)      # volume_clear = none
 
     def test_monitor_wired_to_mover(self):
         self.mock_object(test_driver.driver.periodic.HydrationMonitor,

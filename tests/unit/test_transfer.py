@@ -324,6 +324,14 @@ class StoreTestCase(test.TestCase):
         self.assertEqual('False', md['readonly'])
         self.assertEqual('0', transfer.progress_percent(md)[0])
 
+    def test_old_progress_deleted_meanwhile_is_fine(self):
+        self.db.admin_metadata[VOLUME_ID] = {'dmclone_percent': '87.5'}
+        self.mock_object(self.db, 'volume_admin_metadata_delete',
+                         side_effect=exception.CinderException('gone'))
+        t = make_transfer()
+        self.store.save(self.ctxt, t)
+        self.assertEqual(t, self.store.load(self.ctxt, VOLUME_ID))
+
     def test_save_gives_a_fresh_secret(self):
         t, u = make_transfer(), make_transfer()
         self.store.save(self.ctxt, t)
@@ -846,17 +854,14 @@ class DestinationNodeTestCase(test.TestCase):
         # first, and no wipe at all.)
         self._build()
         events = []
-        self.node.wipe = lambda path, size_mb: events.append(
-            ('wipe', path, size_mb, META in self.meta_vg.lvs))
-        delete_data = self.vg.delete
+        self.node.discard = lambda name: (
+            events.append(('discard', name, META in self.meta_vg.lvs)),
+            self.vg.delete(name))
         delete_meta = self.meta_vg.delete
-        self.mock_object(self.vg, 'delete', side_effect=lambda name: (
-            events.append(('delete', name)), delete_data(name)))
         self.mock_object(self.meta_vg, 'delete', side_effect=lambda name: (
             events.append(('delete', name)), delete_meta(name)))
         self.node.tear_down(self.t, None)
-        self.assertEqual([('wipe', LV_PATH, 1024, True), ('delete', LV),
-                          ('delete', META)], events)
+        self.assertEqual([('discard', LV, True), ('delete', META)], events)
 
     def test_written(self):
         self._build(hydrate=False)
