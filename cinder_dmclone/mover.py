@@ -604,6 +604,7 @@ class Mover(object):
         commits it.
         """
         self.held.add(volume['id'])
+        self.store.mark_stale_source_attachment(self.ctxt(), t)
         LOG.error('Volume %(vol)s was detached on %(dst)s, where it took '
                   'writes, while node %(src)s still has an attachment: the '
                   'move is kept (not rolled back) so that no write is '

@@ -72,7 +72,7 @@ KEY_PREFIX = 'dmclone_'
 #: bytes of randomness in a transfer's secret (hex encoded in the record).
 SECRET_BYTES = 16
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
-                 'eta_seconds', 'stalled_seconds')
+                 'eta_seconds', 'stalled_seconds', 'stale_source_attachment')
 
 _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
@@ -358,6 +358,15 @@ class Store(object):
         self.db.volume_admin_metadata_update(
             ctxt, transfer.volume_id, {KEY_PREFIX + 'state': state}, False)
         transfer.state = state
+
+    def mark_stale_source_attachment(self, ctxt, t):
+        """Say, for the status tool, that the move waits for an operator.
+
+        (See Mover._hold; cleared with the move.)
+        """
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id, {KEY_PREFIX + 'stale_source_attachment':
+                                t.source_node}, False)
 
     def publish_progress(self, ctxt, volume_id, progress):
         self.db.volume_admin_metadata_update(

@@ -374,7 +374,9 @@ def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
         region_bytes=progress.region_bytes,
         percent=progress.percent, rate_bps=rate, eta_seconds=eta,
         rate_source=source,
-        stalled_seconds=_number(metadata.get('dmclone_stalled_seconds')))
+        stalled_seconds=_number(metadata.get('dmclone_stalled_seconds')),
+        stale_source_attachment=metadata.get(
+            'dmclone_stale_source_attachment'))
     return entry
 
 
@@ -583,6 +585,11 @@ def render_text(report):
                 # path to the source is the first suspect.
                 state += ' (no progress for %s)' % _duration(
                     t['stalled_seconds'])
+            if t.get('stale_source_attachment'):
+                # Kept after writes here: an operator deletes the stale
+                # attachment on the source (see operations.rst).
+                state += (' (waits: delete the stale attachment on %s)'
+                          % t['stale_source_attachment'])
             rate = t['rate_bps']
             rows.append((
                 t['volume_id'] or t['handle'], state, source,

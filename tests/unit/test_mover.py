@@ -653,6 +653,8 @@ class DetachedTestCase(ClusterTestCase):
         self.c.tick(self.b)
         report = self.b.mover.progress_report()[VOLUME_ID]
         self.assertTrue(report['stale_source_attachment'])
+        self.assertEqual('node-a', self.c.transfer_keys()[
+            'dmclone_stale_source_attachment'])
         # The operator removes the stale attachment: the move commits.
         self.c.detach(src)
         self.assertEqual(transfer.HYDRATING, self.c.transfer().state)

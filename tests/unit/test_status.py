@@ -304,6 +304,20 @@ class StatusToolTestCase(test.TestCase):
         line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
         self.assertIn('hydrating (no progress for 5m30s)', line)
 
+    def test_move_kept_for_a_stale_source_attachment(self):
+        read = mock.Mock(return_value={
+            'dmclone_state': 'cloned', 'dmclone_source_node': 'node-a',
+            'dmclone_stale_source_attachment': 'node-a'})
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '0']
+        code, report = self.run_json(args, FakeNode(), read_metadata=read)
+        self.assertEqual('node-a',
+                         report['transfers'][0]['stale_source_attachment'])
+        code, text = self.run_tool(args, FakeNode(), read_metadata=read)
+        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
+        self.assertIn('cloned (waits: delete the stale attachment on '
+                      'node-a)', line)
+
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))
         code, report = self.run_json(
