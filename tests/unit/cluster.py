@@ -488,6 +488,22 @@ class Cluster(object):
                    attached_host=node.name, connector=dict(node.props))
         return att, info
 
+    def withdraw_attach_during_build(self):
+        """Nova deletes the attachment it reserved while node-b builds.
+
+        (Its attach call timed out, and it gave up.)
+        """
+        build = self.b.dest.build_clone
+
+        def build_then_withdraw(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.attachments[:] = [
+                a for a in self.attachments if a['attach_status']
+                != fields.VolumeAttachStatus.RESERVED]
+            return path
+        self.test.mock_object(self.b.dest, 'build_clone',
+                              side_effect=build_then_withdraw)
+
     def detach(self, att):
         owner = self.owner()
         self.call(owner, owner.attachment_delete, self.volume(),

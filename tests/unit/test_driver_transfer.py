@@ -50,6 +50,13 @@ def transfer_metadata(state=transfer.HYDRATING, dest='node-a',
         target_iqn='iqn.2010-10.org.openstack:%s' % LV).to_metadata()
 
 
+def moving():
+    """What the Mover raises for a volume in the middle of a move."""
+    return transfer.TransferInProgress(
+        volume_name=LV, source='node-a', dest='node-b', state='cloned',
+        percent='0.0', action='this')
+
+
 class MockMoverTestCase(test_driver.DriverTestBase):
     """The driver with a mock Mover: which entry point goes where."""
 
@@ -142,10 +149,7 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         # On the source, while a move is being prepared: the attach waits
         # for the lock and is refused, so hydration never runs under a
         # writer here.  (Before: no check at all.)
-        self.mover.refuse_if_moving.side_effect = \
-            transfer.TransferInProgress(
-                volume_name=LV, source='node-a', dest='node-b',
-                state='cloned', percent='0.0', action='attaching it here')
+        self.mover.refuse_if_moving.side_effect = moving()
         self.assertRaises(transfer.TransferInProgress,
                           self.drv.initialize_connection, self.volume, LOCAL)
         self.mover.refuse_if_moving.assert_called_once_with(
@@ -190,10 +194,7 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         target.assert_called_once_with(self.volume)
 
     def test_extend_refused_before_the_lv_grows(self):
-        self.mover.refuse_extend_while_undecided.side_effect = \
-            transfer.TransferInProgress(
-                volume_name=LV, source='node-b', dest='node-a',
-                state='cloned', percent='0.0', action='an extend')
+        self.mover.refuse_extend_while_undecided.side_effect = moving()
         self.assertRaises(transfer.TransferInProgress,
                           self.drv.extend_volume, self.volume, 2)
         self.vg.extend_volume.assert_not_called()

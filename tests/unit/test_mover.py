@@ -747,16 +747,7 @@ class WithdrawnAttachTestCase(ClusterTestCase):
         # reserved while node-b was still building.  The late success
         # must not move the volume to a node nobody attaches on.
         # (Before: the move was recorded and the volume left node-a.)
-        build = self.b.dest.build_clone
-
-        def build_then_withdraw(*args, **kwargs):
-            path = build(*args, **kwargs)
-            self.c.attachments[:] = [
-                a for a in self.c.attachments
-                if a['attach_status'] != RESERVED]
-            return path
-        self.mock_object(self.b.dest, 'build_clone',
-                         side_effect=build_then_withdraw)
+        self.c.withdraw_attach_during_build()
         exc = self.assertRaises(exception.VolumeBackendAPIException,
                                 self.c.attach, self.b)
         self.assertIn('was deleted while the move was prepared', str(exc))
@@ -764,16 +755,7 @@ class WithdrawnAttachTestCase(ClusterTestCase):
 
     def test_live_migration_withdrawn_keeps_the_source_attachment(self):
         src = self.c.attach(self.a)[0]
-        build = self.b.dest.build_clone
-
-        def build_then_withdraw(*args, **kwargs):
-            path = build(*args, **kwargs)
-            self.c.attachments[:] = [
-                a for a in self.c.attachments
-                if a['attach_status'] != RESERVED]
-            return path
-        self.mock_object(self.b.dest, 'build_clone',
-                         side_effect=build_then_withdraw)
+        self.c.withdraw_attach_during_build()
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.b)
         self.c.assert_rolled_back()
@@ -1896,14 +1878,7 @@ class CrashTestCase(test.TestCase):
     def drive_abort(self, c):
         """Nova withdraws the attach while node-b builds."""
         self.watch_build(c)
-        build = c.b.dest.build_clone
-
-        def build_then_withdraw(*args, **kwargs):
-            path = build(*args, **kwargs)
-            c.attachments[:] = []
-            return path
-        self.mock_object(c.b.dest, 'build_clone',
-                         side_effect=build_then_withdraw)
+        c.withdraw_attach_during_build()
         self.assertRaises(exception.VolumeBackendAPIException,
                           c.attach, c.b)
         c.settle()
