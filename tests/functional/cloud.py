@@ -110,6 +110,17 @@ class Cloud(object):
                          sorted(stack_mod.NODE_AZ.values()))})
         return vt
 
+    def ensure_multiattach_type(self):
+        """A multiattach type of this backend, placed like the default."""
+        name = stack_mod.VOLUME_TYPE + '-multiattach'
+        types = [t for t in self.c.volume_types.list() if t.name == name]
+        vt = types[0] if types else self.c.volume_types.create(name)
+        vt.set_keys({'volume_backend_name': 'dmclone',
+                     'multiattach': '<is> True',
+                     'RESKEY:availability_zones': ','.join(
+                         sorted(stack_mod.NODE_AZ.values()))})
+        return vt
+
     def get(self, volume_id):
         return self.c.volumes.get(volume_id)
 
@@ -142,10 +153,11 @@ class Cloud(object):
                            diagnostics=lambda: 'statuses seen: %s' % seen)
         return self.get(volume_id)
 
-    def create(self, size=1, az=None, name=None):
+    def create(self, size=1, az=None, name=None, volume_type=None):
         t0 = time.monotonic()
         v = self.c.volumes.create(size, name=name or 'ft-%s' % uuid.uuid4(),
-                                  availability_zone=az)
+                                  availability_zone=az,
+                                  volume_type=volume_type)
         v = self.wait_status(v.id, 'available')
         LOG.info('volume %s available on %s (%s) in %.1f s', v.id,
                  self.host_of(v), v.availability_zone,

@@ -248,6 +248,70 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
         cloud.delete(vol.id)
 
 
+def test_forged_steps_through_the_api_change_nothing(cloud, topo):
+    """A connector with a dmclone entry, sent by a user: refused.
+
+    While the volume hydrates on node B, os-terminate_connection and
+    os-initialize_connection with node-to-node steps (what an owner can
+    send) must neither drop node B's clone nor node A's export.
+    """
+    vol, att_a, head = seeded_on_a(cloud, 51)
+    cloud.detach(att_a)
+    try:
+        att = cloud.attach(vol.id, 'b')
+        tail = write_pattern(att.path, 52, 4 * MiB, offset=512 * MiB)
+        cloud.detach(att)
+        cloud.wait_status(vol.id, 'available')
+        LOG.info('transfer when forging: %s', cloud.transfer_state(vol.id))
+        volume = cloud.get(vol.id)
+        for step in ({'op': 'abort'}, {'op': 'retire'}, {'op': 'release'},
+                     {'op': 'abort', 'secret': '0' * 32}, 'abort'):
+            connector = {'host': 'node-x', 'dmclone': step,
+                         'initiator': 'iqn.2024-01.org.example.x:i'}
+            with pytest.raises(Exception) as info:
+                cloud.c.volumes.terminate_connection(volume, connector)
+            LOG.info('forged terminate_connection %r refused: %s', step,
+                     info.value)
+            with pytest.raises(Exception) as info:
+                cloud.c.volumes.initialize_connection(volume, connector)
+            LOG.info('forged initialize_connection %r refused: %s', step,
+                     info.value)
+        wait_finalized(cloud, vol.id)
+        assert_lives_on(cloud, vol.id, 'b', 'available')
+        att = cloud.attach(vol.id, 'b')
+        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
+        assert testbed.read_direct(att.path, 512 * MiB, 4 * MiB) == tail
+        cloud.detach(att)
+    finally:
+        cloud.delete(vol.id)
+
+
+def test_multiattach_volume_is_shared_not_moved(cloud, topo):
+    """Two instances on two nodes see one disk; the volume stays put."""
+    vt = cloud.ensure_multiattach_type()
+    vol = cloud.create(size=1, az='az-a', volume_type=vt.name)
+    try:
+        att_a = cloud.attach(vol.id, 'a')
+        assert att_a.connection_info['driver_volume_type'] == 'local'
+        att_b = cloud.attach(vol.id, 'b')
+        assert att_b.connection_info['driver_volume_type'] == 'iscsi', \
+            att_b.connection_info
+        assert cloud.transfer_state(vol.id) == {}
+        assert_lives_on(cloud, vol.id, 'a', 'in-use')
+        from_a = write_pattern(att_a.path, 61, 4 * MiB)
+        assert testbed.read_direct(att_b.path, 0, 4 * MiB) == from_a
+        from_b = write_pattern(att_b.path, 62, 4 * MiB, offset=64 * MiB)
+        assert testbed.read_direct(att_a.path, 64 * MiB, 4 * MiB) == from_b
+        cloud.detach(att_b)
+        cloud.detach(att_a)
+        assert_lives_on(cloud, vol.id, 'a', 'available')
+        assert not [lv for lv in testbed.list_lvs()
+                    if lv.startswith(topo.node('b').vg + '/')
+                    and vol.id in lv]
+    finally:
+        cloud.delete(vol.id)
+
+
 def test_destination_without_space_refuses_clearly(cloud, topo):
     pool_b = [p for p in cloud.stack.pools()
               if p['name'].startswith('node-b@')][0]
