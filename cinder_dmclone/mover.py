@@ -362,11 +362,20 @@ class Mover(object):
                          '%(node)s.') % {'vol': volume['id'], 'n': len(snaps),
                                          'node': self.node_name})
 
+    def _request(self, ctxt, volume, t, host, op):
+        """Send step ``op`` of move ``t`` to ``host``'s service.
+
+        The caller holds the volume's lock: a move recorded by release
+        1.1.0 gets its secret here, before the other node needs it.
+        """
+        self.store.ensure_secret(ctxt, t)
+        self.peer.request(ctxt, volume, host, self.own_connector(), op,
+                          t.secret)
+
     def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""
         try:
-            self.peer.request(ctxt, volume, t.dest_host,
-                              self.own_connector(), peer.ABORT, t.secret)
+            self._request(ctxt, volume, t, t.dest_host, peer.ABORT)
         except Exception:
             LOG.exception('Destination %s could not abort.', t.dest_node)
             return False
@@ -381,7 +390,6 @@ class Mover(object):
         session forever with nothing describing them: the transfer is
         kept as ``aborted`` for its recovery to clean up.
         """
-        self.store.ensure_secret(ctxt, t)
         if self._abort_peer(ctxt, volume, t):
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != transfer.ABORTED:
@@ -654,10 +662,8 @@ class Mover(object):
         self.destination().tear_down(t, volume['provider_auth'])
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                self.host_zone(ctxt, t.source_host))
-        self.store.ensure_secret(ctxt, t)
         try:
-            self.peer.request(ctxt, volume, t.source_host,
-                              self.own_connector(), peer.RELEASE, t.secret)
+            self._request(ctxt, volume, t, t.source_host, peer.RELEASE)
         except Exception:
             LOG.exception('Source %(src)s did not drop the export of '
                           '%(vol)s; it is harmless and goes with the next '
@@ -720,9 +726,7 @@ class Mover(object):
             if not self.is_dest(t):
                 return False
             self.destination().tear_down(t, volume['provider_auth'])
-            self.store.ensure_secret(ctxt, t)
-            self.peer.request(ctxt, volume, t.source_host,
-                              self.own_connector(), peer.RETIRE, t.secret)
+            self._request(ctxt, volume, t, t.source_host, peer.RETIRE)
             self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])
@@ -882,10 +886,7 @@ class Mover(object):
                 dest.swap_to_linear(t)
                 dest.remove_metadata(t)
                 dest.disconnect_source(t, volume.provider_auth)
-                self.store.ensure_secret(ctxt, t)
-                self.peer.request(ctxt, volume, t.source_host,
-                                  self.own_connector(), peer.RETIRE,
-                                  t.secret)
+                self._request(ctxt, volume, t, t.source_host, peer.RETIRE)
                 # The source's export goes from the record before the
                 # state does, so a crash in between is finalized again.
                 self.store.db.volume_update(
