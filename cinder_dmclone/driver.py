@@ -49,14 +49,14 @@ objects.register_all()
 
 from cinder.volume.drivers import lvm  # noqa: E402
 
+from cinder_dmclone import clone  # noqa: E402
 from cinder_dmclone import dmsetup  # noqa: E402
 from cinder_dmclone import exception as dmc_exception  # noqa: E402
 from cinder_dmclone import layout  # noqa: E402
-from cinder_dmclone import mover as dmc_mover  # noqa: E402
+from cinder_dmclone import move  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
-from cinder_dmclone import periodic  # noqa: E402
-from cinder_dmclone import transfer  # noqa: E402
+from cinder_dmclone import service  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -108,13 +108,12 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                   root_helper=utils.get_root_helper())
         self.metadata_vg = None
         self.monitor = None
-        self.store = transfer.Store(self.db)
+        self.store = move.Store(self.db)
         self.peer = peer.PeerClient(
-            timeout=self.configuration.dmclone_transfer_timeout)
-        self._destination = None
-        self._mover = None
+            timeout=self.configuration.dmclone_transfer_timeout,
+            node_name=self.node_name)
+        self._moves = None
         self._wiper = None
-        self._own_connector = None
 
     @classmethod
     def get_driver_options(cls):
@@ -241,44 +240,49 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def _start_monitor(self):
         if self.monitor is None:
-            self.monitor = periodic.HydrationMonitor(
-                self.dm, self.configuration.volume_group, self.mover.on_status,
-                self.configuration.dmclone_monitor_interval,
-                after_tick=self.mover.finalize_pending)
+            self.monitor = self.moves.monitor
             self.monitor.start()
 
     # ------------------------------------------------------------------
-    # Transfers: the pieces the Mover works with
+    # Moves: this node's source and destination sides
     # ------------------------------------------------------------------
 
     @property
-    def mover(self):
-        if self._mover is None:
-            self._mover = dmc_mover.Mover(
+    def moves(self):
+        """This node's :class:`~cinder_dmclone.service.MoveService`."""
+        if self._moves is None:
+            conf = self.configuration
+            self._moves = service.MoveService(
                 node_names=self._node_names(), node_name=self.node_name,
-                store=self.store,
-                peer_client=self.peer, destination=self._destination_node,
-                target_driver=self.target_driver,
-                retire_local=self._retire_local,
-                region_sectors=self._region_sectors(),
-                tuning=self._hydration_tuning,
-                own_connector=self._connector_properties,
-                stall_timeout=self.configuration.dmclone_stall_timeout)
-        return self._mover
+                store=self.store, peer_client=self.peer,
+                clones=self._clones(), target_driver=self.target_driver,
+                dm=self.dm, volume_group=conf.volume_group,
+                wiper=self.wiper, region_sectors=self._region_sectors(),
+                tuning=(conf.dmclone_hydration_threshold,
+                        conf.dmclone_hydration_batch_size),
+                interval=conf.dmclone_monitor_interval,
+                stall_timeout=conf.dmclone_stall_timeout)
+        return self._moves
 
-    def _destination_node(self):
-        if self._destination is None:
-            connector = volume_utils.brick_get_connector(
-                'ISCSI', use_multipath=False,
-                device_scan_attempts=(
-                    self.configuration.num_volume_device_scan_tries))
-            self._destination = transfer.DestinationNode(
-                self.dm, self.vg, self.metadata_vg or self.vg, connector,
-                self._execute, utils.get_root_helper(),
-                lvm_type=self.configuration.lvm_type,
-                metadata_reserve=self.configuration.dmclone_metadata_reserve,
-                discard=self.wiper.discard)
-        return self._destination
+    @property
+    def source(self):
+        return self.moves.source
+
+    @property
+    def destination(self):
+        return self.moves.destination
+
+    def _clones(self):
+        connector = volume_utils.brick_get_connector(
+            'ISCSI', use_multipath=False,
+            device_scan_attempts=(
+                self.configuration.num_volume_device_scan_tries))
+        return clone.Clones(
+            self.dm, self.vg, self.metadata_vg or self.vg, connector,
+            self._execute, utils.get_root_helper(),
+            lvm_type=self.configuration.lvm_type,
+            metadata_reserve=self.configuration.dmclone_metadata_reserve,
+            discard=self.wiper.discard)
 
     @property
     def wiper(self):
@@ -308,40 +312,6 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             volume_clear_size=self.configuration.volume_clear_size,
             volume_clear_ionice=self.configuration.volume_clear_ionice)
 
-    def _connector_properties(self):
-        """This node's initiator, for the ACL the source drops."""
-        if self._own_connector is None:
-            props = volume_utils.brick_get_connector_properties()
-            props['host'] = self.node_name
-            self._own_connector = props
-        return self._own_connector
-
-    def _retire_local(self, volume):
-        """Remove (wiped) this node's copy of a volume that moved away."""
-        self._remove_handle(volume['name'])
-        self.wiper.discard(volume['name'])
-
-    def _hydration_tuning(self, volume_type):
-        """Threshold and batch size: volume type extra specs over config."""
-        specs = (volume_type or {}).get('extra_specs') or {}
-        values = []
-        for name in ('hydration_threshold', 'hydration_batch_size'):
-            raw = specs.get('dmclone:%s' % name)
-            if raw is None:
-                values.append(getattr(self.configuration, 'dmclone_' + name))
-                continue
-            try:
-                value = int(raw)
-            except (TypeError, ValueError):
-                value = 0
-            if value < 1:
-                raise exception.InvalidVolumeType(
-                    reason=_('extra spec dmclone:%(name)s=%(raw)r must be '
-                             'a positive integer') % {'name': name,
-                                                      'raw': raw})
-            values.append(value)
-        return tuple(values)
-
     def _recover_transfers(self):
         """Resume transfers into or out of this node after a restart."""
         if self.db is None:
@@ -360,7 +330,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         ctxt, volume_id)
                 except exception.VolumeNotFound:
                     pass
-        self.mover.recover(list(volumes.values()), meta_lvs)
+        self.moves.recovery.recover(list(volumes.values()), meta_lvs)
 
     # ------------------------------------------------------------------
     # Handles
@@ -462,7 +432,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def create_snapshot(self, snapshot):
         if not isinstance(snapshot, dict):
             # (a dict is the LVM driver's own temporary snapshot of a clone)
-            self.mover.refuse_if_moving(snapshot.volume, _('a snapshot'))
+            self.source.refuse_if_moving(snapshot.volume, _('a snapshot'))
         super().create_snapshot(snapshot)
 
     def create_volume_from_snapshot(self, volume, snapshot):
@@ -470,16 +440,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._handle_or_rollback(volume)
 
     def create_cloned_volume(self, volume, src_vref):
-        self.mover.refuse_if_moving(src_vref, _('cloning it'))
+        self.source.refuse_if_moving(src_vref, _('cloning it'))
         super().create_cloned_volume(volume, src_vref)
         self._handle_or_rollback(volume)
 
     def delete_volume(self, volume):
         """Remove the handle, then the LV (the handle holds the LV open)."""
         lv_name = layout.validate_lv_name(volume['name'])
-        if self.mover.delete(volume):
+        if self.destination.delete(volume):
             LOG.info('Deleted volume %s and its transfer.', volume['id'])
             return
+        self.source.give_up_aborted(volume)
         if self._volume_not_present(lv_name):
             self._remove_handle(lv_name)
             return
@@ -497,9 +468,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         The handle is reloaded to the new length (suspend/load/resume keeps
         in-flight I/O), so an attached instance sees the new size.
         """
-        self.mover.refuse_extend_while_undecided(volume)
+        self.destination.refuse_extend_while_undecided(volume)
         self.vg.extend_volume(volume['name'], self._sizestr(new_size))
-        if self.mover.extend(volume):
+        if self.destination.extend(volume):
             LOG.info('Volume %s extended during its transfer: the clone '
                      'keeps its length, the extension is mapped linearly.',
                      volume['id'])
@@ -513,7 +484,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def revert_to_snapshot(self, context, volume, snapshot):
         """Revert a thick volume: LVM merges only an LV nobody holds open."""
-        self.mover.refuse_if_moving(volume, _('a revert to a snapshot'))
+        self.source.refuse_if_moving(volume, _('a revert to a snapshot'))
         if self.configuration.lvm_type == 'thin':
             # Cinder falls back to its generic copy-based revert.
             raise NotImplementedError(
@@ -546,7 +517,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def retype(self, context, volume, new_type, diff, host):
         """Retype within the backend; a live clone takes the new tuning."""
-        self.mover.retune(volume, new_type)
+        self.destination.retune(volume, new_type)
         return True
 
     def migrate_volume(self, ctxt, volume, host, thin=False, mirror_count=0):
@@ -647,7 +618,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _transfer_progress(self):
         """Per-volume hydration progress for the pool stats, or {}."""
         try:
-            return self.mover.progress_report()
+            return self.moves.tracker.progress_report()
         except Exception:
             LOG.warning('Could not report the progress of transfers.',
                         exc_info=True)
@@ -696,11 +667,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if step:
             # Refused here, before the manager could take a failed attach
             # for a reason to remove this volume's export.
-            self.mover.authenticate(volume, step)
+            self.moves.endpoint.check(volume, step, peer.BY_INITIALIZE)
             return {}
         self._require_host(connector)
         if not self._is_local_connector(connector):
-            self.mover.refuse_if_moving(
+            self.source.refuse_if_moving(
                 volume, _('attaching on %s') % connector['host'])
         path = self._ensure_handle(volume)
         if self._is_local_connector(connector):
@@ -711,8 +682,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def remove_export(self, context, volume):
         """Remove this node's export, never one a transfer still reads."""
-        t = self.mover.load(volume['id'])
-        if self.mover.is_source(t):
+        t = self.source.load(volume['id'])
+        if self.source.is_source(t):
             LOG.debug('Volume %s is moving away: its export stays until '
                       'the transfer ends.', volume['id'])
             return
@@ -745,22 +716,23 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """Local for this node; a move for an instance elsewhere.
 
         An instance attaching from another node that runs this backend
-        moves the volume there (see cinder_dmclone.mover); anything else
+        moves the volume there (see cinder_dmclone.source); anything else
         from another node gets an iSCSI connection.
         """
         step = peer.payload(connector)
         if step:
-            return self._local_connection(volume,
-                                          self.mover.prepare(volume, step))
+            return self._local_connection(
+                volume, self.moves.endpoint.receive(volume, connector, step,
+                                                    peer.BY_INITIALIZE))
         self._require_host(connector)
         if self._is_local_connector(connector):
-            self.mover.refuse_if_moving(volume, _('attaching it here'),
-                                        locked=True)
+            self.source.refuse_if_moving(volume, _('attaching it here'),
+                                         locked=True)
             return self._local_connection(volume,
                                           self._ensure_handle(volume))
-        if self.mover.wants_move(volume, connector):
+        if self.source.wants_move(volume, connector):
             try:
-                info = self.mover.move(
+                info = self.source.move(
                     volume, connector,
                     self.dm.device_sectors(self._lv_path(volume['name'])))
             except Exception:
@@ -803,9 +775,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def terminate_connection(self, volume, connector, **kwargs):
         step = peer.payload(connector)
         if step:
-            self.mover.serve(volume, connector, step)
+            self.moves.endpoint.receive(volume, connector, step,
+                                        peer.BY_TERMINATE)
             return False
-        if self.mover.detached(volume, connector):
+        # (A rollback its destination cut short ends here first; the
+        # detach then goes on as any here: the export goes.)
+        self.source.finish_rollback(volume)
+        if self.destination.detached(volume, connector):
             return False
         if self._is_local_connector(connector):
             # Nothing was exported for a local attach.  Tell the manager

@@ -25,16 +25,18 @@ the service of the other node, never through a shell on it:
 
 The same two calls are open to a volume's owner through the public API
 (``os-initialize_connection``, ``os-terminate_connection``), with any
-connector: every step therefore carries the transfer's secret, which only
-the volume services can read (see Transfer.secret), and the receiving
-Mover refuses a step without it (Mover.authenticate).  A connector with a
-``dmclone`` entry is never treated as an ordinary one.
+connector: every step therefore carries the move's secret, which only the
+volume services can read (see Move.secret).  Every step enters a node
+through one door, the :class:`Endpoint`, which refuses a step without it
+and routes the others to the node's source or destination side.  A
+connector with a ``dmclone`` entry is never treated as an ordinary one.
 
 Each call waits at most ``dmclone_transfer_timeout`` seconds for the other
 node, so no RPC worker blocks for longer.
 """
 
 from cinder.volume import rpcapi as volume_rpcapi
+from cinder.volume import volume_utils
 
 PAYLOAD_KEY = 'dmclone'
 PREPARE = 'prepare'
@@ -42,6 +44,11 @@ RELEASE = 'release'
 RETIRE = 'retire'
 ABORT = 'abort'
 OPS = (PREPARE, RELEASE, RETIRE, ABORT)
+#: The steps each of the two calls carries: a prepare comes by
+#: initialize_connection (it answers with a connection), the others by
+#: terminate_connection.
+BY_INITIALIZE = (PREPARE,)
+BY_TERMINATE = (RELEASE, RETIRE, ABORT)
 
 
 def payload(connector):
@@ -59,11 +66,27 @@ def payload(connector):
 
 
 class PeerClient(object):
-    """Sends transfer steps to the service of another node."""
+    """Sends the steps of a move to the service of another node.
 
-    def __init__(self, rpcapi=None, timeout=None):
+    ``node_name`` names this node in the connector a step carries (the
+    source drops the ACL of the destination's initiator with it);
+    ``connector`` replaces os-brick's properties of this node (tests).
+    """
+
+    def __init__(self, rpcapi=None, timeout=None, node_name=None,
+                 connector=None):
         self._rpcapi = rpcapi
         self.timeout = timeout
+        self.node_name = node_name
+        self._connector = connector
+
+    def own_connector(self):
+        """This node's initiator, as os-brick describes it."""
+        if self._connector is None:
+            props = volume_utils.brick_get_connector_properties()
+            props['host'] = self.node_name
+            self._connector = props
+        return dict(self._connector)
 
     @property
     def rpcapi(self):
@@ -91,9 +114,47 @@ class PeerClient(object):
             ctxt, self._at(volume, dest_host),
             dict(connector, **{PAYLOAD_KEY: step}))
 
-    def request(self, ctxt, volume, host, connector, op, secret):
+    def request(self, ctxt, volume, host, op, secret):
         """Run ``op`` (release, retire, abort) on ``host``'s service."""
         step = {'op': op, 'secret': secret}
         self.rpcapi.terminate_connection(
             ctxt, self._at(volume, host),
-            dict(connector or {}, **{PAYLOAD_KEY: step}))
+            dict(self.own_connector(), **{PAYLOAD_KEY: step}))
+
+
+class Endpoint(object):
+    """The one door of node-to-node steps into this node.
+
+    The driver hands it every connector that carries a step (see
+    :func:`payload`), from ``create_export``, ``initialize_connection``
+    and ``terminate_connection``; test harnesses do the same and replace
+    only the transport (the PeerClient's ``rpcapi``).  A step is checked
+    first (:meth:`cinder_dmclone.side.Side.authenticate`: the move's
+    secret, this node's side of it), then routed.
+    """
+
+    def __init__(self, source, destination):
+        self.source = source
+        self.destination = destination
+
+    def check(self, volume, step, ops=OPS):
+        """The move ``step`` belongs to; StepRefused if it is forged.
+
+        ``ops``: the steps the call it came by carries (BY_INITIALIZE,
+        BY_TERMINATE); any other is refused.
+        """
+        return self.destination.authenticate(volume, step, ops)
+
+    def receive(self, volume, connector, step, ops=OPS):
+        """Run a checked step; a prepare returns the clone's path."""
+        self.check(volume, step, ops)
+        op = step['op']
+        if op == PREPARE:
+            return self.destination.prepare(volume, step)
+        if op == ABORT:
+            self.destination.abort(volume, step)
+        elif op == RELEASE:
+            self.source.release(volume, connector)
+        elif op == RETIRE:
+            self.source.retire(volume, connector)
+        return None

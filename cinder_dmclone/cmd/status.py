@@ -30,7 +30,7 @@ What it reads, and why the figures can be trusted:
   hydrating and ``--interval`` is above zero, a second ``dmsetup status``
   call ``--interval`` seconds later gives the rate and ETA, computed by
   the hydration monitor's own code
-  (:func:`cinder_dmclone.periodic.compute_progress`): they are measured
+  (:func:`cinder_dmclone.hydration.compute_progress`): they are measured
   here, not copied.  With ``--interval 0`` the rate and ETA are the
   monitor's last published values when the database can be read, and
   unknown otherwise.
@@ -65,8 +65,8 @@ from oslo_config import cfg
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import hydration
 from cinder_dmclone import layout
-from cinder_dmclone import periodic
 
 DRIVER = 'cinder_dmclone.driver.DMCloneVolumeDriver'
 DEFAULT_CONFIG = '/etc/cinder/cinder.conf'
@@ -357,8 +357,8 @@ def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
         return entry
     previous = None
     if earlier is not None and not earlier.failed:
-        previous = periodic.compute_progress(earlier)
-    progress = periodic.compute_progress(status, previous, elapsed)
+        previous = hydration.compute_progress(earlier)
+    progress = hydration.compute_progress(status, previous, elapsed)
     rate, eta, source = progress.rate, progress.eta, None
     if rate is not None:
         source = 'sampled'

@@ -29,9 +29,9 @@ import subprocess
 import time
 
 from cinder_dmclone import dmsetup as dms
+from cinder_dmclone import hydration
 from cinder_dmclone import layout
 from cinder_dmclone import opts
-from cinder_dmclone import periodic
 from tests.bench import bench
 from tests.functional import testbed
 
@@ -572,7 +572,7 @@ def test_monitor_cost(results, topo, lvs, scale):
     def on_status(lv_name, status, progress):
         seen_lv.append(lv_name)
 
-    monitor = periodic.HydrationMonitor(dm, vg, on_status, interval=10)
+    monitor = hydration.HydrationMonitor(dm, vg, on_status, interval=10)
     built = 0
     try:
         for n in counts:

@@ -13,8 +13,9 @@
 """kill -9 of a volume service at every step of a live migration's move.
 
 The destination's service (node B) kills itself with SIGKILL right after
-a step of the transfer state machine (``cinder_node.CRASH_POINTS``: the
-prepare, commit and finalize steps of cinder_dmclone.mover), or the
+a step of the move's state machine (``cinder_node.CRASH_POINTS``: the
+prepare, commit and finalize steps of cinder_dmclone.destination and
+cinder_dmclone.clone), or the
 source's service dies during hydration, or node B "reboots".  Each
 scenario writes known data before and during the move, restarts what
 died, retries what Nova would retry (the attach, the detach), and checks

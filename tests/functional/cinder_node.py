@@ -182,38 +182,39 @@ def _op_is(op):
         connector.get('dmclone', {}).get('op') == op)
 
 
-_T = 'cinder_dmclone.transfer'
-_M = 'cinder_dmclone.mover'
+_C = 'cinder_dmclone.clone'
+_D = 'cinder_dmclone.destination'
+_S = 'cinder_dmclone.move'
 _N = 'tests.functional.cinder_node'
 #: name -> (module, class, method, before/after, which call)
 CRASH_POINTS = {
-    'prepare: LVs created': (_T, 'DestinationNode', 'create_volumes',
+    'prepare: LVs created': (_C, 'Clones', 'create_volumes',
                              'after', None),
-    'prepare: source logged in': (_T, 'DestinationNode', 'connect_source',
+    'prepare: source logged in': (_C, 'Clones', 'connect_source',
                                   'after', None),
-    'prepare: clone built': (_T, 'DestinationNode', 'build_clone', 'after',
+    'prepare: clone built': (_C, 'Clones', 'build_clone', 'after',
                              None),
     # (The source records 'cloned' once this answer reaches it: the last
     # step of the destination's prepare is its check before answering.)
-    'prepare: before answering': (_M, 'Mover', '_refuse_if_given_up',
+    'prepare: before answering': (_D, 'Destination', '_refuse_if_given_up',
                                   'after', None),
-    'commit: hydration enabled': (_T, 'DestinationNode', 'enable_hydration',
+    'commit: hydration enabled': (_C, 'Clones', 'enable_hydration',
                                   'after', None),
-    'commit: hydrating recorded': (_T, 'Store', 'transition', 'after',
+    'commit: hydrating recorded': (_S, 'Store', 'transition', 'after',
                                    _state_is('hydrating')),
-    'finalize: finalizing recorded': (_T, 'Store', 'transition', 'after',
+    'finalize: finalizing recorded': (_S, 'Store', 'transition', 'after',
                                       _state_is('finalizing')),
-    'finalize: swapped to linear': (_T, 'DestinationNode', 'swap_to_linear',
-                                    'after', None),
-    'finalize: metadata LV removed': (_T, 'DestinationNode',
+    'finalize: swapped to linear': (_C, 'Clones', 'swap_to_linear', 'after',
+                                    None),
+    'finalize: metadata LV removed': (_C, 'Clones',
                                       'remove_metadata', 'after',
                                       _during('finalizing')),
-    'finalize: source logged out': (_T, 'DestinationNode',
+    'finalize: source logged out': (_C, 'Clones',
                                     'disconnect_source', 'after',
                                     _during('finalizing')),
     'finalize: source retired': (_N, 'SocketRPC', 'terminate_connection',
                                  'after', _op_is('retire')),
-    'finalize: before the state is cleared': (_T, 'Store', 'clear',
+    'finalize: before the state is cleared': (_S, 'Store', 'clear',
                                               'before', None),
 }
 
@@ -308,8 +309,11 @@ def start_driver(node_key, overrides=None):
         cfg.CONF.set_override(key, value, group=BACKEND)
     drv = driver.DMCloneVolumeDriver(configuration=configuration,
                                      host=service_host(node_key))
-    drv.peer = peer.PeerClient(rpcapi=SocketRPC(
-        node_key, timeout=configuration.dmclone_transfer_timeout))
+    # Only the transport is replaced: the driver's own PeerClient sends.
+    drv.peer = peer.PeerClient(
+        rpcapi=SocketRPC(node_key,
+                         timeout=configuration.dmclone_transfer_timeout),
+        node_name=drv.node_name)
     drv.do_setup(context.get_admin_context())
     drv.check_for_setup_error()
     # The looping call needs the service's eventlet hub; tests drive the
@@ -403,31 +407,29 @@ def retype(volume_id, type_id):
 
 def own_connector():
     """os-brick's connector properties of this node, as Nova sends them."""
-    props = dict(driver()._connector_properties())
-    return props
+    return driver().peer.own_connector()
 
 
 # --------------------------------------------------------------------------
 # What Cinder's volume manager does around the driver
 # --------------------------------------------------------------------------
 
-def manager_initialize_connection(volume_id, connector):
-    """VolumeManager.initialize_connection / _connection_create."""
+def _save(volume, update):
+    volume.update(update)
+    volume.save()
+
+
+def manager_initialize_connection(volume_id, connector, volume=None):
+    """VolumeManager.initialize_connection (tests.manager_flow)."""
     from cinder import context
     from cinder import objects
+
+    from tests import manager_flow
     ctxt = context.get_admin_context()
-    volume = objects.Volume.get_by_id(ctxt, volume_id)
-    drv = driver()
-    drv.validate_connector(connector)
-    model_update = drv.create_export(ctxt, volume, connector)
-    if model_update:
-        volume.update(model_update)
-        volume.save()
-    try:
-        return drv.initialize_connection(volume, connector)
-    except Exception:
-        drv.remove_export(ctxt, volume)
-        raise
+    if volume is None:
+        volume = objects.Volume.get_by_id(ctxt, volume_id)
+    return manager_flow.initialize_connection(driver(), ctxt, volume,
+                                              connector, _save)
 
 
 def attach(volume_id, attachment_id, connector):
@@ -451,13 +453,12 @@ def detach(volume_id, attachment_id):
     from cinder import context
     from cinder.db import api as db
     from cinder import objects
+    from tests import manager_flow
     ctxt = context.get_admin_context()
     volume = objects.Volume.get_by_id(ctxt, volume_id)
     attachment = objects.VolumeAttachment.get_by_id(ctxt, attachment_id)
-    shared = driver().terminate_connection(volume, attachment.connector,
-                                           force=False)
-    if not shared:
-        driver().remove_export(ctxt, volume)
+    shared = manager_flow.terminate_connection(driver(), ctxt, volume,
+                                               attachment.connector)
     db.volume_detached(ctxt, volume_id, attachment_id)
     return shared
 
@@ -514,10 +515,8 @@ def _handle(method, primitive, connector):
     volume = base.CinderObjectSerializer().deserialize_entity(ctxt,
                                                               primitive)
     if method == 'initialize_connection':
-        drv = driver()
-        drv.validate_connector(connector)
-        drv.create_export(ctxt, volume, connector)
-        return drv.initialize_connection(volume, connector)
+        # The routed copy travels (its host names this node).
+        return manager_initialize_connection(volume.id, connector, volume)
     volume = objects.Volume.get_by_id(ctxt, volume.id)
     return driver().terminate_connection(volume, connector, force=False)
 

@@ -15,12 +15,14 @@
 Each :class:`Node` has what a node's volume service has: device-mapper
 (FakeDMSetup), a volume group (FakeLVM), an iSCSI initiator
 (FakeConnector), a target driver (FakeTarget) and a real
-:class:`~cinder_dmclone.mover.Mover` over a real Store, DestinationNode and
-PeerClient.  Both nodes share one FakeDB; PeerClient calls travel through
-:class:`FakeVolumeRPC` to the other node's driver-like entry points.
+:class:`~cinder_dmclone.service.MoveService` (source, destination, peer
+endpoint, recovery, monitor) over a real Store, Clones and PeerClient.  Both
+nodes share one FakeDB; PeerClient calls travel through
+:class:`FakeVolumeRPC` (only the transport is replaced) to the other node's
+driver-like entry points, which hand every step to the node's endpoint.
 
 A step that raises :class:`Crash` kills its node's service: the caller of
-an RPC sees a timeout, the node restarts (a fresh Mover over the same
+an RPC sees a timeout, the node restarts (a fresh service over the same
 kernel, LVM and database state) and runs recovery, as cinder-volume does
 at start.  The fakes record every violation of what must never happen
 (a linear handle over a partly hydrated LV, a metadata LV zeroed twice or
@@ -41,13 +43,14 @@ from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.volume import volume_utils
 
+from cinder_dmclone import clone
 from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
-from cinder_dmclone import mover
+from cinder_dmclone import move
 from cinder_dmclone import peer
-from cinder_dmclone import periodic
-from cinder_dmclone import transfer
+from cinder_dmclone import service
 from cinder_dmclone import wiper
+from tests import manager_flow
 from tests.unit import fakes
 
 VG = 'dmc-vg'
@@ -86,13 +89,14 @@ class Node(object):
         self.connector = fakes.FakeConnector(
             self.dm, cluster.resolve, on_disconnect=self._disconnecting)
         self.target = fakes.FakeTarget(ip)
-        self.store = transfer.Store(cluster.db)
-        self.peer = peer.PeerClient(rpcapi=cluster.rpc)
+        self.store = move.Store(cluster.db)
         self.props = {'host': name, 'ip': ip,
                       'initiator': 'iqn.2024-01.org.example.%s:i' % name}
+        self.peer = peer.PeerClient(rpcapi=cluster.rpc, node_name=name,
+                                    connector=self.props)
         #: devices wiped before their LV went (volume_clear = zero here).
         self.wiped = []
-        self.dest = transfer.DestinationNode(
+        self.dest = clone.Clones(
             self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo')
         self.executed = []
         self.has_service = True
@@ -109,16 +113,17 @@ class Node(object):
         self.wiper = wiper.Wiper(self.vg, self.dm, wipe=self._wipe,
                                  spawn=lambda fn, *args: fn(*args))
         self.dest.discard = lambda name: self.wiper.discard(name)
-        self.mover = mover.Mover(
-            node_names={self.name}, node_name=self.name,
-            store=self.store,
-            peer_client=self.peer, destination=lambda: self.dest,
-            target_driver=self.target, retire_local=self.retire_local,
-            region_sectors=REGION, tuning=lambda volume_type: TUNING,
-            own_connector=lambda: dict(self.props))
-        self.monitor = periodic.HydrationMonitor(
-            self.dm, VG, self.mover.on_status, 10,
-            after_tick=self.mover.finalize_pending)
+        self.moves = service.MoveService(
+            node_names={self.name}, node_name=self.name, store=self.store,
+            peer_client=self.peer, clones=self.dest,
+            target_driver=self.target, dm=self.dm, volume_group=VG,
+            wiper=self.wiper, region_sectors=REGION, tuning=TUNING,
+            interval=10)
+        self.source = self.moves.source
+        self.destination = self.moves.destination
+        self.endpoint = self.moves.endpoint
+        self.tracker = self.moves.tracker
+        self.monitor = self.moves.monitor
         self.down = False
 
     def reboot(self):
@@ -132,7 +137,7 @@ class Node(object):
         self.restart()
 
     def recover(self):
-        """What DMCloneVolumeDriver._recover_transfers hands the Mover."""
+        """What DMCloneVolumeDriver._recover_transfers hands recovery."""
         db = self.cluster.db
         volumes = {vid for vid, rec in db.volumes.items()
                    if volume_utils.extract_host(rec['host'], 'host')
@@ -144,8 +149,8 @@ class Node(object):
                 layout.lv_name_from_metadata_lv(name))
             if vid in db.volumes:
                 volumes.add(vid)
-        self.mover.recover([self.cluster.volume(v) for v in sorted(volumes)],
-                           meta_lvs)
+        self.moves.recovery.recover(
+            [self.cluster.volume(v) for v in sorted(volumes)], meta_lvs)
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
@@ -160,11 +165,6 @@ class Node(object):
                 self.cluster.violation('%s: metadata LV %s zeroed again'
                                        % (self.name, path))
         return '', ''
-
-    def retire_local(self, volume):
-        """DMCloneVolumeDriver._retire_local."""
-        self.dm.remove(layout.handle_name(VG, volume['name']))
-        self.wiper.discard(volume['name'])
 
     def _wipe(self, path, size_mb):
         if self._tables_using(path):
@@ -229,56 +229,83 @@ class Node(object):
                 'data': {'device_path': path, 'volume_id': volume['id'],
                          'access_mode': 'rw'}}
 
-    def initialize_connection(self, volume, connector):
-        """Manager create_export + driver initialize_connection."""
-        ctxt = self.cluster.ctxt
-        step = peer.payload(connector)
-        if step:
-            return self._local(volume, self.mover.prepare(volume, step))
-        if connector['host'] == self.name:
-            return self._local(volume, self.ensure_handle())
-        update = self.target.create_export(ctxt, volume, self.ensure_handle())
-        values = {'provider_location': update['location'],
-                  'provider_auth': update['auth']}
-        self.cluster.db.volume_update(ctxt, volume.id, values)
-        volume.update(values)
-        try:
-            if self.mover.wants_move(volume, connector):
-                info = self.mover.move(volume, connector,
-                                       self.dm.device_sectors(LV_PATH))
-                if info is not None:
-                    return info
-            return self.target.initialize_connection(volume, connector)
-        except Exception:
-            self.remove_export(volume)
-            raise
+    def _save(self, volume, update):
+        self.cluster.db.volume_update(self.cluster.ctxt, volume.id, update)
+        volume.update(update)
 
-    def terminate_connection(self, volume, connector):
+    def attach(self, volume, connector):
+        """The volume manager's attach: tests.manager_flow."""
+        return manager_flow.initialize_connection(
+            self, self.cluster.ctxt, volume, connector, self._save)
+
+    def validate_connector(self, connector):
+        """DMCloneVolumeDriver.validate_connector (the fake target's)."""
+
+    def create_export(self, ctxt, volume, connector):
+        """DMCloneVolumeDriver.create_export."""
         step = peer.payload(connector)
         if step:
-            self.mover.serve(volume, connector, step)
+            self.endpoint.check(volume, step, peer.BY_INITIALIZE)
+            return {}
+        if connector['host'] == self.name:
+            self.ensure_handle()
+            return {}
+        self.source.refuse_if_moving(volume, 'attaching on %s'
+                                     % connector['host'])
+        update = self.target.create_export(ctxt, volume, self.ensure_handle())
+        return {'provider_location': update['location'],
+                'provider_auth': update['auth']}
+
+    def initialize_connection(self, volume, connector):
+        """DMCloneVolumeDriver.initialize_connection."""
+        step = peer.payload(connector)
+        if step:
+            return self._local(volume, self.endpoint.receive(
+                volume, connector, step, peer.BY_INITIALIZE))
+        if connector['host'] == self.name:
+            self.source.refuse_if_moving(volume, 'attaching it here',
+                                         locked=True)
+            return self._local(volume, self.ensure_handle())
+        if self.source.wants_move(volume, connector):
+            info = self.source.move(volume, connector,
+                                    self.dm.device_sectors(LV_PATH))
+            if info is not None:
+                return info
+        return self.target.initialize_connection(volume, connector)
+
+    def terminate_connection(self, volume, connector, force=False):
+        """DMCloneVolumeDriver.terminate_connection."""
+        step = peer.payload(connector)
+        if step:
+            self.endpoint.receive(volume, connector, step, peer.BY_TERMINATE)
             return False
-        if self.mover.detached(volume, connector):
+        self.source.finish_rollback(volume)
+        if self.destination.detached(volume, connector):
             return False
         if connector['host'] == self.name:
             return len(volume.volume_attachment) > 1
         self.target.terminate_connection(volume, connector)
         return False
 
-    def remove_export(self, volume):
-        if self.mover.load(volume['id']) is not None:
+    def remove_export(self, ctxt, volume):
+        """DMCloneVolumeDriver.remove_export (and its _owns_export)."""
+        if self.source.is_source(self.source.load(volume['id'])):
             return
-        self.target.remove_export(self.cluster.ctxt, volume)
+        location = volume.get('provider_location') or ''
+        if not location.startswith(self.target.ip + ':'):
+            return
+        self.target.remove_export(ctxt, volume)
 
     def attachment_delete(self, volume, connector):
-        """VolumeManager.attachment_delete."""
-        if not self.terminate_connection(volume, connector):
-            self.remove_export(volume)
+        """VolumeManager.attachment_delete: tests.manager_flow."""
+        manager_flow.terminate_connection(self, self.cluster.ctxt, volume,
+                                          connector)
 
     def delete_volume(self, volume):
         """DMCloneVolumeDriver.delete_volume."""
-        if self.mover.delete(volume):
+        if self.destination.delete(volume):
             return
+        self.source.give_up_aborted(volume)
         self.dm.remove(HANDLE)
         if LV in self.vg.lvs:
             self.vg.delete(LV)
@@ -296,8 +323,8 @@ class FakeVolumeRPC(object):
                            peer.payload(connector)))
         node = self.cluster.node_of(volume.host)
         # The volume object travels; the routed copy names the callee.
-        return self.cluster.call(node, node.initialize_connection,
-                                 volume, connector)
+        # (The manager's RPC endpoint runs its whole attach flow.)
+        return self.cluster.call(node, node.attach, volume, connector)
 
     def terminate_connection(self, ctxt, volume, connector, force=False):
         self.calls.append(('terminate_connection', volume.host,
@@ -338,7 +365,7 @@ class Cluster(object):
                          side_effect=self._service)
         test.mock_object(objects.SnapshotList, 'get_all_for_volume',
                          side_effect=lambda ctxt, vid: list(self.snapshots))
-        test.mock_object(mover, 'lock', side_effect=self._lock)
+        test.mock_object(move, 'lock', side_effect=self._lock)
         test.mock_object(objects.VolumeAttachmentList,
                          'get_all_by_volume_id',
                          side_effect=lambda ctxt, vid:
@@ -459,7 +486,7 @@ class Cluster(object):
         return record
 
     def transfer(self):
-        return transfer.Transfer.from_metadata(
+        return move.Move.from_metadata(
             VOLUME_ID, self.db.admin_metadata.get(VOLUME_ID))
 
     def set_state(self, t, state):
@@ -478,8 +505,8 @@ class Cluster(object):
         self.attachments.append(att)
         owner = self.owner()
         try:
-            info = self.call(owner, owner.initialize_connection,
-                             self.volume(), dict(node.props))
+            info = self.call(owner, owner.attach, self.volume(),
+                             dict(node.props))
         except Exception:
             if att in self.attachments:     # (Nova may have deleted it)
                 self.attachments.remove(att)
@@ -537,7 +564,7 @@ class Cluster(object):
 
     def transfer_keys(self):
         return {k: v for k, v in self.db.admin_metadata.get(
-            VOLUME_ID, {}).items() if k.startswith(transfer.KEY_PREFIX)}
+            VOLUME_ID, {}).items() if k.startswith(move.KEY_PREFIX)}
 
     def assert_no_transfer(self, aborted_ok=False):
         """No transfer: no state key.
@@ -548,8 +575,8 @@ class Cluster(object):
         find, and an aborted transfer is inert (never seen as moving).
         """
         keys = self.transfer_keys()
-        if aborted_ok and keys.get('dmclone_state') == transfer.ABORTED:
-            self.test.assertIsNone(self.a.mover.load(VOLUME_ID))
+        if aborted_ok and keys.get('dmclone_state') == move.ABORTED:
+            self.test.assertIsNone(self.a.source.load(VOLUME_ID))
             return
         self.test.assertNotIn('dmclone_state', keys)
         self.test.assertIsNone(self.transfer())
@@ -597,7 +624,7 @@ class Cluster(object):
         t.assertEqual({}, self.a.vg.lvs)
         t.assertEqual({}, self.a.dm.devices)
         t.assertEqual({}, self.a.target.exports)
-        t.assertEqual(set(), self.b.mover.pending_finalize)
+        t.assertEqual(set(), self.b.destination.pending_finalize)
         # The source's old copy was wiped before its extents were freed.
         t.assertTrue(any('/%s-dmcwipe-' % LV in p for p in self.a.wiped),
                      str(self.a.wiped))
@@ -607,7 +634,7 @@ FakeTargetIQN = 'iqn.2010-10.org.openstack:%s' % LV
 
 
 class FakeService(object):
-    """The fields of objects.Service the Mover reads."""
+    """The fields of objects.Service the source reads."""
 
     def __init__(self, node):
         self.disabled = node.disabled

@@ -422,7 +422,7 @@ class FakeTarget(object):
 
 
 class FakeDB(object):
-    """The part of cinder.db the transfer Store and Mover use.
+    """The part of cinder.db the move Store and both sides use.
 
     Admin metadata is a dict of strings per volume, as in the database;
     a volume that is not in ``volumes`` raises VolumeNotFound like the

@@ -37,6 +37,7 @@ from cinder.volume import volume_utils
 from cinder_dmclone import dmsetup
 from cinder_dmclone import driver
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import hydration
 from cinder_dmclone import opts
 from tests.unit import fakes
 
@@ -158,7 +159,7 @@ class SetupTestCase(DriverTestBase):
     def setUp(self):
         super().setUp()
         self.mock_object(cinder_lvm.LVMVolumeDriver, 'check_for_setup_error')
-        self.mock_object(driver.periodic.HydrationMonitor, 'start')
+        self.mock_object(hydration.HydrationMonitor, 'start')
         self.recover = self.mock_object(driver.DMCloneVolumeDriver,
                                         '_recover_transfers')
 
@@ -256,7 +257,7 @@ class SetupWithCinderChecksTestCase(DriverTestBase):
     """Cinder's own LVM checks run too (volume group lookup)."""
 
     @mock.patch.object(driver.DMCloneVolumeDriver, '_recover_transfers')
-    @mock.patch.object(driver.periodic.HydrationMonitor, 'start')
+    @mock.patch.object(hydration.HydrationMonitor, 'start')
     @mock.patch.object(volume_utils, 'get_all_volume_groups',
                        return_value=[{'name': VG}])
     def test_parent_checks_run(self, mock_vgs, mock_start, mock_recover):
@@ -620,8 +621,8 @@ class StatsTestCase(DriverTestBase):
         self.vg.vg_free_space = 8.0
         self.vg.get_volumes.return_value = []
         report = {'vol': {'percent': '42.0', 'state': 'hydrating'}}
-        self.drv._mover = mock.Mock()
-        self.drv._mover.progress_report.return_value = report
+        self.drv._moves = mock.Mock()
+        self.drv._moves.tracker.progress_report.return_value = report
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
         self.assertEqual(report, pool['dmclone_transfers'])
 
@@ -629,9 +630,11 @@ class StatsTestCase(DriverTestBase):
         self.vg.vg_size = 10.0
         self.vg.vg_free_space = 8.0
         self.vg.get_volumes.return_value = []
-        self.drv._mover = mock.Mock()
-        self.drv._mover.progress_report.side_effect = RuntimeError('db')
+        self.drv._moves = mock.Mock()
+        self.drv._moves.tracker.progress_report.side_effect = RuntimeError(
+            'db')
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.drv._moves.tracker.progress_report.assert_called_once_with()
         self.assertEqual({}, pool['dmclone_transfers'])
         self.assertEqual('node-a', pool['dmclone_node'])
 

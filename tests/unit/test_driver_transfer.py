@@ -10,12 +10,13 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""How the driver hands transfers to the Mover."""
+"""How the driver hands moves to this node's sides."""
 
 from unittest import mock
 
 import ddt
 
+from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import exception
 from cinder.message import api as message_api
 from cinder.message import message_field
@@ -23,11 +24,18 @@ from cinder import objects
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
+from cinder.tests.unit import test
+from cinder.volume.drivers import lvm as cinder_lvm
 from cinder.volume import volume_utils
 
+from cinder_dmclone import destination
 from cinder_dmclone import dmsetup
-from cinder_dmclone import mover
-from cinder_dmclone import transfer
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import hydration
+from cinder_dmclone import move
+from cinder_dmclone import peer
+from cinder_dmclone import recovery
+from cinder_dmclone import source
 from tests.unit import test_driver
 from tests.unit.test_driver import HANDLE
 from tests.unit.test_driver import HANDLE_PATH
@@ -39,9 +47,9 @@ from tests.unit.test_driver import REMOTE
 STEP = {'op': 'prepare', 'hydrate': True, 'size_gb': 1}
 
 
-def transfer_metadata(state=transfer.HYDRATING, dest='node-a',
+def transfer_metadata(state=move.HYDRATING, dest='node-a',
                       source='node-b'):
-    return transfer.Transfer(
+    return move.Move(
         volume_id=fake.VOLUME_ID, lv_name=LV, state=state,
         source_host='%s@dmclone#dmclone' % source,
         dest_host='%s@dmclone#dmclone' % dest, source_node=source,
@@ -51,55 +59,124 @@ def transfer_metadata(state=transfer.HYDRATING, dest='node-a',
 
 
 def moving():
-    """What the Mover raises for a volume in the middle of a move."""
-    return transfer.TransferInProgress(
+    """What a side raises for a volume in the middle of a move."""
+    return move.MoveInProgress(
         volume_name=LV, source='node-a', dest='node-b', state='cloned',
         percent='0.0', action='this')
 
 
-class MockMoverTestCase(test_driver.DriverTestBase):
-    """The driver with a mock Mover: which entry point goes where."""
+class MockMovesTestCase(test_driver.DriverTestBase):
+    """The driver over mock sides of a move: which entry point goes where.
+
+    The driver's MoveService is replaced by one whose source, destination,
+    endpoint, tracker and recovery are autospec'd mocks: a call with the
+    wrong arguments fails here too.
+    """
 
     def setUp(self):
         super().setUp()
-        self.mover = mock.Mock(spec=mover.Mover)
-        self.mover.load.return_value = None
-        self.mover.delete.return_value = False
-        self.mover.extend.return_value = False
-        self.mover.detached.return_value = False
-        self.mover.wants_move.return_value = False
-        self.drv._mover = self.mover
+        self.moves = mock.Mock(spec=['source', 'destination', 'endpoint',
+                                     'tracker', 'recovery', 'monitor'])
+        self.source = self.moves.source = mock.create_autospec(
+            source.Source, instance=True)
+        self.destination = self.moves.destination = mock.create_autospec(
+            destination.Destination, instance=True)
+        self.endpoint = self.moves.endpoint = mock.create_autospec(
+            peer.Endpoint, instance=True)
+        self.tracker = self.moves.tracker = mock.create_autospec(
+            hydration.HydrationTracker, instance=True)
+        self.recovery = self.moves.recovery = mock.create_autospec(
+            recovery.Recovery, instance=True)
+        self.source.load.return_value = None
+        self.source.is_source.return_value = False
+        self.source.wants_move.return_value = False
+        self.destination.delete.return_value = False
+        self.destination.extend.return_value = False
+        self.destination.detached.return_value = False
+        self.endpoint.receive.return_value = None
+        self.drv._moves = self.moves
+
+    def test_sides_are_the_move_services(self):
+        self.assertIs(self.moves, self.drv.moves)
+        self.assertIs(self.source, self.drv.source)
+        self.assertIs(self.destination, self.drv.destination)
+
+    # -- node-to-node steps: one door, the endpoint ------------------------
 
     def test_prepare_step_returns_local_connection(self):
-        self.mover.prepare.return_value = HANDLE_PATH
+        self.endpoint.receive.return_value = HANDLE_PATH
         connector = dict(REMOTE, dmclone=STEP)
         info = self.drv.initialize_connection(self.volume, connector)
-        self.mover.prepare.assert_called_once_with(self.volume, STEP)
+        # Only a prepare comes by initialize_connection.
+        self.endpoint.receive.assert_called_once_with(
+            self.volume, connector, STEP, peer.BY_INITIALIZE)
         self.assertEqual({'driver_volume_type': 'local',
                           'data': {'device_path': HANDLE_PATH,
                                    'volume_id': self.volume.id,
                                    'access_mode': 'rw'}}, info)
-        self.mover.wants_move.assert_not_called()
+        self.source.wants_move.assert_not_called()
+        self.source.move.assert_not_called()
+        self.source.refuse_if_moving.assert_not_called()
 
     def test_prepare_step_exports_nothing(self):
         target = self.mock_object(self.drv.target_driver, 'create_export')
+        connector = dict(REMOTE, dmclone=STEP)
         self.assertEqual({}, self.drv.create_export(
-            self.ctxt, self.volume, dict(REMOTE, dmclone=STEP)))
+            self.ctxt, self.volume, connector))
+        # Checked (not run) before the manager goes on to the connection.
+        self.endpoint.check.assert_called_once_with(self.volume, STEP,
+                                                    peer.BY_INITIALIZE)
+        self.endpoint.receive.assert_not_called()
         target.assert_not_called()
         self.assertEqual({}, self.dm.devices)
 
+    def test_forged_step_is_refused_at_the_export(self):
+        self.endpoint.check.side_effect = dmc_exception.StepRefused(
+            op='prepare', volume=self.volume.id, reason='no secret')
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        self.assertRaises(dmc_exception.StepRefused, self.drv.create_export,
+                          self.ctxt, self.volume, dict(REMOTE, dmclone=STEP))
+        target.assert_not_called()
+        self.assertEqual({}, self.dm.devices)
+
+    def test_forged_step_is_refused_at_the_connection(self):
+        self.endpoint.receive.side_effect = dmc_exception.StepRefused(
+            op='prepare', volume=self.volume.id, reason='no secret')
+        self.assertRaises(dmc_exception.StepRefused,
+                          self.drv.initialize_connection, self.volume,
+                          dict(REMOTE, dmclone=STEP))
+        self.source.wants_move.assert_not_called()
+        self.assertEqual({}, self.dm.devices)
+
+    def test_terminate_with_step_serves_it(self):
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        connector = dict(REMOTE, dmclone={'op': 'retire'})
+        self.assertFalse(self.drv.terminate_connection(self.volume,
+                                                       connector))
+        # Only release, retire and abort come by terminate_connection.
+        self.endpoint.receive.assert_called_once_with(
+            self.volume, connector, {'op': 'retire'}, peer.BY_TERMINATE)
+        self.destination.detached.assert_not_called()
+        self.source.finish_rollback.assert_not_called()
+        target.assert_not_called()
+
+    # -- attaches ----------------------------------------------------------
+
     def test_remote_instance_attach_moves(self):
-        self.mover.wants_move.return_value = True
-        self.mover.move.return_value = {'driver_volume_type': 'local'}
+        self.source.wants_move.return_value = True
+        self.source.move.return_value = {'driver_volume_type': 'local'}
         self.dm.sizes[LV_PATH] = 4194304
         info = self.drv.initialize_connection(self.volume, REMOTE)
         self.assertEqual({'driver_volume_type': 'local'}, info)
-        self.mover.move.assert_called_once_with(self.volume, REMOTE,
-                                                4194304)
+        self.source.wants_move.assert_called_once_with(self.volume, REMOTE)
+        self.source.move.assert_called_once_with(self.volume, REMOTE,
+                                                 4194304)
+        self.endpoint.receive.assert_not_called()
 
     def test_failed_move_leaves_a_user_message(self):
-        self.mover.wants_move.return_value = True
-        self.mover.move.side_effect = exception.VolumeBackendAPIException(
+        self.source.wants_move.return_value = True
+        self.source.move.side_effect = exception.VolumeBackendAPIException(
             data='destination full')
         self.dm.sizes[LV_PATH] = 4194304
         create = self.mock_object(message_api.API, 'create')
@@ -114,8 +191,8 @@ class MockMoverTestCase(test_driver.DriverTestBase):
                          create.call_args[0][0].project_id)
 
     def test_user_message_failure_keeps_the_real_error(self):
-        self.mover.wants_move.return_value = True
-        self.mover.move.side_effect = exception.VolumeBackendAPIException(
+        self.source.wants_move.return_value = True
+        self.source.move.side_effect = exception.VolumeBackendAPIException(
             data='destination full')
         self.dm.sizes[LV_PATH] = 4194304
         self.mock_object(message_api.API, 'create',
@@ -126,97 +203,168 @@ class MockMoverTestCase(test_driver.DriverTestBase):
         self.assertIn('destination full', str(exc))
 
     def test_move_without_service_falls_back_to_iscsi(self):
-        self.mover.wants_move.return_value = True
-        self.mover.move.return_value = None
+        self.source.wants_move.return_value = True
+        self.source.move.return_value = None
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         info = self.drv.initialize_connection(self.volume, REMOTE)
         self.assertEqual('iscsi', info['driver_volume_type'])
-        self.mover.move.assert_called_once()
+        self.source.move.assert_called_once()
 
     def test_remote_attach_without_move_is_iscsi(self):
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         info = self.drv.initialize_connection(self.volume, REMOTE)
         self.assertEqual('iscsi', info['driver_volume_type'])
-        self.mover.wants_move.assert_called_once_with(self.volume, REMOTE)
-        self.mover.move.assert_not_called()
+        self.source.wants_move.assert_called_once_with(self.volume, REMOTE)
+        self.source.move.assert_not_called()
 
-    def test_local_attach_never_asks_the_mover(self):
+    def test_local_attach_never_moves(self):
         self.drv.initialize_connection(self.volume, LOCAL)
-        self.mover.wants_move.assert_not_called()
-        self.mover.prepare.assert_not_called()
+        self.source.wants_move.assert_not_called()
+        self.source.move.assert_not_called()
+        self.endpoint.receive.assert_not_called()
 
     def test_local_attach_waits_for_and_refuses_a_move(self):
         # On the source, while a move is being prepared: the attach waits
         # for the lock and is refused, so hydration never runs under a
         # writer here.  (Before: no check at all.)
-        self.mover.refuse_if_moving.side_effect = moving()
-        self.assertRaises(transfer.TransferInProgress,
+        self.source.refuse_if_moving.side_effect = moving()
+        self.assertRaises(move.MoveInProgress,
                           self.drv.initialize_connection, self.volume, LOCAL)
-        self.mover.refuse_if_moving.assert_called_once_with(
+        self.source.refuse_if_moving.assert_called_once_with(
             self.volume, mock.ANY, locked=True)
+        self.assertEqual({}, self.dm.devices)
 
-    def test_terminate_with_step_serves_it(self):
-        target = self.mock_object(self.drv.target_driver,
-                                  'terminate_connection')
-        connector = dict(REMOTE, dmclone={'op': 'retire'})
-        self.assertFalse(self.drv.terminate_connection(self.volume,
-                                                       connector))
-        self.mover.serve.assert_called_once_with(self.volume, connector,
-                                                 {'op': 'retire'})
-        self.mover.detached.assert_not_called()
+    def test_remote_export_is_refused_while_moving(self):
+        self.source.refuse_if_moving.side_effect = moving()
+        target = self.mock_object(self.drv.target_driver, 'create_export')
+        self.assertRaises(move.MoveInProgress, self.drv.create_export,
+                          self.ctxt, self.volume, REMOTE)
+        self.source.refuse_if_moving.assert_called_once_with(
+            self.volume, 'attaching on node-b')
         target.assert_not_called()
 
-    def test_terminate_handled_by_transfer(self):
-        self.mover.detached.return_value = True
+    def test_local_export_does_not_ask(self):
+        self.assertEqual({}, self.drv.create_export(self.ctxt, self.volume,
+                                                    LOCAL))
+        self.source.refuse_if_moving.assert_not_called()
+        self.endpoint.check.assert_not_called()
+
+    # -- detaches ----------------------------------------------------------
+
+    def test_terminate_handled_by_the_move(self):
+        self.destination.detached.return_value = True
+        order = mock.Mock()
+        order.attach_mock(self.source.finish_rollback, 'finish_rollback')
+        order.attach_mock(self.destination.detached, 'detached')
         target = self.mock_object(self.drv.target_driver,
                                   'terminate_connection')
         self.assertFalse(self.drv.terminate_connection(self.volume, REMOTE))
-        self.mover.detached.assert_called_once_with(self.volume, REMOTE)
+        # A rollback its destination cut short is finished first.
+        self.assertEqual([mock.call.finish_rollback(self.volume),
+                          mock.call.detached(self.volume, REMOTE)],
+                         order.mock_calls)
         target.assert_not_called()
 
+    def test_terminate_not_handled_goes_on(self):
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        self.drv.terminate_connection(self.volume, REMOTE)
+        self.source.finish_rollback.assert_called_once_with(self.volume)
+        self.destination.detached.assert_called_once_with(self.volume,
+                                                          REMOTE)
+        target.assert_called_once_with(self.volume, REMOTE)
+
     def test_remove_export_skipped_during_transfer(self):
-        self.mover.load.return_value = mock.sentinel.transfer
+        self.source.load.return_value = mock.sentinel.transfer
+        self.source.is_source.return_value = True
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_not_called()
-        self.mover.load.assert_called_once_with(self.volume['id'])
+        self.source.load.assert_called_once_with(self.volume['id'])
+        self.source.is_source.assert_called_once_with(mock.sentinel.transfer)
+
+    def test_remove_export_when_not_the_source(self):
+        self.source.load.return_value = mock.sentinel.transfer
+        self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
+        target = self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.remove_export(self.ctxt, self.volume)
+        target.assert_called_once_with(self.ctxt, self.volume)
+
+    # -- extend, delete, retype, stats -------------------------------------
 
     def test_extend_during_transfer(self):
-        self.mover.extend.return_value = True
+        self.destination.extend.return_value = True
         self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, 1024, LV_PATH)]
         target = self.mock_object(self.drv.target_driver, 'extend_target')
         self.drv.extend_volume(self.volume, 2)
         self.vg.extend_volume.assert_called_once_with(LV, '2g')
-        self.mover.extend.assert_called_once_with(self.volume)
-        # The mover owns the table: the handle is not refreshed here.
+        self.destination.refuse_extend_while_undecided.assert_called_once_with(
+            self.volume)
+        self.destination.extend.assert_called_once_with(self.volume)
+        # The destination owns the table: the handle is not refreshed here.
         self.assertEqual(1024, dmsetup.table_length(self.dm.devices[HANDLE]))
         target.assert_called_once_with(self.volume)
 
     def test_extend_refused_before_the_lv_grows(self):
-        self.mover.refuse_extend_while_undecided.side_effect = moving()
-        self.assertRaises(transfer.TransferInProgress,
+        self.destination.refuse_extend_while_undecided.side_effect = moving()
+        self.assertRaises(move.MoveInProgress,
                           self.drv.extend_volume, self.volume, 2)
         self.vg.extend_volume.assert_not_called()
+        self.destination.extend.assert_not_called()
 
     def test_delete_during_transfer(self):
-        self.mover.delete.return_value = True
+        self.destination.delete.return_value = True
         self._make_handle()
         self.drv.delete_volume(self.volume)
-        self.mover.delete.assert_called_once_with(self.volume)
+        self.destination.delete.assert_called_once_with(self.volume)
+        self.source.give_up_aborted.assert_not_called()
         self.vg.delete.assert_not_called()
         self.assertIn(HANDLE, self.dm.devices)
 
     def test_delete_without_transfer(self):
         self._make_handle()
+        order = mock.Mock()
+        order.attach_mock(self.destination.delete, 'delete')
+        order.attach_mock(self.source.give_up_aborted, 'give_up_aborted')
+        order.attach_mock(self.vg.delete, 'lv_delete')
         self.drv.delete_volume(self.volume)
-        self.vg.delete.assert_called_once_with(LV)
+        # An aborted move of the volume is ended before its LV goes.
+        self.assertEqual([mock.call.delete(self.volume),
+                          mock.call.give_up_aborted(self.volume),
+                          mock.call.lv_delete(LV)], order.mock_calls)
+        self.assertNotIn(HANDLE, self.dm.devices)
 
     def test_retype_retunes(self):
         new_type = {'extra_specs': {'dmclone:hydration_threshold': '8'}}
         self.assertTrue(self.drv.retype(self.ctxt, self.volume, new_type,
                                         {}, 'node-a@dmclone'))
-        self.mover.retune.assert_called_once_with(self.volume, new_type)
+        self.destination.retune.assert_called_once_with(self.volume,
+                                                        new_type)
+
+    def test_progress_in_the_stats_comes_from_the_tracker(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        report = {'vol': {'percent': '42.0', 'state': 'hydrating'}}
+        self.tracker.progress_report.return_value = report
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(report, pool['dmclone_transfers'])
+        self.tracker.progress_report.assert_called_once_with()
+
+    # -- service start -------------------------------------------------------
+
+    def test_recovery_at_start(self):
+        here = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME_ID)
+        self.mock_object(objects.VolumeList, 'get_all_by_host',
+                         return_value=[here])
+        self.drv.metadata_vg = self.vg
+        self.drv._recover_transfers()
+        self.recovery.recover.assert_called_once_with([here], [])
+
+    def test_monitor_at_start(self):
+        self.drv._start_monitor()
+        self.assertIs(self.moves.monitor, self.drv.monitor)
+        self.moves.monitor.start.assert_called_once_with()
 
 
 class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
@@ -233,7 +381,7 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
         self.assertIn('37.5%', str(exc))
 
     def test_create_snapshot(self):
-        exc = self.assertRaises(transfer.TransferInProgress,
+        exc = self.assertRaises(move.MoveInProgress,
                                 self.drv.create_snapshot, self._snapshot())
         self._check(exc, 'a snapshot')
         self.vg.create_lv_snapshot.assert_not_called()
@@ -247,14 +395,14 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
     def test_create_cloned_volume(self):
         src = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME_ID)
         clone = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME2_ID)
-        exc = self.assertRaises(transfer.TransferInProgress,
+        exc = self.assertRaises(move.MoveInProgress,
                                 self.drv.create_cloned_volume, clone, src)
         self._check(exc, 'cloning it')
         self.vg.create_volume.assert_not_called()
 
     def test_revert_to_snapshot(self):
         self._make_handle()
-        exc = self.assertRaises(transfer.TransferInProgress,
+        exc = self.assertRaises(move.MoveInProgress,
                                 self.drv.revert_to_snapshot, self.ctxt,
                                 self.volume, self._snapshot())
         self._check(exc, 'a revert to a snapshot')
@@ -282,7 +430,7 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
         # a rollback: refused before anything is exported.
         target = self.mock_object(self.drv.target_driver, 'create_export')
         exc = self.assertRaises(
-            transfer.TransferInProgress, self.drv.create_export, self.ctxt,
+            move.MoveInProgress, self.drv.create_export, self.ctxt,
             self.volume, {'host': 'node-c', 'initiator': 'iqn.x:c'})
         self._check(exc, 'attaching on node-c')
         target.assert_not_called()
@@ -296,7 +444,7 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
     def test_invalid_state_refuses_too(self):
         self.db.volume_admin_metadata_get.return_value = dict(
             transfer_metadata(), dmclone_region_sectors='100')
-        self.assertRaises(transfer.TransferStateInvalid,
+        self.assertRaises(move.MoveStateInvalid,
                           self.drv.create_snapshot, self._snapshot())
 
 
@@ -307,11 +455,14 @@ class NoTransferTestCase(test_driver.DriverTestBase):
             objects=[objects.VolumeAttachment(
                 id=fake.ATTACHMENT_ID, instance_uuid=None,
                 attach_status=fields.VolumeAttachStatus.RESERVED)])
+        self.mock_object(objects.VolumeAttachmentList,
+                         'get_all_by_volume_id',
+                         return_value=self.volume.volume_attachment)
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
-        move = self.mock_object(mover.Mover, 'move')
+        move_ = self.mock_object(source.Source, 'move')
         info = self.drv.initialize_connection(self.volume, REMOTE)
         self.assertEqual('iscsi', info['driver_volume_type'])
-        move.assert_not_called()
+        move_.assert_not_called()
 
     def test_extend_and_delete_without_transfer(self):
         self._make_handle()
@@ -325,59 +476,113 @@ class NoTransferTestCase(test_driver.DriverTestBase):
 
 @ddt.ddt
 class WiringTestCase(test_driver.DriverTestBase):
+    """The driver's MoveService: built once, from its configuration."""
 
-    def test_mover(self):
+    def test_moves(self):
         drv = self._make_driver(dmclone_node_aliases=['node-a.example.org'],
-                                dmclone_region_size=256)
-        m = drv.mover
-        self.assertIs(m, drv.mover)
-        self.assertEqual({'node-a', 'node-a.example.org'}, m.node_names)
-        self.assertEqual('node-a', m.node_name)
-        self.assertEqual(512, m.region_sectors)
-        self.assertIs(drv.store, m.store)
-        self.assertIs(drv.peer, m.peer)
-        self.assertIs(drv.target_driver, m.target_driver)
-        self.assertEqual(drv._hydration_tuning, m.tuning)
-        self.assertEqual(drv._retire_local, m.retire_local)
+                                dmclone_region_size=256,
+                                dmclone_stall_timeout=300)
+        m = drv.moves
+        self.assertIs(m, drv.moves)
+        self.assertIs(m.source, drv.source)
+        self.assertIs(m.destination, drv.destination)
+        for side in (m.source, m.destination):
+            self.assertEqual({'node-a', 'node-a.example.org'},
+                             side.node_names)
+            self.assertEqual('node-a', side.node_name)
+            self.assertIs(drv.store, side.store)
+            self.assertIs(drv.peer, side.peer)
+        self.assertEqual(512, m.source.region_sectors)
+        self.assertIs(drv.target_driver, m.source.target_driver)
+        self.assertIs(drv.dm, m.source.dm)
+        self.assertEqual(test_driver.VG, m.source.volume_group)
+        self.assertIs(drv.wiper, m.source.wiper)
+        # One door for the steps, over these very sides.
+        self.assertIs(m.source, m.endpoint.source)
+        self.assertIs(m.destination, m.endpoint.destination)
+        self.assertIs(m.source, m.recovery.source)
+        self.assertIs(m.destination, m.recovery.destination)
+        self.assertIs(m.destination, m.tracker.destination)
+        self.assertIs(m.recovery, m.tracker.recovery)
+        self.assertEqual(300, m.tracker.stall_timeout)
+
+    def test_peer_names_this_node(self):
+        self.assertEqual('node-a', self.drv.peer.node_name)
+        drv = self._make_driver(dmclone_node_name='compute-7',
+                                dmclone_transfer_timeout=42)
+        self.assertEqual('compute-7', drv.peer.node_name)
+        self.assertEqual(42, drv.peer.timeout)
 
     @mock.patch.object(volume_utils, 'brick_get_connector')
-    def test_destination_node(self, mock_connector):
+    def test_clones(self, mock_connector):
         self.drv.metadata_vg = mock.sentinel.meta_vg
-        dest = self.drv.mover.destination()
-        self.assertIs(dest, self.drv.mover.destination())
+        clones = self.drv.moves.destination.clones
+        self.assertIs(clones, self.drv.moves.destination.clones)
         mock_connector.assert_called_once_with(
             'ISCSI', use_multipath=False, device_scan_attempts=mock.ANY)
-        self.assertIs(mock_connector.return_value, dest.connector)
-        self.assertIs(self.vg, dest.vg)
-        self.assertIs(mock.sentinel.meta_vg, dest.meta_vg)
-        self.assertIs(self.dm, dest.dm)
-        self.assertEqual('default', dest.lvm_type)
-        self.assertEqual(2.0, dest.metadata_reserve)
+        self.assertIs(mock_connector.return_value, clones.connector)
+        self.assertIs(self.vg, clones.vg)
+        self.assertIs(mock.sentinel.meta_vg, clones.meta_vg)
+        self.assertIs(self.dm, clones.dm)
+        self.assertEqual('default', clones.lvm_type)
+        self.assertEqual(2.0, clones.metadata_reserve)
 
     @mock.patch.object(volume_utils, 'brick_get_connector')
-    def test_destination_node_shares_the_vg(self, mock_connector):
-        self.assertIs(self.vg, self.drv._destination_node().meta_vg)
+    def test_clones_share_the_vg(self, mock_connector):
+        self.assertIs(self.vg, self.drv.moves.destination.clones.meta_vg)
+
+    @mock.patch.object(brick_lvm, 'LVM')
+    @mock.patch.object(volume_utils, 'brick_get_connector')
+    def test_clones_built_at_setup_use_the_metadata_vg(self, mock_connector,
+                                                       mock_lvm):
+        # The MoveService is built at the first use, which at service start
+        # comes after the metadata VG is opened.
+        self.mock_object(cinder_lvm.LVMVolumeDriver, 'check_for_setup_error')
+        self.mock_object(hydration.HydrationMonitor, 'start')
+        self.drv.configuration.dmclone_metadata_volume_group = 'fast-vg'
+        self.drv.check_for_setup_error()
+        self.assertIs(mock_lvm.return_value,
+                      self.drv.moves.destination.clones.meta_vg)
 
     @mock.patch.object(volume_utils, 'brick_get_connector_properties',
                        return_value={'host': 'node-a.example.org',
                                      'initiator': 'iqn.x'})
     def test_own_connector(self, mock_props):
-        props = self.drv.mover.own_connector()
+        props = self.drv.peer.own_connector()
         self.assertEqual({'host': 'node-a', 'initiator': 'iqn.x'}, props)
-        self.drv.mover.own_connector()
+        self.drv.peer.own_connector()
         mock_props.assert_called_once_with()
 
-    def test_retire_local(self):
+    def _retire(self):
+        self.volume.host = 'node-b@dmclone#dmclone'
+        self.mock_object(self.drv.target_driver, 'terminate_connection')
+        self.mock_object(self.drv.target_driver, 'remove_export')
+        self.drv.source.retire(self.volume, REMOTE)
+
+    def test_retire(self):
         self._make_handle()
-        self.drv._retire_local(self.volume)
+        self._retire()
         self.assertNotIn(HANDLE, self.dm.devices)
         self.vg.delete.assert_called_once_with(LV)
+        self.drv.target_driver.terminate_connection.assert_called_once_with(
+            self.volume, REMOTE)
+        self.drv.target_driver.remove_export.assert_called_once_with(
+            mock.ANY, self.volume)
         self.lvs.clear()
-        self.drv._retire_local(self.volume)
+        self._retire()
         self.vg.delete.assert_called_once_with(LV)
 
+    def test_retire_refused_while_the_record_names_this_node(self):
+        self._make_handle()
+        self.volume.host = 'node-a@dmclone#dmclone'
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.source.retire, self.volume, REMOTE)
+        self.assertIn('still names this node', str(exc))
+        self.assertIn(HANDLE, self.dm.devices)
+        self.vg.delete.assert_not_called()
+
     @mock.patch.object(volume_utils, 'clear_volume')
-    def test_retire_local_wipes_the_old_copy(self, mock_clear):
+    def test_retire_wipes_the_old_copy(self, mock_clear):
         # The moved volume's extents go to the next thick LV here,
         # another tenant's perhaps.  (Before: removed without a wipe.)
         self.drv.configuration.volume_clear = 'zero'
@@ -392,7 +597,8 @@ class WiringTestCase(test_driver.DriverTestBase):
                 '/dev/%s/%s' % (test_driver.VG, new), self.dm.sizes[LV_PATH]))
         self.vg.delete.side_effect = lambda name: order.append(
             ('delete', name))
-        self.drv._retire_local(self.volume)
+        self._retire()
+        self.assertNotIn(HANDLE, self.dm.devices)
         retiring = order[0][2]
         self.assertTrue(retiring.startswith(LV + '-dmcwipe-'))
         self.assertEqual([('rename', LV, retiring),
@@ -414,54 +620,46 @@ class WiringTestCase(test_driver.DriverTestBase):
     @mock.patch.object(volume_utils, 'brick_get_connector')
     def test_destination_wipes_with_the_driver(self, mock_connector):
         self.assertEqual(self.drv.wiper.discard,
-                         self.drv._destination_node().discard)
+                         self.drv.moves.destination.clones.discard)
         self.assertIs(self.drv.wiper, self.drv.wiper)
         self.assertIsNone(self.drv.wiper.wipe)      # volume_clear = none
 
-    def test_monitor_wired_to_mover(self):
-        self.mock_object(test_driver.driver.periodic.HydrationMonitor,
-                         'start')
+    def test_monitor_wired_to_the_tracker(self):
+        start = self.mock_object(hydration.HydrationMonitor, 'start')
         self.drv._start_monitor()
         monitor = self.drv.monitor
-        self.assertEqual(self.drv.mover.on_status, monitor._on_status)
-        self.assertEqual(self.drv.mover.finalize_pending,
+        self.assertIs(self.drv.moves.monitor, monitor)
+        self.assertEqual(self.drv.moves.tracker.on_status,
+                         monitor._on_status)
+        self.assertEqual(self.drv.moves.destination.finalize_pending,
                          monitor._after_tick)
         self.assertEqual(test_driver.VG, monitor._volume_group)
+        self.assertIs(self.dm, monitor._dm)
+        self.assertEqual(
+            self.drv.configuration.dmclone_monitor_interval,
+            monitor._interval)
+        start.assert_called_once_with()
 
-    # -- hydration tuning ----------------------------------------------------
+    # -- hydration tuning: the configuration's defaults ------------------
 
     @ddt.data(None, {}, {'extra_specs': None}, {'extra_specs': {}},
               {'extra_specs': {'other': 'x'}})
-    def test_tuning_defaults(self, volume_type):
-        self.assertEqual((64, 16), self.drv._hydration_tuning(volume_type))
+    def test_tuning_defaults_from_config(self, volume_type):
+        self.assertEqual((64, 16),
+                         self.drv.moves.destination.tuning(volume_type))
 
     def test_tuning_from_config(self):
         drv = self._make_driver(dmclone_hydration_threshold=8,
                                 dmclone_hydration_batch_size=4)
-        self.assertEqual((8, 4), drv._hydration_tuning(None))
-
-    @ddt.data(({'dmclone:hydration_threshold': '128'}, (128, 16)),
-              ({'dmclone:hydration_batch_size': '1'}, (64, 1)),
-              ({'dmclone:hydration_threshold': 2,
-                'dmclone:hydration_batch_size': '32'}, (2, 32)))
-    @ddt.unpack
-    def test_tuning_extra_specs(self, specs, expected):
-        self.assertEqual(expected, self.drv._hydration_tuning(
-            {'extra_specs': specs}))
-
-    @ddt.data('0', '-1', 'x', '1.5', '')
-    def test_tuning_invalid(self, value):
-        exc = self.assertRaises(
-            exception.InvalidVolumeType, self.drv._hydration_tuning,
-            {'extra_specs': {'dmclone:hydration_batch_size': value}})
-        self.assertIn('dmclone:hydration_batch_size=%r must be a positive '
-                      'integer' % value, str(exc))
+        self.assertEqual((8, 4), drv.moves.destination.tuning(None))
+        self.assertEqual((8, 2), drv.moves.destination.tuning(
+            {'extra_specs': {'dmclone:hydration_batch_size': '2'}}))
 
     # -- recovery ------------------------------------------------------------
 
     def test_recover_without_db(self):
         self.drv.db = None
-        recover = self.mock_object(mover.Mover, 'recover')
+        recover = self.mock_object(recovery.Recovery, 'recover')
         self.drv._recover_transfers()
         recover.assert_not_called()
 
@@ -485,7 +683,7 @@ class WiringTestCase(test_driver.DriverTestBase):
             raise exception.VolumeNotFound(volume_id=volume_id)
         get = self.mock_object(objects.Volume, 'get_by_id',
                                side_effect=get_by_id)
-        recover = self.mock_object(mover.Mover, 'recover')
+        recover = self.mock_object(recovery.Recovery, 'recover')
         self.drv._recover_transfers()
         by_host.assert_called_once_with(mock.ANY, 'node-a@dmclone#dmclone')
         # Named by metadata LVs and not of this host: looked up by id.
@@ -524,3 +722,36 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.dm.devices[HANDLE] = clone
         self.assertEqual(HANDLE_PATH, self.drv._ensure_handle(self.volume))
         self.assertEqual(clone, self.dm.devices[HANDLE])
+
+
+@ddt.ddt
+class HydrationTuningTestCase(test.TestCase):
+    """destination.hydration_tuning: extra specs over the given defaults."""
+
+    @ddt.data(None, {}, {'extra_specs': None}, {'extra_specs': {}},
+              {'extra_specs': {'other': 'x'}})
+    def test_tuning_defaults(self, volume_type):
+        self.assertEqual((64, 16), destination.hydration_tuning(
+            volume_type, threshold=64, batch_size=16))
+
+    def test_tuning_of_other_defaults(self):
+        self.assertEqual((8, 4), destination.hydration_tuning(
+            None, threshold=8, batch_size=4))
+
+    @ddt.data(({'dmclone:hydration_threshold': '128'}, (128, 16)),
+              ({'dmclone:hydration_batch_size': '1'}, (64, 1)),
+              ({'dmclone:hydration_threshold': 2,
+                'dmclone:hydration_batch_size': '32'}, (2, 32)))
+    @ddt.unpack
+    def test_tuning_extra_specs(self, specs, expected):
+        self.assertEqual(expected, destination.hydration_tuning(
+            {'extra_specs': specs}, threshold=64, batch_size=16))
+
+    @ddt.data('0', '-1', 'x', '1.5', '')
+    def test_tuning_invalid(self, value):
+        exc = self.assertRaises(
+            exception.InvalidVolumeType, destination.hydration_tuning,
+            {'extra_specs': {'dmclone:hydration_batch_size': value}},
+            threshold=64, batch_size=16)
+        self.assertIn('dmclone:hydration_batch_size=%r must be a positive '
+                      'integer' % value, str(exc))

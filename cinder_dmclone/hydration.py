@@ -10,15 +10,16 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""The hydration monitor.
+"""Hydration: the monitor of the clones on this node, and what it means.
 
-Each tick reads the status of every clone target on the node with ONE
-``dmsetup status --target clone`` call, however many volumes are in
-transfer, works out progress (hydrated/total, rate, ETA) and hands each
-handle's status to a callback that decides what to do with it (the
-transfer logic: finalize a finished clone, publish progress).  A failure
-on one volume, in its callback or in the parse of its status line, is
-logged and never stops the others.
+Each tick of the :class:`HydrationMonitor` reads the status of every clone
+target on the node with ONE ``dmsetup status --target clone`` call, however
+many volumes are moving, works out progress (hydrated/total, rate, ETA)
+and hands each handle's status to a callback: the
+:class:`HydrationTracker`, which publishes progress, reports stalls and
+orphans, and has finished clones finalized.  A failure on one volume, in
+its callback or in the parse of its status line, is logged and never stops
+the others.
 """
 
 import dataclasses
@@ -27,7 +28,11 @@ import time
 from oslo_log import log as logging
 from oslo_service import loopingcall
 
+from cinder import exception
+from cinder.volume import volume_utils
+
 from cinder_dmclone import layout
+from cinder_dmclone import move
 
 LOG = logging.getLogger(__name__)
 
@@ -216,3 +221,153 @@ class HydrationMonitor(object):
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
+
+
+class HydrationTracker(object):
+    """What the monitor's ticks mean for the moves into this node.
+
+    The monitor's ``on_status``: each clone's status publishes its move's
+    progress, reports a stall once (and its end), finalizes a finished
+    clone, removes a clone whose move was aborted (through recovery's
+    plan) and reports once a clone no move describes.  Its
+    :meth:`progress_report` is what the pool stats publish.
+    """
+
+    def __init__(self, destination, recovery, stall_timeout=0):
+        self.destination = destination
+        self.recovery = recovery
+        #: the last progress the monitor saw, per volume moving here.
+        self.progress = {}
+        #: seconds without hydration progress before it is reported; 0: off.
+        self.stall_timeout = stall_timeout
+        #: volumes moving here whose stall has been reported.
+        self.stalled = set()
+        #: clone targets here that no move describes (reported once).
+        self.orphans = set()
+
+    def _move_of(self, lv_name):
+        """(volume id, its move) for a clone's LV; the move may be None."""
+        dest = self.destination
+        volume_id = (dest.lv_volumes.get(lv_name)
+                     or volume_utils.extract_id_from_volume_name(lv_name))
+        try:
+            t = dest.load_any(volume_id) if volume_id else None
+        except exception.VolumeNotFound:
+            t = None
+        if t is not None and t.lv_name != lv_name:
+            t = None
+        return volume_id, t
+
+    def on_status(self, lv_name, status, progress):
+        """Hydration monitor callback for one clone handle."""
+        dest = self.destination
+        volume_id, t = self._move_of(lv_name)
+        if dest.is_dest(t) and t.state == move.ABORTED:
+            # The source gave up while this node was still building (its
+            # answer came too late): nothing will ever use this clone.
+            self.recovery.resolve_aborted(volume_id, t)
+            return
+        if not dest.is_dest(t):
+            self._report_orphan(lv_name, volume_id)
+            return
+        self.orphans.discard(lv_name)
+        if status.failed:
+            LOG.error('Clone of volume %(vol)s reports %(st)s: check the '
+                      'metadata LV and the path to %(src)s.',
+                      {'vol': volume_id, 'st': status.state,
+                       'src': t.source_node})
+            return
+        dest.store.publish_progress(dest.ctxt(), volume_id, progress)
+        self.progress[volume_id] = (t, progress)
+        self._report_stall(volume_id, t, progress)
+        LOG.info('Volume %(vol)s: %(pct).1f%% hydrated from %(src)s%(eta)s.',
+                 {'vol': volume_id, 'pct': progress.percent,
+                  'src': t.source_node,
+                  'eta': '' if progress.eta is None
+                  else ', %d s to go' % progress.eta})
+        if t.state == move.HYDRATING and status.fully_hydrated:
+            dest.finalize(volume_id)
+
+    def _report_orphan(self, lv_name, volume_id):
+        """Say once that a clone here is described by no move.
+
+        It is left from a move that was abandoned (the volume was then
+        deleted, or moved elsewhere).  It is never removed automatically:
+        an instance may still hold it open.
+        """
+        if lv_name in self.orphans:
+            return
+        self.orphans.add(lv_name)
+        LOG.warning('Clone target of LV %(lv)s belongs to no transfer into '
+                    'this node that this service knows of (volume %(vol)s '
+                    'by its name). Before anything else, look the LV up in '
+                    'the database: a volume whose _name_id or '
+                    'dmclone_lv_name names it is still moving (restart '
+                    'this service so that it finds it). Only if none does '
+                    'is it left from an abandoned move: then check that '
+                    'nothing has it open (dmsetup info), remove it, log '
+                    'out of its iSCSI session and delete its LV and '
+                    'metadata LV.', {'lv': lv_name,
+                                     'vol': volume_id or 'unknown'})
+
+    def _report_stall(self, volume_id, t, progress):
+        """Say once that hydration stopped, and once that it came back.
+
+        A path to the source that stays down longer than open-iscsi's
+        replacement timeout fails the instance's reads of regions not yet
+        copied, and the kernel just keeps retrying the copy: without this
+        the operator would see I/O errors in a guest and a frozen
+        percentage, and nothing naming the cause.
+        """
+        if not self.stall_timeout:
+            return
+        if progress.stalled_seconds >= self.stall_timeout:
+            if volume_id not in self.stalled:
+                self.stalled.add(volume_id)
+                LOG.error('Hydration of volume %(vol)s from %(src)s has '
+                          'made no progress for %(s)d s at %(pct).1f%%: '
+                          'this node cannot read the source. Reads of '
+                          'regions not copied yet wait or fail until it '
+                          'can; the source LV on %(src)s still holds the '
+                          'data. Check the network path to %(portal)s and '
+                          'the iSCSI session to %(iqn)s (iscsiadm -m '
+                          'session -P 3); hydration resumes by itself when '
+                          'the path is back.',
+                          {'vol': volume_id, 'src': t.source_node,
+                           's': progress.stalled_seconds,
+                           'pct': progress.percent,
+                           'portal': t.target_portal, 'iqn': t.target_iqn})
+        elif volume_id in self.stalled:
+            self.stalled.discard(volume_id)
+            LOG.info('Hydration of volume %(vol)s from %(src)s advances '
+                     'again (%(pct).1f%%).',
+                     {'vol': volume_id, 'src': t.source_node,
+                      'pct': progress.percent})
+
+    def progress_report(self):
+        """Moves into this node as the pool stats publish them.
+
+        The scheduler's pool listing (``cinder get-pools --detail``) is
+        where an admin sees them through the API: the volume's admin
+        metadata, which holds the same figures, is not shown by Cinder's
+        volume API.  Moves that ended since the last tick are dropped.
+        """
+        dest = self.destination
+        report = {}
+        for volume_id, (t, progress) in sorted(self.progress.items()):
+            try:
+                current = dest.load(volume_id)
+            except exception.VolumeNotFound:
+                current = None      # deleted since the last tick
+            if not dest.is_dest(current):
+                self.progress.pop(volume_id, None)
+                # A stall reported for a move that ended (rolled back,
+                # deleted) must not silence the report of a later one.
+                self.stalled.discard(volume_id)
+                continue
+            entry = dict(progress.as_dict(), state=current.state,
+                         source=t.source_node,
+                         stalled=volume_id in self.stalled,
+                         stale_source_attachment=volume_id in dest.held)
+            report[volume_id] = entry
+        return report

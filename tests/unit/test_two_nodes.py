@@ -10,7 +10,12 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""The Mover on both nodes, over two in-memory nodes (tests.unit.cluster).
+"""Both sides of a move, over two in-memory nodes (tests.unit.cluster).
+
+Each node runs the real source, destination, peer endpoint, recovery and
+hydration tracker (cinder_dmclone.service.MoveService); only the kernel,
+LVM, the iSCSI initiator and target, the database and the RPC transport
+are fakes.
 
 The last test case injects a crash into every step of the destination's
 flow and checks that recovery ends in a consistent state.
@@ -33,12 +38,16 @@ from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
 
+from cinder_dmclone import attachments
+from cinder_dmclone import destination as dmc_destination
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
-from cinder_dmclone import mover
+from cinder_dmclone import hydration
+from cinder_dmclone import move
 from cinder_dmclone import peer
-from cinder_dmclone import periodic
-from cinder_dmclone import transfer
+from cinder_dmclone import recovery
+from cinder_dmclone import side
+from cinder_dmclone import source as dmc_source
 from tests.unit import cluster
 from tests.unit.cluster import HANDLE
 from tests.unit.cluster import HANDLE_PATH
@@ -82,11 +91,11 @@ class HelpersTestCase(test.TestCase):
               (ATTACHING, None, False))
     @ddt.unpack
     def test_is_instance_attach(self, status, instance, expected):
-        self.assertEqual(expected, mover.is_instance_attach(
+        self.assertEqual(expected, attachments.is_instance_attach(
             volume_with(attachment(status, instance))))
 
     def test_is_instance_attach_without_attachments(self):
-        self.assertFalse(mover.is_instance_attach(volume_with()))
+        self.assertFalse(attachments.is_instance_attach(volume_with()))
 
     def test_attachments_on(self):
         volume = volume_with(
@@ -96,15 +105,15 @@ class HelpersTestCase(test.TestCase):
             attachment(RESERVED, host='node-a'),
             attachment(DETACHED, host='node-a'),
             attachment(ATTACHED, host=None, connector=None))
-        self.assertEqual(2, mover.attachments_on(volume, 'node-a'))
-        self.assertEqual(1, mover.attachments_on(volume, 'node-b'))
-        self.assertEqual(0, mover.attachments_on(volume, 'node-c'))
-        self.assertEqual(0, mover.attachments_on(volume_with(), 'node-a'))
+        self.assertEqual(2, attachments.on(volume, 'node-a'))
+        self.assertEqual(1, attachments.on(volume, 'node-b'))
+        self.assertEqual(0, attachments.on(volume, 'node-c'))
+        self.assertEqual(0, attachments.on(volume_with(), 'node-a'))
 
     def test_lock(self):
         get_lock = coordination.COORDINATOR.get_lock
         get_lock.reset_mock()
-        self.assertIs(get_lock.return_value, mover.lock(VOLUME_ID))
+        self.assertIs(get_lock.return_value, move.lock(VOLUME_ID))
         get_lock.assert_called_once_with('dmclone-%s' % VOLUME_ID)
 
 
@@ -116,17 +125,22 @@ class ClusterTestCase(test.TestCase):
         self.c = cluster.Cluster(self)
         self.a = self.c.a
         self.b = self.c.b
-        self.log = self.mock_object(mover, 'LOG')
+        # One log for both sides, recovery and the monitor, as the
+        # service's log is one.
+        self.log = mock.Mock()
+        for module in (side, dmc_source, dmc_destination, recovery,
+                       hydration):
+            self.mock_object(module, 'LOG', self.log)
 
     def volume(self):
         return self.c.volume()
 
-    def saved(self, state=transfer.PREPARING, dest='node-b', **progress):
+    def saved(self, state=move.PREPARING, dest='node-b', **progress):
         """A transfer as the source saves it, with its export for node-b."""
         volume = self.volume()
         self.a.target.create_export(self.c.ctxt, volume, HANDLE_PATH)
         self.a.target.initialize_connection(volume, self.b.props)
-        t = transfer.Transfer(
+        t = move.Move(
             volume_id=VOLUME_ID, lv_name=LV, state=state,
             source_host=self.a.host, dest_host='%s@dmclone#dmclone' % dest,
             source_node='node-a', dest_node=dest,
@@ -164,16 +178,16 @@ class WantsMoveTestCase(ClusterTestCase):
 
     def test_instance_attach_elsewhere(self):
         volume = self.reserved()
-        self.assertTrue(self.a.mover.wants_move(volume, self.b.props))
+        self.assertTrue(self.a.source.wants_move(volume, self.b.props))
 
     def test_attach_without_instance(self):
         # cinder-backup, image upload: an ordinary iSCSI attach.
         volume = self.reserved(instance=None)
-        self.assertFalse(self.a.mover.wants_move(volume, self.b.props))
+        self.assertFalse(self.a.source.wants_move(volume, self.b.props))
 
     def test_local_attach(self):
         volume = self.reserved()
-        self.assertFalse(self.a.mover.wants_move(volume, self.a.props))
+        self.assertFalse(self.a.source.wants_move(volume, self.a.props))
 
     def test_backup_attach_is_iscsi(self):
         att, info = self.c.attach(self.b, instance_uuid=None)
@@ -187,8 +201,8 @@ class DestinationHostTestCase(ClusterTestCase):
     def test_found(self):
         self.assertEqual(
             ('node-b@dmclone#dmclone', 'az-node-b'),
-            self.a.mover.destination_host(self.c.ctxt, self.volume(),
-                                          'node-b'))
+            dmc_source.service_host(self.c.ctxt, self.volume(),
+                                    'node-b'))
         objects.Service.get_by_args.assert_called_once_with(
             self.c.ctxt, 'node-b@dmclone', 'cinder-volume')
 
@@ -197,17 +211,17 @@ class DestinationHostTestCase(ClusterTestCase):
         volume.host = 'node-a@dmclone#pool-1'
         self.assertEqual(
             'node-b@dmclone#pool-1',
-            self.a.mover.destination_host(self.c.ctxt, volume, 'node-b')[0])
+            dmc_source.service_host(self.c.ctxt, volume, 'node-b')[0])
 
     def test_no_service(self):
         self.b.has_service = False
-        self.assertEqual((None, None), self.a.mover.destination_host(
+        self.assertEqual((None, None), dmc_source.service_host(
             self.c.ctxt, self.volume(), 'node-b'))
 
     def test_down(self):
         self.b.service_up = False
         exc = self.assertRaises(exception.VolumeBackendAPIException,
-                                self.a.mover.destination_host, self.c.ctxt,
+                                dmc_source.service_host, self.c.ctxt,
                                 self.volume(), 'node-b')
         self.assertIn('node-b@dmclone is down or disabled', str(exc))
         self.assertIn(VOLUME_ID, str(exc))
@@ -215,7 +229,7 @@ class DestinationHostTestCase(ClusterTestCase):
     def test_disabled(self):
         self.b.disabled = True
         self.assertRaises(exception.VolumeBackendAPIException,
-                          self.a.mover.destination_host, self.c.ctxt,
+                          dmc_source.service_host, self.c.ctxt,
                           self.volume(), 'node-b')
 
 
@@ -223,26 +237,26 @@ class MoveTestCase(ClusterTestCase):
 
     def test_move_hydrates_at_once(self):
         states = []
-        prepare = self.b.mover.prepare
+        prepare = self.b.destination.prepare
 
         def prepare_seeing_state(volume, step):
             states.append(self.c.transfer().state)
             return prepare(volume, step)
-        self.b.mover.prepare = prepare_seeing_state
+        self.b.destination.prepare = prepare_seeing_state
         att, info = self.c.attach(self.b)
         self.assertEqual({'driver_volume_type': 'local',
                           'data': {'device_path': HANDLE_PATH,
                                    'volume_id': VOLUME_ID,
                                    'access_mode': 'rw'}}, info)
         # Saved as preparing before the destination was asked.
-        self.assertEqual([transfer.PREPARING], states)
+        self.assertEqual([move.PREPARING], states)
         t = self.c.transfer()
         self.assertEqual([('initialize_connection', 'node-b@dmclone#dmclone',
                            {'op': 'prepare', 'hydrate': True,
                             'size_gb': 1, 'secret': t.secret})],
                          self.c.rpc.calls)
         self.assertEqual(32, len(t.secret))
-        self.assertEqual(transfer.HYDRATING, t.state)
+        self.assertEqual(move.HYDRATING, t.state)
         self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
         self.assertEqual(SECTORS, t.clone_sectors)
         self.assertEqual(cluster.REGION, t.region_sectors)
@@ -271,24 +285,24 @@ class MoveTestCase(ClusterTestCase):
             'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
             'attach_status': RESERVED, 'attached_host': None,
             'connector': None})
-        self.assertFalse(mover.is_instance_attach(stale))
-        self.assertTrue(self.a.mover.wants_move(stale, self.b.props))
+        self.assertFalse(attachments.is_instance_attach(stale))
+        self.assertTrue(self.a.source.wants_move(stale, self.b.props))
 
     def test_live_migration_does_not_hydrate(self):
         self.moved(live=True)
         self.assertFalse(self.c.rpc.calls[0][2]['hydrate'])
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertIn('no_hydration', self.features())
         self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
 
     def test_attachment_under_an_alias_does_not_hydrate(self):
-        self.a.mover.node_names = {'node-a', 'node-a.example.org'}
+        self.a.source.node_names = {'node-a', 'node-a.example.org'}
         self.c.attachments.append({
             'id': fake.ATTACHMENT2_ID, 'instance_uuid': fake.INSTANCE_ID,
             'attach_status': ATTACHED, 'attached_host': 'node-a.example.org',
             'connector': None})
         self.c.attach(self.b)
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
 
     def test_source_lv_smaller_than_the_record_is_refused(self):
         self.c.db.volumes[VOLUME_ID]['size'] = 2
@@ -316,13 +330,13 @@ class MoveTestCase(ClusterTestCase):
                           self.c.attach, self.b)
         # The abort could not be delivered: logged, not raised, and the
         # transfer kept as aborted for node-b to clean up.
-        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual({}, self.a.target.exports)
         self.log.exception.assert_called()
         # Aborted is not moving: the volume is usable on node-a.
-        self.assertIsNone(self.a.mover.load(VOLUME_ID))
-        self.a.mover.refuse_if_moving(self.volume(), 'x')
+        self.assertIsNone(self.a.source.load(VOLUME_ID))
+        self.a.source.refuse_if_moving(self.volume(), 'x')
         self.c.restart(self.b)
         # node-b built nothing, so nothing there names the volume: the
         # inert state stays until node-a next moves or deletes it.
@@ -332,9 +346,9 @@ class MoveTestCase(ClusterTestCase):
         self.c.assert_completed()
 
     def test_refuses_while_in_flight(self):
-        self.saved(transfer.HYDRATING, dest='node-c', percent='42.0')
-        exc = self.assertRaises(transfer.TransferInProgress,
-                                self.a.mover.move, self.volume(),
+        self.saved(move.HYDRATING, dest='node-c', percent='42.0')
+        exc = self.assertRaises(move.MoveInProgress,
+                                self.a.source.move, self.volume(),
                                 self.b.props, SECTORS)
         for text in ('node-a', 'node-c', 'hydrating', '42.0%',
                      'attaching on node-b'):
@@ -344,7 +358,7 @@ class MoveTestCase(ClusterTestCase):
 
     def test_refuses_with_snapshots(self):
         self.c.snapshots = [mock.sentinel.snapshot]
-        exc = self.assertRaises(exception.InvalidVolume, self.a.mover.move,
+        exc = self.assertRaises(exception.InvalidVolume, self.a.source.move,
                                 self.volume(), self.b.props, SECTORS)
         self.assertIn('1 snapshot(s) on node node-a', str(exc))
         self.assertIsNone(self.c.transfer())
@@ -352,38 +366,38 @@ class MoveTestCase(ClusterTestCase):
 
     def test_no_service_on_destination(self):
         self.b.has_service = False
-        self.assertIsNone(self.a.mover.move(self.volume(), self.b.props,
-                                            SECTORS))
+        self.assertIsNone(self.a.source.move(self.volume(), self.b.props,
+                                             SECTORS))
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.a.target.calls)
 
     def test_destination_service_down(self):
         self.b.service_up = False
         self.assertRaises(exception.VolumeBackendAPIException,
-                          self.a.mover.move, self.volume(), self.b.props,
+                          self.a.source.move, self.volume(), self.b.props,
                           SECTORS)
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.c.rpc.calls)
 
     def test_takes_the_volume_lock(self):
         self.c.attach(self.b)
-        mover.lock.assert_any_call(VOLUME_ID)
+        move.lock.assert_any_call(VOLUME_ID)
 
     def test_racing_attaches_have_one_winner(self):
         # A second instance attach (from a third node) arrives while the
         # first move is being built.  With a real lock it waits, then gets
         # a clear error naming the transfer; the first move completes.
         locks = collections.defaultdict(threading.Lock)
-        self.mock_object(mover, 'lock', side_effect=lambda n: locks[n])
+        self.mock_object(move, 'lock', side_effect=lambda n: locks[n])
         errors = []
-        prepare = self.b.mover.prepare
+        prepare = self.b.destination.prepare
 
         def second_attach():
             other = dict(self.b.props, host='node-c',
                          initiator='iqn.2024-01.org.example.nodec:i')
             try:
-                self.a.mover.move(self.volume(), other, SECTORS)
-            except transfer.TransferInProgress as exc:
+                self.a.source.move(self.volume(), other, SECTORS)
+            except move.MoveInProgress as exc:
                 errors.append(str(exc))
         racer = threading.Thread(target=second_attach)
 
@@ -392,7 +406,7 @@ class MoveTestCase(ClusterTestCase):
             racer.join(0.2)
             self.assertTrue(racer.is_alive())      # blocked on the lock
             return prepare(volume, step)
-        self.b.mover.prepare = prepare_while_another_attach_arrives
+        self.b.destination.prepare = prepare_while_another_attach_arrives
         self.c.attach(self.b)
         racer.join(10)
         self.assertFalse(racer.is_alive())
@@ -400,7 +414,7 @@ class MoveTestCase(ClusterTestCase):
         self.assertIn('moving from node-a to node-b', errors[0])
         self.assertIn('attaching on node-c', errors[0])
         t = self.c.transfer()
-        self.assertEqual(('node-b', transfer.HYDRATING),
+        self.assertEqual(('node-b', move.HYDRATING),
                          (t.dest_node, t.state))
 
 
@@ -411,7 +425,7 @@ class PrepareTestCase(ClusterTestCase):
         volume.provider_auth = 'CHAP user s3cret'
         t = self.c.transfer()
         step.setdefault('secret', t.secret if t else None)
-        return self.b.mover.prepare(volume, dict(step, op='prepare'))
+        return self.b.destination.prepare(volume, dict(step, op='prepare'))
 
     def test_no_transfer(self):
         exc = self.assertRaises(dmc_exception.StepRefused, self.prepare)
@@ -428,7 +442,7 @@ class PrepareTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
 
     def test_wrong_state(self):
-        self.saved(transfer.CLONED)
+        self.saved(move.CLONED)
         self.assertRaises(exception.VolumeBackendAPIException, self.prepare)
         self.assertEqual({}, self.b.vg.lvs)
 
@@ -441,7 +455,7 @@ class PrepareTestCase(ClusterTestCase):
         self.saved()
         self.assertEqual(HANDLE_PATH, self.prepare(hydrate=False, size_gb=1))
         # The source records the outcome once this answer reaches it.
-        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
         self.assertIn('no_hydration', self.features())
         self.assertEqual({'hydration_threshold': 64,
                           'hydration_batch_size': 16},
@@ -453,7 +467,7 @@ class PrepareTestCase(ClusterTestCase):
     def test_builds_with_hydration(self):
         self.saved()
         self.prepare(hydrate=True)
-        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
         self.assertNotIn('no_hydration', self.features())
 
     def test_size_from_step_or_volume(self):
@@ -486,7 +500,7 @@ class PrepareTestCase(ClusterTestCase):
 
     def test_source_recorded_aborted_during_the_build(self):
         self.given_up_during_build(lambda t: self.a.store.transition(
-            self.c.ctxt, t, (transfer.PREPARING,), transfer.ABORTED))
+            self.c.ctxt, t, (move.PREPARING,), move.ABORTED))
         # Not overwritten with "cloned"; the inert keys are cleared too.
         self.assertIsNone(self.c.transfer())
         self.log.warning.assert_called()
@@ -504,7 +518,7 @@ class PrepareTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.dm.devices)
         self.assertEqual({}, self.b.connector.sessions)
         # The source decides what becomes of its transfer.
-        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
         self.log.exception.assert_called()
 
     def test_full_destination_refuses_before_building(self):
@@ -540,7 +554,7 @@ class DetachedTestCase(ClusterTestCase):
     def test_commit_on_source_detach(self):
         src, dst = self.moved(live=True)
         self.c.detach(src)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertTrue(self.b.dm.hydration[HANDLE])
         # The source keeps its LV until the transfer retires it.
         self.assertIn(LV, self.a.vg.lvs)
@@ -551,10 +565,10 @@ class DetachedTestCase(ClusterTestCase):
         other = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)[0]
         src, dst = self.moved(live=True)
         self.c.detach(src)
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertFalse(self.b.dm.hydration[HANDLE])
         self.c.detach(other)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
     def test_rollback_on_destination_detach(self):
         src, dst = self.moved(live=True)
@@ -585,38 +599,38 @@ class DetachedTestCase(ClusterTestCase):
         self.log.exception.assert_called()
 
     def test_not_a_transfer(self):
-        self.assertFalse(self.b.mover.detached(self.volume(),
-                                               self.a.props))
+        self.assertFalse(self.b.destination.detached(self.volume(),
+                                                     self.a.props))
 
     def test_not_in_cloned_state(self):
         self.moved()
         # The source's connection ended with the commit: a (retried)
         # detach from it is handled as a no-op; anything else is not ours.
-        self.assertTrue(self.b.mover.detached(self.volume(),
-                                              self.a.props))
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
-        self.assertFalse(self.b.mover.detached(self.volume(),
-                                               self.b.props))
+        self.assertTrue(self.b.destination.detached(self.volume(),
+                                                    self.a.props))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertFalse(self.b.destination.detached(self.volume(),
+                                                     self.b.props))
 
     def test_not_the_destination(self):
         self.moved(live=True)
-        self.assertFalse(self.a.mover.detached(self.volume(),
-                                               self.a.props))
+        self.assertFalse(self.a.destination.detached(self.volume(),
+                                                     self.a.props))
 
     def test_detach_elsewhere(self):
         self.moved(live=True)
-        self.assertFalse(self.b.mover.detached(self.volume(),
-                                               {'host': 'node-c'}))
-        self.assertFalse(self.b.mover.detached(self.volume(), None))
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.destination.detached(self.volume(),
+                                                     {'host': 'node-c'}))
+        self.assertFalse(self.b.destination.detached(self.volume(), None))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
 
     def test_destination_detach_without_source_attachment(self):
         self.moved(live=True)
         self.c.attachments = [a for a in self.c.attachments
                               if a['attached_host'] == 'node-b']
-        self.assertFalse(self.b.mover.detached(self.volume(),
-                                               self.b.props))
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.destination.detached(self.volume(),
+                                                     self.b.props))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
 
     def test_detach_that_lost_the_race_for_the_lock(self):
         # Another detach committed the move while this one waited for the
@@ -624,12 +638,13 @@ class DetachedTestCase(ClusterTestCase):
         src, dst = self.moved(live=True)
         cloned = self.c.transfer()
         self.c.detach(src)
-        self.mock_object(self.b.mover, 'load',
+        self.mock_object(self.b.destination, 'load',
                          side_effect=[cloned, self.c.transfer()])
         enable = self.mock_object(self.b.dest, 'enable_hydration')
-        self.assertTrue(self.b.mover.detached(self.volume(), self.a.props))
+        self.assertTrue(self.b.destination.detached(
+            self.volume(), self.a.props))
         enable.assert_not_called()
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
     # -- a destination that took writes is never rolled back -------------
     def test_destination_that_took_writes_is_kept(self):
@@ -640,7 +655,7 @@ class DetachedTestCase(ClusterTestCase):
         src, dst = self.moved(live=True)
         self.b.dm.write(HANDLE, 3)
         self.c.detach(dst)
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertIn(LV, self.b.vg.lvs)
         self.assertIn(META, self.b.vg.lvs)
@@ -651,16 +666,16 @@ class DetachedTestCase(ClusterTestCase):
         self.log.error.assert_called_once()
         self.assertIn('attachment delete', self.log.error.call_args[0][0])
         self.c.tick(self.b)
-        report = self.b.mover.progress_report()[VOLUME_ID]
+        report = self.b.tracker.progress_report()[VOLUME_ID]
         self.assertTrue(report['stale_source_attachment'])
         self.assertEqual('node-a', self.c.transfer_keys()[
             'dmclone_stale_source_attachment'])
         # The operator removes the stale attachment: the move commits.
         self.c.detach(src)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.c.settle()
         self.c.assert_completed()
-        self.assertEqual(set(), self.b.mover.held)
+        self.assertEqual(set(), self.b.destination.held)
 
     def test_written_clone_is_kept_by_recovery_after_a_reboot(self):
         # The rollback's detach was lost with a reboot of node-b: the
@@ -670,12 +685,12 @@ class DetachedTestCase(ClusterTestCase):
         self.c.attachments.remove(dst)
         self.b.reboot()
         self.b.recover()
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertIn(LV, self.b.vg.lvs)
         self.assertEqual(2, self.b.dm.status(HANDLE)[0].clone
                          .hydrated_regions)
         self.assertIn('no_hydration', self.features())
-        self.assertEqual({VOLUME_ID}, self.b.mover.held)
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
 
     def test_unwritten_clone_is_rolled_back_by_recovery_after_a_reboot(self):
         src, dst = self.moved(live=True)
@@ -703,7 +718,7 @@ class DetachedTestCase(ClusterTestCase):
     # -- the source's other names -------------------------------------------
     def alias_attach(self):
         """node-a's instance attached under its alias node-a.alias."""
-        self.a.mover.node_names = {'node-a', 'node-a.alias'}
+        self.a.source.node_names = {'node-a', 'node-a.alias'}
         src = self.c.attach(self.a)[0]
         src['attached_host'] = 'node-a.alias'
         src['connector'] = dict(src['connector'], host='node-a.alias')
@@ -718,7 +733,7 @@ class DetachedTestCase(ClusterTestCase):
         src, dst = self.alias_attach()
         terminations = len(self.b.target.calls)
         self.c.detach(src)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertEqual(terminations, len(self.b.target.calls))
         self.c.settle()
         self.c.assert_completed()
@@ -767,7 +782,7 @@ class ReviewFindingsTestCase(ClusterTestCase):
 
     # -- a late step of an earlier move ------------------------------------
     def hooked_build_lock(self, hook):
-        real, fired = mover.build_lock, []
+        real, fired = move.build_lock, []
 
         @contextlib.contextmanager
         def build_lock(volume_id):
@@ -776,18 +791,18 @@ class ReviewFindingsTestCase(ClusterTestCase):
                 hook()
             with real(volume_id):
                 yield
-        self.mock_object(mover, 'build_lock', side_effect=build_lock)
+        self.mock_object(move, 'build_lock', side_effect=build_lock)
 
     def retried_move(self, t1):
         """While a step of move 1 waited: move 1 given up, move 2 built."""
-        self.c.set_state(t1, transfer.ABORTED)
+        self.c.set_state(t1, move.ABORTED)
         self.c.attach(self.b)
         t2 = self.c.transfer()
         self.assertNotEqual(t1.secret, t2.secret)
-        self.assertEqual(transfer.HYDRATING, t2.state)
+        self.assertEqual(move.HYDRATING, t2.state)
 
     def assert_move_2_intact(self):
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertIn(LV, self.b.vg.lvs)
         self.assertIn(META, self.b.vg.lvs)
@@ -799,16 +814,17 @@ class ReviewFindingsTestCase(ClusterTestCase):
         self.hooked_build_lock(lambda: self.retried_move(t1))
         connector = dict(self.a.props,
                          dmclone={'op': peer.ABORT, 'secret': t1.secret})
-        self.b.mover.serve(self.volume(), connector, peer.payload(connector))
+        self.b.endpoint.receive(self.volume(), connector,
+                                peer.payload(connector))
         self.assert_move_2_intact()
 
     def test_late_prepare_of_move_1_spares_move_2(self):
         t1 = self.saved()
         self.hooked_build_lock(lambda: self.retried_move(t1))
-        self.assertRaises(dmc_exception.StepRefused, self.b.mover.prepare,
-                          self.volume(), {'op': peer.PREPARE,
-                                          'secret': t1.secret,
-                                          'hydrate': True, 'size_gb': 1})
+        self.assertRaises(dmc_exception.StepRefused,
+                          self.b.destination.prepare, self.volume(),
+                          {'op': peer.PREPARE, 'secret': t1.secret,
+                           'hydrate': True, 'size_gb': 1})
         self.assert_move_2_intact()
 
     # -- moves recorded by release 1.1.0 -----------------------------------
@@ -829,7 +845,7 @@ class ReviewFindingsTestCase(ClusterTestCase):
         src, dst = self.moved(live=True)
         self.legacy()
         self.c.detach(src)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.c.settle()
         self.c.assert_completed()
 
@@ -845,7 +861,7 @@ class ReviewFindingsTestCase(ClusterTestCase):
         db.volumes[other] = db.volumes.pop(VOLUME_ID)
         db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
         self.b.restart()
-        self.b.mover.recover([self.c.volume(other)], [META])
+        self.b.moves.recovery.recover([self.c.volume(other)], [META])
         self.c.settle()
         self.assertNotIn('dmclone_state', db.admin_metadata[other])
         warnings = [c[0][0] for c in self.log.warning.call_args_list]
@@ -885,35 +901,35 @@ class OnStatusTestCase(ClusterTestCase):
         md = self.c.db.admin_metadata[VOLUME_ID]
         self.assertEqual('25.0', md['dmclone_percent'])
         self.assertEqual('4096', md['dmclone_hydrated_regions'])
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.log.info.assert_called()
 
     def test_progress_report_for_the_pool_stats(self):
-        self.assertEqual({}, self.b.mover.progress_report())
+        self.assertEqual({}, self.b.tracker.progress_report())
         self.moved()
         self.b.dm.hydrate(HANDLE, 4096)
         self.b.monitor.tick()
-        report = self.b.mover.progress_report()
+        report = self.b.tracker.progress_report()
         self.assertEqual({VOLUME_ID}, set(report))
         self.assertEqual('25.0', report[VOLUME_ID]['percent'])
-        self.assertEqual(transfer.HYDRATING, report[VOLUME_ID]['state'])
+        self.assertEqual(move.HYDRATING, report[VOLUME_ID]['state'])
         self.assertEqual('node-a', report[VOLUME_ID]['source'])
         # The source has no transfer into it to report.
-        self.assertEqual({}, self.a.mover.progress_report())
+        self.assertEqual({}, self.a.tracker.progress_report())
         # Finished transfers leave the report.
         self.c.tick(self.b)
         self.c.assert_completed()
-        self.assertEqual({}, self.b.mover.progress_report())
-        self.assertEqual({}, self.b.mover.progress)
+        self.assertEqual({}, self.b.tracker.progress_report())
+        self.assertEqual({}, self.b.tracker.progress)
 
     def test_progress_report_forgets_deleted_volumes(self):
         self.moved()
         self.b.dm.hydrate(HANDLE, 4096)
         self.b.monitor.tick()
-        self.mock_object(self.b.mover, 'load', side_effect=(
+        self.mock_object(self.b.destination, 'load', side_effect=(
             exception.VolumeNotFound(volume_id=VOLUME_ID)))
-        self.assertEqual({}, self.b.mover.progress_report())
-        self.assertEqual({}, self.b.mover.progress)
+        self.assertEqual({}, self.b.tracker.progress_report())
+        self.assertEqual({}, self.b.tracker.progress)
 
     def test_finalizes_when_fully_hydrated(self):
         self.moved()
@@ -925,7 +941,7 @@ class OnStatusTestCase(ClusterTestCase):
         self.moved(live=True)
         self.b.dm.meta_hydrated[META_PATH] = 16384
         self.b.monitor.tick()
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertEqual('100.0',
                          self.c.db.admin_metadata[VOLUME_ID]
                          ['dmclone_percent'])
@@ -934,14 +950,14 @@ class OnStatusTestCase(ClusterTestCase):
     def test_foreign_clone(self):
         self.c.db.volumes[fake.VOLUME2_ID] = {}
         status = mock.Mock(failed=False)
-        self.b.mover.on_status('volume-%s' % fake.VOLUME2_ID, status, None)
-        self.b.mover.on_status('legacy', status, None)
+        self.b.tracker.on_status('volume-%s' % fake.VOLUME2_ID, status, None)
+        self.b.tracker.on_status('legacy', status, None)
         self.assertEqual(2, self.log.warning.call_count)
         self.assertEqual({}, self.c.db.admin_metadata)
 
     def test_clone_of_a_transfer_elsewhere(self):
         self.saved(dest='node-c')
-        self.b.mover.on_status(LV, mock.Mock(failed=False), None)
+        self.b.tracker.on_status(LV, mock.Mock(failed=False), None)
         self.log.warning.assert_called_once()
         self.assertNotIn('dmclone_percent',
                          self.c.db.admin_metadata[VOLUME_ID])
@@ -953,17 +969,17 @@ class OnStatusTestCase(ClusterTestCase):
         self.log.error.assert_called_once()
         self.assertNotIn('dmclone_percent',
                          self.c.db.admin_metadata[VOLUME_ID])
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
     def _report(self, stalled):
         status = mock.Mock(failed=False, fully_hydrated=False)
-        self.b.mover.on_status(LV, status, periodic.Progress(
+        self.b.tracker.on_status(LV, status, hydration.Progress(
             1, 2, 65536, rate=0.0, stalled_seconds=stalled))
-        return self.b.mover.progress_report()[VOLUME_ID]
+        return self.b.tracker.progress_report()[VOLUME_ID]
 
     def test_stall_is_reported_once_then_its_end(self):
         self.moved()
-        self.b.mover.stall_timeout = 300
+        self.b.tracker.stall_timeout = 300
         self.assertFalse(self._report(290)['stalled'])
         self.log.error.assert_not_called()
         self.assertTrue(self._report(300)['stalled'])
@@ -983,23 +999,23 @@ class OnStatusTestCase(ClusterTestCase):
 
     def test_stall_of_an_ended_move_is_forgotten(self):
         self.moved()
-        self.b.mover.stall_timeout = 300
+        self.b.tracker.stall_timeout = 300
         self._report(300)
-        self.mock_object(self.b.mover, 'load', return_value=None)
-        self.assertEqual({}, self.b.mover.progress_report())
-        self.assertEqual(set(), self.b.mover.stalled)
+        self.mock_object(self.b.destination, 'load', return_value=None)
+        self.assertEqual({}, self.b.tracker.progress_report())
+        self.assertEqual(set(), self.b.tracker.stalled)
 
     def test_stall_report_can_be_turned_off(self):
         self.moved()
-        self.b.mover.stall_timeout = 0
+        self.b.tracker.stall_timeout = 0
         self.assertFalse(self._report(10 ** 6)['stalled'])
         self.log.error.assert_not_called()
 
     def test_eta_in_log(self):
         self.moved()
-        progress = periodic.Progress(1, 2, 65536, rate=1.0, eta=12.0)
+        progress = hydration.Progress(1, 2, 65536, rate=1.0, eta=12.0)
         status = mock.Mock(failed=False, fully_hydrated=False)
-        self.b.mover.on_status(LV, status, progress)
+        self.b.tracker.on_status(LV, status, progress)
         self.assertEqual(', 12 s to go',
                          self.log.info.call_args.args[1]['eta'])
 
@@ -1031,7 +1047,7 @@ class FinalizeTestCase(ClusterTestCase):
         record(self.c.db, 'volume_update', lambda ctxt, vid, values:
                'provider ' + ','.join(sorted(values)))
         record(self.b.store, 'clear')
-        self.b.mover.finalize(VOLUME_ID)
+        self.b.destination.finalize(VOLUME_ID)
         self.assertEqual(['state finalizing', 'swap_to_linear',
                           'remove_metadata', 'disconnect_source', 'retire',
                           'provider provider_auth,provider_location',
@@ -1054,38 +1070,38 @@ class FinalizeTestCase(ClusterTestCase):
                 raise failures.pop()
             return original(*args, **kwargs)
         self.mock_object(obj, name, side_effect=fail_once)
-        self.b.mover.finalize(VOLUME_ID)
-        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.b.destination.finalize(VOLUME_ID)
+        self.assertEqual({VOLUME_ID}, self.b.destination.pending_finalize)
         self.assertIsNotNone(self.c.transfer())
         self.log.exception.assert_called_once()
-        self.b.mover.finalize_pending()
+        self.b.destination.finalize_pending()
         self.c.assert_completed()
 
     def test_source_down_keeps_it_pending(self):
         self.a.down = True
         self.c.tick(self.b)
-        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
-        self.assertEqual(transfer.FINALIZING, self.c.transfer().state)
+        self.assertEqual({VOLUME_ID}, self.b.destination.pending_finalize)
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
         # Swapped already: the monitor sees no clone any more, the
         # after-tick retry finishes the job.
         self.assertEqual('linear', self.b.dm.devices[HANDLE][0].target)
         self.c.tick(self.b)
-        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.assertEqual({VOLUME_ID}, self.b.destination.pending_finalize)
         self.a.down = False
         self.c.tick(self.b)
         self.c.assert_completed()
 
     def test_nothing_to_finalize(self):
         self.a.store.clear(self.c.ctxt, VOLUME_ID)
-        self.b.mover.pending_finalize.add(VOLUME_ID)
-        self.b.mover.finalize(VOLUME_ID)
-        self.assertEqual(set(), self.b.mover.pending_finalize)
+        self.b.destination.pending_finalize.add(VOLUME_ID)
+        self.b.destination.finalize(VOLUME_ID)
+        self.assertEqual(set(), self.b.destination.pending_finalize)
         self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
 
     def test_finalize_pending_in_order(self):
-        self.b.mover.pending_finalize.update({'b', 'a'})
-        finalize = self.mock_object(self.b.mover, 'finalize')
-        self.b.mover.finalize_pending()
+        self.b.destination.pending_finalize.update({'b', 'a'})
+        finalize = self.mock_object(self.b.destination, 'finalize')
+        self.b.destination.finalize_pending()
         self.assertEqual([mock.call('a'), mock.call('b')],
                          finalize.call_args_list)
 
@@ -1097,13 +1113,13 @@ class ServeTestCase(ClusterTestCase):
         if secret is None and t is not None:
             secret = t.secret
         connector = dict(self.b.props, dmclone={'op': op, 'secret': secret})
-        node.mover.serve(volume or self.volume(), connector,
-                         peer.payload(connector))
+        node.endpoint.receive(volume or self.volume(), connector,
+                              peer.payload(connector))
 
     def test_steps_without_the_secret_are_refused(self):
         # What a volume owner can send through os-terminate_connection.
         self.saved()
-        self.b.mover.prepare(self.volume(), {
+        self.b.destination.prepare(self.volume(), {
             'op': 'prepare', 'secret': self.c.transfer().secret})
         for node, op in ((self.b, peer.ABORT), (self.a, peer.RELEASE),
                          (self.a, peer.RETIRE)):
@@ -1111,7 +1127,7 @@ class ServeTestCase(ClusterTestCase):
                 self.assertRaises(dmc_exception.StepRefused, self.serve,
                                   node, op, secret=secret)
             connector = dict(self.b.props, dmclone={'op': op})
-            self.assertRaises(dmc_exception.StepRefused, node.mover.serve,
+            self.assertRaises(dmc_exception.StepRefused, node.endpoint.receive,
                               self.volume(), connector,
                               peer.payload(connector))
         self.assertIn(LV, self.b.vg.lvs)
@@ -1158,7 +1174,7 @@ class ServeTestCase(ClusterTestCase):
             release.wait(10)
             return build(*args, **kwargs)
         self.mock_object(self.b.dest, 'build_clone', side_effect=slow_build)
-        worker = threading.Thread(target=self.b.mover.prepare, args=(
+        worker = threading.Thread(target=self.b.destination.prepare, args=(
             self.volume(), {'op': 'prepare', 'secret': secret}))
         worker.start()
         self.assertTrue(building.wait(10))
@@ -1229,7 +1245,7 @@ class ServeTestCase(ClusterTestCase):
 
     def test_abort(self):
         self.saved()
-        self.b.mover.prepare(self.volume(), {
+        self.b.destination.prepare(self.volume(), {
             'op': 'prepare', 'secret': self.c.transfer().secret})
         self.serve(self.b, peer.ABORT)
         self.assertEqual({}, self.b.vg.lvs)
@@ -1253,7 +1269,7 @@ class ServeTestCase(ClusterTestCase):
 
     def test_other_ops_do_nothing(self):
         self.saved()
-        self.assertRaises(dmc_exception.StepRefused, self.a.mover.serve,
+        self.assertRaises(dmc_exception.StepRefused, self.a.endpoint.receive,
                           self.volume(), {}, {
                               'op': peer.PREPARE,
                               'secret': self.c.transfer().secret})
@@ -1276,7 +1292,7 @@ class RecoverTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
         # The source owns a move being prepared (it holds the lock while
         # it waits): it gives up and clears it, never node-b's recovery.
-        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
         self.log.warning.assert_called()
         self.restart(self.a)
         self.assertIsNone(self.c.transfer())
@@ -1287,13 +1303,13 @@ class RecoverTestCase(ClusterTestCase):
         self.a.store.move_volume(self.c.ctxt, VOLUME_ID, self.b.host)
         self.restart(self.b)
         self.assertEqual({}, self.b.vg.lvs)
-        self.assertEqual(transfer.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
 
     def test_cloned_is_rebuilt_without_hydration(self):
         self.moved(live=True)
         self.restart(self.b, reboot=True)
         self.assertIn('no_hydration', self.features())
-        self.assertEqual(transfer.CLONED, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertEqual([], self.c.violations)
 
     def test_hydrating_is_rebuilt_with_hydration(self):
@@ -1317,9 +1333,9 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_finalizing_is_pending(self):
         self.moved()
-        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
         self.restart(self.b)
-        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
+        self.assertEqual({VOLUME_ID}, self.b.destination.pending_finalize)
         self.assertEqual(1, [c[0] for c in self.b.dm.calls].count('create'))
         self.c.tick(self.b)
         self.c.assert_completed()
@@ -1327,16 +1343,16 @@ class RecoverTestCase(ClusterTestCase):
     def test_finalizing_after_a_reboot_rebuilds_the_clone(self):
         self.moved()
         self.b.dm.hydrate(HANDLE)
-        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
         self.restart(self.b, reboot=True)
         self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
-        self.assertEqual({VOLUME_ID}, self.b.mover.pending_finalize)
-        self.b.mover.finalize_pending()
+        self.assertEqual({VOLUME_ID}, self.b.destination.pending_finalize)
+        self.b.destination.finalize_pending()
         self.c.assert_completed()
 
     def test_source_side_unfinished_move_is_aborted(self):
         self.saved()
-        self.b.mover.prepare(self.volume(), {
+        self.b.destination.prepare(self.volume(), {
             'op': 'prepare', 'secret': self.c.transfer().secret})
         self.restart(self.a)
         self.assertEqual(['abort'], self.ops())
@@ -1350,7 +1366,7 @@ class RecoverTestCase(ClusterTestCase):
         self.saved()
         self.b.down = True
         self.restart(self.a)
-        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.assertEqual({}, self.a.target.exports)
         self.log.exception.assert_called()
         # The next restart of node-a, with node-b back, ends it.
@@ -1362,9 +1378,9 @@ class RecoverTestCase(ClusterTestCase):
         """node-b built the clone; node-a then recorded the move aborted."""
         self.saved()
         t = self.c.transfer()
-        self.b.mover.prepare(self.volume(), {'op': 'prepare',
-                                             'secret': t.secret})
-        self.c.set_state(t, transfer.ABORTED)
+        self.b.destination.prepare(self.volume(), {'op': 'prepare',
+                                                   'secret': t.secret})
+        self.c.set_state(t, move.ABORTED)
 
     def assert_nothing_on_b(self):
         self.assertIsNone(self.c.transfer())
@@ -1390,13 +1406,13 @@ class RecoverTestCase(ClusterTestCase):
         self.aborted_after_prepare()
         retried = self.c.transfer()
         retried.secret = ''
-        retried.state = transfer.PREPARING
-        locking = mover.lock
+        retried.state = move.PREPARING
+        locking = move.lock
 
         def retry_first(volume_id):
             self.a.store.save(self.c.ctxt, retried)
             return locking(volume_id)
-        self.mock_object(mover, 'lock', side_effect=retry_first)
+        self.mock_object(move, 'lock', side_effect=retry_first)
         self.c.tick(self.b)
         self.assertEqual(retried, self.c.transfer())
         self.assertIn(LV, self.b.vg.lvs)
@@ -1408,14 +1424,14 @@ class RecoverTestCase(ClusterTestCase):
         self.c.db.admin_metadata[VOLUME_ID]['dmclone_lv_name'] = \
             'volume-other'
         self.c.tick(self.b)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
-        self.assertIn(LV, self.b.mover.orphans)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertIn(LV, self.b.tracker.orphans)
         self.assertEqual(t.secret, self.c.transfer().secret)
 
     def test_clone_of_a_deleted_volume_is_reported_once(self):
         # (Before: VolumeNotFound at every monitor tick.)
         self.moved()
-        self.mock_object(self.b.mover, 'load_any',
+        self.mock_object(self.b.destination, 'load_any',
                          side_effect=exception.VolumeNotFound(
                              volume_id=VOLUME_ID))
         for _ in range(3):
@@ -1428,7 +1444,9 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_deleting_a_volume_whose_move_was_aborted(self):
         self.aborted_after_prepare()
-        self.assertFalse(self.a.mover.delete(self.volume()))
+        # (What the driver's delete_volume does before it deletes the LV.)
+        self.assertFalse(self.a.destination.delete(self.volume()))
+        self.a.source.give_up_aborted(self.volume())
         self.assert_nothing_on_b()
 
     def test_cloned_without_source_attachment_commits(self):
@@ -1438,19 +1456,20 @@ class RecoverTestCase(ClusterTestCase):
         self.c.attachments[:] = [a for a in self.c.attachments
                                  if a['attached_host'] != 'node-a']
         self.restart(self.b)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.c.settle()
         self.c.assert_completed()
 
     def test_source_detach_retried_after_the_commit(self):
         src, dst = self.moved(live=True)
         self.c.detach(src)
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
         # The same detach again (the first answer was lost): a no-op.
         volume = self.volume()
-        self.assertTrue(self.b.mover.detached(volume, src['connector']))
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
-        self.assertFalse(self.b.mover.detached(volume, {'host': 'node-c'}))
+        self.assertTrue(self.b.destination.detached(volume, src['connector']))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertFalse(self.b.destination.detached(
+            volume, {'host': 'node-c'}))
         self.c.settle()
         self.c.assert_completed()
 
@@ -1465,41 +1484,41 @@ class RecoverTestCase(ClusterTestCase):
         self.moved()
         self.restart(self.a)
         # (Not even listed there: the record names node-b.)
-        self.a.mover.recover([self.volume()], [])
+        self.a.moves.recovery.recover([self.volume()], [])
         self.assertEqual(['prepare'], self.ops())
-        self.assertEqual(transfer.HYDRATING, self.c.transfer().state)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
     def test_invalid_state_is_skipped(self):
         bad = fake_volume.fake_volume_obj(
             self.c.ctxt, id=fake.VOLUME2_ID, host=self.b.host,
             volume_admin_metadata=[{'key': 'dmclone_state',
                                     'value': 'hydrating'}])
-        recover_one = self.mock_object(self.b.mover, '_recover_one')
+        recover_one = self.mock_object(self.b.moves.recovery, 'run')
         self.saved()
         good = self.volume()
-        self.b.mover.recover([bad, good], [])
+        self.b.moves.recovery.recover([bad, good], [])
         self.log.exception.assert_called_once()
         self.assertIn(fake.VOLUME2_ID, self.log.exception.call_args.args)
         recover_one.assert_called_once_with(good, self.c.transfer())
 
     def test_one_failure_does_not_stop_the_others(self):
         self.saved()
-        recover_one = self.mock_object(self.b.mover, '_recover_one',
+        recover_one = self.mock_object(self.b.moves.recovery, 'run',
                                        side_effect=[ValueError('x'), None])
-        self.b.mover.recover([self.volume(), self.volume()], [])
+        self.b.moves.recovery.recover([self.volume(), self.volume()], [])
         self.assertEqual(2, recover_one.call_count)
         self.log.exception.assert_called_once()
 
     def test_volume_without_transfer(self):
-        recover_one = self.mock_object(self.b.mover, '_recover_one')
-        self.b.mover.recover([self.volume()], [])
+        recover_one = self.mock_object(self.b.moves.recovery, 'run')
+        self.b.moves.recovery.recover([self.volume()], [])
         recover_one.assert_not_called()
 
     def test_leftover_metadata_is_reported_never_deleted(self):
         stray = 'volume-%s-dmcmeta' % fake.VOLUME2_ID
         self.b.vg.add(stray, '8m')
         self.moved()
-        self.b.mover.recover([self.volume()], [META, stray, 'legacy'])
+        self.b.moves.recovery.recover([self.volume()], [META, stray, 'legacy'])
         warnings = [c.args for c in self.log.warning.call_args_list]
         self.assertEqual(1, len(warnings))
         self.assertIn(stray, warnings[0])
@@ -1513,7 +1532,7 @@ class RecoverTestCase(ClusterTestCase):
         self.c.crash_at(self.b.dest, 'build_clone', 'after')
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.b)
-        self.assertEqual(transfer.ABORTED, self.c.transfer().state)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.restart(self.b)
         self.assertNotIn(META, self.b.vg.lvs)
         self.assertIsNone(self.c.transfer())
@@ -1528,7 +1547,7 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
     def test_extend(self):
         self.moved()
         self.b.vg.extend_volume(LV, '2g')
-        self.assertTrue(self.b.mover.extend(self.volume()))
+        self.assertTrue(self.b.destination.extend(self.volume()))
         self.assertEqual(['clone', 'linear'],
                          [s.target for s in self.b.dm.devices[HANDLE]])
         self.c.settle()
@@ -1541,24 +1560,24 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         # later move was refused because the LV was smaller than its
         # record.)
         src, dst = self.moved(live=True)
-        self.assertRaises(transfer.TransferInProgress,
-                          self.b.mover.refuse_extend_while_undecided,
+        self.assertRaises(move.MoveInProgress,
+                          self.b.destination.refuse_extend_while_undecided,
                           self.volume())
         self.c.detach(src)
-        self.b.mover.refuse_extend_while_undecided(self.volume())
-        self.a.mover.refuse_extend_while_undecided(self.volume())
+        self.b.destination.refuse_extend_while_undecided(self.volume())
+        self.a.destination.refuse_extend_while_undecided(self.volume())
 
     def test_no_extend_on_the_source_while_the_move_is_prepared(self):
         # The destination builds a clone of the old size meanwhile.
         self.saved()
-        self.assertRaises(transfer.TransferInProgress,
-                          self.a.mover.refuse_extend_while_undecided,
+        self.assertRaises(move.MoveInProgress,
+                          self.a.destination.refuse_extend_while_undecided,
                           self.volume())
 
     def test_extend_not_here(self):
         self.moved()
-        self.assertFalse(self.a.mover.extend(self.volume()))
-        self.assertFalse(self.b.mover.extend(self._other_volume()))
+        self.assertFalse(self.a.destination.extend(self.volume()))
+        self.assertFalse(self.b.destination.extend(self._other_volume()))
 
     def _other_volume(self):
         self.c.db.volumes[fake.VOLUME2_ID] = {}
@@ -1566,15 +1585,15 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
 
     def test_extend_while_finalizing(self):
         self.moved()
-        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
-        self.assertFalse(self.b.mover.extend(self.volume()))
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
+        self.assertFalse(self.b.destination.extend(self.volume()))
 
     def test_retune(self):
         self.moved(live=True)
         tuning = mock.Mock(return_value=(128, 32))
-        self.b.mover.tuning = tuning
+        self.b.destination.tuning = tuning
         volume_type = {'extra_specs': {}}
-        self.b.mover.retune(self.volume(), volume_type)
+        self.b.destination.retune(self.volume(), volume_type)
         tuning.assert_called_once_with(volume_type)
         self.assertEqual([('message', HANDLE, 'hydration_threshold', 128),
                           ('message', HANDLE, 'hydration_batch_size', 32)],
@@ -1582,35 +1601,35 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
 
     def test_retune_nothing_to_tune(self):
         self.moved()
-        self.a.mover.retune(self.volume(), None)
-        self.c.set_state(self.c.transfer(), transfer.FINALIZING)
-        self.b.mover.retune(self.volume(), None)
+        self.a.destination.retune(self.volume(), None)
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
+        self.b.destination.retune(self.volume(), None)
         self.assertNotIn('message', [c[0] for c in self.b.dm.calls])
         self.assertNotIn('message', [c[0] for c in self.a.dm.calls])
 
     def test_delete(self):
         self.moved()
-        self.b.mover.pending_finalize.add(VOLUME_ID)
-        self.assertTrue(self.b.mover.delete(self.volume()))
+        self.b.destination.pending_finalize.add(VOLUME_ID)
+        self.assertTrue(self.b.destination.delete(self.volume()))
         for node in (self.a, self.b):
             self.assertEqual({}, node.vg.lvs)
             self.assertEqual({}, node.dm.devices)
         self.assertEqual({}, self.b.connector.sessions)
         self.assertEqual({}, self.a.target.exports)
         self.assertIsNone(self.c.transfer())
-        self.assertEqual(set(), self.b.mover.pending_finalize)
+        self.assertEqual(set(), self.b.destination.pending_finalize)
         self.assertEqual('retire', self.ops()[-1])
 
     def test_delete_that_lost_the_race_for_the_lock(self):
         self.moved()
         t = self.c.transfer()
-        self.mock_object(self.b.mover, 'load_any', side_effect=[t, None])
-        self.assertFalse(self.b.mover.delete(self.volume()))
+        self.mock_object(self.b.destination, 'load', side_effect=[t, None])
+        self.assertFalse(self.b.destination.delete(self.volume()))
         self.assertIn(LV, self.b.vg.lvs)
 
     def test_delete_not_here(self):
         self.moved()
-        self.assertFalse(self.a.mover.delete(self.volume()))
+        self.assertFalse(self.a.destination.delete(self.volume()))
         self.assertIn(LV, self.a.vg.lvs)
         self.assertIn(LV, self.b.vg.lvs)
 
@@ -1618,29 +1637,29 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.moved()
         self.a.down = True
         self.assertRaises(oslo_messaging.MessagingTimeout,
-                          self.b.mover.delete, self.volume())
+                          self.b.destination.delete, self.volume())
         self.assertIsNotNone(self.c.transfer())
         self.a.down = False
-        self.assertTrue(self.b.mover.delete(self.volume()))
+        self.assertTrue(self.b.destination.delete(self.volume()))
         self.assertEqual({}, self.a.vg.lvs)
 
     def test_refuse_if_moving_under_the_lock(self):
         self.saved()
         taken = []
-        locking = mover.lock
-        self.mock_object(mover, 'lock', side_effect=lambda vid: (
+        locking = move.lock
+        self.mock_object(move, 'lock', side_effect=lambda vid: (
             taken.append(vid), locking(vid))[1])
-        self.assertRaises(transfer.TransferInProgress,
-                          self.a.mover.refuse_if_moving, self.volume(),
+        self.assertRaises(move.MoveInProgress,
+                          self.a.source.refuse_if_moving, self.volume(),
                           'attaching', locked=True)
         self.assertEqual([VOLUME_ID], taken)
 
     def test_refuse_if_moving(self):
-        self.assertIsNone(self.a.mover.refuse_if_moving(self.volume(),
-                                                        'a snapshot'))
+        self.assertIsNone(self.a.source.refuse_if_moving(self.volume(),
+                                                         'a snapshot'))
         self.moved()
-        exc = self.assertRaises(transfer.TransferInProgress,
-                                self.a.mover.refuse_if_moving,
+        exc = self.assertRaises(move.MoveInProgress,
+                                self.a.source.refuse_if_moving,
                                 self.volume(), 'a snapshot')
         self.assertIn('a snapshot is possible once', str(exc))
         self.assertIn('0.0%', str(exc))
@@ -1674,9 +1693,9 @@ class InvariantsTestCase(ClusterTestCase):
         self.assertIn('dropped under a live table', self.c.violations[2])
 
     def test_lock_is_not_reentrant(self):
-        with mover.lock(VOLUME_ID):
+        with move.lock(VOLUME_ID):
             self.assertRaises(AssertionError,
-                              mover.lock(VOLUME_ID).__enter__)
+                              move.lock(VOLUME_ID).__enter__)
         self.assertIn('taken twice', self.c.violations[0])
 
 
@@ -1704,7 +1723,7 @@ def _during(c, state):
 
 STEPS = {
     'clean_leftovers': lambda c, f: (
-        c.b.dest, 'tear_down', _during(c, transfer.PREPARING)),
+        c.b.dest, 'tear_down', _during(c, move.PREPARING)),
     'create_volumes': lambda c, f: (c.b.dest, 'create_volumes', None),
     'create_metadata_lv': lambda c, f: (
         c.b.vg, 'create_volume', lambda name, *a: name == META),
@@ -1717,17 +1736,17 @@ STEPS = {
     # destination's answer: a crash of node-a here.)
     'set_state_prepared': lambda c, f: (
         c.a.store, 'transition', _state_is(
-            transfer.CLONED if f == 'live' else transfer.HYDRATING)),
+            move.CLONED if f == 'live' else move.HYDRATING)),
     'enable_hydration': lambda c, f: (c.b.dest, 'enable_hydration', None),
     'set_state_committed': lambda c, f: (
-        c.b.store, 'transition', _state_is(transfer.HYDRATING)),
+        c.b.store, 'transition', _state_is(move.HYDRATING)),
     'set_state_finalizing': lambda c, f: (
-        c.b.store, 'transition', _state_is(transfer.FINALIZING)),
+        c.b.store, 'transition', _state_is(move.FINALIZING)),
     'swap_to_linear': lambda c, f: (c.b.dest, 'swap_to_linear', None),
     'remove_metadata': lambda c, f: (
-        c.b.dest, 'remove_metadata', _during(c, transfer.FINALIZING)),
+        c.b.dest, 'remove_metadata', _during(c, move.FINALIZING)),
     'disconnect_source': lambda c, f: (
-        c.b.dest, 'disconnect_source', _during(c, transfer.FINALIZING)),
+        c.b.dest, 'disconnect_source', _during(c, move.FINALIZING)),
     'peer_retire': lambda c, f: (
         c.b.peer, 'request', lambda *args: args[-2] == peer.RETIRE),
     'clear_provider_fields': lambda c, f: (
@@ -1739,21 +1758,21 @@ STEPS = {
         c.db, 'volume_admin_metadata_delete', None),
     # A failed live migration's rollback, on node-b.
     'rb_remove_handle': lambda c, f: (
-        c.b.dm, 'remove', _during(c, transfer.CLONED)),
+        c.b.dm, 'remove', _during(c, move.CLONED)),
     'rb_disconnect': lambda c, f: (
-        c.b.dest, 'disconnect_source', _during(c, transfer.CLONED)),
+        c.b.dest, 'disconnect_source', _during(c, move.CLONED)),
     'rb_discard_data': lambda c, f: (
         c.b.wiper, 'discard', lambda name: name == LV),
     'rb_wipe': lambda c, f: (c.b.wiper, 'wipe', None),
     'rb_remove_metadata': lambda c, f: (
-        c.b.dest, 'remove_metadata', _during(c, transfer.CLONED)),
+        c.b.dest, 'remove_metadata', _during(c, move.CLONED)),
     'rb_move_volume': lambda c, f: (
         c.db, 'volume_update',
         lambda ctxt, vid, values: values.get('host') == c.a.host),
     'rb_release': lambda c, f: (
         c.b.peer, 'request', lambda *args: args[-2] == peer.RELEASE),
     'rb_clear': lambda c, f: (
-        c.b.store, 'clear', _during(c, transfer.CLONED)),
+        c.b.store, 'clear', _during(c, move.CLONED)),
     # node-b removing what it built after the source gave up.
     'ab_remove_handle': lambda c, f: (
         c.b.dm, 'remove', _after_build(c)),

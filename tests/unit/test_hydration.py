@@ -20,7 +20,7 @@ import fixtures
 from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
-from cinder_dmclone import periodic
+from cinder_dmclone import hydration
 
 
 def clone(hydrated, total=4096, region=128):
@@ -40,15 +40,15 @@ class FakeClock(object):
 class ProgressTestCase(test.TestCase):
 
     def test_first_sample_has_no_rate(self):
-        p = periodic.compute_progress(clone(1024))
+        p = hydration.compute_progress(clone(1024))
         self.assertEqual(25.0, p.percent)
         self.assertIsNone(p.rate)
         self.assertIsNone(p.eta)
         self.assertEqual(65536, p.region_bytes)
 
     def test_rate_and_eta(self):
-        prev = periodic.compute_progress(clone(1024))
-        p = periodic.compute_progress(clone(2048), prev, 10.0)
+        prev = hydration.compute_progress(clone(1024))
+        p = hydration.compute_progress(clone(2048), prev, 10.0)
         self.assertEqual(1024 * 65536 / 10.0, p.rate)
         # 2048 regions to go at 1024 regions per 10 s.
         self.assertEqual(20.0, p.eta)
@@ -59,24 +59,24 @@ class ProgressTestCase(test.TestCase):
                          p.as_dict())
 
     def test_stalled_has_no_eta(self):
-        prev = periodic.compute_progress(clone(1024))
-        p = periodic.compute_progress(clone(1024), prev, 10.0)
+        prev = hydration.compute_progress(clone(1024))
+        p = hydration.compute_progress(clone(1024), prev, 10.0)
         self.assertEqual(0.0, p.rate)
         self.assertIsNone(p.eta)
         self.assertEqual('', p.as_dict()['eta_seconds'])
 
     def test_stalled_seconds_are_carried(self):
-        p = periodic.compute_progress(clone(1024), stalled=42.7)
+        p = hydration.compute_progress(clone(1024), stalled=42.7)
         self.assertEqual('42', p.as_dict()['stalled_seconds'])
 
     def test_done(self):
-        prev = periodic.compute_progress(clone(4000))
-        p = periodic.compute_progress(clone(4096), prev, 1.0)
+        prev = hydration.compute_progress(clone(4000))
+        p = hydration.compute_progress(clone(4096), prev, 1.0)
         self.assertEqual(0.0, p.eta)
         self.assertEqual(1.0, p.fraction)
 
     def test_zero_regions(self):
-        p = periodic.Progress(0, 0, 65536)
+        p = hydration.Progress(0, 0, 65536)
         self.assertEqual(1.0, p.fraction)
         self.assertEqual('', p.as_dict()['rate_bps'])
 
@@ -88,7 +88,7 @@ class MonitorTestCase(test.TestCase):
         self.dm = mock.Mock()
         self.seen = []
         self.clock = FakeClock()
-        self.monitor = periodic.HydrationMonitor(
+        self.monitor = hydration.HydrationMonitor(
             self.dm, 'vg', self._record, interval=5, clock=self.clock)
 
     def _record(self, lv_name, status, progress):
@@ -208,7 +208,7 @@ class MonitorTestCase(test.TestCase):
             if lv_name == 'volume-b':
                 raise RuntimeError('boom')
             self.seen.append(lv_name)
-        monitor = periodic.HydrationMonitor(self.dm, 'vg', on_status, 5)
+        monitor = hydration.HydrationMonitor(self.dm, 'vg', on_status, 5)
         self.dm.clone_statuses.return_value = {
             'dmclone-vg-volume-a': clone(1), 'dmclone-vg-volume-b': clone(1),
             'dmclone-vg-volume-c': clone(1)}
@@ -216,6 +216,46 @@ class MonitorTestCase(test.TestCase):
         self.assertEqual(['volume-a', 'volume-c'], self.seen)
         self.assertEqual(['volume-b'], report.failed)
         self.assertEqual(2, report.handled)
+
+    def test_unreadable_foreign_status_line_is_not_ours(self):
+        # Another backend's handle whose line cannot be parsed: neither
+        # logged nor counted against this backend's volumes.
+        self.dm.clone_statuses.side_effect = (
+            lambda errors: errors.update(
+                {'dmclone-other-volume-x': ValueError('garbage')})
+            or {'dmclone-vg-volume-a': clone(2)})
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        report = self.monitor.tick()
+        self.assertEqual(['volume-a'], [s[0] for s in self.seen])
+        self.assertEqual([], report.failed)
+        self.assertNotIn('garbage', log.output)
+
+    def test_after_tick_runs_once_after_the_statuses(self):
+        order = []
+        monitor = hydration.HydrationMonitor(
+            self.dm, 'vg', lambda lv, *a: order.append(lv), 5,
+            after_tick=lambda: order.append('after'))
+        self.dm.clone_statuses.return_value = {
+            'dmclone-vg-volume-a': clone(1), 'dmclone-vg-volume-b': clone(1)}
+        monitor.tick()
+        self.assertEqual(['volume-a', 'volume-b', 'after'], order)
+
+    def test_after_tick_failure_is_contained(self):
+        # (The retried finalizations: a failure there must not stop the
+        # monitor's next ticks.)
+        after = mock.Mock(side_effect=RuntimeError('finalize broke'))
+        monitor = hydration.HydrationMonitor(
+            self.dm, 'vg', self._record, 5, after_tick=after)
+        self.dm.clone_statuses.return_value = {
+            'dmclone-vg-volume-a': clone(1)}
+        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
+        report = monitor.tick()
+        self.assertEqual(1, report.handled)
+        self.assertEqual([], report.failed)
+        self.assertIn('follow-up work failed', log.output)
+        monitor.tick()
+        self.assertEqual(2, after.call_count)
+        self.assertEqual(2, len(self.seen))
 
     def test_status_failure_is_contained(self):
         self.dm.clone_statuses.side_effect = RuntimeError('dmsetup broke')

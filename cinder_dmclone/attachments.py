@@ -1,0 +1,73 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""A volume's attachments, as far as a move cares about them.
+
+Whether an attach moves a volume, whether a detach commits or rolls back
+a live migration, and what recovery does after a crash in the middle of
+one all depend on which nodes have an attachment and in which status.
+"""
+
+from cinder import context
+from cinder import objects
+from cinder.objects import fields
+
+#: attach statuses of an attachment that is being set up right now.
+STARTING = (fields.VolumeAttachStatus.RESERVED,
+            fields.VolumeAttachStatus.ATTACHING)
+ACTIVE = (fields.VolumeAttachStatus.ATTACHED,
+          fields.VolumeAttachStatus.ATTACHING)
+
+
+def current(volume):
+    """The volume's attachments as the database holds them now.
+
+    The Volume object a manager hands over can predate the attachment
+    being set up: Cinder's attachment create with a connector (what Nova
+    does for the destination of a live migration) reserves the attachment
+    after it loaded the volume.
+    """
+    return objects.VolumeAttachmentList.get_all_by_volume_id(
+        context.get_admin_context(), volume['id'])
+
+
+def is_instance_attach(volume, attachments=None):
+    """True if an instance attachment of the volume is being set up.
+
+    Only instances move volumes: cinder-backup, image upload and other
+    attaches without an instance get an ordinary iSCSI export.
+    ``attachments`` defaults to the ones the volume object carries.
+    """
+    return bool(starting(volume, attachments))
+
+
+def starting(volume, attachments=None):
+    """Ids of the instance attachments being set up."""
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return {a.id for a in attachments
+            if a.instance_uuid and a.attach_status in STARTING}
+
+
+def on(volume, node, attachments=None):
+    """Active attachments of the volume on ``node`` (a name or a set)."""
+    names = {node} if isinstance(node, str) else set(node)
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    count = 0
+    for a in attachments:
+        if a.attach_status not in ACTIVE:
+            continue
+        host = a.attached_host or (a.connector or {}).get('host')
+        if host in names:
+            count += 1
+    return count

@@ -1,0 +1,276 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The clone of a volume moving into this node, on this node's kernel.
+
+:class:`Clones` is everything the destination does to LVM, the iSCSI
+initiator and device-mapper for one move: create the volume and metadata
+LVs, log in to the source's export, build the clone, enable hydration,
+swap the finished clone for a linear table, tear it all down.  Every step
+is safe to run again.  It knows moves (:class:`cinder_dmclone.move.Move`)
+but never reads or writes their state: that is the destination side's
+(:mod:`cinder_dmclone.destination`).
+"""
+
+from oslo_log import log as logging
+from oslo_utils import units
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
+
+LOG = logging.getLogger(__name__)
+
+
+class Clones(object):
+    """The destination's steps on this node, each safe to run again.
+
+    ``vg``/``meta_vg`` are Cinder brick LVM objects of the data and
+    metadata volume groups, ``dm`` a :class:`cinder_dmclone.dmsetup.DMSetup`,
+    ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
+    ``discard(lv_name)`` removes the data LV (the driver's
+    :class:`~cinder_dmclone.wiper.Wiper`, which honours ``volume_clear``);
+    by default it is simply deleted.
+    """
+
+    def __init__(self, dm, vg, meta_vg, connector, execute, root_helper,
+                 lvm_type='default', metadata_reserve=2.0, discard=None):
+        self.discard = discard or vg.delete
+        self.dm = dm
+        self.vg = vg
+        self.meta_vg = meta_vg
+        self.connector = connector
+        self._execute = execute
+        self._root_helper = root_helper
+        self.lvm_type = lvm_type
+        self.metadata_reserve = metadata_reserve
+
+    # -- names ----------------------------------------------------------
+
+    def handle_name(self, t):
+        return layout.handle_name(self.vg.vg_name, t.lv_name)
+
+    def lv_path(self, t):
+        return layout.lv_device(self.vg.vg_name, t.lv_name)
+
+    def meta_path(self, t):
+        return layout.lv_device(self.meta_vg.vg_name,
+                                layout.metadata_lv_name(t.lv_name))
+
+    # -- build ----------------------------------------------------------
+
+    def metadata_bytes(self, t):
+        return layout.metadata_size_bytes(
+            t.clone_sectors * dmsetup.SECTOR_SIZE,
+            t.region_sectors * dmsetup.SECTOR_SIZE,
+            self.metadata_reserve)
+
+    def check_space(self, t, size_gb, node_name):
+        """Refuse a move the volume groups here cannot hold, up front.
+
+        Checked before anything is created, so that a full node answers
+        with a clear error instead of failing half way through the build.
+        Thin LVs are allocated on write: their pool is not checked here.
+        """
+        if self.lvm_type == 'thin':
+            return
+        meta_gb = self.metadata_bytes(t) / units.Gi
+        needs = [(self.vg, float(size_gb))]
+        if self.meta_vg.vg_name == self.vg.vg_name:
+            needs = [(self.vg, size_gb + meta_gb)]
+        else:
+            needs.append((self.meta_vg, meta_gb))
+        for vg, need in needs:
+            vg.update_volume_group_info()
+            if vg.vg_free_space < need:
+                raise dmc_exception.DestinationFull(
+                    node=node_name, volume=t.volume_id, vg=vg.vg_name,
+                    free=vg.vg_free_space, need=need)
+
+    def create_volumes(self, t, size_gb):
+        """Create the data LV and a freshly zeroed metadata LV.
+
+        Only called in ``preparing``: the metadata LV is zeroed right after
+        it is created, never later (zeroing a used one would forget which
+        regions hold the instance's writes).
+        """
+        # The metadata LV comes first: it is what recovery looks for, so a
+        # crash between the two creations leaves nothing it cannot see.
+        meta_name = layout.metadata_lv_name(t.lv_name)
+        if self.meta_vg.get_volume(meta_name) is None:
+            size = self.metadata_bytes(t)
+            self.meta_vg.create_volume(meta_name, '%dm' % (size // units.Mi),
+                                       'default')
+            self._zero_head(self.meta_path(t))
+        if self.vg.get_volume(t.lv_name) is None:
+            self.vg.create_volume(t.lv_name, '%dg' % size_gb, self.lvm_type)
+
+    def _zero_head(self, path):
+        """Zero the metadata LV's first MiB so dm-clone formats it."""
+        self._execute('dd', 'if=/dev/zero', 'of=%s' % path, 'bs=1M',
+                      'count=1', 'oflag=direct', run_as_root=True,
+                      root_helper=self._root_helper)
+
+    def connect_source(self, t, provider_auth):
+        """Log in to the source's export; return the local device path."""
+        info = self.connector.connect_volume(
+            t.source_properties(provider_auth))
+        path = info['path']
+        size = self.dm.device_sectors(path)
+        if size < t.clone_sectors:
+            self.connector.disconnect_volume(
+                t.source_properties(provider_auth), info, force=True,
+                ignore_errors=True)
+            raise dmc_exception.InvalidTable(
+                reason='source device %s of volume %s has %d sectors, the '
+                       'clone needs %d' % (path, t.volume_id, size,
+                                           t.clone_sectors))
+        return path
+
+    def disconnect_source(self, t, provider_auth):
+        self.connector.disconnect_volume(
+            t.source_properties(provider_auth), None, force=True,
+            ignore_errors=True)
+
+    def clone_table(self, t, source_path, hydrate, threshold=None,
+                    batch_size=None):
+        """Clone over the transfer's length, linear beyond (an extension)."""
+        lv = self.lv_path(t)
+        segments = [dmsetup.clone_segment(
+            0, t.clone_sectors, self.meta_path(t), lv, source_path,
+            t.region_sectors, hydration=hydrate,
+            hydration_threshold=threshold, hydration_batch_size=batch_size)]
+        total = self.dm.device_sectors(lv)
+        if total > t.clone_sectors:
+            segments.append(dmsetup.linear_segment(
+                t.clone_sectors, total - t.clone_sectors, lv,
+                t.clone_sectors))
+        return segments
+
+    def build_clone(self, t, source_path, hydrate, threshold=None,
+                    batch_size=None):
+        """Create the clone under the volume's handle (idempotent)."""
+        name = self.handle_name(t)
+        if self.dm.exists(name):
+            if any(s.target == 'clone' for s in self.dm.table(name)):
+                return layout.handle_path(self.vg.vg_name, t.lv_name)
+            raise dmc_exception.InvalidTable(
+                reason='handle %s exists without a clone table; refusing '
+                       'to replace it' % name)
+        self.dm.create(name, self.clone_table(t, source_path, hydrate,
+                                              threshold, batch_size),
+                       uuid=layout.handle_uuid(self.vg.vg_name, t.lv_name))
+        return layout.handle_path(self.vg.vg_name, t.lv_name)
+
+    def enable_hydration(self, t):
+        self.dm.message(self.handle_name(t), 'enable_hydration')
+
+    def tune(self, t, threshold, batch_size):
+        name = self.handle_name(t)
+        self.dm.message(name, 'hydration_threshold', threshold)
+        self.dm.message(name, 'hydration_batch_size', batch_size)
+
+    def extend(self, t):
+        """Reload the table after the data LV grew: clone + linear tail."""
+        name = self.handle_name(t)
+        current = self.dm.table(name)
+        clone = [s for s in current if s.target == 'clone']
+        if not clone:
+            return False
+        args = dmsetup.parse_clone_table(clone[0])
+        status = self.dm.status(name)[0].clone
+        table = self.clone_table(
+            t, args.source_dev,
+            hydrate=bool(status and status.hydration_enabled),
+            threshold=args.core_args.get('hydration_threshold'),
+            batch_size=args.core_args.get('hydration_batch_size'))
+        self.dm.reload(name, table)
+        return True
+
+    # -- finish ---------------------------------------------------------
+
+    def hydrated(self, t):
+        name = self.handle_name(t)
+        if not self.dm.exists(name):
+            return False
+        status = [s.clone for s in self.dm.status(name) if s.clone]
+        if not status:
+            return True     # already linear
+        return status[0].fully_hydrated
+
+    def swap_to_linear(self, t):
+        """Replace a fully hydrated clone by a linear map of the LV."""
+        name = self.handle_name(t)
+        if not self.dm.exists(name):
+            # Gone with a reboot: once the metadata LV is removed the swap
+            # was done (the driver maps the LV again); before, only a
+            # rebuilt clone can tell whether the LV is complete.
+            if self.has_metadata(t):
+                raise dmc_exception.InvalidTable(
+                    reason='handle %s is gone before its clone was swapped '
+                           'to linear; the clone must be rebuilt first'
+                           % name)
+            return
+        if not any(s.target == 'clone' for s in self.dm.table(name)):
+            return
+        if not self.hydrated(t):
+            raise dmc_exception.InvalidTable(
+                reason='refusing to swap %s to linear before it is fully '
+                       'hydrated' % name)
+        lv = self.lv_path(t)
+        self.dm.reload(name, [dmsetup.linear_segment(
+            0, self.dm.device_sectors(lv), lv)])
+
+    def written(self, t):
+        """True if the clone may hold data the source does not have.
+
+        In ``cloned`` hydration is off, so a region is hydrated only
+        because the instance wrote (or discarded) it here.  Without a
+        clone to ask (a reboot), the answer is yes: never assume a clone
+        holds nothing.
+        """
+        name = self.handle_name(t)
+        if not self.dm.exists(name):
+            return True
+        status = [s.clone for s in self.dm.status(name) if s.clone]
+        return not status or status[0].hydrated_regions > 0
+
+    def has_data(self, t):
+        return self.vg.get_volume(t.lv_name) is not None
+
+    def has_metadata(self, t):
+        return self.meta_vg.get_volume(
+            layout.metadata_lv_name(t.lv_name)) is not None
+
+    def needs_rebuild(self, t):
+        """True if the clone is gone (a reboot) while its metadata is not."""
+        return not self.dm.exists(self.handle_name(t)) and \
+            self.has_metadata(t)
+
+    def remove_metadata(self, t):
+        meta_name = layout.metadata_lv_name(t.lv_name)
+        if self.meta_vg.get_volume(meta_name) is not None:
+            self.meta_vg.delete(meta_name)
+
+    def tear_down(self, t, provider_auth):
+        """Remove everything the transfer built here (a rollback).
+
+        The data LV goes (to be wiped) before the metadata LV: while a
+        metadata LV is there nothing maps the partly hydrated data LV on
+        its own (the driver's guard), so a crash in between never exposes
+        it.
+        """
+        self.dm.remove(self.handle_name(t))
+        self.disconnect_source(t, provider_auth)
+        if self.has_data(t):
+            self.discard(t.lv_name)
+        self.remove_metadata(t)

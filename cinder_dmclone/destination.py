@@ -1,0 +1,391 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The destination's side of a move: the node a volume moves to.
+
+The source asks this node to build the clone (``prepare``), or to remove
+what it built for a move it gave up (``abort``).  Afterwards the
+destination owns the move: detaches decide a live migration (commit or
+roll back), the monitor's finished clones are finalized here, and a
+delete, an extend or a retype of a volume moving here act on its clone.
+"""
+
+from oslo_log import log as logging
+from oslo_utils import excutils
+
+from cinder import exception
+from cinder.i18n import _
+from cinder import objects
+
+from cinder_dmclone import attachments
+from cinder_dmclone import move
+from cinder_dmclone import peer
+from cinder_dmclone import side
+from cinder_dmclone import source
+
+LOG = logging.getLogger(__name__)
+
+
+def hydration_tuning(volume_type, threshold, batch_size):
+    """Threshold and batch size: the volume type's extra specs, else these.
+
+    Raises InvalidVolumeType for a value that is not a positive integer.
+    """
+    specs = (volume_type or {}).get('extra_specs') or {}
+    values = []
+    for name, default in (('hydration_threshold', threshold),
+                          ('hydration_batch_size', batch_size)):
+        raw = specs.get('dmclone:%s' % name)
+        if raw is None:
+            values.append(default)
+            continue
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            value = 0
+        if value < 1:
+            raise exception.InvalidVolumeType(
+                reason=_('extra spec dmclone:%(name)s=%(raw)r must be a '
+                         'positive integer') % {'name': name, 'raw': raw})
+        values.append(value)
+    return tuple(values)
+
+
+class Destination(side.Side):
+    """Moves of volumes into this node.
+
+    Besides the shared tools (see :class:`~cinder_dmclone.side.Side`):
+    ``clones``, this node's :class:`~cinder_dmclone.clone.Clones`, and
+    ``tuning(volume_type)``, the hydration threshold and batch size of a
+    volume type (see :func:`hydration_tuning`).
+    """
+
+    def __init__(self, node_names, node_name, store, peer_client, clones,
+                 tuning):
+        super().__init__(node_names, node_name, store, peer_client)
+        self.clones = clones
+        self.tuning = tuning
+        #: volumes whose finalization failed; retried after each tick.
+        self.pending_finalize = set()
+        #: volumes kept in ``cloned`` after writes here (see hold).
+        self.held = set()
+        #: LV name -> volume id of the moves into this node: an LV is not
+        #: always named after its volume (a migrated volume's _name_id).
+        self.lv_volumes = {}
+
+    # -- steps the source asks for ----------------------------------------
+
+    def prepare(self, volume, step):
+        """Build the clone of a volume moving here; return its path.
+
+        The source records the outcome (it holds the volume's lock while
+        it waits for this answer): nothing here writes the state.
+        """
+        with move.build_lock(volume['id']):
+            # Checked (again) once the lock is ours: while this step
+            # waited, its move may have been given up and a later one
+            # built.
+            t = self.authenticate(volume, step)
+            if t.state != move.PREPARING:
+                raise exception.VolumeBackendAPIException(
+                    data=_('No transfer of volume %s to this node is being '
+                           'prepared.') % volume['id'])
+            return self._build(volume, step, t)
+
+    def _build(self, volume, step, t):
+        self.lv_volumes[t.lv_name] = volume['id']
+        clones = self.clones
+        hydrate = bool(step.get('hydrate'))
+        threshold, batch = self.tuning(volume.volume_type)
+        size_gb = int(step.get('size_gb') or volume['size'])
+        try:
+            # Anything here is left from an earlier attempt that was given
+            # up (the source timed out and cleared its state): never reuse
+            # a clone or metadata LV whose regions may hold stale data.
+            clones.tear_down(t, volume['provider_auth'])
+            clones.check_space(t, size_gb, self.node_name)
+            clones.create_volumes(t, size_gb)
+            path = clones.connect_source(t, volume['provider_auth'])
+            path = clones.build_clone(t, path, hydrate, threshold, batch)
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                LOG.exception('Building the clone of volume %s failed; '
+                              'removing what was built.', volume['id'])
+                clones.tear_down(t, volume['provider_auth'])
+        self._refuse_if_given_up(volume, t)
+        LOG.info('Clone of volume %(vol)s built over %(src)s (hydration '
+                 '%(h)s).', {'vol': volume['id'], 'src': t.source_node,
+                             'h': 'on' if hydrate else 'off'})
+        return path
+
+    def _refuse_if_given_up(self, volume, t):
+        """Before answering: is the source still waiting for this move?
+
+        A build that outlasted the source's transfer timeout (a network
+        cut during the login) finishes after the source gave up and
+        recorded the move ``aborted``, or cleared it (or a later move
+        replaced it): nobody will attach to this clone, so it goes now.
+        The source records the move only if this answer reaches it in
+        time, so a give-up that lands after this check is still safe:
+        the source's abort (or, if it cannot reach this node, the monitor
+        seeing ``aborted``) removes the clone.
+        """
+        current = self.load_any(volume['id'])
+        if t.same_move(current) and current.state == move.PREPARING:
+            return
+        LOG.warning('The source of volume %(vol)s gave up the move while '
+                    'this node built its clone (state now %(state)s); '
+                    'removing the clone.',
+                    {'vol': volume['id'],
+                     'state': current.state if current else 'none'})
+        if current is not None and current.state == move.ABORTED \
+                and self.is_dest(current):
+            self.drop_aborted(volume, current)
+        else:
+            self.clones.tear_down(t, volume['provider_auth'])
+        raise exception.VolumeBackendAPIException(
+            data=_('The move of volume %s was given up by its source '
+                   'while the clone was built here; nothing was kept.')
+            % volume['id'])
+
+    def abort(self, volume, step):
+        """Remove what this node built for a move the source gave up.
+
+        Only if the record still describes that move once the build lock
+        is ours: the abort may have waited for a build, and meanwhile the
+        move been given up for good and a later move of the volume built
+        here.  (A move is aborted only by the source that gave it up, so
+        its secret alone tells it apart.)
+        """
+        with move.build_lock(volume['id']):
+            t = self.load_any(volume['id'])
+            if t is not None and t.authentic(step.get('secret')):
+                self.clones.tear_down(t, volume['provider_auth'])
+            else:
+                LOG.warning('Abort of an earlier move of volume %s ignored: '
+                            'the record describes another move now.',
+                            volume['id'])
+
+    def drop_aborted(self, volume, t):
+        """Remove what an aborted move built here, and forget it."""
+        LOG.warning('Transfer of volume %(vol)s from %(src)s was aborted; '
+                    'removing what was built here.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.clones.tear_down(t, volume['provider_auth'])
+        self.store.clear(self.ctxt(), volume['id'], t)
+
+    # -- the live migration's outcome ---------------------------------------
+
+    def detached(self, volume, connector):
+        """A connection of a volume moving here goes away.
+
+        Detach on the source (live migration done): commit, hydrate.
+        Detach here while the source still holds it (live migration
+        failed): roll back; the volume stays on the source -- unless the
+        clone already took writes here (see :meth:`hold`).
+        Returns True if the move handled it.
+        """
+        host = (connector or {}).get('host')
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or host is None:
+            return False
+        if t.state != move.CLONED:
+            # The source's detach again, after the commit was recorded (a
+            # retry after this service died before answering): its
+            # connection ended with the commit, nothing is exported here.
+            return host in t.source_names
+        with move.lock(volume['id']):
+            # Read again under the lock: the move may have been committed
+            # or rolled back by a detach that held it first.
+            t = self.load(volume['id'])
+            if not self.is_dest(t) or t.state != move.CLONED:
+                return self.is_dest(t) and host in t.source_names
+            current = attachments.current(volume)
+            on_source = attachments.on(volume, t.source_names, current)
+            if host in t.source_names:
+                if on_source <= 1:
+                    self.commit(volume, t)
+                return True
+            if host in self.node_names and on_source > 0:
+                self.roll_back_unless_written(volume, t)
+                return True
+        return False
+
+    def hold(self, volume, t):
+        """Keep a clone that took writes although the source is attached.
+
+        The instance ran here (a live migration switched over), so the
+        clone holds its latest writes; the source's attachment outlived
+        the migration (its compute died before cleaning up, or its detach
+        failed).  Rolling back would discard every write since the switch,
+        and committing would hydrate under a source that may still write.
+        Neither is safe without an operator: the move waits in ``cloned``
+        and is reported until the stale attachment is removed, which
+        commits it.
+        """
+        self.held.add(volume['id'])
+        self.store.mark_stale_source_attachment(self.ctxt(), t)
+        LOG.error('Volume %(vol)s was detached on %(dst)s, where it took '
+                  'writes, while node %(src)s still has an attachment: the '
+                  'move is kept (not rolled back) so that no write is '
+                  'lost, with hydration off. If no instance on %(src)s '
+                  'uses the volume any more, delete that attachment '
+                  '(openstack volume attachment delete): the move then '
+                  'commits and hydrates.',
+                  {'vol': volume['id'], 'dst': t.dest_node,
+                   'src': t.source_node})
+
+    def commit(self, volume, t):
+        self.clones.enable_hydration(t)
+        self.store.transition(self.ctxt(), t, (move.CLONED,),
+                              move.HYDRATING)
+        self.held.discard(volume['id'])
+        LOG.info('Transfer of volume %(vol)s committed: hydrating from '
+                 '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
+
+    def rollback(self, volume, t):
+        ctxt = self.ctxt()
+        LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
+                    'on %(src)s.', {'vol': volume['id'],
+                                    'src': t.source_node})
+        self.clones.tear_down(t, volume['provider_auth'])
+        self.store.move_volume(ctxt, volume['id'], t.source_host,
+                               source.host_zone(ctxt, t.source_host))
+        try:
+            self.send(ctxt, volume, t, t.source_host, peer.RELEASE)
+        except Exception:
+            LOG.exception('Source %(src)s did not drop the export of '
+                          '%(vol)s; it is harmless and goes with the next '
+                          'detach there.', {'src': t.source_node,
+                                            'vol': volume['id']})
+        self.store.clear(ctxt, volume['id'], t)
+
+    def roll_back_unless_written(self, volume, t):
+        """Roll a move in ``cloned`` back, unless the clone took writes.
+
+        The clone is rebuilt first (hydration off) when a reboot, or a
+        crash in an earlier rollback's teardown, took it: only the clone
+        tells whether the instance already wrote here, and a clone that
+        took writes is never rolled back (see :meth:`hold`).  A missing
+        data LV means a rollback's teardown already began: nothing is
+        left to keep, and the rollback is finished.
+        """
+        clones = self.clones
+        if clones.has_data(t):
+            if clones.needs_rebuild(t):
+                self.rebuild(volume, t, hydrate=False)
+            if clones.written(t):
+                self.hold(volume, t)
+                return
+        self.rollback(volume, t)
+
+    def rebuild(self, volume, t, hydrate):
+        """Build the clone again after a restart or reboot took it."""
+        threshold, batch = self.tuning(volume.volume_type)
+        path = self.clones.connect_source(t, volume.provider_auth)
+        self.clones.build_clone(t, path, hydrate, threshold, batch)
+
+    # -- what else can happen to a volume moving here ----------------------
+
+    def refuse_extend_while_undecided(self, volume):
+        """No extend while a live migration may still roll back.
+
+        In ``cloned`` the move may still be rolled back to the source,
+        whose LV has the old size: the volume record would then claim a
+        size its LV does not have.  In ``preparing`` the destination
+        builds a clone of the old size.  Once the move is committed the
+        destination's LV is the volume, and an extend is mapped linearly
+        past the clone.  The check waits for a move being set up.
+        """
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+        if t is not None and t.state in (move.PREPARING, move.CLONED):
+            self.raise_moving(volume, t, _('an extend (the live migration '
+                                           'is not decided yet)'),
+                              percent='0.0')
+
+    def extend(self, volume):
+        """Grow the table of a clone after its LV grew; False if none."""
+        t = self.load(volume['id'])
+        if not self.is_dest(t) or t.state == move.FINALIZING:
+            return False
+        with move.lock(volume['id']):
+            return self.clones.extend(t)
+
+    def retune(self, volume, volume_type):
+        """Apply a new volume type's hydration tuning to a live clone."""
+        t = self.load(volume['id'])
+        if self.is_dest(t) and t.state in (move.CLONED, move.HYDRATING):
+            threshold, batch = self.tuning(volume_type)
+            self.clones.tune(t, threshold, batch)
+
+    def delete(self, volume):
+        """A volume moving here is deleted: clean both nodes.
+
+        Returns False when the caller still has to delete the volume's LV
+        here (no move into this node).
+        """
+        t = self.load(volume['id'])
+        if not self.is_dest(t):
+            return False
+        ctxt = self.ctxt()
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+            if not self.is_dest(t):
+                return False
+            self.clones.tear_down(t, volume['provider_auth'])
+            self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+            self.store.clear(ctxt, volume['id'], t)
+            self.pending_finalize.discard(volume['id'])
+            self.held.discard(volume['id'])
+        return True
+
+    # -- finalization ------------------------------------------------------
+
+    def finalize_pending(self):
+        """Retry the finalizations that failed (after each monitor tick)."""
+        for volume_id in sorted(self.pending_finalize):
+            self.finalize(volume_id)
+
+    def finalize(self, volume_id):
+        """Swap to linear, drop metadata and session, retire the source.
+
+        Each step is idempotent; a failure keeps the move in
+        ``finalizing`` and the next monitor tick tries again.
+        """
+        ctxt = self.ctxt()
+        try:
+            with move.lock(volume_id):
+                t = self.load(volume_id)
+                if not self.is_dest(t):
+                    self.pending_finalize.discard(volume_id)
+                    return
+                volume = objects.Volume.get_by_id(ctxt, volume_id)
+                if t.state != move.FINALIZING:
+                    self.store.transition(ctxt, t, (move.HYDRATING,),
+                                          move.FINALIZING)
+                self.clones.swap_to_linear(t)
+                self.clones.remove_metadata(t)
+                self.clones.disconnect_source(t, volume.provider_auth)
+                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+                # The source's export goes from the record before the
+                # state does, so a crash in between is finalized again.
+                self.store.forget_source_export(ctxt, volume_id)
+                self.store.clear(ctxt, volume_id, t)
+                self.pending_finalize.discard(volume_id)
+                LOG.info('Transfer of volume %(vol)s finished: it lives on '
+                         '%(node)s alone.', {'vol': volume_id,
+                                             'node': t.dest_node})
+        except Exception:
+            self.pending_finalize.add(volume_id)
+            LOG.exception('Finalizing the transfer of volume %s failed; '
+                          'retrying at the next monitor tick.', volume_id)

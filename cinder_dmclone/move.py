@@ -1,0 +1,435 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""A volume moving from one node to another: its record and its store.
+
+A move takes a volume from its *source* node (where its LV is) to a
+*destination* node (where an instance attaches it).  Its record lives in
+the volume's admin metadata (keys ``dmclone_*``), so every service can tell
+where a volume is in its move; :class:`Store` is the only code that reads
+or writes it, and every change of state is a compare-and-set made under
+the volume's lock (:func:`lock`).  Each step of a move is idempotent, so a
+service that crashed anywhere resumes by running the next step again:
+
+=============  ===========================================================
+state          meaning, and what recovery on the destination does
+=============  ===========================================================
+``preparing``  the source asked the destination to build the clone; it
+               may be half built.  Recovery rolls the destination back
+               (never reuses a metadata LV that may not be initialised).
+``cloned``     the clone serves I/O on the destination, hydration is off
+               because the source may still have an attachment (live
+               migration).  Recovery rebuilds the clone, hydration off.
+``hydrating``  the move is committed; the clone copies in the background.
+               Recovery rebuilds the clone with hydration on.
+``finalizing`` hydration finished; the handle is (being) swapped to a
+               linear table and the source cleaned up.  Recovery runs
+               the finalisation again.
+``aborted``    the source gave the move up while the destination could
+               not be reached to drop its side (it died mid-prepare, or
+               never answered).  The volume stays, usable, on the
+               source; nothing treats it as moving.  The destination's
+               recovery (or its monitor) removes what it built and
+               clears the state; the source's restart asks it again.
+=============  ===========================================================
+
+(Cinder's own "volume transfer" hands a volume to another project; this
+driver's moves are unrelated to it.  The persisted keys and the options
+keep the word ``transfer`` they were released with.)
+"""
+
+import dataclasses
+import hmac
+import re
+import secrets
+
+from oslo_concurrency import lockutils
+from oslo_log import log as logging
+
+from cinder import coordination
+from cinder import exception
+from cinder.i18n import _
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
+
+LOG = logging.getLogger(__name__)
+
+PREPARING = 'preparing'
+CLONED = 'cloned'
+HYDRATING = 'hydrating'
+FINALIZING = 'finalizing'
+ABORTED = 'aborted'
+STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED)
+
+KEY_PREFIX = 'dmclone_'
+#: bytes of randomness in a move's secret (hex encoded in the record).
+SECRET_BYTES = 16
+PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
+                 'eta_seconds', 'stalled_seconds', 'stale_source_attachment')
+
+_IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
+_PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
+_HOST_RE = re.compile(r'^[A-Za-z0-9_.@#:-]+$')
+_SECRET_RE = re.compile(r'^[0-9a-f]{32,128}$')
+
+
+class MoveStateInvalid(exception.VolumeBackendAPIException):
+    message = _("Move state of volume %(volume_id)s is invalid "
+                "(%(reason)s); nothing was changed. Fix or remove the "
+                "dmclone_* admin metadata keys after checking both nodes.")
+
+
+class MoveStateConflict(exception.VolumeBackendAPIException):
+    message = _("The move of volume %(volume_id)s changed under this "
+                "step (expected %(expected)s, found %(found)s); the step "
+                "was not taken.")
+
+
+class MoveInProgress(exception.VolumeIsBusy):
+    message = _("Volume %(volume_name)s is moving from %(source)s to "
+                "%(dest)s (%(state)s, %(percent)s%% hydrated): %(action)s is "
+                "possible once the move has finished.")
+
+
+def lock(volume_id):
+    """The per-volume lock every step of a move runs under."""
+    return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
+
+
+def build_lock(volume_id):
+    """This node's lock on building or removing a volume's clone.
+
+    The destination builds a clone inside the source's critical section
+    (it holds the volume lock while it waits), and a source that gave up
+    waiting asks it to abort in the same way: the two steps may then run
+    at once in this service.  This process-local lock makes the abort wait
+    for the build, so it removes everything the build made.
+    """
+    return lockutils.lock('dmclone-build-%s' % volume_id)
+
+
+def _int(value, volume_id, name, minimum=1):
+    try:
+        result = int(value)
+    except (TypeError, ValueError):
+        raise MoveStateInvalid(volume_id=volume_id,
+                               reason='%s=%r is not an integer'
+                               % (name, value)) from None
+    if result < minimum:
+        raise MoveStateInvalid(volume_id=volume_id,
+                               reason='%s=%d is below %d'
+                               % (name, result, minimum))
+    return result
+
+
+def _match(regex, value, volume_id, name):
+    # fullmatch: '$' alone would accept a trailing newline.
+    if not isinstance(value, str) or not regex.fullmatch(value):
+        raise MoveStateInvalid(volume_id=volume_id,
+                               reason='%s=%r is malformed'
+                               % (name, value))
+    return value
+
+
+@dataclasses.dataclass
+class Move:
+    """The persisted description of one move."""
+
+    volume_id: str
+    lv_name: str
+    state: str
+    #: Cinder volume host strings (host@backend#pool) of both ends.
+    source_host: str
+    dest_host: str
+    #: Node names as connectors spell them.
+    source_node: str
+    dest_node: str
+    #: dm-clone region size, and length of the clone segment, in sectors;
+    #: a rebuilt table must use exactly these values.
+    region_sectors: int
+    clone_sectors: int
+    #: The source's iSCSI export of the volume.
+    target_portal: str
+    target_iqn: str
+    target_lun: int = 0
+    #: Other names of the source node (its dmclone_node_aliases): an
+    #: attachment or a detach made under one of them is the source's.
+    source_aliases: tuple = ()
+    #: A random value only the two volume services know (admin metadata
+    #: is never shown to a volume's owner): every node-to-node step
+    #: carries it, so none can be forged through the public API.
+    secret: str = ''
+
+    FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
+              'dest_node', 'region_sectors', 'clone_sectors',
+              'target_portal', 'target_iqn', 'target_lun')
+    #: Fields a record written by release 1.1.0 does not have.
+    OPTIONAL_FIELDS = ('source_aliases', 'secret')
+
+    @property
+    def source_names(self):
+        """Every name the source node attaches and detaches under."""
+        return {self.source_node} | set(self.source_aliases)
+
+    def to_metadata(self):
+        """Admin metadata entries (strings) describing the t."""
+        md = {KEY_PREFIX + name: str(getattr(self, name))
+              for name in self.FIELDS}
+        md[KEY_PREFIX + 'source_aliases'] = ','.join(
+            sorted(self.source_aliases))
+        md[KEY_PREFIX + 'secret'] = self.secret
+        return md
+
+    def same_move(self, other):
+        """True if ``other`` is this very move, not a later one."""
+        return (other is not None and bool(self.secret)
+                and hmac.compare_digest(self.secret, other.secret or '')
+                and self.dest_node == other.dest_node)
+
+    def authentic(self, secret):
+        """True if ``secret`` is this move's (constant-time compare)."""
+        return (bool(self.secret) and isinstance(secret, str)
+                and hmac.compare_digest(self.secret.encode(),
+                                        secret.encode()))
+
+    @classmethod
+    def from_metadata(cls, volume_id, metadata):
+        """The move in ``metadata``, None if there is none.
+
+        Every value is validated: state written by hand or by a broken
+        release raises MoveStateInvalid instead of driving commands.
+        """
+        metadata = metadata or {}
+        if KEY_PREFIX + 'state' not in metadata:
+            return None
+        raw = {}
+        for name in cls.FIELDS:
+            if KEY_PREFIX + name not in metadata:
+                raise MoveStateInvalid(volume_id=volume_id,
+                                       reason='%s%s is missing'
+                                       % (KEY_PREFIX, name))
+            raw[name] = metadata[KEY_PREFIX + name]
+        if raw['state'] not in STATES:
+            raise MoveStateInvalid(volume_id=volume_id,
+                                   reason='unknown state %r'
+                                   % raw['state'])
+        try:
+            layout.validate_lv_name(raw['lv_name'])
+            region = dmsetup.validate_region_size(
+                _int(raw['region_sectors'], volume_id, 'region_sectors'))
+        except (dmc_exception.InvalidDMName,
+                dmc_exception.InvalidTable) as exc:
+            raise MoveStateInvalid(volume_id=volume_id,
+                                   reason=str(exc)) from None
+        for name in ('source_host', 'dest_host', 'source_node', 'dest_node'):
+            _match(_HOST_RE, raw[name], volume_id, name)
+        if raw['source_host'] == raw['dest_host']:
+            raise MoveStateInvalid(volume_id=volume_id,
+                                   reason='source and destination are '
+                                          'the same host')
+        aliases = metadata.get(KEY_PREFIX + 'source_aliases') or ''
+        aliases = tuple(_match(_HOST_RE, name, volume_id, 'source_aliases')
+                        for name in aliases.split(',') if name)
+        secret = metadata.get(KEY_PREFIX + 'secret') or ''
+        if secret:
+            _match(_SECRET_RE, secret, volume_id, 'secret')
+        return cls(
+            volume_id=volume_id, lv_name=raw['lv_name'], state=raw['state'],
+            source_host=raw['source_host'], dest_host=raw['dest_host'],
+            source_node=raw['source_node'], dest_node=raw['dest_node'],
+            region_sectors=region,
+            clone_sectors=_int(raw['clone_sectors'], volume_id,
+                               'clone_sectors'),
+            target_portal=_match(_PORTAL_RE, raw['target_portal'],
+                                 volume_id, 'target_portal'),
+            target_iqn=_match(_IQN_RE, raw['target_iqn'], volume_id,
+                              'target_iqn'),
+            target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
+                            minimum=0),
+            source_aliases=aliases, secret=secret)
+
+    @classmethod
+    def metadata_keys(cls):
+        return [KEY_PREFIX + n
+                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS]
+
+    def source_properties(self, provider_auth=None):
+        """os-brick iSCSI connection properties of the source export.
+
+        The one portal is also given as the lists os-brick's multipath
+        form uses: with them, a disconnect takes the targets from these
+        properties instead of querying iscsiadm's discovery database.
+        That query fails on a node with no iSCSI records yet, and the
+        clean-up before a build then logged an ERROR with a traceback
+        ("Exception encountered during portal discovery").
+        """
+        props = {'target_portal': self.target_portal,
+                 'target_iqn': self.target_iqn,
+                 'target_lun': self.target_lun,
+                 'target_portals': [self.target_portal],
+                 'target_iqns': [self.target_iqn],
+                 'target_luns': [self.target_lun],
+                 'target_discovered': False,
+                 'volume_id': self.volume_id}
+        if provider_auth:
+            method, user, secret = provider_auth.split(' ', 2)
+            props.update(auth_method=method, auth_username=user,
+                         auth_password=secret)
+        return props
+
+
+def progress_percent(metadata):
+    return (metadata or {}).get(KEY_PREFIX + 'percent', '0.0')
+
+
+class Store(object):
+    """Move records in the volume's admin metadata.
+
+    Admin metadata is visible to every service of the deployment (and to
+    admins, never to the volume's owner), which is what lets any node tell
+    where a volume is in its move.
+
+    This is the only code that writes a move's state.  Every writer
+    holds the volume's lock (see :func:`lock`), and
+    every change of state is conditional: :meth:`transition` re-reads the
+    record and changes it only if it is still the same move in one of the
+    states the step expects, so a step that lost a race changes nothing.
+    """
+
+    def __init__(self, db):
+        self.db = db
+
+    def load(self, ctxt, volume_id):
+        md = self.db.volume_admin_metadata_get(ctxt, volume_id)
+        return Move.from_metadata(volume_id, md)
+
+    @staticmethod
+    def new_secret():
+        return secrets.token_hex(SECRET_BYTES)
+
+    def percent(self, ctxt, volume_id):
+        """The hydration percentage last published for the volume."""
+        return progress_percent(
+            self.db.volume_admin_metadata_get(ctxt, volume_id))
+
+    def save(self, ctxt, t):
+        """Record a new move (with a fresh secret if it has none).
+
+        Progress left by an earlier move (a clear that a crash cut short)
+        goes first: it must never be shown as this move's.
+        """
+        if not t.secret:
+            t.secret = self.new_secret()
+        self._delete(ctxt, t.volume_id,
+                     [KEY_PREFIX + k for k in PROGRESS_KEYS])
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id, t.to_metadata(), False)
+
+    def _delete(self, ctxt, volume_id, keys):
+        md = self.db.volume_admin_metadata_get(ctxt, volume_id) or {}
+        for key in keys:
+            if key not in md:
+                continue
+            try:
+                self.db.volume_admin_metadata_delete(ctxt, volume_id, key)
+            except exception.CinderException:
+                pass
+
+    def ensure_secret(self, ctxt, t):
+        """Give a move recorded by release 1.1.0 its secret (under lock).
+
+        Steps are only ever sent by the node holding the volume's lock,
+        which calls this first: the other node then reads the secret from
+        the record like any other field.
+        """
+        if t.secret:
+            return
+        t.secret = self.new_secret()
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id,
+            {KEY_PREFIX + 'secret': t.secret}, False)
+
+    def transition(self, ctxt, t, expected, state):
+        """Move ``t`` from one of ``expected`` states to ``state``.
+
+        Raises MoveStateConflict, writing nothing, if the record no
+        longer describes this move (cleared, replaced by another move) or
+        is in a state the step does not expect.
+        """
+        # A move recorded by release 1.1.0 gets its secret here first (the
+        # caller holds the lock, as every writer does).
+        self.ensure_secret(ctxt, t)
+        current = self.load(ctxt, t.volume_id)
+        if current is None or not t.same_move(current):
+            found = 'none' if current is None else 'another move'
+        elif current.state not in expected:
+            found = current.state
+        else:
+            found = None
+        if found is not None:
+            raise MoveStateConflict(
+                volume_id=t.volume_id,
+                expected='/'.join(expected), found=found)
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id, {KEY_PREFIX + 'state': state}, False)
+        t.state = state
+
+    def mark_stale_source_attachment(self, ctxt, t):
+        """Say, for the status tool, that the move waits for an operator.
+
+        (See Destination.hold; cleared with the move.)
+        """
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id, {KEY_PREFIX + 'stale_source_attachment':
+                                t.source_node}, False)
+
+    def publish_progress(self, ctxt, volume_id, progress):
+        self.db.volume_admin_metadata_update(
+            ctxt, volume_id,
+            {KEY_PREFIX + k: v for k, v in progress.as_dict().items()},
+            False)
+
+    def clear(self, ctxt, volume_id, t=None):
+        """Forget the move; with ``t``, only if it is still that one.
+
+        A step that ends a move passes it, so that a later move of the
+        same volume recorded meanwhile is never erased.
+        """
+        if t is not None and t.secret:
+            current = self.load(ctxt, volume_id)
+            if current is not None and not t.same_move(current):
+                LOG.warning('Not clearing the move of volume %s: the '
+                            'record describes another move now.', volume_id)
+                return
+        # The state key goes first: without it the other keys are inert,
+        # so a crash part-way leaves no half-described move behind.
+        state = KEY_PREFIX + 'state'
+        keys = [state] + [k for k in Move.metadata_keys() if k != state]
+        for key in keys:
+            try:
+                self.db.volume_admin_metadata_delete(ctxt, volume_id, key)
+            except exception.CinderException:
+                pass
+
+    def forget_source_export(self, ctxt, volume_id):
+        """The source's export is gone: the record stops naming it."""
+        self.db.volume_update(ctxt, volume_id, {'provider_location': None,
+                                                'provider_auth': None})
+
+    def move_volume(self, ctxt, volume_id, host, availability_zone=None):
+        """Point the volume record at the node that now holds it."""
+        values = {'host': host}
+        if availability_zone:
+            values['availability_zone'] = availability_zone
+        self.db.volume_update(ctxt, volume_id, values)

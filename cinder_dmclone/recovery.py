@@ -1,0 +1,213 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What a node does about a move after a restart, a reboot or an abort.
+
+:func:`plan` is a pure function from what is recorded (the move), what the
+database says (where the volume lives, who is attached) and what this
+node's kernel and LVM show (the clone's LVs, whether its table is still
+loaded) to the one action to take; :class:`Recovery` gathers those facts
+and carries the action out.  Service start runs it for every move that
+touches this node; the hydration monitor runs it for a move it finds
+aborted.
+"""
+
+import dataclasses
+
+from oslo_log import log as logging
+
+from cinder import objects
+
+from cinder_dmclone import attachments
+from cinder_dmclone import layout
+from cinder_dmclone import move
+
+LOG = logging.getLogger(__name__)
+
+#: Nothing to do here (the move is the other node's business).
+NOTHING = 'nothing'
+#: Source: the move never completed; drop the export, ask the destination
+#: to remove its side, forget the move.
+ABANDON = 'abandon'
+#: Destination: the source gave the move up; remove what was built here.
+DROP_ABORTED = 'drop aborted'
+#: Destination, ``preparing``: tear down the half-built clone; the source
+#: (or its recovery) owns the record and clears it.
+TEAR_DOWN = 'tear down'
+#: Destination, ``cloned``: the live migration failed (or a rollback was
+#: cut short): roll back, unless the clone took writes.
+ROLL_BACK = 'roll back unless written'
+#: Destination: the clone's table is gone; rebuild it (hydration as the
+#: state says), then commit if the lost detach said so.
+REBUILD = 'rebuild'
+#: Destination, ``finalizing``, table still loaded: finalize again.
+FINALIZE = 'finalize'
+#: Destination: the data LV of a committed move is gone (its delete was
+#: interrupted): report, touch nothing.
+REPORT_DELETED = 'report interrupted delete'
+
+
+@dataclasses.dataclass(frozen=True)
+class Facts:
+    """What recovery looks at, besides the move record itself."""
+
+    #: The move's source is this node, and the volume record names it.
+    source_here: bool
+    #: The move's destination is this node.
+    dest_here: bool
+    #: Active attachments on the source's names and on this node's.
+    on_source: int = 0
+    on_dest: int = 0
+    #: The clone's data LV exists here; its clone table is not loaded.
+    has_data: bool = True
+    needs_rebuild: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    """What to do, and for REBUILD how."""
+
+    name: str
+    hydrate: bool = False
+    commit: bool = False
+    finalize: bool = False
+
+
+def plan(t, facts):
+    """The action recovery takes for move ``t`` given ``facts``."""
+    if facts.source_here:
+        return Action(ABANDON)
+    if not facts.dest_here:
+        return Action(NOTHING)
+    if t.state == move.ABORTED:
+        return Action(DROP_ABORTED)
+    if t.state == move.PREPARING:
+        return Action(TEAR_DOWN)
+    commit = False
+    if t.state == move.CLONED:
+        # The detach a crash may have lost decides: none left on the
+        # source means the instance runs here (commit); none here while
+        # the source still has one means the migration failed.
+        rollback = bool(facts.on_source and not facts.on_dest)
+        commit = not facts.on_source
+        if rollback or not facts.has_data:
+            # (No data LV: a rollback's teardown had begun.)
+            return Action(ROLL_BACK)
+    if t.state == move.FINALIZING and not facts.needs_rebuild:
+        return Action(FINALIZE)
+    if not facts.has_data:
+        return Action(REPORT_DELETED)
+    return Action(REBUILD, hydrate=commit or t.state != move.CLONED,
+                  commit=commit, finalize=t.state == move.FINALIZING)
+
+
+class Recovery(object):
+    """Carries out :func:`plan` for the moves touching this node."""
+
+    def __init__(self, source, destination):
+        self.source = source
+        self.destination = destination
+
+    def recover(self, volumes, metadata_lvs):
+        """Resume, finish or roll back every move touching this node.
+
+        ``volumes`` are the volumes whose record names this node or whose
+        move does; ``metadata_lvs`` the metadata LV names present here.
+        Leftovers that match no move are reported, never deleted.
+        """
+        known = set()
+        for volume in volumes:
+            try:
+                t = move.Move.from_metadata(volume.id, volume.admin_metadata)
+            except move.MoveStateInvalid:
+                LOG.exception('Not recovering volume %s.', volume.id)
+                continue
+            if t is None:
+                continue
+            known.add(t.lv_name)
+            if self.destination.is_dest(t):
+                self.destination.lv_volumes[t.lv_name] = volume.id
+            try:
+                self.run(volume, t)
+            except Exception:
+                LOG.exception('Recovering the transfer of volume %s failed.',
+                              volume.id)
+        for name in metadata_lvs:
+            lv = layout.lv_name_from_metadata_lv(name)
+            if lv and lv not in known:
+                LOG.warning('Metadata LV %s matches no transfer into this '
+                            'node; left in place for an operator to check.',
+                            name)
+
+    def resolve_aborted(self, volume_id, t):
+        """The monitor found move ``t`` aborted: act if it still is.
+
+        Under the volume's lock, and only if the record still describes
+        that move: a retried one may have taken the lock first and be
+        building right now.
+        """
+        with move.lock(volume_id):
+            current = self.destination.load_any(volume_id)
+            if t.same_move(current) and current.state == move.ABORTED:
+                self.run(objects.Volume.get_by_id(
+                    self.destination.ctxt(), volume_id), current)
+
+    def facts(self, volume, t):
+        dest = self.destination
+        source_here = self.source.is_source(t) and \
+            self.source.lives_here(volume)
+        if source_here or not dest.is_dest(t) or t.state != move.CLONED:
+            on_source = on_dest = 0
+        else:
+            current = attachments.current(volume)
+            on_source = attachments.on(volume, t.source_names, current)
+            on_dest = attachments.on(volume, dest.node_names, current)
+        dest_here = dest.is_dest(t)
+        return Facts(
+            source_here=source_here, dest_here=dest_here,
+            on_source=on_source, on_dest=on_dest,
+            has_data=dest_here and dest.clones.has_data(t),
+            needs_rebuild=dest_here and dest.clones.needs_rebuild(t))
+
+    def run(self, volume, t):
+        """Take the action :func:`plan` gives for ``t`` on this node."""
+        action = plan(t, self.facts(volume, t))
+        dest = self.destination
+        if action.name == ABANDON:
+            self.source.abandon(volume, t)
+        elif action.name == DROP_ABORTED:
+            dest.drop_aborted(volume, t)
+        elif action.name == ROLL_BACK:
+            dest.roll_back_unless_written(volume, t)
+        elif action.name == TEAR_DOWN:
+            LOG.warning('Transfer of volume %s was half built; rolling '
+                        'back this node.', volume.id)
+            dest.clones.tear_down(t, volume.provider_auth)
+        elif action.name == FINALIZE:
+            dest.pending_finalize.add(volume.id)
+        elif action.name == REPORT_DELETED:
+            LOG.warning('Volume %s has no LV here any more: its delete was '
+                        'interrupted; delete it again.', volume.id)
+        elif action.name == REBUILD:
+            self._rebuild(volume, t, action)
+        return action
+
+    def _rebuild(self, volume, t, action):
+        # (FINALIZING after a reboot: rebuild the clone so that the swap
+        # can check it is fully hydrated.)
+        self.destination.rebuild(volume, t, action.hydrate)
+        if action.commit:
+            self.destination.commit(volume, t)
+        if action.finalize:
+            self.destination.pending_finalize.add(volume.id)
+        LOG.info('Clone of volume %(vol)s rebuilt after restart '
+                 '(%(state)s).', {'vol': volume.id, 'state': t.state})

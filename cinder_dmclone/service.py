@@ -1,0 +1,55 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""This node's part in moves, wired together once.
+
+A node is the source of some moves and the destination of others; its
+volume service holds one :class:`MoveService`: the two sides, the endpoint
+that admits the other nodes' steps, recovery, and the hydration monitor
+with its tracker.  The driver builds it from its configuration, the
+two-node unit model from its fakes: nothing in here calls back into
+either.
+"""
+
+import functools
+
+from cinder_dmclone import destination
+from cinder_dmclone import hydration
+from cinder_dmclone import peer
+from cinder_dmclone import recovery
+from cinder_dmclone import source
+
+
+class MoveService(object):
+    """Source, destination, endpoint, recovery and monitor of one node.
+
+    ``tuning`` is the (threshold, batch size) a volume type without
+    ``dmclone:`` extra specs gets; ``interval`` the monitor's period.
+    """
+
+    def __init__(self, node_names, node_name, store, peer_client, clones,
+                 target_driver, dm, volume_group, wiper, region_sectors,
+                 tuning, interval, stall_timeout=0):
+        self.source = source.Source(
+            node_names, node_name, store, peer_client, target_driver, dm,
+            volume_group, wiper, region_sectors)
+        self.destination = destination.Destination(
+            node_names, node_name, store, peer_client, clones,
+            functools.partial(destination.hydration_tuning,
+                              threshold=tuning[0], batch_size=tuning[1]))
+        self.endpoint = peer.Endpoint(self.source, self.destination)
+        self.recovery = recovery.Recovery(self.source, self.destination)
+        self.tracker = hydration.HydrationTracker(
+            self.destination, self.recovery, stall_timeout=stall_timeout)
+        self.monitor = hydration.HydrationMonitor(
+            dm, volume_group, self.tracker.on_status, interval,
+            after_tick=self.destination.finalize_pending)

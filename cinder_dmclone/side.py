@@ -1,0 +1,129 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What both sides of a move share: who this node is, and its tools.
+
+A node is the source of the volumes that move away from it and the
+destination of those that move to it; :class:`Side` is the part of each
+that does not depend on which: the node's names, the move store, the
+client that sends steps to the other node, and the reads every step
+starts with.
+"""
+
+from oslo_log import log as logging
+
+from cinder import context
+
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import move
+from cinder_dmclone import peer
+
+LOG = logging.getLogger(__name__)
+
+
+class Side(object):
+    """One side of the moves of this node.
+
+    ``node_names`` are every name the node's connectors and services use
+    (its name and its ``dmclone_node_aliases``), ``node_name`` the one it
+    gives others; ``store`` is the :class:`cinder_dmclone.move.Store`,
+    ``peer`` the :class:`cinder_dmclone.peer.PeerClient`.
+    """
+
+    def __init__(self, node_names, node_name, store, peer):
+        self.node_names = frozenset(node_names)
+        self.node_name = node_name
+        self.store = store
+        self.peer = peer
+
+    @staticmethod
+    def ctxt():
+        return context.get_admin_context()
+
+    def is_dest(self, t):
+        return t is not None and t.dest_node in self.node_names
+
+    def is_source(self, t):
+        return t is not None and t.source_node in self.node_names
+
+    def load(self, volume_id):
+        """The volume's move in progress, or None.
+
+        An ``aborted`` move is not in progress: the volume is back to
+        normal on its source, only leftovers on the destination remain
+        (see :meth:`load_any`).
+        """
+        t = self.load_any(volume_id)
+        return None if t is None or t.state == move.ABORTED else t
+
+    def load_any(self, volume_id):
+        """The volume's move record, aborted ones included."""
+        return self.store.load(self.ctxt(), volume_id)
+
+    def refuse_if_moving(self, volume, action, locked=False):
+        """Raise MoveInProgress if the volume is being moved.
+
+        With ``locked``, a move being set up right now (the source holds
+        the lock while the destination builds) is waited for and seen.
+        """
+        t = self.load(volume['id'])
+        if t is not None and locked:
+            with move.lock(volume['id']):
+                t = self.load(volume['id'])
+        if t is not None:
+            self.raise_moving(volume, t, action)
+
+    def raise_moving(self, volume, t, action, percent=None):
+        if percent is None:
+            percent = self.store.percent(self.ctxt(), volume['id'])
+        raise move.MoveInProgress(
+            volume_name=volume['name'], source=t.source_node,
+            dest=t.dest_node, state=t.state, percent=percent, action=action)
+
+    def send(self, ctxt, volume, t, host, op):
+        """Send step ``op`` of move ``t`` to ``host``'s service.
+
+        The caller holds the volume's lock: a move recorded by release
+        1.1.0 gets its secret here, before the other node needs it.
+        """
+        self.store.ensure_secret(ctxt, t)
+        self.peer.request(ctxt, volume, host, op, t.secret)
+
+    def authenticate(self, volume, step, ops=peer.OPS):
+        """The move a node-to-node step belongs to, or StepRefused.
+
+        A step must carry the secret of the move it acts on, come by the
+        call that carries its kind (``ops``), and its operation must fit
+        this node's side of the move.  Anything else came through the
+        public API (an owner's connector with a ``dmclone`` entry) and
+        changes nothing.
+        """
+        op = step.get('op')
+        t = self.load_any(volume['id'])
+        reason = None
+        if t is None:
+            reason = 'no transfer of this volume is recorded'
+        elif not t.authentic(step.get('secret')):
+            reason = 'it does not carry the transfer\'s secret'
+        elif op not in ops:
+            reason = 'this call does not carry %s steps' % op
+        elif op in (peer.PREPARE, peer.ABORT) and not self.is_dest(t):
+            reason = 'this node is not the destination'
+        elif op in (peer.RELEASE, peer.RETIRE) and not self.is_source(t):
+            reason = 'this node is not the source'
+        if reason:
+            LOG.warning('Refused dmclone step %(op)s for volume %(vol)s: '
+                        '%(why)s (a request through the public API?).',
+                        {'op': op, 'vol': volume['id'], 'why': reason})
+            raise dmc_exception.StepRefused(op=op, volume=volume['id'],
+                                            reason=reason)
+        return t

@@ -1,0 +1,343 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The source's side of a move: the node a volume leaves.
+
+An instance on another node attaches the volume: :meth:`Source.move`
+exports it to that node, asks the node's service to build the clone and
+records the move.  Afterwards the destination asks for two steps
+(``release``: drop the export made for the move after a rollback;
+``retire``: the volume has left, remove the export and the old copy),
+which run inside the destination's critical section and so take no lock.
+"""
+
+from oslo_log import log as logging
+from oslo_utils import excutils
+from oslo_utils import units
+
+from cinder.common import constants
+from cinder import exception
+from cinder.i18n import _
+from cinder import objects
+from cinder.volume import volume_utils
+
+from cinder_dmclone import attachments
+from cinder_dmclone import dmsetup
+from cinder_dmclone import layout
+from cinder_dmclone import move
+from cinder_dmclone import peer
+from cinder_dmclone import side
+
+LOG = logging.getLogger(__name__)
+
+
+def service_host(ctxt, volume, node):
+    """The volume host string and AZ of ``node``'s service, or None.
+
+    A node's service runs the same backend section under the node's name
+    (``<node>@<section>``); the pool is the backend name.
+    """
+    backend = volume_utils.extract_host(volume['host'], 'backend')
+    section = backend.partition('@')[2]
+    dest_backend = '%s@%s' % (node, section)
+    try:
+        service = objects.Service.get_by_args(ctxt, dest_backend,
+                                              constants.VOLUME_BINARY)
+    except exception.ServiceNotFound:
+        return None, None
+    if service.disabled or not service.is_up:
+        raise exception.VolumeBackendAPIException(
+            data=_('Cannot move volume %(vol)s to node %(node)s: its '
+                   'volume service %(svc)s is down or disabled.')
+            % {'vol': volume['id'], 'node': node, 'svc': dest_backend})
+    pool = volume_utils.extract_host(volume['host'], 'pool')
+    return (volume_utils.append_host(dest_backend, pool),
+            service.availability_zone)
+
+
+def host_zone(ctxt, host):
+    """The availability zone of the volume service behind ``host``.
+
+    None when the service is unknown: the record keeps its zone.
+    """
+    backend = volume_utils.extract_host(host, 'backend')
+    try:
+        return objects.Service.get_by_args(
+            ctxt, backend, constants.VOLUME_BINARY).availability_zone
+    except exception.ServiceNotFound:
+        return None
+
+
+class Source(side.Side):
+    """Moves of volumes away from this node.
+
+    Besides the shared tools (see :class:`~cinder_dmclone.side.Side`):
+    the target driver that exports the volume to the destination, the
+    node's device-mapper and data volume group name (the volume's handle
+    goes with the old copy), the :class:`~cinder_dmclone.wiper.Wiper` that
+    removes old copies, and the region size moves are cut in.
+    """
+
+    def __init__(self, node_names, node_name, store, peer_client,
+                 target_driver, dm, volume_group, wiper, region_sectors):
+        super().__init__(node_names, node_name, store, peer_client)
+        self.target_driver = target_driver
+        self.dm = dm
+        self.volume_group = volume_group
+        self.wiper = wiper
+        self.region_sectors = region_sectors
+
+    # -- starting a move ---------------------------------------------------
+
+    def wants_move(self, volume, connector):
+        """True if this attach should move the volume to the connector.
+
+        A multiattach volume never moves: each node's copy would take its
+        own writes, so instances on two nodes would see two disks.  It
+        stays where it is and other nodes reach it over iSCSI.
+        """
+        if volume.get('multiattach'):
+            return False
+        return (connector.get('host') not in self.node_names
+                and attachments.is_instance_attach(
+                    volume, attachments.current(volume)))
+
+    def move(self, volume, connector, lv_sectors):
+        """Move ``volume`` to the connector's node; return conn info.
+
+        Runs inside the attach request.  The destination's service builds
+        the clone over this node's export (ACL for its initiator only) and
+        returns a local connection; the volume record then names the
+        destination.  Any failure leaves the volume here, untouched, with
+        nothing left on either node.  None: the connector's node runs no
+        service of this backend.
+        """
+        ctxt = self.ctxt()
+        dest_node = connector['host']
+        self._check_source_size(volume, lv_sectors)
+        with move.lock(volume['id']):
+            self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
+            self._refuse_snapshots(ctxt, volume)
+            dest_host, dest_az = service_host(ctxt, volume, dest_node)
+            if dest_host is None:
+                return None
+            t = self._record(ctxt, volume, connector, dest_host, lv_sectors)
+            current = attachments.current(volume)
+            # Any name of this node: an attachment made under an alias
+            # still writes to the source, so it must not be hydrated yet.
+            hydrate = not attachments.on(volume, self.node_names, current)
+            starting = attachments.starting(volume, current)
+            LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
+                     '(hydration %(h)s).',
+                     {'vol': volume['id'], 'src': self.node_name,
+                      'dst': dest_node,
+                      'h': 'now' if hydrate else 'after detach here'})
+            try:
+                info = self.peer.prepare(ctxt, volume, dest_host, connector,
+                                         t.secret, hydrate=hydrate,
+                                         size_gb=volume['size'])
+                self._refuse_if_attach_withdrawn(volume, starting)
+                # Only the lock holder writes the state: the destination
+                # answered, the move is recorded here, under the lock.
+                self.store.transition(
+                    ctxt, t, (move.PREPARING,),
+                    move.HYDRATING if hydrate else move.CLONED)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    LOG.error('Destination %(dst)s could not take volume '
+                              '%(vol)s; it stays on %(src)s.',
+                              {'dst': dest_node, 'vol': volume['id'],
+                               'src': self.node_name})
+                    # The destination may have built (part of) the clone
+                    # before failing to answer (a timeout, a restart):
+                    # ask it to drop its side while the state still
+                    # describes the move.
+                    self.drop_export(volume, connector)
+                    self.give_up(ctxt, volume, t)
+            self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
+            LOG.info('Volume %(vol)s now lives on %(dst)s.',
+                     {'vol': volume['id'], 'dst': dest_host})
+            return info
+
+    def _record(self, ctxt, volume, connector, dest_host, lv_sectors):
+        """Export the volume to the destination and record the move."""
+        data = self.target_driver.initialize_connection(
+            volume, connector)['data']
+        t = move.Move(
+            volume_id=volume['id'], lv_name=volume['name'],
+            state=move.PREPARING, source_host=volume['host'],
+            dest_host=dest_host, source_node=self.node_name,
+            dest_node=connector['host'], region_sectors=self.region_sectors,
+            clone_sectors=lv_sectors, target_portal=data['target_portal'],
+            target_iqn=data['target_iqn'],
+            target_lun=data.get('target_lun', 0),
+            source_aliases=tuple(sorted(self.node_names - {self.node_name})))
+        self.store.save(ctxt, t)
+        return t
+
+    @staticmethod
+    def _refuse_if_attach_withdrawn(volume, starting):
+        """Undo a move whose attach was withdrawn while it was built.
+
+        Nova gives up on an attach whose call timed out and deletes the
+        attachment it reserved, while this node may still be moving the
+        volume for it.  Recording the move then would leave the volume
+        on the destination with no instance using it (and, for a live
+        migration, its source instance without its disk): the move is
+        given up instead, like any failed prepare.
+        """
+        remaining = attachments.starting(volume, attachments.current(volume))
+        if starting and not starting & remaining:
+            raise exception.VolumeBackendAPIException(
+                data=_('The attachment that moved volume %s was deleted '
+                       'while the move was prepared (the attach timed '
+                       'out?); the move is given up.') % volume['id'])
+
+    @staticmethod
+    def _check_source_size(volume, lv_sectors):
+        """Refuse to move an LV smaller than its volume record says.
+
+        The destination would build a clone of the LV's length under a
+        volume of the record's size: the instance would see a disk whose
+        tail is not the volume's.  Something shrank the LV by hand;
+        nothing is moved or changed until an operator looks.
+        """
+        needed = int(volume['size']) * units.Gi // dmsetup.SECTOR_SIZE
+        if lv_sectors < needed:
+            raise exception.InvalidVolume(
+                reason=_('the LV of volume %(vol)s holds %(has)d sectors, '
+                         'its record says %(size)d GiB (%(need)d sectors); '
+                         'refusing to move it. Check the LV on its node.')
+                % {'vol': volume['id'], 'has': lv_sectors,
+                   'size': int(volume['size']), 'need': needed})
+
+    def _refuse_snapshots(self, ctxt, volume):
+        snaps = objects.SnapshotList.get_all_for_volume(ctxt, volume['id'])
+        if len(snaps):
+            raise exception.InvalidVolume(
+                reason=_('volume %(vol)s has %(n)d snapshot(s) on node '
+                         '%(node)s; node-local snapshots cannot move with '
+                         'it. Delete them, or attach the volume on '
+                         '%(node)s.') % {'vol': volume['id'], 'n': len(snaps),
+                                         'node': self.node_name})
+
+    # -- ending a move that never committed --------------------------------
+
+    def give_up(self, ctxt, volume, t):
+        """End a move that never committed.
+
+        The state goes once the destination confirmed it removed its
+        side.  A destination that cannot be reached (dead mid-prepare)
+        would otherwise keep its half-built clone, metadata LV and iSCSI
+        session forever with nothing describing them: the move is kept
+        as ``aborted`` for its recovery to clean up.
+        """
+        if self._abort_peer(ctxt, volume, t):
+            self.store.clear(ctxt, volume['id'], t)
+        elif t.state != move.ABORTED:
+            self.store.transition(ctxt, t, move.STATES, move.ABORTED)
+            LOG.warning('Transfer of volume %(vol)s to %(dst)s aborted; '
+                        '%(dst)s removes what it built when its service '
+                        'is back.', {'vol': volume['id'],
+                                     'dst': t.dest_node})
+
+    def _abort_peer(self, ctxt, volume, t):
+        """Ask the destination to remove its side; True if it did."""
+        try:
+            self.send(ctxt, volume, t, t.dest_host, peer.ABORT)
+        except Exception:
+            LOG.exception('Destination %s could not abort.', t.dest_node)
+            return False
+        return True
+
+    def drop_export(self, volume, connector):
+        """Remove the export made for a move; never raise."""
+        try:
+            self.target_driver.terminate_connection(volume, connector)
+            self.target_driver.remove_export(self.ctxt(), volume)
+        except Exception:
+            LOG.exception('Could not remove the export of volume %s made '
+                          'for its transfer.', volume['id'])
+
+    def give_up_aborted(self, volume):
+        """Before a delete here: end an aborted move of the volume.
+
+        The destination is asked once more to remove what it built; if
+        it still cannot, its own recovery does (the record stays).
+        """
+        t = self.load_any(volume['id'])
+        if t is None or t.state != move.ABORTED or not self.is_source(t):
+            return
+        with move.lock(volume['id']):
+            t = self.load_any(volume['id'])
+            if t is not None and t.state == move.ABORTED and \
+                    self.is_source(t):
+                self.give_up(self.ctxt(), volume, t)
+
+    def half_rolled_back(self, volume, t):
+        """True for a move in ``cloned`` whose record names us again.
+
+        The destination points the record back at the source in the
+        middle of its rollback; a crash there leaves the state behind on
+        a volume that no longer moves, and the destination's recovery no
+        longer sees it (nothing of it is left there).  The source sees it
+        at the next detach (Nova retries the one that failed) or restart.
+        """
+        return (self.is_source(t) and t.state == move.CLONED
+                and self.lives_here(volume))
+
+    def lives_here(self, volume):
+        """True if the volume record names this node."""
+        return volume_utils.extract_host(volume['host'], 'host') in \
+            self.node_names
+
+    def finish_rollback(self, volume):
+        """At a detach here: finish a rollback its destination cut short."""
+        if not self.half_rolled_back(volume, self.load(volume['id'])):
+            return
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+            if self.half_rolled_back(volume, t):
+                LOG.warning('Finishing the rollback of the move of volume '
+                            '%(vol)s to %(dst)s that its destination did not '
+                            'complete.', {'vol': volume['id'],
+                                          'dst': t.dest_node})
+                self.give_up(self.ctxt(), volume, t)
+
+    def abandon(self, volume, t):
+        """Recovery: a move from here that never completed.
+
+        The source crashed before the move was committed, or gave it up
+        while the destination was unreachable.
+        """
+        LOG.warning('Transfer of volume %s never completed; asking %s to '
+                    'drop its side.', volume.id, t.dest_node)
+        self.drop_export(volume, {'initiator': None, 'host': None})
+        self.give_up(self.ctxt(), volume, t)
+
+    # -- steps the destination asks for ------------------------------------
+
+    def release(self, volume, connector):
+        """A rollback is done: drop the export made for the move."""
+        self.drop_export(volume, connector)
+
+    def retire(self, volume, connector):
+        """The volume has left: drop its export, handle and old LV."""
+        if self.lives_here(volume):
+            raise exception.VolumeBackendAPIException(
+                data=_('Refusing to retire volume %s: its record still '
+                       'names this node.') % volume['id'])
+        self.drop_export(volume, connector)
+        self.dm.remove(layout.handle_name(self.volume_group, volume['name']))
+        self.wiper.discard(volume['name'])
+        LOG.info('Old copy of volume %s removed from this node.',
+                 volume['id'])

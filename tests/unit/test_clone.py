@@ -1,0 +1,446 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The destination's steps on its kernel: clone.Clones over fakes."""
+
+from unittest import mock
+
+from cinder import exception
+from cinder.tests.unit import test
+
+from cinder_dmclone import clone
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
+from tests.unit import fakes
+from tests.unit.test_move import IQN
+from tests.unit.test_move import LV
+from tests.unit.test_move import make_move
+from tests.unit.test_move import PORTAL
+from tests.unit.test_move import REGION
+from tests.unit.test_move import SECTORS
+
+VG = 'dmc-vg'
+META_VG = 'fast-vg'
+LV_PATH = '/dev/%s/%s' % (VG, LV)
+META = LV + '-dmcmeta'
+META_PATH = '/dev/%s/%s' % (META_VG, META)
+HANDLE = layout.handle_name(VG, LV)
+HANDLE_PATH = layout.handle_path(VG, LV)
+SOURCE = '/dev/disk/by-path/ip-%s-iscsi-%s-lun-0' % (PORTAL, IQN)
+
+
+class ClonesTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.dm = fakes.FakeDMSetup()
+        self.dm.strict = True
+        self.vg = fakes.FakeLVM(VG, self.dm)
+        self.meta_vg = fakes.FakeLVM(META_VG, self.dm)
+        self.source_sectors = SECTORS
+        self.connector = fakes.FakeConnector(
+            self.dm, lambda props: self.source_sectors)
+        self.execute = mock.Mock(side_effect=self._execute)
+        self.node = clone.Clones(
+            self.dm, self.vg, self.meta_vg, self.connector, self.execute,
+            'sudo cinder-rootwrap')
+        self.t = make_move()
+
+    def _execute(self, *cmd, **kwargs):
+        if cmd[0] == 'dd':
+            self.meta_vg.zero(cmd[2][3:])
+        return '', ''
+
+    def _build(self, hydrate=True, threshold=64, batch=16):
+        self.node.create_volumes(self.t, 1)
+        source = self.node.connect_source(self.t, None)
+        return self.node.build_clone(self.t, source, hydrate, threshold,
+                                     batch)
+
+    # -- names -------------------------------------------------------------
+
+    def test_names(self):
+        self.assertEqual(HANDLE, self.node.handle_name(self.t))
+        self.assertEqual(LV_PATH, self.node.lv_path(self.t))
+        self.assertEqual(META_PATH, self.node.meta_path(self.t))
+
+    # -- create_volumes ----------------------------------------------------
+
+    def test_create_volumes(self):
+        self.node.create_volumes(self.t, 1)
+        self.assertEqual([('create_volume', LV, '1g', 'default')],
+                         self.vg.calls)
+        self.assertEqual([('create_volume', META, '8m', 'default')],
+                         self.meta_vg.calls)
+        self.execute.assert_called_once_with(
+            'dd', 'if=/dev/zero', 'of=%s' % META_PATH, 'bs=1M', 'count=1',
+            'oflag=direct', run_as_root=True,
+            root_helper='sudo cinder-rootwrap')
+        self.assertEqual(1, self.meta_vg.lvs[META]['zeroed'])
+
+    # -- check_space -------------------------------------------------------
+
+    def test_check_space_passes_with_room(self):
+        self.node.check_space(self.t, 1, 'node-b')
+        self.assertEqual(1, self.vg.refreshed)
+        self.assertEqual(1, self.meta_vg.refreshed)
+        self.assertEqual([], self.vg.calls)
+
+    def test_check_space_data_vg_full(self):
+        self.vg.vg_free_space = 0.5
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('node-b', str(exc))
+        self.assertIn(VG, str(exc))
+        self.assertIn('0.50 GiB free, 1.00 GiB needed', str(exc))
+        self.assertEqual([], self.vg.calls)
+        self.assertEqual([], self.meta_vg.calls)
+
+    def test_check_space_metadata_vg_full(self):
+        self.meta_vg.vg_free_space = 0.001
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn(META_VG, str(exc))
+
+    def test_check_space_same_vg_counts_metadata(self):
+        node = clone.Clones(self.dm, self.vg, self.vg, self.connector,
+                            self.execute, 'rh')
+        self.vg.vg_free_space = 1.0   # the 8 MiB metadata LV does not fit
+        self.assertRaises(dmc_exception.DestinationFull,
+                          node.check_space, self.t, 1, 'node-b')
+        self.vg.vg_free_space = 1.01
+        node.check_space(self.t, 1, 'node-b')
+
+    def test_check_space_skips_thin(self):
+        self.node.lvm_type = 'thin'
+        self.vg.vg_free_space = 0.0
+        self.node.check_space(self.t, 1, 'node-b')
+        self.assertEqual(0, self.vg.refreshed)
+
+    def test_metadata_lv_created_first(self):
+        order = []
+        self.meta_vg.create_volume = mock.Mock(
+            side_effect=lambda *a: order.append('meta'))
+        self.vg.create_volume = mock.Mock(
+            side_effect=lambda *a: order.append('data'))
+        self.execute.side_effect = lambda *a, **k: order.append('dd')
+        self.node.create_volumes(self.t, 1)
+        self.assertEqual(['meta', 'dd', 'data'], order)
+
+    def test_metadata_sized_by_layout(self):
+        # 2 TiB in 4 KiB regions: a 64 MiB bitmap, doubled by the reserve.
+        t = make_move(clone_sectors=4 * 1024 ** 3, region_sectors=8)
+        self.node.metadata_reserve = 2.0
+        self.node.create_volumes(t, 2048)
+        expected = layout.metadata_size_bytes(2 * 1024 ** 4, 4096, 2.0)
+        self.assertEqual(128 * 1024 ** 2, expected)
+        self.assertEqual(('create_volume', META, '128m', 'default'),
+                         self.meta_vg.calls[0])
+        self.assertEqual(('create_volume', LV, '2048g', 'default'),
+                         self.vg.calls[0])
+
+    def test_lvm_type(self):
+        self.node.lvm_type = 'thin'
+        self.node.create_volumes(self.t, 1)
+        self.assertEqual(('create_volume', LV, '1g', 'thin'),
+                         self.vg.calls[0])
+        # The metadata LV is always thick.
+        self.assertEqual('default', self.meta_vg.calls[0][3])
+
+    def test_create_volumes_is_idempotent_and_never_rezeroes(self):
+        self.node.create_volumes(self.t, 1)
+        self.node.create_volumes(self.t, 1)
+        self.assertEqual(1, self.execute.call_count)
+        self.assertEqual(1, len(self.vg.calls))
+        self.assertEqual(1, len(self.meta_vg.calls))
+        self.assertEqual(1, self.meta_vg.lvs[META]['zeroed'])
+
+    def test_existing_metadata_is_not_zeroed(self):
+        self.meta_vg.add(META, '8m', complete=False)
+        self.node.create_volumes(self.t, 1)
+        self.execute.assert_not_called()
+        self.assertEqual([('create_volume', LV, '1g', 'default')],
+                         self.vg.calls)
+
+    def test_existing_data_lv_is_kept(self):
+        self.vg.add(LV, '1g')
+        self.node.create_volumes(self.t, 1)
+        self.assertEqual([], self.vg.calls)
+        self.execute.assert_called_once()
+
+    def test_zero_failure_propagates(self):
+        self.execute.side_effect = exception.VolumeBackendAPIException(
+            data='dd failed')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.node.create_volumes, self.t, 1)
+        # The data LV is only created once the metadata LV is ready.
+        self.assertNotIn(LV, self.vg.lvs)
+
+    # -- source ------------------------------------------------------------
+
+    def test_connect_source(self):
+        self.assertEqual(SOURCE, self.node.connect_source(
+            self.t, 'CHAP user secret'))
+        props = self.connector.calls[0][1]
+        self.assertEqual('CHAP', props['auth_method'])
+        self.assertEqual(IQN, props['target_iqn'])
+        self.assertEqual({IQN: SOURCE}, self.connector.sessions)
+
+    def test_connect_bigger_source(self):
+        self.source_sectors = SECTORS + 8192
+        self.assertEqual(SOURCE, self.node.connect_source(self.t, None))
+
+    def test_connect_source_too_small(self):
+        self.source_sectors = SECTORS - 8
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.connect_source, self.t, None)
+        self.assertIn('has %d sectors, the clone needs %d'
+                      % (SECTORS - 8, SECTORS), str(exc))
+        self.assertEqual({}, self.connector.sessions)
+        op, props, info, force, ignore = self.connector.calls[-1]
+        self.assertEqual('disconnect_volume', op)
+        self.assertEqual({'type': 'block', 'path': SOURCE}, info)
+        self.assertTrue(force)
+        self.assertTrue(ignore)
+
+    def test_disconnect_source(self):
+        self.node.connect_source(self.t, None)
+        self.node.disconnect_source(self.t, None)
+        self.node.disconnect_source(self.t, None)
+        self.assertEqual({}, self.connector.sessions)
+        self.assertEqual(('disconnect_volume', self.t.source_properties(),
+                          None, True, True), self.connector.calls[-1])
+
+    # -- tables ------------------------------------------------------------
+
+    def test_clone_table_one_segment(self):
+        self.node.create_volumes(self.t, 1)
+        table = self.node.clone_table(self.t, SOURCE, hydrate=False,
+                                      threshold=64, batch_size=16)
+        self.assertEqual([dmsetup.clone_segment(
+            0, SECTORS, META_PATH, LV_PATH, SOURCE, REGION, hydration=False,
+            hydration_threshold=64, hydration_batch_size=16)], table)
+
+    def test_clone_table_with_linear_tail(self):
+        self.node.create_volumes(self.t, 2)
+        table = self.node.clone_table(self.t, SOURCE, hydrate=True)
+        self.assertEqual([
+            dmsetup.clone_segment(0, SECTORS, META_PATH, LV_PATH,
+                                  SOURCE, REGION, hydration=True),
+            dmsetup.linear_segment(SECTORS, SECTORS, LV_PATH, SECTORS)],
+            table)
+
+    def test_build_clone(self):
+        self.assertEqual(HANDLE_PATH, self._build(hydrate=False))
+        self.assertEqual(layout.handle_uuid(VG, LV), self.dm.uuids[HANDLE])
+        args = dmsetup.parse_clone_table(self.dm.devices[HANDLE][0])
+        self.assertEqual(('no_hydration',), args.features)
+        self.assertEqual({'hydration_threshold': 64,
+                          'hydration_batch_size': 16}, args.core_args)
+        self.assertEqual(SOURCE, args.source_dev)
+
+    def test_build_clone_is_idempotent(self):
+        self._build()
+        table = self.dm.devices[HANDLE]
+        self.assertEqual(HANDLE_PATH, self.node.build_clone(
+            self.t, SOURCE, False))
+        self.assertEqual(table, self.dm.devices[HANDLE])
+        self.assertEqual(1, [c[0] for c in self.dm.calls].count('create'))
+
+    def test_build_clone_refuses_to_replace_linear_handle(self):
+        self.node.create_volumes(self.t, 1)
+        self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, SECTORS,
+                                                          LV_PATH)]
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.build_clone, self.t, SOURCE, True)
+        self.assertIn('refusing to replace', str(exc))
+        self.assertEqual('linear', self.dm.devices[HANDLE][0].target)
+
+    def test_build_clone_needs_its_devices(self):
+        # No metadata LV: the kernel would refuse the table.
+        self.assertRaises(dmc_exception.DMSetupCommandFailed,
+                          self.node.build_clone, self.t, SOURCE, True)
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_enable_hydration_and_tune(self):
+        self._build(hydrate=False)
+        self.node.enable_hydration(self.t)
+        self.node.tune(self.t, 128, 32)
+        messages = [c[1:] for c in self.dm.calls if c[0] == 'message']
+        self.assertEqual([(HANDLE, 'enable_hydration'),
+                          (HANDLE, 'hydration_threshold', 128),
+                          (HANDLE, 'hydration_batch_size', 32)], messages)
+        self.assertTrue(self.dm.status(HANDLE)[0].clone.hydration_enabled)
+
+    # -- extend ------------------------------------------------------------
+
+    def _extend_lv(self):
+        self.vg.extend_volume(LV, '2g')
+
+    def test_extend_keeps_hydration_and_core_args(self):
+        self._build(hydrate=False, threshold=32, batch=8)
+        self.node.enable_hydration(self.t)
+        self._extend_lv()
+        self.assertTrue(self.node.extend(self.t))
+        table = self.dm.devices[HANDLE]
+        self.assertEqual(2, len(table))
+        self.assertEqual(dmsetup.clone_segment(
+            0, SECTORS, META_PATH, LV_PATH, SOURCE, REGION, hydration=True,
+            hydration_threshold=32, hydration_batch_size=8), table[0])
+        self.assertEqual(dmsetup.linear_segment(SECTORS, SECTORS, LV_PATH,
+                                                SECTORS), table[1])
+        self.assertTrue(self.dm.status(HANDLE)[0].clone.hydration_enabled)
+
+    def test_extend_keeps_hydration_off(self):
+        self._build(hydrate=False)
+        self._extend_lv()
+        self.assertTrue(self.node.extend(self.t))
+        args = dmsetup.parse_clone_table(self.dm.devices[HANDLE][0])
+        self.assertIn('no_hydration', args.features)
+        self.assertEqual(2 * SECTORS,
+                         dmsetup.table_length(self.dm.devices[HANDLE]))
+
+    def test_extend_without_clone(self):
+        self.vg.add(LV, '1g')
+        self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, SECTORS,
+                                                          LV_PATH)]
+        self.assertFalse(self.node.extend(self.t))
+        self.assertNotIn('load', [c[0] for c in self.dm.calls])
+
+    # -- finish ------------------------------------------------------------
+
+    def test_hydrated(self):
+        self.assertFalse(self.node.hydrated(self.t))
+        self._build()
+        self.assertFalse(self.node.hydrated(self.t))
+        self.dm.hydrate(HANDLE, 100)
+        self.assertFalse(self.node.hydrated(self.t))
+        self.dm.hydrate(HANDLE)
+        self.assertTrue(self.node.hydrated(self.t))
+
+    def test_hydrated_when_linear(self):
+        self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, 8, LV_PATH)]
+        self.assertTrue(self.node.hydrated(self.t))
+
+    def test_swap_refuses_before_fully_hydrated(self):
+        self._build()
+        self.dm.hydrate(HANDLE, 16383)
+        table = self.dm.devices[HANDLE]
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.swap_to_linear, self.t)
+        self.assertIn('before it is fully hydrated', str(exc))
+        self.assertEqual(table, self.dm.devices[HANDLE])
+        self.assertNotIn('load', [c[0] for c in self.dm.calls])
+
+    def test_swap_refuses_with_hydration_off(self):
+        self._build(hydrate=False)
+        self.dm.hydrate(HANDLE)
+        self.assertRaises(dmc_exception.InvalidTable,
+                          self.node.swap_to_linear, self.t)
+
+    def test_swap_to_linear(self):
+        self._build()
+        self._extend_lv()
+        self.node.extend(self.t)
+        self.dm.hydrate(HANDLE)
+        before = len(self.dm.calls)
+        self.node.swap_to_linear(self.t)
+        self.assertEqual([dmsetup.linear_segment(0, 2 * SECTORS, LV_PATH)],
+                         self.dm.devices[HANDLE])
+        # Swapped live (load, then resume), never removed.
+        self.assertEqual(['load', 'resume'],
+                         [c[0] for c in self.dm.calls[before:]
+                          if c[0] in ('load', 'suspend', 'resume',
+                                      'remove', 'create')])
+
+    def test_swap_is_idempotent_once_linear(self):
+        self._build()
+        self.dm.hydrate(HANDLE)
+        self.node.swap_to_linear(self.t)
+        loads = [c[0] for c in self.dm.calls].count('load')
+        self.node.swap_to_linear(self.t)
+        self.assertEqual(loads, [c[0] for c in self.dm.calls].count('load'))
+
+    def test_swap_without_handle_and_metadata(self):
+        # Swapped and cleaned up before a reboot: nothing left to do.
+        self.vg.add(LV, '1g')
+        self.node.swap_to_linear(self.t)
+        self.assertEqual({}, self.dm.devices)
+
+    def test_swap_without_handle_but_metadata(self):
+        self._build()
+        self.dm.devices.clear()
+        self.assertTrue(self.node.needs_rebuild(self.t))
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.swap_to_linear, self.t)
+        self.assertIn('must be rebuilt', str(exc))
+
+    def test_needs_rebuild(self):
+        self.assertFalse(self.node.needs_rebuild(self.t))
+        self._build()
+        self.assertFalse(self.node.needs_rebuild(self.t))
+        self.assertTrue(self.node.has_metadata(self.t))
+
+    def test_remove_metadata(self):
+        self.node.create_volumes(self.t, 1)
+        self.node.remove_metadata(self.t)
+        self.node.remove_metadata(self.t)
+        self.assertEqual({}, self.meta_vg.lvs)
+        self.assertEqual([LV], list(self.vg.lvs))
+        self.assertFalse(self.node.has_metadata(self.t))
+
+    def test_tear_down(self):
+        self._build()
+        order = []
+        self.connector.on_disconnect = lambda path: order.append(
+            ('disconnect', HANDLE in self.dm.devices))
+        self.node.tear_down(self.t, 'CHAP user secret')
+        self.assertEqual([('disconnect', False)], order)
+        self.assertEqual({}, self.dm.devices)
+        self.assertEqual({}, self.connector.sessions)
+        self.assertEqual({}, self.vg.lvs)
+        self.assertEqual({}, self.meta_vg.lvs)
+
+    def test_tear_down_removes_the_data_lv_wiped_before_the_metadata(self):
+        # While the metadata LV exists nothing maps the partly hydrated
+        # LV linear; a crash between the two removals must leave the
+        # metadata LV.  The data LV is wiped first (volume_clear): its
+        # extents go to the next LV of the group.  (Before: metadata LV
+        # first, and no wipe at all.)
+        self._build()
+        events = []
+        self.node.discard = lambda name: (
+            events.append(('discard', name, META in self.meta_vg.lvs)),
+            self.vg.delete(name))
+        delete_meta = self.meta_vg.delete
+        self.mock_object(self.meta_vg, 'delete', side_effect=lambda name: (
+            events.append(('delete', name)), delete_meta(name)))
+        self.node.tear_down(self.t, None)
+        self.assertEqual([('discard', LV, True), ('delete', META)], events)
+
+    def test_written(self):
+        self._build(hydrate=False)
+        self.assertFalse(self.node.written(self.t))
+        self.dm.write(HANDLE, 1)
+        self.assertTrue(self.node.written(self.t))
+        # No clone to ask (a reboot): never assume it holds nothing.
+        self.dm.remove(HANDLE)
+        self.assertTrue(self.node.written(self.t))
+
+    def test_tear_down_is_idempotent(self):
+        self.node.tear_down(self.t, None)
+        self._build()
+        self.node.tear_down(self.t, None)
+        self.node.tear_down(self.t, None)
+        self.assertEqual({}, self.vg.lvs)
+        self.assertEqual(1, [c[0] for c in self.vg.calls].count('delete'))

@@ -1,0 +1,380 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What recovery does about a move: recovery.plan as a table of cases.
+
+Each row is what this node finds after a restart, a reboot or an abort
+(the move's state and :class:`recovery.Facts`) and the one action that
+keeps the volume's data and ends or resumes the move.  Below the table:
+which facts Recovery gathers, and which side each action goes to; what
+the actions then do on two nodes is test_two_nodes' business.
+"""
+
+from unittest import mock
+
+import ddt
+
+from cinder import context
+from cinder.tests.unit import fake_constants as fake
+from cinder.tests.unit import fake_volume
+from cinder.tests.unit import test
+
+from cinder_dmclone import clone
+from cinder_dmclone import destination
+from cinder_dmclone import move
+from cinder_dmclone import recovery
+from cinder_dmclone import source
+
+A = recovery.Action
+F = recovery.Facts
+DEST = dict(source_here=False, dest_here=True)
+
+
+def make_move(state):
+    lv = 'volume-%s' % fake.VOLUME_ID
+    return move.Move(
+        volume_id=fake.VOLUME_ID, lv_name=lv, state=state,
+        source_host='node-a@dmclone#dmclone',
+        dest_host='node-b@dmclone#dmclone', source_node='node-a',
+        dest_node='node-b', region_sectors=128, clone_sectors=2097152,
+        target_portal='10.0.0.1:3260',
+        target_iqn='iqn.2010-10.org.openstack:%s' % lv, secret='ab' * 16)
+
+
+def case(name, state, facts, action):
+    """One row of the table; ``name`` says what happened and why."""
+    return {'name': name, 'state': state, 'facts': facts, 'action': action}
+
+
+# -- on the source -----------------------------------------------------------
+#
+# The record still names this node: the move never completed (a crash
+# before the volume record was pointed at the destination, or a give-up
+# that could not reach the destination).  The volume is whole here: drop
+# the export, ask the destination to remove its side, forget the move.
+SOURCE_CASES = [
+    case('source crashed while preparing', move.PREPARING,
+         F(source_here=True, dest_here=False), A(recovery.ABANDON)),
+    case('source crashed after the destination answered', move.CLONED,
+         F(source_here=True, dest_here=False, on_source=1, on_dest=1),
+         A(recovery.ABANDON)),
+    case('crash between the commit and the volume record', move.HYDRATING,
+         F(source_here=True, dest_here=False), A(recovery.ABANDON)),
+    case('source gave up, destination was unreachable', move.ABORTED,
+         F(source_here=True, dest_here=False), A(recovery.ABANDON)),
+    # (The source's side comes first: it owns a move that never moved.)
+    case('source here even if the names overlap', move.PREPARING,
+         F(source_here=True, dest_here=True), A(recovery.ABANDON)),
+]
+
+# -- not ours ----------------------------------------------------------------
+#
+# The source of a move that completed (the record names the destination:
+# it waits for the retire step) or of nothing at all: never touch it.
+NOT_OURS_CASES = [
+    case('source after the move committed: %s' % state, state,
+         F(source_here=False, dest_here=False), A(recovery.NOTHING))
+    for state in move.STATES
+]
+
+# -- on the destination ------------------------------------------------------
+DEST_CASES = [
+    # The source gave the move up: nothing will use what was built here.
+    case('aborted', move.ABORTED, F(**DEST), A(recovery.DROP_ABORTED)),
+    case('aborted, clone still loaded', move.ABORTED,
+         F(on_source=1, needs_rebuild=False, **DEST),
+         A(recovery.DROP_ABORTED)),
+    case('aborted, half built without data LV', move.ABORTED,
+         F(has_data=False, **DEST), A(recovery.DROP_ABORTED)),
+    # Half built: the source holds the lock and owns the record; only
+    # this node's side goes (never reuse a metadata LV that may not be
+    # initialised).
+    case('preparing', move.PREPARING, F(**DEST), A(recovery.TEAR_DOWN)),
+    case('preparing, no data LV yet', move.PREPARING,
+         F(has_data=False, needs_rebuild=True, **DEST),
+         A(recovery.TEAR_DOWN)),
+
+    # cloned: a live migration in progress; the detach a crash may have
+    # lost decides, as the attachments now tell it.
+    case('cloned, both nodes attached: wait for a detach, hydration off',
+         move.CLONED, F(on_source=1, on_dest=1, **DEST),
+         A(recovery.REBUILD, hydrate=False, commit=False)),
+    case('cloned, both attached, clone lost with a reboot', move.CLONED,
+         F(on_source=1, on_dest=1, needs_rebuild=True, **DEST),
+         A(recovery.REBUILD, hydrate=False, commit=False)),
+    case('cloned, source detached: the instance runs here, commit',
+         move.CLONED, F(on_source=0, on_dest=1, **DEST),
+         A(recovery.REBUILD, hydrate=True, commit=True)),
+    case('cloned, source detached, clone lost with a reboot', move.CLONED,
+         F(on_source=0, on_dest=1, needs_rebuild=True, **DEST),
+         A(recovery.REBUILD, hydrate=True, commit=True)),
+    # Nobody attached: the clone holds every write made here and the
+    # source LV the rest; committing keeps both, a rollback would drop
+    # the first.
+    case('cloned, nobody attached: commit', move.CLONED,
+         F(on_source=0, on_dest=0, **DEST),
+         A(recovery.REBUILD, hydrate=True, commit=True)),
+    # The migration failed: roll back, unless the clone took writes
+    # (roll_back_unless_written then holds the move for an operator).
+    case('cloned, destination detached: roll back', move.CLONED,
+         F(on_source=1, on_dest=0, **DEST), A(recovery.ROLL_BACK)),
+    case('cloned, destination detached, two source attachments',
+         move.CLONED, F(on_source=2, on_dest=0, **DEST),
+         A(recovery.ROLL_BACK)),
+    case('cloned, destination detached, clone lost with a reboot',
+         move.CLONED, F(on_source=1, on_dest=0, needs_rebuild=True, **DEST),
+         A(recovery.ROLL_BACK)),
+    # No data LV: a rollback's teardown had begun; nothing is left here
+    # to keep, the rollback is finished.
+    case('cloned, no data LV, source attached', move.CLONED,
+         F(on_source=1, on_dest=0, has_data=False, **DEST),
+         A(recovery.ROLL_BACK)),
+    case('cloned, no data LV, both attached', move.CLONED,
+         F(on_source=1, on_dest=1, has_data=False, **DEST),
+         A(recovery.ROLL_BACK)),
+    case('cloned, no data LV, nobody attached', move.CLONED,
+         F(on_source=0, on_dest=0, has_data=False, **DEST),
+         A(recovery.ROLL_BACK)),
+
+    # hydrating: committed; the clone copies with hydration on.
+    case('hydrating, clone still loaded (service restart)', move.HYDRATING,
+         F(**DEST), A(recovery.REBUILD, hydrate=True, commit=False)),
+    case('hydrating, clone lost with a reboot', move.HYDRATING,
+         F(needs_rebuild=True, **DEST),
+         A(recovery.REBUILD, hydrate=True, commit=False)),
+    # Only a delete removes the data LV of a committed move: it was cut
+    # short; report it and touch nothing (the source keeps its copy).
+    case('hydrating, data LV gone', move.HYDRATING,
+         F(has_data=False, **DEST), A(recovery.REPORT_DELETED)),
+    case('hydrating, data LV gone, metadata left', move.HYDRATING,
+         F(has_data=False, needs_rebuild=True, **DEST),
+         A(recovery.REPORT_DELETED)),
+
+    # finalizing: fully hydrated; the swap to linear and the retire of
+    # the source are run again.
+    case('finalizing, clone still loaded', move.FINALIZING, F(**DEST),
+         A(recovery.FINALIZE)),
+    # A delete cut short after its teardown removed both LVs (only a
+    # delete removes the data LV): finishing retires the source's copy,
+    # which the user deleted too.
+    case('finalizing, data LV and metadata gone', move.FINALIZING,
+         F(has_data=False, needs_rebuild=False, **DEST),
+         A(recovery.FINALIZE)),
+    # After a reboot only a rebuilt clone can tell the LV is complete.
+    case('finalizing, clone lost with a reboot', move.FINALIZING,
+         F(needs_rebuild=True, **DEST),
+         A(recovery.REBUILD, hydrate=True, finalize=True)),
+    case('finalizing, data LV gone, metadata left', move.FINALIZING,
+         F(has_data=False, needs_rebuild=True, **DEST),
+         A(recovery.REPORT_DELETED)),
+]
+
+
+@ddt.ddt
+class PlanTestCase(test.TestCase):
+
+    @ddt.data(*(SOURCE_CASES + NOT_OURS_CASES + DEST_CASES))
+    def test_plan(self, row):
+        t = make_move(row['state'])
+        self.assertEqual(row['action'], recovery.plan(t, row['facts']),
+                         row['name'])
+        # A plan is a pure function: the record is left as it was.
+        self.assertEqual(make_move(row['state']), t)
+
+    def test_every_state_is_planned_on_the_destination(self):
+        planned = {row['state'] for row in DEST_CASES}
+        self.assertEqual(set(move.STATES), planned)
+
+    def test_every_action_is_planned(self):
+        names = {row['action'].name
+                 for row in SOURCE_CASES + NOT_OURS_CASES + DEST_CASES}
+        self.assertEqual({recovery.NOTHING, recovery.ABANDON,
+                          recovery.DROP_ABORTED, recovery.TEAR_DOWN,
+                          recovery.ROLL_BACK, recovery.REBUILD,
+                          recovery.FINALIZE, recovery.REPORT_DELETED},
+                         names)
+
+    def test_defaults(self):
+        self.assertEqual(A(recovery.NOTHING, hydrate=False, commit=False,
+                           finalize=False), A(recovery.NOTHING))
+        self.assertEqual(F(source_here=False, dest_here=True, on_source=0,
+                           on_dest=0, has_data=True, needs_rebuild=False),
+                         F(**DEST))
+
+    @ddt.data(*move.STATES)
+    def test_attachments_only_matter_in_cloned(self, state):
+        # Outside a live migration no detach decides anything.
+        t = make_move(state)
+        plans = {recovery.plan(t, F(on_source=s, on_dest=d, **DEST))
+                 for s in (0, 1) for d in (0, 1)}
+        self.assertEqual(1 if state != move.CLONED else 3, len(plans))
+
+
+@ddt.ddt
+class FactsTestCase(test.TestCase):
+    """What Recovery.facts reads for plan, and what it leaves unread."""
+
+    def setUp(self):
+        super().setUp()
+        self.ctxt = context.get_admin_context()
+        self.clones = mock.create_autospec(clone.Clones, instance=True)
+        self.clones.has_data.return_value = True
+        self.clones.needs_rebuild.return_value = False
+        self.attachments = self.mock_object(
+            recovery.attachments, 'current', return_value=[])
+        self.on = self.mock_object(recovery.attachments, 'on',
+                                   side_effect=[2, 1])
+
+    def _recovery(self, node):
+        """Recovery on ``node``: its two sides share its names."""
+        store = mock.Mock()
+        return recovery.Recovery(
+            source.Source({node}, node, store, None, None, None, 'vg', None,
+                          128),
+            destination.Destination({node}, node, store, None, self.clones,
+                                    None))
+
+    def _volume(self, host):
+        return fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME_ID,
+                                           host=host)
+
+    def test_destination_in_cloned_counts_attachments(self):
+        r = self._recovery('node-b')
+        t = make_move(move.CLONED)
+        volume = self._volume('node-b@dmclone#dmclone')
+        self.assertEqual(F(source_here=False, dest_here=True, on_source=2,
+                           on_dest=1, has_data=True, needs_rebuild=False),
+                         r.facts(volume, t))
+        self.attachments.assert_called_once_with(volume)
+        self.assertEqual(
+            [mock.call(volume, t.source_names, []),
+             mock.call(volume, r.destination.node_names, [])],
+            self.on.call_args_list)
+        self.clones.has_data.assert_called_once_with(t)
+        self.clones.needs_rebuild.assert_called_once_with(t)
+
+    def test_destination_before_the_record_names_it(self):
+        # (The source crashed before it pointed the record here.)
+        facts = self._recovery('node-b').facts(
+            self._volume('node-a@dmclone#dmclone'), make_move(move.CLONED))
+        self.assertEqual(F(source_here=False, dest_here=True, on_source=2,
+                           on_dest=1), facts)
+
+    @ddt.data(move.PREPARING, move.HYDRATING, move.FINALIZING, move.ABORTED)
+    def test_destination_outside_cloned_reads_no_attachments(self, state):
+        self.clones.needs_rebuild.return_value = True
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@dmclone#dmclone'), make_move(state))
+        self.assertEqual(F(source_here=False, dest_here=True,
+                           needs_rebuild=True), facts)
+        self.attachments.assert_not_called()
+
+    @ddt.data(*move.STATES)
+    def test_source_where_the_record_names_it(self, state):
+        facts = self._recovery('node-a').facts(
+            self._volume('node-a@dmclone#dmclone'), make_move(state))
+        self.assertEqual(F(source_here=True, dest_here=False,
+                           has_data=False), facts)
+        self.attachments.assert_not_called()
+        self.clones.has_data.assert_not_called()
+        self.clones.needs_rebuild.assert_not_called()
+
+    def test_source_after_the_record_moved_on(self):
+        facts = self._recovery('node-a').facts(
+            self._volume('node-b@dmclone#dmclone'),
+            make_move(move.HYDRATING))
+        self.assertEqual(F(source_here=False, dest_here=False,
+                           has_data=False), facts)
+        self.assertEqual(A(recovery.NOTHING),
+                         recovery.plan(make_move(move.HYDRATING), facts))
+        self.clones.has_data.assert_not_called()
+        self.clones.needs_rebuild.assert_not_called()
+
+
+@ddt.ddt
+class RunTestCase(test.TestCase):
+    """Recovery.run carries each planned action out on the right side."""
+
+    def setUp(self):
+        super().setUp()
+        self.source = mock.create_autospec(source.Source, instance=True)
+        self.dest = mock.create_autospec(destination.Destination,
+                                         instance=True)
+        self.dest.clones = mock.create_autospec(clone.Clones, instance=True)
+        self.dest.pending_finalize = set()
+        self.recovery = recovery.Recovery(self.source, self.dest)
+        self.mock_object(recovery.Recovery, 'facts')
+        self.volume = fake_volume.fake_volume_obj(
+            context.get_admin_context(), id=fake.VOLUME_ID,
+            provider_auth='CHAP u p')
+        self.t = make_move(move.CLONED)
+
+    def _run(self, action):
+        self.mock_object(recovery, 'plan', return_value=action)
+        self.assertEqual(action, self.recovery.run(self.volume, self.t))
+
+    def _called(self):
+        calls = [c for c in self.source.mock_calls + self.dest.mock_calls]
+        return [c[0] for c in calls]
+
+    def test_nothing(self):
+        self._run(A(recovery.NOTHING))
+        self.assertEqual([], self._called())
+        self.assertEqual(set(), self.dest.pending_finalize)
+
+    def test_abandon(self):
+        self._run(A(recovery.ABANDON))
+        self.source.abandon.assert_called_once_with(self.volume, self.t)
+        self.assertEqual(['abandon'], self._called())
+
+    def test_drop_aborted(self):
+        self._run(A(recovery.DROP_ABORTED))
+        self.dest.drop_aborted.assert_called_once_with(self.volume, self.t)
+        self.assertEqual(['drop_aborted'], self._called())
+
+    def test_roll_back(self):
+        self._run(A(recovery.ROLL_BACK))
+        self.dest.roll_back_unless_written.assert_called_once_with(
+            self.volume, self.t)
+        self.assertEqual(['roll_back_unless_written'], self._called())
+
+    def test_tear_down(self):
+        self._run(A(recovery.TEAR_DOWN))
+        self.dest.clones.tear_down.assert_called_once_with(self.t,
+                                                           'CHAP u p')
+        # The record is the source's: never cleared here.
+        self.assertEqual(['clones.tear_down'], self._called())
+
+    def test_finalize(self):
+        self._run(A(recovery.FINALIZE))
+        self.assertEqual({fake.VOLUME_ID}, self.dest.pending_finalize)
+        self.assertEqual([], self._called())
+
+    def test_report_deleted(self):
+        self._run(A(recovery.REPORT_DELETED))
+        self.assertEqual([], self._called())
+        self.assertEqual(set(), self.dest.pending_finalize)
+
+    @ddt.data((False, False, False), (True, True, False),
+              (True, False, True), (True, False, False))
+    @ddt.unpack
+    def test_rebuild(self, hydrate, commit, finalize):
+        self._run(A(recovery.REBUILD, hydrate=hydrate, commit=commit,
+                    finalize=finalize))
+        self.dest.rebuild.assert_called_once_with(self.volume, self.t,
+                                                  hydrate)
+        expected = ['rebuild'] + (['commit'] if commit else [])
+        self.assertEqual(expected, self._called())
+        if commit:
+            self.dest.commit.assert_called_once_with(self.volume, self.t)
+        self.assertEqual({fake.VOLUME_ID} if finalize else set(),
+                         self.dest.pending_finalize)
