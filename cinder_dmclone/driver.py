@@ -56,6 +56,7 @@ from cinder_dmclone import mover as dmc_mover  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import periodic  # noqa: E402
+from cinder_dmclone import privileged  # noqa: E402
 from cinder_dmclone import transfer  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
@@ -104,8 +105,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.hostname = self.node_name
         self.backend_name = (self.configuration.volume_backend_name
                              or 'DMClone')
-        self.dm = dmsetup.DMSetup(execute=self._execute,
-                                  root_helper=utils.get_root_helper())
+        self.dm = privileged.DMSetup(execute=self._execute,
+                                     root_helper=utils.get_root_helper())
         self.metadata_vg = None
         self.monitor = None
         self.store = transfer.Store(self.db)

@@ -408,7 +408,7 @@ class DestinationNode(object):
     """The steps a destination node takes, each safe to run again.
 
     ``vg``/``meta_vg`` are Cinder brick LVM objects of the data and
-    metadata volume groups, ``dm`` a :class:`cinder_dmclone.dmsetup.DMSetup`,
+    metadata volume groups, ``dm`` a :class:`~.privileged.DMSetup`,
     ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
     ``discard(lv_name)`` removes the data LV (the driver's
     :class:`~cinder_dmclone.wiper.Wiper`, which honours ``volume_clear``);

@@ -67,6 +67,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import periodic
+from cinder_dmclone import privileged
 
 DRIVER = 'cinder_dmclone.driver.DMCloneVolumeDriver'
 DEFAULT_CONFIG = '/etc/cinder/cinder.conf'
@@ -226,7 +227,7 @@ def scope_from_args(args):
 def list_lvs(execute, vgs):
     """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
     try:
-        out, _err = execute(*dmsetup.ENV_PREFIX, 'lvs', '--noheadings',
+        out, _err = execute(*privileged.ENV_PREFIX, 'lvs', '--noheadings',
                             '--separator', '|', '-o', 'vg_name,lv_name',
                             *vgs)
     except (processutils.ProcessExecutionError, OSError) as exc:
@@ -501,7 +502,7 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
             clock=time.monotonic, links=None, read_metadata=None):
     """Read the node and build the report (see the module docstring)."""
     execute = execute or processutils.execute
-    dm = dm or dmsetup.DMSetup(execute=execute)
+    dm = dm or privileged.DMSetup(execute=execute)
     status_errors, table_errors = {}, {}
     first, second, elapsed = take_samples(dm, args.interval, sleep, clock,
                                           errors=status_errors)

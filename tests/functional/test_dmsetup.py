@@ -10,14 +10,14 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""cinder_dmclone.dmsetup against the real kernel.
+"""cinder_dmclone.dmsetup and cinder_dmclone.privileged on the real kernel.
 
-The module's builders make the tables, its DMSetup wrapper (over Cinder's
-utils.execute) runs them, and its parsers read what this kernel really
-prints, in every state a clone passes through: created without hydration,
-hydrating, stopped with disable_hydration, fully hydrated, with custom
-hydration_threshold / hydration_batch_size, and as one segment of a
-multi-segment table.  Each status line is also checked field by field
+dmsetup's builders make the tables, privileged.DMSetup (over Cinder's
+utils.execute) runs them, and dmsetup's parsers read what this kernel
+really prints, in every state a clone passes through: created without
+hydration, hydrating, stopped with disable_hydration, fully hydrated, with
+custom hydration_threshold / hydration_batch_size, and as one segment of
+a multi-segment table.  Each status line is also checked field by field
 against a plain split of the raw text, so a parser bug cannot hide behind
 a symmetric builder bug.
 """
@@ -44,9 +44,16 @@ def dmsetup():
 
 
 @pytest.fixture
-def dm(dmsetup, cleanup):
+def privileged():
+    from cinder.common import config  # noqa: F401 (as in ``dmsetup``)
+    from cinder_dmclone import privileged
+    return privileged
+
+
+@pytest.fixture
+def dm(privileged, cleanup):
     """The real DMSetup; devices it creates are removed after the test."""
-    wrapper = dmsetup.DMSetup()
+    wrapper = privileged.DMSetup()
 
     class Tracking(object):
         def __getattr__(self, name):
@@ -314,7 +321,7 @@ def test_errors_from_the_real_dmsetup(dm, dmsetup, topo, make_lv,
     """What the wrapper makes of the kernel's and dmsetup's refusals."""
     assert not dm.exists('ft-dms-absent')
     dm.remove('ft-dms-absent')                 # already gone: not an error
-    with pytest.raises(dmsetup.exception.DMSetupCommandFailed):
+    with pytest.raises(dmsetup.exception.DMDeviceNotFound):
         dm.status('ft-dms-absent')
     assert 'clone' in dm.targets()
     assert dm.device_sectors(make_lv(topo.a.vg, 4 * MiB)) == 8192

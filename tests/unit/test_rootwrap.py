@@ -12,10 +12,10 @@
 
 """The rootwrap filter file against the commands the driver builds.
 
-Every command line the driver's device-mapper layer produces must be
-admitted by ``etc/cinder/rootwrap.d/dmclone.filters`` (through
-oslo.rootwrap's own matching), and nearby commands the driver never runs
-must be refused, so that the filter admits exactly the driver's commands.
+Every command line privileged.py builds for the driver must be admitted
+by ``etc/cinder/rootwrap.d/dmclone.filters`` (through oslo.rootwrap's own
+matching), and nearby commands the driver never runs must be refused, so
+that the filter admits exactly the driver's commands.
 """
 
 import os
@@ -30,6 +30,7 @@ from cinder.tests.unit import test
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 
 FILTERS_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'etc',
                            'cinder', 'rootwrap.d')
@@ -49,7 +50,7 @@ class RootwrapFilterTestCase(test.TestCase):
         self.filters = wrapper.load_filters([os.path.abspath(FILTERS_DIR)])
         self.assertGreater(len(self.filters), 5)
         self.commands = []
-        self.dm = dmsetup.DMSetup(execute=self._record)
+        self.dm = privileged.DMSetup(execute=self._record)
         # rootwrap also wants the matched executable to exist in its
         # exec_dirs; stand-ins keep the test independent of this host.
         self.exec_dir = self.useFixture(fixtures.TempDir()).path
