@@ -56,6 +56,22 @@ class DMSetupCommandRefused(DMSetupCommandFailed, CommandRefused):
     """cinder-rootwrap refused a dmsetup or blockdev command line."""
 
 
+class DeviceNotFound(PrivilegedCommandFailed):
+    """The device a command was to write has no node under /dev."""
+
+
+class KernelModuleNotFound(PrivilegedCommandFailed):
+    """The running kernel's module directory has no such module."""
+
+
+class KernelModuleRefused(PrivilegedCommandFailed):
+    """modprobe found the module, the kernel refused to load it.
+
+    The kernel's log (dmesg) says why: module loading disabled, a
+    signature it does not accept, a module built for another kernel.
+    """
+
+
 class DMStatusParseError(exception.VolumeBackendAPIException):
     """The kernel reported a status or table line we cannot interpret."""
 

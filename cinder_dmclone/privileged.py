@@ -10,11 +10,16 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Commands cinder-dmclone builds to run as root.
+"""Every command cinder-dmclone builds to run as root.
+
+No other module of the driver builds a root command line.  Here are:
 
 * :class:`DMSetup`: ``dmsetup`` (handles and clone targets) and
   ``blockdev --getsz``, with tables and results built and parsed by the
-  pure :mod:`cinder_dmclone.dmsetup`.
+  pure :mod:`cinder_dmclone.dmsetup`;
+* :func:`zero_metadata_head`: ``dd`` zeroing the head of a clone's
+  metadata LV, so that dm-clone formats it;
+* :func:`load_module`: ``modprobe dm_clone``.
 
 The driver's LVM commands go through Cinder's
 ``cinder.brick.local_dev.lvm``, LIO through Cinder's target helper, the
@@ -374,3 +379,78 @@ class DMSetup(object):
         """``dmsetup version`` output; raises if dmsetup cannot run."""
         out, _err = self._run('version')
         return out
+
+
+# --------------------------------------------------------------------------
+# dd: a fresh clone's metadata
+# --------------------------------------------------------------------------
+
+#: The LVs whose head this module zeroes: ``/dev/<vg>/<lv>-dmcmeta``, the
+#: metadata LV of a clone (:func:`cinder_dmclone.layout.metadata_lv_name`),
+#: and nothing under ``/dev/mapper``, ``/dev/.`` or ``/dev/..``.  The
+#: ``dd_metadata_head`` filter of dmclone.filters admits the same paths.
+METADATA_LV_PATH_RE = re.compile(
+    r'/dev/(?!\.\.?/|mapper/)[A-Za-z0-9+_.][A-Za-z0-9+_.-]*'
+    r'/[A-Za-z0-9+_.][A-Za-z0-9+_.-]*-dmcmeta')
+#: dd's exit status for any failure.
+DD_FAILED = 1
+
+
+def zero_metadata_head(path, execute=None, root_helper=None):
+    """Zero the first MiB of a clone's metadata LV, so dm-clone formats it.
+
+    dm-clone formats a metadata device whose superblock is all zeroes and
+    refuses one it cannot read as its own.  ``oflag=direct``: the zeroes
+    are on the device when dd returns, not in the page cache, which
+    dm-clone (reading the device directly) would not see.
+    ``conv=nocreat``: a path without a device node (an LV not active)
+    fails with :class:`~cinder_dmclone.exception.DeviceNotFound` instead
+    of creating a regular file under ``/dev``.
+    """
+    if not isinstance(path, str) or not METADATA_LV_PATH_RE.fullmatch(path):
+        raise exception.InvalidDMName(
+            value=path, reason='not the /dev/<vg>/<lv>-dmcmeta path of a '
+                               'clone metadata LV')
+    _run('dd', 'if=/dev/zero', 'of=%s' % path, 'bs=1M', 'count=1',
+         'oflag=direct', 'conv=nocreat', execute=execute,
+         root_helper=root_helper,
+         known=[Known(DD_FAILED, _exactly(
+             "dd: failed to open '%s': No such file or directory" % path),
+             exception.DeviceNotFound)])
+
+
+# --------------------------------------------------------------------------
+# modprobe: the clone target
+# --------------------------------------------------------------------------
+
+#: Kernel modules the driver loads (``dmsetup targets`` lists only the
+#: targets of loaded modules).
+MODULES = ('dm_clone',)
+#: kmod's modprobe exit status for any failure.
+MODPROBE_FAILED = 1
+
+
+def load_module(name, execute=None, root_helper=None):
+    """Load a kernel module of :data:`MODULES` (``modprobe <name>``).
+
+    A module already loaded or built into the kernel is success.  Not in
+    the running kernel's module directory:
+    :class:`~cinder_dmclone.exception.KernelModuleNotFound`; found, but
+    the kernel would not load it:
+    :class:`~cinder_dmclone.exception.KernelModuleRefused` (the kernel's
+    log says why); rootwrap refused the command:
+    :class:`~cinder_dmclone.exception.CommandRefused`.
+    """
+    if name not in MODULES:
+        raise exception.InvalidDMName(
+            value=name, reason='not a kernel module of the driver')
+    _run('modprobe', name, execute=execute, root_helper=root_helper,
+         known=[
+             # kmod: "Module %s not found in directory %s" (FATAL)
+             Known(MODPROBE_FAILED, re.compile(
+                 r'modprobe: FATAL: Module %s not found in directory \S+'
+                 % re.escape(name)), exception.KernelModuleNotFound),
+             # kmod: "could not insert '%s': %s" with the kernel's error
+             Known(MODPROBE_FAILED, re.compile(
+                 r"modprobe: ERROR: could not insert '%s': .+"
+                 % re.escape(name)), exception.KernelModuleRefused)])

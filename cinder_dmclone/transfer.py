@@ -58,6 +58,7 @@ from cinder.i18n import _
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 
 LOG = logging.getLogger(__name__)
 
@@ -489,9 +490,8 @@ class DestinationNode(object):
 
     def _zero_head(self, path):
         """Zero the metadata LV's first MiB so dm-clone formats it."""
-        self._execute('dd', 'if=/dev/zero', 'of=%s' % path, 'bs=1M',
-                      'count=1', 'oflag=direct', run_as_root=True,
-                      root_helper=self._root_helper)
+        privileged.zero_metadata_head(path, execute=self._execute,
+                                      root_helper=self._root_helper)
 
     def connect_source(self, t, provider_auth):
         """Log in to the source's export; return the local device path."""

@@ -19,7 +19,9 @@ hydration, hydrating, stopped with disable_hydration, fully hydrated, with
 custom hydration_threshold / hydration_batch_size, and as one segment of
 a multi-segment table.  Each status line is also checked field by field
 against a plain split of the raw text, so a parser bug cannot hide behind
-a symmetric builder bug.
+a symmetric builder bug.  The driver's other root commands (dd of a
+metadata LV's head, modprobe) run here too, with the messages of the
+real dd and modprobe.
 """
 
 import os
@@ -342,3 +344,24 @@ def test_errors_from_the_real_dmsetup(dm, dmsetup, topo, make_lv,
     dm.remove('ft-dms-old')
     assert not dm.exists('ft-dms-old')
     assert os.path.exists(lv)
+
+
+def test_root_commands_beyond_dmsetup(privileged, topo, make_lv):
+    """dd and modprobe as privileged.py runs them, and their failures."""
+    from cinder_dmclone import exception
+
+    data = testbed.pattern(7, 2 * MiB)
+    meta = make_lv(topo.b.meta_vg, 4 * MiB, name='ft-zero-head-dmcmeta')
+    testbed.write_direct(meta, 0, data)
+    privileged.zero_metadata_head(meta)
+    assert testbed.read_direct(meta, 0, MiB) == bytes(MiB)
+    assert testbed.read_direct(meta, MiB, MiB) == data[MiB:]
+
+    # no device node: dd's own message, and no file in the node's place
+    absent = testbed.lv_path(topo.b.meta_vg, 'ft-absent-dmcmeta')
+    with pytest.raises(exception.DeviceNotFound):
+        privileged.zero_metadata_head(absent)
+    assert not os.path.exists(absent)
+
+    # loaded at the testbed's boot: modprobe has nothing to do
+    privileged.load_module('dm_clone')

@@ -46,6 +46,7 @@ from cinder_dmclone import layout
 from cinder_dmclone import mover
 from cinder_dmclone import peer
 from cinder_dmclone import periodic
+from cinder_dmclone import privileged
 from cinder_dmclone import transfer
 from cinder_dmclone import wiper
 from tests.unit import fakes
@@ -149,7 +150,15 @@ class Node(object):
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
+        """The node's root commands (privileged.py builds them all).
+
+        Each must run under ``LC_ALL=C``; ``dd`` zeroes its LV's head.
+        """
         self.executed.append(cmd)
+        if cmd[:2] != privileged.ENV_PREFIX:
+            self.cluster.violation('%s: %r not run under LC_ALL=C'
+                                   % (self.name, cmd))
+        cmd = cmd[2:]
         if cmd[0] == 'dd':
             path = [a for a in cmd if a.startswith('of=')][0][3:]
             if self._tables_using(path):

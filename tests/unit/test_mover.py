@@ -38,6 +38,7 @@ from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import mover
 from cinder_dmclone import peer
 from cinder_dmclone import periodic
+from cinder_dmclone import privileged
 from cinder_dmclone import transfer
 from tests.unit import cluster
 from tests.unit.cluster import HANDLE
@@ -1656,8 +1657,8 @@ class InvariantsTestCase(ClusterTestCase):
 
     def test_metadata_zeroed_twice(self):
         self.b.vg.add(META, '8m')
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
         self.assertIn('zeroed again', self.c.violations[0])
 
     def test_clone_over_unzeroed_metadata(self):
@@ -1668,7 +1669,7 @@ class InvariantsTestCase(ClusterTestCase):
         source = self.b.dest.connect_source(t, None)
         self.b.dest.build_clone(t, source, True)
         self.assertIn('zeroed 0 times', self.c.violations[0])
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
         self.assertIn('under a live clone', self.c.violations[1])
         self.b.dest.disconnect_source(t, None)
         self.assertIn('dropped under a live table', self.c.violations[2])

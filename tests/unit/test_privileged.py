@@ -475,6 +475,203 @@ class DMSetupCommandTestCase(test.TestCase):
         self.execute.assert_not_called()
 
 
+META_PATH = '/dev/cinder-volumes/volume-1f2e3d4c-dmcmeta'
+ROOT_HELPER = 'sudo cinder-rootwrap /etc/cinder/rootwrap.conf'
+
+
+@ddt.ddt
+class ZeroMetadataHeadTestCase(test.TestCase):
+    """dd over the head of a clone's metadata LV."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=('', ''))
+
+    def zero(self, path=META_PATH):
+        privileged.zero_metadata_head(path, execute=self.execute,
+                                      root_helper=ROOT_HELPER)
+
+    def test_command(self):
+        self.zero()
+        self.execute.assert_called_once_with(
+            '/usr/bin/env', 'LC_ALL=C', 'dd', 'if=/dev/zero',
+            'of=' + META_PATH, 'bs=1M', 'count=1', 'oflag=direct',
+            'conv=nocreat', run_as_root=True, root_helper=ROOT_HELPER)
+
+    def test_default_execute_is_cinders(self):
+        with mock.patch.object(privileged.utils, 'execute',
+                               return_value=('', '')) as execute:
+            privileged.zero_metadata_head(META_PATH)
+        self.assertEqual(('/usr/bin/env', 'LC_ALL=C', 'dd'),
+                         execute.call_args.args[:3])
+        self.assertEqual({'run_as_root': True}, execute.call_args.kwargs)
+
+    @ddt.data('/dev/vg/volume-1', '/dev/vg/volume-1-dmcmeta-x',
+              '/dev/mapper/vg-volume--1-dmcmeta', '/dev/../x-dmcmeta',
+              '/dev/./x-dmcmeta', '/dev/vg/../x-dmcmeta', '/dev/x-dmcmeta',
+              '/dev/vg/sub/x-dmcmeta', 'dev/vg/x-dmcmeta',
+              '/etc/vg/x-dmcmeta', '/dev/-vg/x-dmcmeta', '/dev/vg/-x-dmcmeta',
+              '/dev/vg/x-dmcmeta ', '/dev/vg/a b-dmcmeta',
+              '/dev/vg/x-dmcmeta\n', '', None, 7)
+    def test_other_paths_are_refused_before_any_command(self, path):
+        self.assertRaises(exception.InvalidDMName, self.zero, path)
+        self.execute.assert_not_called()
+
+    @ddt.data('/dev/cinder-volumes/volume-1-dmcmeta', '/dev/a/b-dmcmeta',
+              '/dev/x.y+z_/volume-1-dmcmeta', '/dev/.vg/_x-dmcmeta',
+              '/dev/vg/volume-1-dmcmeta-dmcmeta')
+    def test_metadata_lv_paths(self, path):
+        self.zero(path)
+        self.assertIn('of=' + path, self.execute.call_args.args)
+
+    def test_missing_device_node(self):
+        # GNU dd under LC_ALL=C with conv=nocreat and no such path
+        self.execute.side_effect = failure(
+            1, "dd: failed to open '%s': No such file or directory\n"
+               % META_PATH)
+        exc = self.assertRaises(exception.DeviceNotFound, self.zero)
+        self.assertEqual(1, exc.exit_code)
+        self.assertIn('dd if=/dev/zero of=%s' % META_PATH, str(exc))
+        self.assertIn('No such file or directory', str(exc))
+
+    @ddt.data(
+        # another path than the one zeroed
+        (1, "dd: failed to open '/dev/vg/other-dmcmeta': No such file or "
+            "directory"),
+        # another reason
+        (1, "dd: failed to open '%s': Permission denied" % META_PATH),
+        (1, "dd: failed to open '%s': Invalid argument" % META_PATH),
+        (1, "dd: error writing '%s': No space left on device\n1+0 records "
+            "in\n0+0 records out" % META_PATH),
+        # the message, but not from dd's failure status
+        (2, "dd: failed to open '%s': No such file or directory"
+            % META_PATH),
+        # env itself: dd not installed
+        (127, "/usr/bin/env: 'dd': No such file or directory"))
+    @ddt.unpack
+    def test_other_failures(self, code, stderr):
+        self.execute.side_effect = failure(code, stderr)
+        exc = self.assertRaises(exception.PrivilegedCommandFailed,
+                                self.zero)
+        self.assertIs(exception.PrivilegedCommandFailed, type(exc))
+        self.assertEqual(code, exc.exit_code)
+
+    def test_refused_by_rootwrap(self):
+        self.execute.side_effect = failure(
+            99, 'cinder-rootwrap: Unauthorized command: /usr/bin/env '
+                'LC_ALL=C dd if=/dev/zero of=%s bs=1M count=1 oflag=direct '
+                'conv=nocreat (no filter matched)\n' % META_PATH)
+        exc = self.assertRaises(exception.CommandRefused, self.zero)
+        self.assertEqual(99, exc.exit_code)
+        self.assertNotIsInstance(exc, exception.DMSetupCommandFailed)
+
+    def test_could_not_start(self):
+        self.execute.side_effect = PermissionError(13, 'Permission denied')
+        exc = self.assertRaises(exception.PrivilegedCommandFailed,
+                                self.zero)
+        self.assertIsNone(exc.exit_code)
+        self.assertIn('Permission denied', str(exc))
+
+
+KVER_DIR = '/lib/modules/6.1.0-13-amd64'
+
+
+@ddt.ddt
+class LoadModuleTestCase(test.TestCase):
+    """modprobe of the clone target."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=('', ''))
+
+    def load(self, name='dm_clone'):
+        privileged.load_module(name, execute=self.execute,
+                               root_helper=ROOT_HELPER)
+
+    def test_command(self):
+        self.load()
+        self.execute.assert_called_once_with(
+            '/usr/bin/env', 'LC_ALL=C', 'modprobe', 'dm_clone',
+            run_as_root=True, root_helper=ROOT_HELPER)
+
+    def test_no_root_helper_given(self):
+        privileged.load_module('dm_clone', execute=self.execute)
+        self.execute.assert_called_once_with(
+            '/usr/bin/env', 'LC_ALL=C', 'modprobe', 'dm_clone',
+            run_as_root=True)
+
+    @ddt.data('dm_delay', 'dm-clone', 'dm_clone x=1', '-r', '', None,
+              'dm_clone\n')
+    def test_other_modules_are_refused_before_any_command(self, name):
+        self.assertRaises(exception.InvalidDMName, self.load, name)
+        self.execute.assert_not_called()
+
+    def test_module_not_installed(self):
+        # kmod's modprobe under LC_ALL=C (tools/modprobe.c, insmod())
+        self.execute.side_effect = failure(
+            1, 'modprobe: FATAL: Module dm_clone not found in directory '
+               '%s\n' % KVER_DIR)
+        exc = self.assertRaises(exception.KernelModuleNotFound, self.load)
+        self.assertEqual(1, exc.exit_code)
+        self.assertIn(KVER_DIR, str(exc))
+
+    def test_module_not_installed_after_libkmod_errors(self):
+        self.execute.side_effect = failure(
+            1, "modprobe: ERROR: ../libkmod/libkmod.c:338 kmod_search_moddep"
+               "() could not open moddep file '%s/modules.dep.bin'\n"
+               "modprobe: FATAL: Module dm_clone not found in directory "
+               "%s\n" % (KVER_DIR, KVER_DIR))
+        self.assertRaises(exception.KernelModuleNotFound, self.load)
+
+    @ddt.data('Operation not permitted',
+              'Unknown symbol in module, or unknown parameter (see dmesg)',
+              'Exec format error', 'Key was rejected by service')
+    def test_kernel_refuses_the_module(self, reason):
+        self.execute.side_effect = failure(
+            1, "modprobe: ERROR: could not insert 'dm_clone': %s\n" % reason)
+        exc = self.assertRaises(exception.KernelModuleRefused, self.load)
+        self.assertIn(reason, str(exc))
+
+    @ddt.data(
+        # another module's messages
+        (1, 'modprobe: FATAL: Module dm_delay not found in directory '
+            + KVER_DIR),
+        (1, "modprobe: ERROR: could not insert 'dm_delay': Exec format "
+            "error"),
+        # the messages with another status
+        (2, 'modprobe: FATAL: Module dm_clone not found in directory '
+            + KVER_DIR),
+        (0, "modprobe: ERROR: could not insert 'dm_clone': Exec format "
+            "error"),
+        # not the whole line
+        (1, 'modprobe: FATAL: Module dm_clone not found in directory '
+            + KVER_DIR + ' (really)'),
+        (1, 'note: modprobe: FATAL: Module dm_clone not found in directory '
+            + KVER_DIR),
+        # modprobe not installed
+        (127, "/usr/bin/env: 'modprobe': No such file or directory"),
+        # sudo refusing the root helper
+        (1, 'sudo: a password is required'))
+    @ddt.unpack
+    def test_other_failures(self, code, stderr):
+        self.execute.side_effect = failure(code, stderr)
+        exc = self.assertRaises(exception.PrivilegedCommandFailed, self.load)
+        self.assertIs(exception.PrivilegedCommandFailed, type(exc))
+
+    def test_refused_by_rootwrap(self):
+        self.execute.side_effect = failure(
+            99, 'cinder-rootwrap: Unauthorized command: /usr/bin/env '
+                'LC_ALL=C modprobe dm_clone (no filter matched)\n')
+        exc = self.assertRaises(exception.CommandRefused, self.load)
+        self.assertIn('Unauthorized command', str(exc))
+
+    def test_message_on_standard_output_counts_too(self):
+        self.execute.side_effect = failure(
+            1, '', stdout='modprobe: FATAL: Module dm_clone not found in '
+                          'directory %s\n' % KVER_DIR)
+        self.assertRaises(exception.KernelModuleNotFound, self.load)
+
+
 class KnownTestCase(test.TestCase):
     """A Known failure: exit status, then one whole line."""
 

@@ -26,6 +26,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import periodic
+from cinder_dmclone import privileged
 from cinder_dmclone import transfer
 from tests.unit import fakes
 
@@ -492,8 +493,8 @@ class DestinationNodeTestCase(test.TestCase):
         self.t = make_transfer()
 
     def _execute(self, *cmd, **kwargs):
-        if cmd[0] == 'dd':
-            self.meta_vg.zero(cmd[2][3:])
+        if cmd[:3] == privileged.ENV_PREFIX + ('dd',):
+            self.meta_vg.zero(cmd[4][3:])
         return '', ''
 
     def _build(self, hydrate=True, threshold=64, batch=16):
@@ -518,8 +519,9 @@ class DestinationNodeTestCase(test.TestCase):
         self.assertEqual([('create_volume', META, '8m', 'default')],
                          self.meta_vg.calls)
         self.execute.assert_called_once_with(
-            'dd', 'if=/dev/zero', 'of=%s' % META_PATH, 'bs=1M', 'count=1',
-            'oflag=direct', run_as_root=True,
+            '/usr/bin/env', 'LC_ALL=C', 'dd', 'if=/dev/zero',
+            'of=%s' % META_PATH, 'bs=1M', 'count=1', 'oflag=direct',
+            'conv=nocreat', run_as_root=True,
             root_helper='sudo cinder-rootwrap')
         self.assertEqual(1, self.meta_vg.lvs[META]['zeroed'])
 
