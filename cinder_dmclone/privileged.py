@@ -19,7 +19,9 @@ No other module of the driver builds a root command line.  Here are:
   pure :mod:`cinder_dmclone.dmsetup`;
 * :func:`zero_metadata_head`: ``dd`` zeroing the head of a clone's
   metadata LV, so that dm-clone formats it;
-* :func:`load_module`: ``modprobe dm_clone``.
+* :func:`load_module`: ``modprobe dm_clone``;
+* :func:`list_lvs`: the ``lvs`` of the operator tool
+  ``cinder-dmclone-status`` (which runs as root itself, without rootwrap).
 
 The driver's LVM commands go through Cinder's
 ``cinder.brick.local_dev.lvm``, LIO through Cinder's target helper, the
@@ -48,6 +50,7 @@ from cinder import utils
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
+from cinder_dmclone import layout
 
 LOG = logging.getLogger(__name__)
 
@@ -454,3 +457,26 @@ def load_module(name, execute=None, root_helper=None):
              Known(MODPROBE_FAILED, re.compile(
                  r"modprobe: ERROR: could not insert '%s': .+"
                  % re.escape(name)), exception.KernelModuleRefused)])
+
+
+# --------------------------------------------------------------------------
+# lvs: the operator tool
+# --------------------------------------------------------------------------
+
+def list_lvs(vgs, execute=None):
+    """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty).
+
+    For ``cinder-dmclone-status``: it runs as root itself, so the command
+    runs directly, not through a root helper (rootwrap's filters admit
+    only the volume service's commands, not this one).
+    """
+    vgs = [layout.validate_vg_name(vg) for vg in vgs]
+    out, _err = _run('lvs', '--noheadings', '--separator', '|', '-o',
+                     'vg_name,lv_name', *vgs, execute=execute,
+                     run_as_root=False)
+    result = set()
+    for line in out.splitlines():
+        vg, sep, lv = line.strip().partition('|')
+        if sep:
+            result.add((vg, lv))
+    return result

@@ -224,25 +224,6 @@ def scope_from_args(args):
 # Reading the node
 # --------------------------------------------------------------------------
 
-def list_lvs(execute, vgs):
-    """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
-    try:
-        out, _err = execute(*privileged.ENV_PREFIX, 'lvs', '--noheadings',
-                            '--separator', '|', '-o', 'vg_name,lv_name',
-                            *vgs)
-    except (processutils.ProcessExecutionError, OSError) as exc:
-        reason = getattr(exc, 'stderr', None) or str(exc)
-        raise dmc_exception.DMSetupCommandFailed(
-            command='lvs %s' % ' '.join(vgs), reason=reason.strip()) \
-            from None
-    result = set()
-    for line in out.splitlines():
-        vg, sep, lv = line.strip().partition('|')
-        if sep:
-            result.add((vg, lv))
-    return result
-
-
 def iscsi_links(by_path=BY_PATH):
     """{'major:minor': (portal, iqn, lun)} of the node's iSCSI disks."""
     links = {}
@@ -508,7 +489,7 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
                                           errors=status_errors)
     uuids = dm.uuids()
     tables = dm.tables('clone', errors=table_errors)
-    lvs = list_lvs(execute, scope.lvm_vgs())
+    lvs = privileged.list_lvs(scope.lvm_vgs(), execute=execute)
     if links is None:
         links = iscsi_links()
     warnings = []
@@ -629,8 +610,9 @@ def main(argv=None, stdout=None, **collect_kwargs):
     except UsageError as exc:
         print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
         return 2
-    except (dmc_exception.DMSetupCommandFailed,
-            dmc_exception.DMStatusParseError) as exc:
+    except (dmc_exception.PrivilegedCommandFailed,
+            dmc_exception.DMStatusParseError,
+            dmc_exception.InvalidDMName) as exc:
         print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
         return 2
     if args.json:

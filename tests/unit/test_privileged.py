@@ -689,3 +689,43 @@ class KnownTestCase(test.TestCase):
         self.assertIsNotNone(
             privileged._exactly('a.b (c)').fullmatch('a.b (c)'))
         self.assertIsNone(privileged._exactly('a.b').fullmatch('axb'))
+
+
+class ListLvsTestCase(test.TestCase):
+    """The lvs of cinder-dmclone-status."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=(
+            '  vg-a|volume-1\n  meta|volume-1-dmcmeta\n\n  odd line\n',
+            ''))
+
+    def test_command_and_result(self):
+        self.assertEqual({('vg-a', 'volume-1'), ('meta', 'volume-1-dmcmeta')},
+                         privileged.list_lvs(['vg-a', 'meta'],
+                                             execute=self.execute))
+        # the tool runs as root itself: no root helper
+        self.execute.assert_called_once_with(
+            '/usr/bin/env', 'LC_ALL=C', 'lvs', '--noheadings', '--separator',
+            '|', '-o', 'vg_name,lv_name', 'vg-a', 'meta', run_as_root=False)
+
+    def test_every_volume_group(self):
+        privileged.list_lvs([], execute=self.execute)
+        self.assertEqual(('/usr/bin/env', 'LC_ALL=C', 'lvs', '--noheadings',
+                          '--separator', '|', '-o', 'vg_name,lv_name'),
+                         self.execute.call_args.args)
+
+    def test_volume_group_names_are_checked_first(self):
+        for bad in ('-o', '..', 'a b', 'vg;x', ''):
+            self.assertRaises(exception.InvalidDMName, privileged.list_lvs,
+                              [bad], execute=self.execute)
+        self.execute.assert_not_called()
+
+    def test_failure(self):
+        self.execute.side_effect = failure(
+            5, '  Volume group "nope" not found\n')
+        exc = self.assertRaises(exception.PrivilegedCommandFailed,
+                                privileged.list_lvs, ['nope'],
+                                execute=self.execute)
+        self.assertEqual(5, exc.exit_code)
+        self.assertIn('Volume group "nope" not found', str(exc))

@@ -335,6 +335,15 @@ class StatusToolTestCase(test.TestCase):
         self.assertEqual(2, code)
         self.assertIn('Volume group "nope" not found', err.getvalue())
 
+    def test_bad_volume_group_name_exits_2_before_lvs(self):
+        node = FakeNode()
+        with mock.patch('sys.stderr', new_callable=io.StringIO) as err:
+            code, text = self.run_tool(['--volume-group=-o',
+                                        '--interval', '0'], node)
+        self.assertEqual(2, code)
+        self.assertIn('not a valid volume group name', err.getvalue())
+        self.assertEqual([], [c for c in node.calls if c[0] == 'lvs'])
+
     def test_must_be_root(self):
         with mock.patch.object(os, 'geteuid', return_value=1000), \
                 mock.patch('sys.stderr', new_callable=io.StringIO) as err:
