@@ -18,7 +18,9 @@ command lines is in test_rootwrap.py, the real commands run in the
 functional suite.
 """
 
+import ast
 import logging
+import os
 from unittest import mock
 
 import ddt
@@ -729,3 +731,38 @@ class ListLvsTestCase(test.TestCase):
                                 execute=self.execute)
         self.assertEqual(5, exc.exit_code)
         self.assertIn('Volume group "nope" not found', str(exc))
+
+
+class OneCommandLayerTestCase(test.TestCase):
+    """No module but privileged.py runs a command itself."""
+
+    PACKAGE = os.path.dirname(os.path.abspath(privileged.__file__))
+    #: Cinder's and oslo's execute, subprocess's and os's ways to run one
+    RUNNERS = ('execute', '_execute', 'Popen', 'check_output', 'check_call',
+               'system')
+
+    def _calls_to_execute(self, path):
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = (func.attr if isinstance(func, ast.Attribute)
+                    else getattr(func, 'id', None))
+            if name in self.RUNNERS:
+                yield '%s:%d' % (os.path.relpath(path, self.PACKAGE),
+                                 node.lineno)
+
+    def test_only_privileged_runs_commands(self):
+        found = []
+        for root, _dirs, files in os.walk(self.PACKAGE):
+            for name in sorted(files):
+                path = os.path.join(root, name)
+                if name.endswith('.py') and path != privileged.__file__:
+                    found.extend(self._calls_to_execute(path))
+        self.assertEqual([], found)
+
+    def test_the_check_sees_a_call(self):
+        calls = list(self._calls_to_execute(privileged.__file__))
+        self.assertEqual(1, len(calls))
