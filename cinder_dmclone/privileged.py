@@ -12,7 +12,8 @@
 
 """Every command cinder-dmclone builds to run as root.
 
-No other module of the driver builds a root command line.  Here are:
+No other module of the package runs a command (a unit test checks it).
+Here are:
 
 * :class:`DMSetup`: ``dmsetup`` (handles and clone targets) and
   ``blockdev --getsz``, with tables and results built and parsed by the
@@ -31,10 +32,10 @@ command lines, not this project.
 
 Every command runs as ``/usr/bin/env LC_ALL=C <command> ...`` (see
 :data:`ENV_PREFIX`) through ``execute`` (Cinder's ``utils.execute`` unless
-a caller passes another) with the root helper, so rootwrap's filters
-(``etc/cinder/rootwrap.d/dmclone.filters``) admit each command by its
-exact shape.  Every argument is checked here before it can reach a
-command line.  A failure raises
+a caller passes another), the driver's with the root helper, so that
+rootwrap's filters (``etc/cinder/rootwrap.d/dmclone.filters``) admit each
+by its exact shape.  Every argument is checked here before it can reach
+a command line.  A failure raises
 :class:`~cinder_dmclone.exception.PrivilegedCommandFailed`, or the
 subclass its exit status and one exact line of its output identify
 (:class:`Known`); never a guess from a substring of arbitrary text.
@@ -115,12 +116,13 @@ def _refused(argv, error):
 def _run(command, *args, execute=None, root_helper=None, known=(),
          failed=exception.PrivilegedCommandFailed,
          refused=exception.CommandRefused, **kwargs):
-    """Run ``command args`` as root under LC_ALL=C; (stdout, stderr).
+    """Run ``command args`` under LC_ALL=C; (stdout, stderr).
 
-    A failure raises the ``error`` of the first of ``known`` it matches,
-    ``refused`` when rootwrap refused the command line, and ``failed``
-    otherwise, also when the command could not be started at all (no
-    root helper, no such executable).
+    As root unless the caller passes ``run_as_root=False`` (a caller that
+    is root itself).  A failure raises the ``error`` of the first of
+    ``known`` it matches, ``refused`` when rootwrap refused the command
+    line, and ``failed`` otherwise, also when the command could not be
+    started at all (no such executable, no permission).
     """
     kwargs.setdefault('run_as_root', True)
     if root_helper:
