@@ -27,6 +27,7 @@ from oslo_utils import units
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 
 LOG = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ class Clones(object):
     """The destination's steps on this node, each safe to run again.
 
     ``vg``/``meta_vg`` are Cinder brick LVM objects of the data and
-    metadata volume groups, ``dm`` a :class:`cinder_dmclone.dmsetup.DMSetup`,
+    metadata volume groups, ``dm`` a :class:`~.privileged.DMSetup`,
     ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
     ``discard(lv_name)`` removes the data LV (the driver's
     :class:`~cinder_dmclone.wiper.Wiper`, which honours ``volume_clear``);
@@ -116,9 +117,8 @@ class Clones(object):
 
     def _zero_head(self, path):
         """Zero the metadata LV's first MiB so dm-clone formats it."""
-        self._execute('dd', 'if=/dev/zero', 'of=%s' % path, 'bs=1M',
-                      'count=1', 'oflag=direct', run_as_root=True,
-                      root_helper=self._root_helper)
+        privileged.zero_metadata_head(path, execute=self._execute,
+                                      root_helper=self._root_helper)
 
     def connect_source(self, t, provider_auth):
         """Log in to the source's export; return the local device path."""

@@ -10,34 +10,26 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Everything cinder-dmclone says to device-mapper.
+"""device-mapper's formats: names, tables and status, as pure functions.
 
-The module has two halves:
+Functions that build the table strings ``dmsetup create``/``load`` read,
+and parse ``dmsetup status``, ``table``, ``info`` and ``targets`` output
+into typed results; they are where the kernel's formats
+(Documentation/admin-guide/device-mapper/dm-clone.rst) are encoded, and
+they are unit-tested exhaustively.  Every name, path, message and target
+type is validated here before it can reach a command line.
 
-* pure functions that build table strings and parse ``dmsetup status`` and
-  ``dmsetup table`` output into typed results; they are where the kernel's
-  formats (Documentation/admin-guide/device-mapper/dm-clone.rst) are encoded
-  and they are unit-tested exhaustively;
-* :class:`DMSetup`, a thin wrapper that runs ``dmsetup`` through Cinder's
-  ``utils.execute`` with the root helper (so rootwrap filters apply).
-
-It knows nothing of Cinder volumes or of transfers: callers pass names and
-device paths, and every name or path is validated here before it can reach
-a command line.
+Nothing here runs a process: the commands themselves (``dmsetup``,
+``blockdev``) run in :class:`cinder_dmclone.privileged.DMSetup`, which
+builds them from these functions.  The module knows nothing of Cinder
+volumes or of transfers: callers pass names and device paths.
 """
 
 import dataclasses
 import re
 from typing import Optional, Union  # noqa: H301
 
-from oslo_concurrency import processutils
-from oslo_log import log as logging
-
-from cinder import utils
-
 from cinder_dmclone import exception
-
-LOG = logging.getLogger(__name__)
 
 SECTOR_SIZE = 512
 #: dm-clone's region size bounds, in 512-byte sectors (4 KiB .. 1 GiB).
@@ -112,6 +104,28 @@ def _positive_int(value, what, allow_zero=False):
         raise exception.InvalidTable(reason='%s must be %s, got %d' % (
             what, 'non-negative' if allow_zero else 'positive', value))
     return value
+
+
+def validate_message(*words):
+    """The words of a dm-clone message as strings, if it is one, else raise.
+
+    Only dm-clone's own messages, e.g. ``('hydration_batch_size', 16)``:
+    a known first word, then lower-case words or digits.
+    """
+    words = [str(w) for w in words]
+    if not words or words[0] not in CLONE_MESSAGES or not all(
+            _MESSAGE_WORD_RE.fullmatch(w) for w in words):
+        raise exception.InvalidDMName(
+            value=' '.join(words), reason='not a known dm-clone message')
+    return words
+
+
+def validate_target_type(target):
+    """Return ``target`` if it can be a target type name, else raise."""
+    if not isinstance(target, str) or not _MESSAGE_WORD_RE.fullmatch(target):
+        raise exception.InvalidDMName(
+            value=target, reason='not a target type name')
+    return target
 
 
 # --------------------------------------------------------------------------
@@ -527,287 +541,6 @@ def device_path(name):
     return '/dev/mapper/%s' % validate_name(name)
 
 
-# --------------------------------------------------------------------------
-# Commands
-# --------------------------------------------------------------------------
-
-#: dmsetup's exit status when a command failed (``Command failed.``);
-#: rootwrap's own refusals use 96-99, a missing executable 127.
-_DMSETUP_FAILED = 1
-#: What dmsetup prints (under LC_ALL=C) for a device that is not there:
-#: ``info``/``status``/``table`` see a device that does not exist, the
-#: other commands get ENXIO from their ioctl on that name.
-_NOT_FOUND_LINES = (
-    re.compile(r'^Device does not exist\.$'),
-    re.compile(r'^device-mapper: [a-z_]+ ioctl on .* failed: '
-               r'No such device or address$'),
-)
-
-
-def _not_found(failed):
-    """Did this DMSetupCommandFailed report a device that is not there?
-
-    Only dmsetup's own failure status with one of its exact messages
-    counts: anything else (rootwrap's "Executable not found", a kernel
-    without device-mapper, a command that could not start) is a real
-    failure and must not pass for an absent device.
-    """
-    cause = failed.__cause__
-    if (not isinstance(cause, processutils.ProcessExecutionError)
-            or cause.exit_code != _DMSETUP_FAILED):
-        return False
-    # (``info`` prints its message on standard output, the ioctl
-    # failures go to standard error.)
-    lines = ('%s\n%s' % (cause.stdout or '', cause.stderr or '')).splitlines()
-    return any(regex.match(line.strip()) for line in lines
-               for regex in _NOT_FOUND_LINES)
-
-
-#: Every command runs under ``/usr/bin/env LC_ALL=C``: the messages
-#: matched above are dmsetup's untranslated ones, and an environment
-#: variable set in this process would not reach a command started through
-#: sudo and rootwrap.  The absolute path keeps the rootwrap filters exact:
-#: oslo.rootwrap's EnvFilter (Cinder's, for LVM) admits any arguments
-#: after the command, and while matching it strips a leading bare
-#: ``env`` from the command line, so a filter of ours expecting ``env``
-#: would never match once Cinder's volume.filters had been read first.
-ENV_PREFIX = ('/usr/bin/env', 'LC_ALL=C')
-
-
-class DMSetup(object):
-    """Thin wrapper around the ``dmsetup`` command.
-
-    Every call goes through ``execute`` (Cinder's ``utils.execute`` unless a
-    test passes another) as root with the configured root helper and under
-    ``LC_ALL=C`` (see :data:`ENV_PREFIX`), tables are
-    fed on standard input (so multi-segment tables need no quoting), and a
-    failure becomes :class:`~cinder_dmclone.exception.DMSetupCommandFailed`
-    carrying the kernel's message.
-    """
-
-    def __init__(self, execute=None, root_helper=None):
-        self._execute = execute or utils.execute
-        self._root_helper = root_helper
-
-    def _exec(self, command, *args, **kwargs):
-        kwargs.setdefault('run_as_root', True)
-        if self._root_helper:
-            kwargs.setdefault('root_helper', self._root_helper)
-        cmdline = ' '.join([command] + [str(a) for a in args])
-        try:
-            return self._execute(*ENV_PREFIX, command, *args, **kwargs)
-        except processutils.ProcessExecutionError as exc:
-            raise exception.DMSetupCommandFailed(
-                command=cmdline,
-                reason=(exc.stderr or exc.stdout or str(exc)).strip()) \
-                from exc
-        except OSError as exc:
-            # The command could not be started at all (not installed, no
-            # root helper): a setup problem, reported the same way.
-            raise exception.DMSetupCommandFailed(
-                command=cmdline, reason=str(exc)) from exc
-
-    def _run(self, *args, **kwargs):
-        return self._exec('dmsetup', *args, **kwargs)
-
-    #: attempts of a command over every device (see _run_listing)
-    LISTING_ATTEMPTS = 3
-
-    def _run_listing(self, *args):
-        """A command over every device, again if one vanished meanwhile.
-
-        ``dmsetup status`` (or ``table``, ``info``) without a name lists
-        the devices, then asks the kernel about each; a device removed in
-        between (another service's detach, a finished move) fails the
-        whole command with "Device does not exist".  The load test hit
-        it on a source node whose handles were being retired.  The next
-        listing no longer holds that device.
-        """
-        for attempt in range(1, self.LISTING_ATTEMPTS + 1):
-            try:
-                return self._run(*args)
-            except exception.DMSetupCommandFailed as exc:
-                if attempt == self.LISTING_ATTEMPTS or not _not_found(exc):
-                    raise
-                LOG.debug('A device went away during %s; listing again.',
-                          exc)
-
-    def create(self, name, segments, uuid):
-        """Create and activate ``name`` with the given table segments.
-
-        Every device gets a device-mapper UUID so that tools and leak
-        checks can tell this driver's devices from anyone else's.
-        """
-        self._run('create', validate_name(name), '--uuid', validate_name(uuid),
-                  process_input=format_table(segments) + '\n')
-
-    def load(self, name, segments):
-        """Load an inactive table into ``name``; takes effect on resume."""
-        self._run('load', validate_name(name),
-                  process_input=format_table(segments) + '\n')
-
-    def suspend(self, name, flush=True):
-        """Suspend ``name``; with ``flush`` in-flight I/O completes first."""
-        args = ['suspend', validate_name(name)]
-        if not flush:
-            args.append('--noflush')
-        self._run(*args)
-
-    def resume(self, name):
-        self._run('resume', validate_name(name))
-
-    def reload(self, name, segments):
-        """Swap the table of a live device: load, then resume.
-
-        ``resume`` with an inactive table loaded suspends the device
-        (flushing in-flight I/O), swaps the tables and resumes, all in
-        the kernel within one ioctl (dm-ioctl's do_resume).  A separate
-        ``suspend`` command would keep I/O paused while the next
-        ``dmsetup`` process starts: the benchmarks (tests/bench) measured
-        a pause about four times longer that way.  The new table is
-        loaded first, so a table the kernel rejects never pauses I/O; a
-        failed resume clears the inactive table and resumes the old one.
-        """
-        self.load(name, segments)
-        try:
-            self.resume(name)
-        except exception.DMSetupCommandFailed:
-            self._clear_inactive(name)
-            try:
-                self.resume(name)
-            except exception.DMSetupCommandFailed:
-                LOG.warning('Could not resume %s with its old table.', name)
-            raise
-
-    def _clear_inactive(self, name):
-        try:
-            self._run('clear', validate_name(name))
-        except exception.DMSetupCommandFailed:
-            LOG.warning('Could not clear the inactive table of %s.', name)
-
-    def message(self, name, *words):
-        """Send a target message, e.g. ``('hydration_batch_size', 16)``."""
-        words = [str(w) for w in words]
-        if not words or words[0] not in CLONE_MESSAGES or not all(
-                _MESSAGE_WORD_RE.fullmatch(w) for w in words):
-            raise exception.InvalidDMName(
-                value=' '.join(words), reason='not a known dm-clone message')
-        self._run('message', validate_name(name), '0', *words)
-
-    def remove(self, name, retry=True):
-        """Remove ``name``; a device that is already gone is not an error.
-
-        ``--retry`` rides out a transient open count (e.g. a udev probe).
-        """
-        args = ['remove']
-        if retry:
-            args.append('--retry')
-        args.append(validate_name(name))
-        try:
-            self._run(*args)
-        except exception.DMSetupCommandFailed as exc:
-            if _not_found(exc):
-                LOG.debug('Device-mapper device %s already removed.', name)
-                return
-            raise
-
-    def exists(self, name):
-        """True if a device-mapper device called ``name`` exists."""
-        try:
-            self._run('info', validate_name(name))
-        except exception.DMSetupCommandFailed as exc:
-            if _not_found(exc):
-                return False
-            raise
-        return True
-
-    def status(self, name):
-        """Status of one device: a list of :class:`StatusLine`."""
-        out, _err = self._run('status', validate_name(name))
-        return parse_status(out)
-
-    def table(self, name):
-        """Table of one device: a list of :class:`Segment`."""
-        out, _err = self._run('table', validate_name(name))
-        return parse_table(out)
-
-    @staticmethod
-    def _unparsed(errors, log_to):
-        """Log what a listing could not parse, unless a caller takes it."""
-        if log_to is None:
-            for name, exc in sorted(errors.items(), key=lambda e: str(e[0])):
-                LOG.warning('Ignoring device-mapper device %s this time: '
-                            '%s', name, exc)
-        else:
-            log_to.update(errors)
-
-    def clone_statuses(self, errors=None):
-        """Status of every clone target, in ONE command.
-
-        Returns {device name: CloneStatus or FailedCloneStatus}; a device
-        with several clone segments keeps the first (this project never
-        builds more than one clone segment per device).  A device whose
-        line cannot be parsed is left out: it goes into ``errors``
-        ({name: DMStatusParseError}) when given, else to the log.
-        """
-        out, _err = self._run_listing('status', '--target', 'clone')
-        bad = {}
-        result = {}
-        for name, lines in parse_status_all(out, errors=bad).items():
-            clones = [line.clone for line in lines if line.clone is not None]
-            if clones:
-                result[name] = clones[0]
-        self._unparsed(bad, errors)
-        return result
-
-    def statuses(self, errors=None):
-        """Status of EVERY device-mapper device, in one command.
-
-        Returns {device name: [StatusLine]}; the operator's status tool
-        uses it to see linear handles and clone targets in one sample.
-        Unparsable devices as in :meth:`clone_statuses`.
-        """
-        out, _err = self._run_listing('status')
-        bad = {}
-        result = parse_status_all(out, errors=bad)
-        self._unparsed(bad, errors)
-        return result
-
-    def tables(self, target=None, errors=None):
-        """Tables of every device (or those with a ``target`` segment).
-
-        Returns {device name: [Segment]} from one command; unparsable
-        devices as in :meth:`clone_statuses`.
-        """
-        args = ['table']
-        if target is not None:
-            if not _MESSAGE_WORD_RE.fullmatch(target):
-                raise exception.InvalidDMName(
-                    value=target, reason='not a target type name')
-            args += ['--target', target]
-        out, _err = self._run_listing(*args)
-        bad = {}
-        result = parse_table_all(out, errors=bad)
-        self._unparsed(bad, errors)
-        return result
-
-    def uuids(self):
-        """{name: dm UUID} of every device-mapper device (one command)."""
-        out, _err = self._run_listing('info', '-c', '--noheadings', '-o',
-                                      'name,uuid', '--separator', '|')
-        return parse_info_uuids(out)
-
-    def targets(self):
-        """Loaded target types: {name: version}."""
-        out, _err = self._run('targets')
-        return parse_targets(out)
-
-    def device_sectors(self, device):
-        """Size of a block device in 512-byte sectors (``blockdev``)."""
-        out, _err = self._exec('blockdev', '--getsz', validate_device(device))
-        return _parse_int(out.strip(), out, 'device size')
-
-    def version(self):
-        """``dmsetup version`` output; raises if dmsetup cannot run."""
-        out, _err = self._run('version')
-        return out
+def parse_sectors(text):
+    """Parse ``blockdev --getsz`` output: a size in 512-byte sectors."""
+    return _parse_int(text.strip(), text, 'device size')

@@ -20,8 +20,10 @@ LV directly, so that the mapping under the handle can later become a
 ``clone`` target while the volume moves to another node, without the path
 an instance uses ever changing.
 
-This module holds Cinder semantics only; device-mapper is spoken in
-:mod:`cinder_dmclone.dmsetup`.
+This module holds Cinder semantics only; device-mapper's formats are in
+:mod:`cinder_dmclone.dmsetup`, and the commands the driver runs as root
+itself (beyond Cinder's LVM helper and os-brick) in
+:mod:`cinder_dmclone.privileged`.
 """
 
 import ipaddress
@@ -56,6 +58,7 @@ from cinder_dmclone import layout  # noqa: E402
 from cinder_dmclone import move  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
+from cinder_dmclone import privileged  # noqa: E402
 from cinder_dmclone import service  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
@@ -104,8 +107,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.hostname = self.node_name
         self.backend_name = (self.configuration.volume_backend_name
                              or 'DMClone')
-        self.dm = dmsetup.DMSetup(execute=self._execute,
-                                  root_helper=utils.get_root_helper())
+        self.dm = privileged.DMSetup(execute=self._execute,
+                                     root_helper=utils.get_root_helper())
         self.metadata_vg = None
         self.monitor = None
         self.store = move.Store(self.db)
@@ -233,9 +236,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _load_clone_module(self):
         """Load dm_clone: ``dmsetup targets`` lists loaded targets only."""
         try:
-            self._execute('modprobe', 'dm_clone', run_as_root=True,
-                          root_helper=utils.get_root_helper())
-        except Exception as exc:
+            privileged.load_module('dm_clone', execute=self._execute,
+                                   root_helper=utils.get_root_helper())
+        except dmc_exception.CommandRefused as exc:
+            LOG.error('Could not load the dm_clone kernel module: rootwrap '
+                      'refused modprobe; install the dmclone.filters of '
+                      'this release. %s', exc)
+        except dmc_exception.KernelModuleNotFound as exc:
+            LOG.warning('The running kernel has no dm_clone module: %s', exc)
+        except dmc_exception.PrivilegedCommandFailed as exc:
             LOG.warning('Could not load the dm_clone kernel module: %s', exc)
 
     def _start_monitor(self):

@@ -21,10 +21,55 @@ from cinder import exception
 from cinder.i18n import _
 
 
-class DMSetupCommandFailed(exception.VolumeBackendAPIException):
-    """A dmsetup (or blockdev) command failed."""
+class PrivilegedCommandFailed(exception.VolumeBackendAPIException):
+    """A command run as root (:mod:`cinder_dmclone.privileged`) failed.
+
+    The subclasses below are failures recognised by the command's exit
+    status and one exact line of its output; anything else is this class.
+    """
 
     message = _("%(command)s failed: %(reason)s")
+
+    @property
+    def exit_code(self):
+        """The command's exit status; None if it could not be started."""
+        return self.kwargs.get('exit_code')
+
+
+class CommandRefused(PrivilegedCommandFailed):
+    """cinder-rootwrap admits no such command line (its exit status 99).
+
+    The filter file of this release (``dmclone.filters``) is missing from
+    rootwrap's ``filters_path``, or an older one is installed.
+    """
+
+
+class DMSetupCommandFailed(PrivilegedCommandFailed):
+    """A dmsetup (or blockdev) command failed."""
+
+
+class DMDeviceNotFound(DMSetupCommandFailed):
+    """dmsetup found no device-mapper device of the given name."""
+
+
+class DMSetupCommandRefused(DMSetupCommandFailed, CommandRefused):
+    """cinder-rootwrap refused a dmsetup or blockdev command line."""
+
+
+class DeviceNotFound(PrivilegedCommandFailed):
+    """The device a command was to write has no node under /dev."""
+
+
+class KernelModuleNotFound(PrivilegedCommandFailed):
+    """The running kernel's module directory has no such module."""
+
+
+class KernelModuleRefused(PrivilegedCommandFailed):
+    """modprobe found the module, the kernel refused to load it.
+
+    The kernel's log (dmesg) says why: module loading disabled, a
+    signature it does not accept, a module built for another kernel.
+    """
 
 
 class DMStatusParseError(exception.VolumeBackendAPIException):

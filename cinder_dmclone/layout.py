@@ -57,7 +57,8 @@ def validate_lv_name(lv_name):
     return lv_name
 
 
-def _validate_vg_name(vg_name):
+def validate_vg_name(vg_name):
+    """Return ``vg_name`` if safe for LVM and device-mapper, else raise."""
     if (not isinstance(vg_name, str) or not _LV_NAME_RE.fullmatch(vg_name)
             or vg_name in ('.', '..')):
         raise exception.InvalidDMName(
@@ -68,7 +69,7 @@ def _validate_vg_name(vg_name):
 def handle_name(vg_name, lv_name):
     """Device-mapper name of the handle of the volume LV ``vg/lv``."""
     return dmsetup.validate_name('%s%s-%s' % (
-        HANDLE_PREFIX, _validate_vg_name(vg_name).replace('-', '--'),
+        HANDLE_PREFIX, validate_vg_name(vg_name).replace('-', '--'),
         validate_lv_name(lv_name)))
 
 
@@ -96,7 +97,7 @@ def parse_handle(name):
         vg.append(rest[i])
         i += 1
     try:
-        return (_validate_vg_name(''.join(vg)),
+        return (validate_vg_name(''.join(vg)),
                 validate_lv_name(rest[i + 1:]))
     except exception.InvalidDMName:
         return None

@@ -67,6 +67,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 
 DRIVER = 'cinder_dmclone.driver.DMCloneVolumeDriver'
 DEFAULT_CONFIG = '/etc/cinder/cinder.conf'
@@ -222,25 +223,6 @@ def scope_from_args(args):
 # --------------------------------------------------------------------------
 # Reading the node
 # --------------------------------------------------------------------------
-
-def list_lvs(execute, vgs):
-    """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty)."""
-    try:
-        out, _err = execute(*dmsetup.ENV_PREFIX, 'lvs', '--noheadings',
-                            '--separator', '|', '-o', 'vg_name,lv_name',
-                            *vgs)
-    except (processutils.ProcessExecutionError, OSError) as exc:
-        reason = getattr(exc, 'stderr', None) or str(exc)
-        raise dmc_exception.DMSetupCommandFailed(
-            command='lvs %s' % ' '.join(vgs), reason=reason.strip()) \
-            from None
-    result = set()
-    for line in out.splitlines():
-        vg, sep, lv = line.strip().partition('|')
-        if sep:
-            result.add((vg, lv))
-    return result
-
 
 def iscsi_links(by_path=BY_PATH):
     """{'major:minor': (portal, iqn, lun)} of the node's iSCSI disks."""
@@ -501,13 +483,13 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
             clock=time.monotonic, links=None, read_metadata=None):
     """Read the node and build the report (see the module docstring)."""
     execute = execute or processutils.execute
-    dm = dm or dmsetup.DMSetup(execute=execute)
+    dm = dm or privileged.DMSetup(execute=execute)
     status_errors, table_errors = {}, {}
     first, second, elapsed = take_samples(dm, args.interval, sleep, clock,
                                           errors=status_errors)
     uuids = dm.uuids()
     tables = dm.tables('clone', errors=table_errors)
-    lvs = list_lvs(execute, scope.lvm_vgs())
+    lvs = privileged.list_lvs(scope.lvm_vgs(), execute=execute)
     if links is None:
         links = iscsi_links()
     warnings = []
@@ -628,8 +610,9 @@ def main(argv=None, stdout=None, **collect_kwargs):
     except UsageError as exc:
         print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
         return 2
-    except (dmc_exception.DMSetupCommandFailed,
-            dmc_exception.DMStatusParseError) as exc:
+    except (dmc_exception.PrivilegedCommandFailed,
+            dmc_exception.DMStatusParseError,
+            dmc_exception.InvalidDMName) as exc:
         print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
         return 2
     if args.json:

@@ -14,7 +14,7 @@
 
 fio jobs and their logs, the results file, and the device plumbing the
 measurements share (clones over node A's iSCSI export, built with the
-project's own :class:`cinder_dmclone.dmsetup.DMSetup`).  Figures are
+project's own :class:`cinder_dmclone.privileged.DMSetup`).  Figures are
 recorded as they come, so a benchmark that fails later loses nothing.
 """
 
@@ -257,8 +257,8 @@ def dm():
     """The project's DMSetup over Cinder's utils.execute (as root)."""
     # utils.execute reads CONF.rootwrap_config: register cinder's options
     from cinder.common import config  # noqa: F401
-    from cinder_dmclone import dmsetup
-    return dmsetup.DMSetup()
+    from cinder_dmclone import privileged
+    return privileged.DMSetup()
 
 
 def fill(path, size):

@@ -32,6 +32,7 @@ from cinder_dmclone import dmsetup as dms
 from cinder_dmclone import hydration
 from cinder_dmclone import layout
 from cinder_dmclone import opts
+from cinder_dmclone import privileged
 from tests.bench import bench
 from tests.functional import testbed
 
@@ -566,7 +567,7 @@ def test_monitor_cost(results, topo, lvs, scale):
     made = []
     out = {}
     execute = CountingExecute()
-    dm = dms.DMSetup(execute=execute)
+    dm = privileged.DMSetup(execute=execute)
     seen_lv = []
 
     def on_status(lv_name, status, progress):

@@ -10,16 +10,18 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""cinder_dmclone.dmsetup against the real kernel.
+"""cinder_dmclone.dmsetup and cinder_dmclone.privileged on the real kernel.
 
-The module's builders make the tables, its DMSetup wrapper (over Cinder's
-utils.execute) runs them, and its parsers read what this kernel really
-prints, in every state a clone passes through: created without hydration,
-hydrating, stopped with disable_hydration, fully hydrated, with custom
-hydration_threshold / hydration_batch_size, and as one segment of a
-multi-segment table.  Each status line is also checked field by field
+dmsetup's builders make the tables, privileged.DMSetup (over Cinder's
+utils.execute) runs them, and dmsetup's parsers read what this kernel
+really prints, in every state a clone passes through: created without
+hydration, hydrating, stopped with disable_hydration, fully hydrated, with
+custom hydration_threshold / hydration_batch_size, and as one segment of
+a multi-segment table.  Each status line is also checked field by field
 against a plain split of the raw text, so a parser bug cannot hide behind
-a symmetric builder bug.
+a symmetric builder bug.  The driver's other root commands (dd of a
+metadata LV's head, modprobe) run here too, with the messages of the
+real dd and modprobe.
 """
 
 import os
@@ -44,9 +46,16 @@ def dmsetup():
 
 
 @pytest.fixture
-def dm(dmsetup, cleanup):
+def privileged():
+    from cinder.common import config  # noqa: F401 (as in ``dmsetup``)
+    from cinder_dmclone import privileged
+    return privileged
+
+
+@pytest.fixture
+def dm(privileged, cleanup):
     """The real DMSetup; devices it creates are removed after the test."""
-    wrapper = dmsetup.DMSetup()
+    wrapper = privileged.DMSetup()
 
     class Tracking(object):
         def __getattr__(self, name):
@@ -314,7 +323,7 @@ def test_errors_from_the_real_dmsetup(dm, dmsetup, topo, make_lv,
     """What the wrapper makes of the kernel's and dmsetup's refusals."""
     assert not dm.exists('ft-dms-absent')
     dm.remove('ft-dms-absent')                 # already gone: not an error
-    with pytest.raises(dmsetup.exception.DMSetupCommandFailed):
+    with pytest.raises(dmsetup.exception.DMDeviceNotFound):
         dm.status('ft-dms-absent')
     assert 'clone' in dm.targets()
     assert dm.device_sectors(make_lv(topo.a.vg, 4 * MiB)) == 8192
@@ -335,3 +344,24 @@ def test_errors_from_the_real_dmsetup(dm, dmsetup, topo, make_lv,
     dm.remove('ft-dms-old')
     assert not dm.exists('ft-dms-old')
     assert os.path.exists(lv)
+
+
+def test_root_commands_beyond_dmsetup(privileged, topo, make_lv):
+    """dd and modprobe as privileged.py runs them, and their failures."""
+    from cinder_dmclone import exception
+
+    data = testbed.pattern(7, 2 * MiB)
+    meta = make_lv(topo.b.meta_vg, 4 * MiB, name='ft-zero-head-dmcmeta')
+    testbed.write_direct(meta, 0, data)
+    privileged.zero_metadata_head(meta)
+    assert testbed.read_direct(meta, 0, MiB) == bytes(MiB)
+    assert testbed.read_direct(meta, MiB, MiB) == data[MiB:]
+
+    # no device node: dd's own message, and no file in the node's place
+    absent = testbed.lv_path(topo.b.meta_vg, 'ft-absent-dmcmeta')
+    with pytest.raises(exception.DeviceNotFound):
+        privileged.zero_metadata_head(absent)
+    assert not os.path.exists(absent)
+
+    # loaded at the testbed's boot: modprobe has nothing to do
+    privileged.load_module('dm_clone')

@@ -65,8 +65,9 @@ def test_status_tool_json(topo, make_lv, iscsi_source, cleanup, tmp_path):
     from cinder.common import config  # noqa: F401 (cinder's utils.execute)
     from cinder_dmclone import dmsetup
     from cinder_dmclone import layout
+    from cinder_dmclone import privileged
 
-    dm = dmsetup.DMSetup()
+    dm = privileged.DMSetup()
     vg = topo.b.vg
     ids = [str(uuid.uuid4()) for _ in range(5)]
     linear_id, iscsi_id, slow_id, meta_only_id, no_lv_id = ids

@@ -48,6 +48,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
+from cinder_dmclone import privileged
 from cinder_dmclone import service
 from cinder_dmclone import wiper
 from tests import manager_flow
@@ -154,7 +155,15 @@ class Node(object):
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
+        """The node's root commands (privileged.py builds them all).
+
+        Each must run under ``LC_ALL=C``; ``dd`` zeroes its LV's head.
+        """
         self.executed.append(cmd)
+        if cmd[:2] != privileged.ENV_PREFIX:
+            self.cluster.violation('%s: %r not run under LC_ALL=C'
+                                   % (self.name, cmd))
+        cmd = cmd[2:]
         if cmd[0] == 'dd':
             path = [a for a in cmd if a.startswith('of=')][0][3:]
             if self._tables_using(path):

@@ -25,7 +25,7 @@ from cinder_dmclone import exception
 
 
 class FakeDMSetup(object):
-    """Device-mapper devices as a dict, behind DMSetup's interface.
+    """Device-mapper devices as a dict, behind privileged.DMSetup's interface.
 
     Tables go through the real builders' validation (format_table), and the
     calls are recorded in ``calls`` for ordering assertions.
@@ -61,8 +61,9 @@ class FakeDMSetup(object):
 
     def _require(self, name):
         if name not in self.devices:
-            raise exception.DMSetupCommandFailed(
-                command='dmsetup %s' % name, reason='No such device')
+            raise exception.DMDeviceNotFound(
+                command='dmsetup %s' % name, exit_code=1,
+                reason='Device does not exist.')
 
     def create(self, name, segments, uuid):
         self._call('create', name)

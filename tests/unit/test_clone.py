@@ -21,6 +21,7 @@ from cinder_dmclone import clone
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 from tests.unit import fakes
 from tests.unit.test_move import IQN
 from tests.unit.test_move import LV
@@ -57,8 +58,8 @@ class ClonesTestCase(test.TestCase):
         self.t = make_move()
 
     def _execute(self, *cmd, **kwargs):
-        if cmd[0] == 'dd':
-            self.meta_vg.zero(cmd[2][3:])
+        if cmd[:3] == privileged.ENV_PREFIX + ('dd',):
+            self.meta_vg.zero(cmd[4][3:])
         return '', ''
 
     def _build(self, hydrate=True, threshold=64, batch=16):
@@ -83,8 +84,9 @@ class ClonesTestCase(test.TestCase):
         self.assertEqual([('create_volume', META, '8m', 'default')],
                          self.meta_vg.calls)
         self.execute.assert_called_once_with(
-            'dd', 'if=/dev/zero', 'of=%s' % META_PATH, 'bs=1M', 'count=1',
-            'oflag=direct', run_as_root=True,
+            '/usr/bin/env', 'LC_ALL=C', 'dd', 'if=/dev/zero',
+            'of=%s' % META_PATH, 'bs=1M', 'count=1', 'oflag=direct',
+            'conv=nocreat', run_as_root=True,
             root_helper='sudo cinder-rootwrap')
         self.assertEqual(1, self.meta_vg.lvs[META]['zeroed'])
 

@@ -10,14 +10,12 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Table builders, status parsers and command wrappers of dmsetup.py."""
+"""The pure layer, dmsetup.py: validation, table builders, parsers.
 
-import logging
-from unittest import mock
+The commands that use it are tested in test_privileged.py.
+"""
 
 import ddt
-import fixtures
-from oslo_concurrency import processutils
 
 from cinder.tests.unit import test
 
@@ -68,6 +66,28 @@ class ValidationTestCase(test.TestCase):
     def test_invalid_region_sizes(self, size):
         self.assertRaises(exception.InvalidTable,
                           dmsetup.validate_region_size, size)
+
+    def test_valid_messages(self):
+        self.assertEqual(['enable_hydration'],
+                         dmsetup.validate_message('enable_hydration'))
+        self.assertEqual(['hydration_batch_size', '16'],
+                         dmsetup.validate_message('hydration_batch_size', 16))
+
+    @ddt.data((), ('reboot',), ('hydration_threshold', '1; rm'),
+              ('hydration_threshold', '-1'), ('Enable_hydration',),
+              ('enable_hydration', 'x y'))
+    def test_invalid_messages(self, words):
+        self.assertRaises(exception.InvalidDMName,
+                          dmsetup.validate_message, *words)
+
+    @ddt.data('clone', 'linear', 'thin_pool')
+    def test_valid_target_types(self, target):
+        self.assertEqual(target, dmsetup.validate_target_type(target))
+
+    @ddt.data('a b', '', '--target', 'Clone', None, 1)
+    def test_invalid_target_types(self, target):
+        self.assertRaises(exception.InvalidDMName,
+                          dmsetup.validate_target_type, target)
 
 
 @ddt.ddt
@@ -345,350 +365,12 @@ class StatusTestCase(test.TestCase):
         self.assertRaises(exception.InvalidDMName, dmsetup.device_path,
                           '../x')
 
-
-@ddt.ddt
-class DMSetupCommandTestCase(test.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        self.execute = mock.Mock(return_value=('', ''))
-        self.dm = dmsetup.DMSetup(execute=self.execute,
-                                  root_helper='sudo cinder-rootwrap x')
-
-    def _assert_called(self, *args, **kwargs):
-        kwargs.setdefault('run_as_root', True)
-        kwargs.setdefault('root_helper', 'sudo cinder-rootwrap x')
-        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, *args,
-                                        **kwargs)
-
-    def test_default_execute_is_cinders(self):
-        from cinder import utils
-        self.assertIs(utils.execute, dmsetup.DMSetup()._execute)
-
-    def test_no_root_helper_given(self):
-        dm = dmsetup.DMSetup(execute=self.execute)
-        dm.resume('a')
-        self.execute.assert_called_with(*dmsetup.ENV_PREFIX, 'dmsetup',
-                                        'resume', 'a', run_as_root=True)
-
-    def test_every_command_runs_under_lc_all_c(self):
-        self.execute.side_effect = lambda *cmd, **kw: (
-            ('8\n', '') if 'blockdev' in cmd else ('', ''))
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.dm.create('h', [seg], uuid='DMCLONE-h')
-        self.dm.reload('h', [seg])
-        self.dm.remove('h')
-        self.dm.exists('h')
-        self.dm.clone_statuses()
-        self.dm.device_sectors('/dev/vg/lv')
-        self.dm.version()
-        commands = [c.args for c in self.execute.call_args_list]
-        self.assertEqual(8, len(commands))
-        for cmd in commands:
-            self.assertEqual(('/usr/bin/env', 'LC_ALL=C'), cmd[:2])
-        self.assertEqual(['blockdev'] + ['dmsetup'] * 7,
-                         sorted(cmd[2] for cmd in commands))
-
-    def test_create_feeds_table_on_stdin(self):
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.dm.create('h', [seg], uuid='DMCLONE-h')
-        self._assert_called('dmsetup', 'create', 'h', '--uuid', 'DMCLONE-h',
-                            process_input='0 8 linear /dev/vg/lv 0\n')
-
-    def test_create_validates_before_running(self):
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.assertRaises(exception.InvalidDMName, self.dm.create,
-                          'bad name', [seg], uuid='u')
-        self.assertRaises(exception.InvalidTable, self.dm.create,
-                          'h', [], uuid='u')
-        self.execute.assert_not_called()
-
-    def test_load_suspend_resume(self):
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.dm.load('h', [seg])
-        self._assert_called('dmsetup', 'load', 'h',
-                            process_input='0 8 linear /dev/vg/lv 0\n')
-        self.dm.suspend('h')
-        self._assert_called('dmsetup', 'suspend', 'h')
-        self.dm.suspend('h', flush=False)
-        self._assert_called('dmsetup', 'suspend', 'h', '--noflush')
-        self.dm.resume('h')
-        self._assert_called('dmsetup', 'resume', 'h')
-
-    def test_reload_order(self):
-        # no separate suspend: resume swaps the tables under its own
-        # suspend, so no process start happens while I/O is paused
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.dm.reload('h', [seg])
-        self.assertEqual(['load', 'resume'],
-                         [c.args[3] for c in self.execute.call_args_list])
-
-    def test_reload_failed_resume_clears_resumes_and_raises(self):
-        calls = []
-
-        def fake(*args, **kwargs):
-            calls.append(args[3])
-            if args[3] == 'resume' and calls.count('resume') == 1:
-                raise processutils.ProcessExecutionError(stderr='busy')
-            return '', ''
-        self.execute.side_effect = fake
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
-                          'h', [seg])
-        self.assertEqual(['load', 'resume', 'clear', 'resume'], calls)
-
-    def test_reload_failed_resume_clear_and_second_resume(self):
-        self.execute.side_effect = [
-            ('', ''), processutils.ProcessExecutionError(stderr='busy'),
-            processutils.ProcessExecutionError(stderr='no'),
-            processutils.ProcessExecutionError(stderr='no')]
-        seg = dmsetup.linear_segment(0, 8, '/dev/vg/lv')
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.reload,
-                          'h', [seg])
-        self.assertEqual(4, self.execute.call_count)
-
-    def test_message(self):
-        self.dm.message('h', 'enable_hydration')
-        self._assert_called('dmsetup', 'message', 'h', '0',
-                            'enable_hydration')
-        self.dm.message('h', 'hydration_batch_size', 16)
-        self._assert_called('dmsetup', 'message', 'h', '0',
-                            'hydration_batch_size', '16')
-
-    def test_message_rejects_unknown(self):
-        for words in ([], ['reboot'], ['hydration_threshold', '1; rm'],
-                      ['hydration_threshold', '-1']):
-            self.assertRaises(exception.InvalidDMName, self.dm.message,
-                              'h', *words)
-        self.execute.assert_not_called()
-
-    def test_remove(self):
-        self.dm.remove('h')
-        self._assert_called('dmsetup', 'remove', '--retry', 'h')
-        self.dm.remove('h', retry=False)
-        self._assert_called('dmsetup', 'remove', 'h')
-
-    def test_remove_already_gone_is_fine(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=1,
-            stderr='device-mapper: remove ioctl on h  failed: No such device '
-                   'or address\nCommand failed.')
-        self.dm.remove('h')
-
-    @ddt.data(
-        # rootwrap without the executable, or refusing the command
-        (96, 'Executable not found: dmsetup (filter match = dmsetup_rm)'),
-        (99, 'Unauthorized command: dmsetup remove h (no filter matched)'),
-        # the kernel's device-mapper missing altogether
-        (1, '/dev/mapper/control: open failed: No such device or address\n'
-            'Failure to communicate with kernel device-mapper driver.\n'
-            'Command failed.'),
-        # the right message, but from something that did not exit 1
-        (2, 'Device does not exist.'),
-        (None, 'Device does not exist.'))
-    @ddt.unpack
-    def test_remove_other_not_found_errors_raise(self, code, stderr):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=code, stderr=stderr)
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.remove,
-                          'h')
-
-    def test_exists_message_on_stdout(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=1, stdout='Device does not exist.\n',
-            stderr='Command failed.\n')
-        self.assertFalse(self.dm.exists('h'))
-
-    def test_exists_rootwrap_not_found_raises(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=96, stderr='Executable not found: dmsetup')
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
-                          'h')
-
-    def test_exists_start_failure_raises(self):
-        self.execute.side_effect = FileNotFoundError(
-            2, 'No such file or directory: not found')
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
-                          'h')
-
-    def test_listing_not_retried_when_rootwrap_lacks_dmsetup(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=96, stderr='Executable not found: dmsetup')
-        self.assertRaises(exception.DMSetupCommandFailed,
-                          self.dm.clone_statuses)
-        self.assertEqual(1, self.execute.call_count)
-
-    def test_remove_busy_raises(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='device-mapper: remove ioctl on h failed: Device or '
-                   'resource busy')
-        exc = self.assertRaises(exception.DMSetupCommandFailed,
-                                self.dm.remove, 'h')
-        self.assertIn('Device or resource busy', str(exc))
-        self.assertIn('dmsetup remove --retry h', str(exc))
-
-    def test_exists(self):
-        self.assertTrue(self.dm.exists('h'))
-        self._assert_called('dmsetup', 'info', 'h')
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=1, stderr='Device does not exist.\nCommand failed.')
-        self.assertFalse(self.dm.exists('h'))
-
-    def test_exists_other_error_raises(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Permission denied')
-        self.assertRaises(exception.DMSetupCommandFailed, self.dm.exists,
-                          'h')
-
-    def test_status_and_table(self):
-        self.execute.return_value = ('0 524288 clone %s\n' % CREATED, '')
-        lines = self.dm.status('h')
-        self._assert_called('dmsetup', 'status', 'h')
-        self.assertEqual(4096, lines[0].clone.total_regions)
-        self.execute.return_value = ('0 8 linear 253:1 0\n', '')
-        self.assertEqual('linear', self.dm.table('h')[0].target)
-        self._assert_called('dmsetup', 'table', 'h')
-
-    def test_clone_statuses_one_command(self):
-        self.execute.return_value = (
-            'dmclone-a: 0 524288 clone %s\n'
-            'dmclone-b: 0 524288 clone Fail\n' % HYDRATED, '')
-        result = self.dm.clone_statuses()
-        self.assertEqual(1, self.execute.call_count)
-        self._assert_called('dmsetup', 'status', '--target', 'clone')
-        self.assertTrue(result['dmclone-a'].fully_hydrated)
-        self.assertTrue(result['dmclone-b'].failed)
-
-    def test_clone_statuses_a_bad_line_costs_only_its_device(self):
-        bad = 'dmclone-b: 0 524288 clone %s' % CREATED.replace(
-            'no_hydration', 'new_feature')
-        self.execute.return_value = (
-            'dmclone-a: 0 524288 clone %s\n%s\n'
-            'odd:name: 0 524288 clone %s\n' % (HYDRATED, bad, HYDRATED), '')
-        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
-        result = self.dm.clone_statuses()
-        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
-        self.assertIn(bad, log.output)
-        # a caller that asks for the errors logs them itself
-        errors = {}
-        log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))
-        result = self.dm.clone_statuses(errors=errors)
-        self.assertEqual(['dmclone-a', 'odd:name'], sorted(result))
-        self.assertEqual(['dmclone-b'], list(errors))
-        self.assertEqual('', log.output)
-
-    def test_statuses_and_tables_collect_errors(self):
-        self.execute.return_value = ('a: 0 8 linear \nb: x 8 linear \n', '')
-        errors = {}
-        self.assertEqual(['a'], list(self.dm.statuses(errors=errors)))
-        self.assertEqual(['b'], list(errors))
-        errors = {}
-        self.assertEqual(['a'], list(self.dm.tables(errors=errors)))
-        self.assertEqual(['b'], list(errors))
-
-    def test_listing_again_when_a_device_vanished(self):
-        # dmsetup lists, then queries each device: one removed in between
-        # fails the whole command; the next listing no longer has it.
-        gone = processutils.ProcessExecutionError(
-            exit_code=1, stderr='Device does not exist.\nCommand failed.')
-        self.execute.side_effect = [
-            gone, ('dmclone-a: 0 524288 clone %s\n' % HYDRATED, '')]
-        self.assertEqual(['dmclone-a'], list(self.dm.clone_statuses()))
-        self.assertEqual(2, self.execute.call_count)
-
-    @ddt.data('clone_statuses', 'statuses', 'tables', 'uuids')
-    def test_listing_gives_up_after_three_vanishings(self, method):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            exit_code=1, stderr='Device does not exist.\nCommand failed.')
-        self.assertRaises(exception.DMSetupCommandFailed,
-                          getattr(self.dm, method))
-        self.assertEqual(3, self.execute.call_count)
-
-    def test_listing_other_errors_not_retried(self):
-        self.execute.side_effect = processutils.ProcessExecutionError(
-            stderr='Permission denied')
-        self.assertRaises(exception.DMSetupCommandFailed,
-                          self.dm.clone_statuses)
-        self.assertEqual(1, self.execute.call_count)
-
-    def test_clone_statuses_none(self):
-        self.execute.return_value = ('No devices found\n', '')
-        self.assertEqual({}, self.dm.clone_statuses())
-
-    def test_statuses_of_every_device_in_one_command(self):
-        self.execute.return_value = (
-            'dmclone-vg-a: 0 524288 clone %s\n'
-            'dmclone-vg-b: 0 8 linear \n'
-            'vg-lv: 0 8 linear\n' % HYDRATED, '')
-        result = self.dm.statuses()
-        self.assertEqual(1, self.execute.call_count)
-        self._assert_called('dmsetup', 'status')
-        self.assertTrue(result['dmclone-vg-a'][0].clone.fully_hydrated)
-        self.assertEqual('linear', result['dmclone-vg-b'][0].target)
-        self.assertIsNone(result['vg-lv'][0].clone)
-        self.execute.return_value = ('No devices found\n', '')
-        self.assertEqual({}, self.dm.statuses())
-
-    def test_tables_of_every_clone(self):
-        self.execute.return_value = (
-            'h1: 0 2048 clone 253:3 253:2 8:16 128 1 no_hydration\n'
-            'h2: 0 2048 clone 253:5 253:4 8:32 128\n'
-            'h2: 2048 8 linear 253:4 2048\n', '')
-        tables = self.dm.tables('clone')
-        self._assert_called('dmsetup', 'table', '--target', 'clone')
-        self.assertEqual('8:16',
-                         dmsetup.parse_clone_table(tables['h1'][0]).source_dev)
-        self.assertEqual(['clone', 'linear'],
-                         [s.target for s in tables['h2']])
-        self.execute.return_value = ('', '')
-        self.assertEqual({}, self.dm.tables())
-        self._assert_called('dmsetup', 'table')
-
-    def test_tables_refuses_odd_target(self):
-        self.assertRaises(exception.InvalidDMName, self.dm.tables, 'a b')
-        self.execute.assert_not_called()
-
     def test_table_all_rejects_garbage(self):
         self.assertRaises(exception.DMStatusParseError,
                           dmsetup.parse_table_all, 'no colon here')
 
-    def test_uuids(self):
-        self.execute.return_value = ('dmclone-vg-a|DMCLONE-dmclone-vg-a\n'
-                                     'plain|\n', '')
-        self.assertEqual({'dmclone-vg-a': 'DMCLONE-dmclone-vg-a',
-                          'plain': ''}, self.dm.uuids())
-        self._assert_called('dmsetup', 'info', '-c', '--noheadings', '-o',
-                            'name,uuid', '--separator', '|')
-        self.execute.return_value = ('No devices found\n', '')
-        self.assertEqual({}, self.dm.uuids())
-        self.execute.return_value = ('garbage\n', '')
-        self.assertRaises(exception.DMStatusParseError, self.dm.uuids)
-
-    def test_targets_and_version(self):
-        self.execute.return_value = ('clone v1.0.0\nlinear v1.4.0\n', '')
-        self.assertEqual({'clone': 'v1.0.0', 'linear': 'v1.4.0'},
-                         self.dm.targets())
-        self.execute.return_value = ('Library version: 1.02\n', '')
-        self.assertIn('Library', self.dm.version())
-
-    def test_missing_binary(self):
-        self.execute.side_effect = FileNotFoundError(2, 'No such file',
-                                                     'dmsetup')
-        exc = self.assertRaises(exception.DMSetupCommandFailed,
-                                self.dm.version)
-        self.assertIn('No such file', str(exc))
-
-    def test_device_sectors(self):
-        self.execute.return_value = ('2097152\n', '')
-        self.assertEqual(2097152, self.dm.device_sectors('/dev/vg/lv'))
-        self._assert_called('blockdev', '--getsz', '/dev/vg/lv')
-
-    def test_device_sectors_garbage(self):
-        self.execute.return_value = ('lots\n', '')
-        self.assertRaises(exception.DMStatusParseError,
-                          self.dm.device_sectors, '/dev/vg/lv')
-
-    def test_device_sectors_refuses_bad_path(self):
-        self.assertRaises(exception.InvalidDMName, self.dm.device_sectors,
-                          '/etc/shadow')
-        self.execute.assert_not_called()
+    def test_parse_sectors(self):
+        self.assertEqual(2097152, dmsetup.parse_sectors('2097152\n'))
+        for text in ('lots\n', '', '-8\n', '8 8\n'):
+            self.assertRaises(exception.DMStatusParseError,
+                              dmsetup.parse_sectors, text)

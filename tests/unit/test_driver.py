@@ -12,9 +12,11 @@
 
 """The Cinder-facing driver, with the kernel replaced by fakes."""
 
+import logging
 from unittest import mock
 
 import ddt
+import fixtures
 from oslo_concurrency import processutils
 
 from cinder.brick.local_dev import lvm as brick_lvm
@@ -230,13 +232,49 @@ class SetupTestCase(DriverTestBase):
         exc = self.assertRaises(exception.VolumeBackendAPIException,
                                 self.drv.check_for_setup_error)
         self.assertIn('no device-mapper "clone" target', str(exc))
-        self.assertEqual(('modprobe', 'dm_clone'), execute.call_args.args)
+        self.assertEqual(('/usr/bin/env', 'LC_ALL=C', 'modprobe',
+                          'dm_clone'), execute.call_args.args)
+        self.assertTrue(execute.call_args.kwargs['run_as_root'])
 
     def test_modprobe_failure_is_reported_as_missing_target(self):
         self.dm.target_types = {'linear': 'v1.4.0'}
         self.mock_object(self.drv, '_execute', side_effect=OSError('nope'))
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.drv.check_for_setup_error)
+
+    @ddt.data(
+        (1, 'modprobe: FATAL: Module dm_clone not found in directory '
+            '/lib/modules/6.1.0-13-amd64', logging.WARNING,
+         'The running kernel has no dm_clone module'),
+        (1, "modprobe: ERROR: could not insert 'dm_clone': Operation not "
+            "permitted", logging.WARNING,
+         'Could not load the dm_clone kernel module'),
+        (99, 'cinder-rootwrap: Unauthorized command: /usr/bin/env LC_ALL=C '
+             'modprobe dm_clone (no filter matched)', logging.ERROR,
+         'install the dmclone.filters of this release'))
+    @ddt.unpack
+    def test_modprobe_failures_are_told_apart(self, code, stderr, level,
+                                              told):
+        self.dm.target_types = {'linear': 'v1.4.0'}
+        self.mock_object(
+            self.drv, '_execute',
+            side_effect=processutils.ProcessExecutionError(
+                exit_code=code, stderr=stderr))
+        log = self.useFixture(fixtures.FakeLogger(
+            level=logging.WARNING, format='%(levelname)s %(message)s'))
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.check_for_setup_error)
+        self.assertIn('no device-mapper "clone" target', str(exc))
+        records = [r for r in log.output.splitlines() if told in r]
+        self.assertEqual(1, len(records), log.output)
+        self.assertTrue(records[0].startswith(
+            logging.getLevelName(level) + ' '), records[0])
+        self.assertIn(stderr, records[0])
+
+    def test_modprobe_bug_is_not_swallowed(self):
+        self.dm.target_types = {'linear': 'v1.4.0'}
+        self.mock_object(self.drv, '_execute', side_effect=TypeError('bug'))
+        self.assertRaises(TypeError, self.drv.check_for_setup_error)
 
     def test_clone_target_loaded_by_modprobe(self):
         self.dm.target_types = {'linear': 'v1.4.0'}

@@ -21,6 +21,7 @@ from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import hydration
+from cinder_dmclone import privileged
 
 
 def clone(hydrated, total=4096, region=128):
@@ -117,7 +118,7 @@ class MonitorTestCase(test.TestCase):
             'someone:else: 0 524288 clone ' + good % 3,
             'dmclone-vg-volume-c: 0 524288 clone ' + good % 4]) + '\n'
         execute = mock.Mock(return_value=(text, ''))
-        self.monitor._dm = dmsetup.DMSetup(execute=execute)
+        self.monitor._dm = privileged.DMSetup(execute=execute)
         self.clock.now += 5
         self.monitor._last['volume-b'] = (95.0, 'earlier', 90.0)
         log = self.useFixture(fixtures.FakeLogger(level=logging.WARNING))

@@ -12,10 +12,10 @@
 
 """The rootwrap filter file against the commands the driver builds.
 
-Every command line the driver's device-mapper layer produces must be
-admitted by ``etc/cinder/rootwrap.d/dmclone.filters`` (through
-oslo.rootwrap's own matching), and nearby commands the driver never runs
-must be refused, so that the filter admits exactly the driver's commands.
+Every command line privileged.py builds for the driver must be admitted
+by ``etc/cinder/rootwrap.d/dmclone.filters`` (through oslo.rootwrap's own
+matching), and nearby commands the driver never runs must be refused, so
+that the filter admits exactly the driver's commands.
 """
 
 import os
@@ -30,6 +30,7 @@ from cinder.tests.unit import test
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import privileged
 
 FILTERS_DIR = os.path.join(os.path.dirname(__file__), '..', '..', 'etc',
                            'cinder', 'rootwrap.d')
@@ -49,7 +50,7 @@ class RootwrapFilterTestCase(test.TestCase):
         self.filters = wrapper.load_filters([os.path.abspath(FILTERS_DIR)])
         self.assertGreater(len(self.filters), 5)
         self.commands = []
-        self.dm = dmsetup.DMSetup(execute=self._record)
+        self.dm = privileged.DMSetup(execute=self._record)
         # rootwrap also wants the matched executable to exist in its
         # exec_dirs; stand-ins keep the test independent of this host.
         self.exec_dir = self.useFixture(fixtures.TempDir()).path
@@ -110,17 +111,26 @@ class RootwrapFilterTestCase(test.TestCase):
         dm.device_sectors(LV)
         dm.remove(NAME)
         dm.remove(NAME, retry=False)
-        self.assertGreater(len(self.commands), 15)
+        privileged.zero_metadata_head(META, execute=self._record)
+        privileged.load_module('dm_clone', execute=self._record)
+        self.assertGreater(len(self.commands), 17)
         for cmd in self.commands:
             self.assertAdmitted(cmd)
 
     def test_commands_run_under_lc_all_c(self):
         self.dm.remove(NAME)
         self.dm.device_sectors(LV)
+        privileged.zero_metadata_head(META, execute=self._record)
+        privileged.load_module('dm_clone', execute=self._record)
         self.assertEqual([['/usr/bin/env', 'LC_ALL=C', 'dmsetup', 'remove',
                            '--retry', NAME],
                           ['/usr/bin/env', 'LC_ALL=C', 'blockdev', '--getsz',
-                           LV]], self.commands)
+                           LV],
+                          ['/usr/bin/env', 'LC_ALL=C', 'dd', 'if=/dev/zero',
+                           'of=' + META, 'bs=1M', 'count=1', 'oflag=direct',
+                           'conv=nocreat'],
+                          ['/usr/bin/env', 'LC_ALL=C', 'modprobe',
+                           'dm_clone']], self.commands)
         for cmd in self.commands:
             self.assertRunsAsBuilt(self.filters, cmd)
 
@@ -139,6 +149,8 @@ class RootwrapFilterTestCase(test.TestCase):
         self.dm.remove(NAME)
         self.dm.message(NAME, 'hydration_batch_size', '16')
         self.dm.device_sectors(LV)
+        privileged.zero_metadata_head(META, execute=self._record)
+        privileged.load_module('dm_clone', execute=self._record)
         for dirs in ([cinder_dir, ours], [ours, cinder_dir]):
             filters = wrapper.load_filters(dirs)
             for cmd in self.commands:
@@ -198,7 +210,54 @@ class RootwrapFilterTestCase(test.TestCase):
         self.assertRefused(ENV + ['dmsetup', 'rename', NAME, NAME + '.old'])
 
     def test_modprobe_of_the_driver(self):
-        self.assertAdmitted(['modprobe', 'dm_clone'])
+        self.assertAdmitted(ENV + ['modprobe', 'dm_clone'])
+        # the shape of earlier releases, without LC_ALL=C
+        self.assertRefused(['modprobe', 'dm_clone'])
+
+    def test_dd_of_every_metadata_lv_is_admitted(self):
+        for vg in ('cinder-volumes', 'a', 'x.y+z_', '.vg', 'vg..x'):
+            for lv in ('volume-1f2e3d4c-0000-4000-8000-000000000001', 'lv',
+                       'a-b', '_x', 'x--y', '..'):
+                path = layout.lv_device(vg, lv + layout.METADATA_SUFFIX)
+                self.commands = []
+                privileged.zero_metadata_head(path, execute=self._record)
+                self.assertAdmitted(self.commands[0])
+
+    def test_dd_of_anything_else_is_refused(self):
+        def dd(path, *args):
+            return ENV + ['dd', 'if=/dev/zero', 'of=' + path] + list(
+                args or ('bs=1M', 'count=1', 'oflag=direct', 'conv=nocreat'))
+        self.assertAdmitted(dd(META))
+        for path in (
+                LV,                                   # a volume's data
+                '/dev/sda', '/dev/mapper/' + NAME,
+                '/dev/mapper/dmc--a-volume--1--dmcmeta',
+                '/dev/mapper/x-dmcmeta',              # LVM's dm name
+                '/dev/../x-dmcmeta', '/dev/./x-dmcmeta',
+                '/dev/dmc-a/../x-dmcmeta', '/dev/dmc-a/sub/x-dmcmeta',
+                '/dev/x-dmcmeta', '/etc/dmc-a/x-dmcmeta',
+                '/dev/-vg/x-dmcmeta', '/dev/dmc-a/-x-dmcmeta',
+                '/dev/dmc-a/x-dmcmeta.old', '/dev/dmc-a/x dmcmeta',
+                META + '-dmcwipe-00000000'):
+            self.assertRefused(dd(path))
+        for args in (
+                ('bs=1M', 'count=1', 'oflag=direct'),  # creates files
+                ('bs=1M', 'count=1', 'conv=nocreat'),
+                ('bs=1G', 'count=1', 'oflag=direct', 'conv=nocreat'),
+                ('bs=1M', 'count=100', 'oflag=direct', 'conv=nocreat'),
+                ('bs=1M', 'count=1', 'oflag=direct', 'conv=nocreat',
+                 'seek=8'),
+                ('bs=1M', 'count=1', 'oflag=direct', 'conv=notrunc'),
+                ('bs=1M', 'count=1', 'conv=nocreat', 'oflag=direct')):
+            self.assertRefused(dd(META, *args))
+        self.assertRefused(ENV + ['dd', 'if=/dev/urandom', 'of=' + META,
+                                  'bs=1M', 'count=1', 'oflag=direct',
+                                  'conv=nocreat'])
+        self.assertRefused(ENV + ['dd', 'if=' + META, 'of=/dev/zero',
+                                  'bs=1M', 'count=1', 'oflag=direct',
+                                  'conv=nocreat'])
+        # without the prefix: Cinder's volume.filters, not this file
+        self.assertRefused(dd(META)[2:])
 
     def test_nearby_commands_are_refused(self):
         env = ENV
@@ -230,13 +289,26 @@ class RootwrapFilterTestCase(test.TestCase):
                 ['blockdev', '--setrw', LV],
                 ['blockdev', '--getsz', '/etc/shadow; true'],
                 ['modprobe', '-r', 'dm_clone'],
-                ['modprobe', 'evil_module']):
+                ['modprobe', 'evil_module'],
+                env + ['modprobe', '-r', 'dm_clone'],
+                env + ['modprobe', 'evil_module'],
+                env + ['modprobe', 'dm_clone', 'evil=1'],
+                env + ['modprobe', '-a', 'dm_clone', 'evil_module'],
+                env + ['dd', 'if=/dev/zero', 'of=' + LV, 'bs=1M',
+                       'count=1', 'oflag=direct', 'conv=nocreat']):
             self.assertRefused(cmd)
 
     def test_names_are_validated_before_any_command(self):
         for bad in ('../x', 'a b', '', 'x;rm -rf /', '-rf'):
             self.assertRaises(dmc_exception.InvalidDMName, self.dm.status,
                               bad)
+        for bad in (LV, '/dev/../x-dmcmeta', '/dev/mapper/x-dmcmeta'):
+            self.assertRaises(dmc_exception.InvalidDMName,
+                              privileged.zero_metadata_head, bad,
+                              execute=self._record)
+        self.assertRaises(dmc_exception.InvalidDMName,
+                          privileged.load_module, 'evil_module',
+                          execute=self._record)
         self.assertEqual([], self.commands)
 
     def test_filter_file_parses(self):
@@ -244,3 +316,5 @@ class RootwrapFilterTestCase(test.TestCase):
             [os.path.abspath(FILTERS_DIR)])}
         self.assertIn('dmsetup_create', names)
         self.assertIn('blockdev_getsz', names)
+        self.assertIn('dd_metadata_head', names)
+        self.assertIn('modprobe_dm_clone', names)

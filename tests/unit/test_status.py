@@ -23,7 +23,7 @@ from oslo_concurrency import processutils
 from cinder.tests.unit import test
 
 from cinder_dmclone.cmd import status
-from cinder_dmclone import dmsetup
+from cinder_dmclone import privileged
 
 U1 = '11111111-1111-1111-1111-111111111111'
 U2 = '22222222-2222-2222-2222-222222222222'
@@ -71,7 +71,7 @@ class FakeNode(object):
 
     def __call__(self, *cmd, **kwargs):
         # Every command runs under LC_ALL=C; record it without the prefix.
-        if cmd[:2] != dmsetup.ENV_PREFIX:
+        if cmd[:2] != privileged.ENV_PREFIX:
             raise AssertionError('not run under LC_ALL=C: %r' % (cmd,))
         cmd = cmd[2:]
         self.calls.append(cmd)
@@ -334,6 +334,15 @@ class StatusToolTestCase(test.TestCase):
                                         '--interval', '0'], node)
         self.assertEqual(2, code)
         self.assertIn('Volume group "nope" not found', err.getvalue())
+
+    def test_bad_volume_group_name_exits_2_before_lvs(self):
+        node = FakeNode()
+        with mock.patch('sys.stderr', new_callable=io.StringIO) as err:
+            code, text = self.run_tool(['--volume-group=-o',
+                                        '--interval', '0'], node)
+        self.assertEqual(2, code)
+        self.assertIn('not a valid volume group name', err.getvalue())
+        self.assertEqual([], [c for c in node.calls if c[0] == 'lvs'])
 
     def test_must_be_root(self):
         with mock.patch.object(os, 'geteuid', return_value=1000), \

@@ -45,6 +45,7 @@ from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import move
 from cinder_dmclone import peer
+from cinder_dmclone import privileged
 from cinder_dmclone import recovery
 from cinder_dmclone import side
 from cinder_dmclone import source as dmc_source
@@ -1675,8 +1676,8 @@ class InvariantsTestCase(ClusterTestCase):
 
     def test_metadata_zeroed_twice(self):
         self.b.vg.add(META, '8m')
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
         self.assertIn('zeroed again', self.c.violations[0])
 
     def test_clone_over_unzeroed_metadata(self):
@@ -1687,7 +1688,7 @@ class InvariantsTestCase(ClusterTestCase):
         source = self.b.dest.connect_source(t, None)
         self.b.dest.build_clone(t, source, True)
         self.assertIn('zeroed 0 times', self.c.violations[0])
-        self.b.execute('dd', 'if=/dev/zero', 'of=' + META_PATH)
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
         self.assertIn('under a live clone', self.c.violations[1])
         self.b.dest.disconnect_source(t, None)
         self.assertIn('dropped under a live table', self.c.violations[2])
