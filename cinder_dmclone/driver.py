@@ -59,6 +59,7 @@ from cinder_dmclone import move  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import privileged  # noqa: E402
+from cinder_dmclone import recovery  # noqa: E402
 from cinder_dmclone import service  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
@@ -322,24 +323,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             volume_clear_ionice=self.configuration.volume_clear_ionice)
 
     def _recover_transfers(self):
-        """Resume transfers into or out of this node after a restart."""
+        """Resume moves into or out of this node after a restart."""
         if self.db is None:
             return
         ctxt = cinder_context.get_admin_context()
-        volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
-            ctxt, self.host)}
+        volumes = recovery.volumes_touching(ctxt, self.host,
+                                            self._node_names())
         meta_lvs = [lv['name'] for lv in self.metadata_vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
-        for name in meta_lvs:
-            volume_id = volume_utils.extract_id_from_volume_name(
-                layout.lv_name_from_metadata_lv(name))
-            if volume_id and volume_id not in volumes:
-                try:
-                    volumes[volume_id] = objects.Volume.get_by_id(
-                        ctxt, volume_id)
-                except exception.VolumeNotFound:
-                    pass
-        self.moves.recovery.recover(list(volumes.values()), meta_lvs)
+        self.moves.recovery.recover(volumes, meta_lvs)
 
     # ------------------------------------------------------------------
     # Handles

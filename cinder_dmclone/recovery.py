@@ -110,6 +110,29 @@ def plan(t, facts):
                   commit=commit, finalize=t.state == move.FINALIZING)
 
 
+def volumes_touching(ctxt, host, node_names):
+    """The volumes whose moves recovery looks at on this node.
+
+    Those whose record names this service's ``host``, and those whose
+    move names one of ``node_names`` as its source or its destination: a
+    volume moving away names its destination, one being prepared here
+    still names its source.  They are found by their move record (admin
+    metadata), never from an LV's name: a volume's LV is not always named
+    after it (a migrated volume's ``_name_id``).  (Cinder's ``metadata``
+    filter also matches user metadata; only the admin metadata is read
+    as a move afterwards.)
+    """
+    volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
+        ctxt, host)}
+    for key in ('dest_node', 'source_node'):
+        for name in sorted(node_names):
+            found = objects.VolumeList.get_all(
+                ctxt, filters={'metadata': {move.KEY_PREFIX + key: name}})
+            for volume in found:
+                volumes.setdefault(volume.id, volume)
+    return list(volumes.values())
+
+
 class Recovery(object):
     """Carries out :func:`plan` for the moves touching this node."""
 

@@ -49,6 +49,7 @@ from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import privileged
+from cinder_dmclone import recovery
 from cinder_dmclone import service
 from cinder_dmclone import wiper
 from tests import manager_flow
@@ -138,20 +139,12 @@ class Node(object):
         self.restart()
 
     def recover(self):
-        """What DMCloneVolumeDriver._recover_transfers hands recovery."""
-        db = self.cluster.db
-        volumes = {vid for vid, rec in db.volumes.items()
-                   if volume_utils.extract_host(rec['host'], 'host')
-                   == self.name}
+        """DMCloneVolumeDriver._recover_transfers, then the wiper's resume."""
+        volumes = recovery.volumes_touching(self.cluster.ctxt, self.host,
+                                            {self.name})
         meta_lvs = [lv['name'] for lv in self.vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
-        for name in meta_lvs:
-            vid = volume_utils.extract_id_from_volume_name(
-                layout.lv_name_from_metadata_lv(name))
-            if vid in db.volumes:
-                volumes.add(vid)
-        self.moves.recovery.recover(
-            [self.cluster.volume(v) for v in sorted(volumes)], meta_lvs)
+        self.moves.recovery.recover(volumes, meta_lvs)
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
@@ -372,6 +365,10 @@ class Cluster(object):
                          side_effect=lambda ctxt, vid: self.volume(vid))
         test.mock_object(objects.Service, 'get_by_args',
                          side_effect=self._service)
+        test.mock_object(objects.VolumeList, 'get_all_by_host',
+                         side_effect=self._volumes_by_host)
+        test.mock_object(objects.VolumeList, 'get_all',
+                         side_effect=self._volumes_by_metadata)
         test.mock_object(objects.SnapshotList, 'get_all_for_volume',
                          side_effect=lambda ctxt, vid: list(self.snapshots))
         test.mock_object(move, 'lock', side_effect=self._lock)
@@ -451,6 +448,17 @@ class Cluster(object):
                         data='no such target %s' % props['target_iqn'])
                 return node.dm.device_sectors(LV_PATH)
         raise exception.VolumeBackendAPIException(data='no portal')
+
+    def _volumes_by_host(self, ctxt, host):
+        return [self.volume(vid)
+                for vid, rec in sorted(self.db.volumes.items())
+                if rec['host'] == host]
+
+    def _volumes_by_metadata(self, ctxt, filters):
+        """VolumeList.get_all with a ``metadata`` filter (admin or user)."""
+        wanted = filters['metadata'].items()
+        return [self.volume(vid) for vid in sorted(self.db.volumes)
+                if wanted <= self.db.admin_metadata.get(vid, {}).items()]
 
     def volume(self, volume_id=VOLUME_ID):
         """A fresh Volume object from the database, as a manager loads."""

@@ -664,36 +664,50 @@ class WiringTestCase(test_driver.DriverTestBase):
         recover.assert_not_called()
 
     def test_recover_collects_volumes(self):
+        # Found by their move records, never by the names of the LVs
+        # here.  (Before: a metadata LV's name was taken for its volume's
+        # id, which misses a volume with a _name_id.)
+        drv = self._make_driver(dmclone_node_aliases=['node-a.example.org'])
         here = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME_ID)
         moving_in = fake_volume.fake_volume_obj(self.ctxt,
                                                 id=fake.VOLUME2_ID)
-        self.drv.metadata_vg = mock.Mock()
-        self.drv.metadata_vg.get_volumes.return_value = [
-            {'name': 'volume-%s-dmcmeta' % fake.VOLUME_ID},
+        moving_out = fake_volume.fake_volume_obj(self.ctxt,
+                                                 id=fake.VOLUME3_ID)
+        drv.metadata_vg = mock.Mock()
+        drv.metadata_vg.get_volumes.return_value = [
             {'name': 'volume-%s-dmcmeta' % fake.VOLUME2_ID},
-            {'name': 'volume-%s-dmcmeta' % fake.VOLUME3_ID},
+            {'name': 'volume-%s-dmcmeta' % fake.VOLUME4_ID},
             {'name': 'legacy-dmcmeta'},
             {'name': 'volume-%s' % fake.VOLUME4_ID}]
         by_host = self.mock_object(objects.VolumeList, 'get_all_by_host',
                                    return_value=[here])
+        found = {('dmclone_dest_node', 'node-a.example.org'): [moving_in],
+                 ('dmclone_dest_node', 'node-a'): [here],
+                 ('dmclone_source_node', 'node-a'): [moving_out, here]}
 
-        def get_by_id(ctxt, volume_id):
-            if volume_id == fake.VOLUME2_ID:
-                return moving_in
-            raise exception.VolumeNotFound(volume_id=volume_id)
-        get = self.mock_object(objects.Volume, 'get_by_id',
-                               side_effect=get_by_id)
+        def get_all(ctxt, filters):
+            (key, name), = filters['metadata'].items()
+            return found.get((key, name), [])
+        get_all = self.mock_object(objects.VolumeList, 'get_all',
+                                   side_effect=get_all)
+        get = self.mock_object(objects.Volume, 'get_by_id')
         recover = self.mock_object(recovery.Recovery, 'recover')
-        self.drv._recover_transfers()
+        drv._recover_transfers()
         by_host.assert_called_once_with(mock.ANY, 'node-a@dmclone#dmclone')
-        # Named by metadata LVs and not of this host: looked up by id.
-        self.assertEqual([fake.VOLUME2_ID, fake.VOLUME3_ID],
-                         [c.args[1] for c in get.call_args_list])
+        # Every name of the node, as destination and as source.
+        self.assertEqual(
+            [('dmclone_dest_node', 'node-a'),
+             ('dmclone_dest_node', 'node-a.example.org'),
+             ('dmclone_source_node', 'node-a'),
+             ('dmclone_source_node', 'node-a.example.org')],
+            [tuple(c.kwargs['filters']['metadata'].items())[0]
+             for c in get_all.call_args_list])
+        get.assert_not_called()
+        # Each volume once, those of this host first.
         recover.assert_called_once_with(
-            [here, moving_in],
-            ['volume-%s-dmcmeta' % fake.VOLUME_ID,
-             'volume-%s-dmcmeta' % fake.VOLUME2_ID,
-             'volume-%s-dmcmeta' % fake.VOLUME3_ID,
+            [here, moving_in, moving_out],
+            ['volume-%s-dmcmeta' % fake.VOLUME2_ID,
+             'volume-%s-dmcmeta' % fake.VOLUME4_ID,
              'legacy-dmcmeta'])
 
     # -- handles -------------------------------------------------------------

@@ -1394,6 +1394,24 @@ class RecoverTestCase(ClusterTestCase):
         self.restart(self.b)
         self.assert_nothing_on_b()
 
+    def test_aborted_move_of_a_name_id_volume_is_found_after_a_reboot(self):
+        # The volume's LV is not named after it (a _name_id after a
+        # generic migration), and its record still names node-a: only its
+        # move record says node-b has leftovers.  (Before: recovery took
+        # the metadata LV's name for the volume's id, found nothing, and
+        # the clone, its LVs and session stayed behind unreported but for
+        # an "orphan" warning.)
+        self.aborted_after_prepare()
+        db = self.c.db
+        other = fake.VOLUME2_ID
+        db.volumes[other] = db.volumes.pop(VOLUME_ID)
+        db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
+        self.restart(self.b, reboot=True)
+        self.assertNotIn('dmclone_state', db.admin_metadata[other])
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+
     def test_aborted_clone_seen_by_the_monitor_is_dropped(self):
         # node-b answered after node-a gave up: nothing will use it.
         self.aborted_after_prepare()
