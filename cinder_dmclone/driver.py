@@ -94,9 +94,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
         1.0.0 - Node-local lifecycle behind device-mapper handles.
         1.1.0 - Volumes move to the node that attaches them (transfers).
+        1.2.0 - Node-to-node steps carry the move's secret; old copies are
+                wiped; cinder migrate of a detached volume is a move.
     """
 
-    VERSION = '1.1.0'
+    VERSION = '1.2.0'
     CI_WIKI_NAME = 'cinder-dmclone_CI'
 
     def __init__(self, *args, **kwargs):
@@ -522,11 +524,61 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return True
 
     def migrate_volume(self, ctxt, volume, host, thin=False, mirror_count=0):
-        """Leave migration to Cinder's generic, attach-based copy.
+        """Move an available volume to another node of this backend.
 
-        The LVM driver's shortcut copies LV to LV behind the handle's back.
+        ``cinder migrate`` (and a retype with migration) of a detached
+        volume to another node's pool is a move: the destination builds
+        the clone and the volume is usable there at once while it hydrates
+        in the background, as for an attach there.  This is how an
+        operator drains a node.  Cinder calls this only for a volume
+        without attachments; an in-use volume moves with its instance
+        (live migration), or goes through Cinder's generic migration.
+        Any other target (another backend, a node that does not publish
+        its initiator) also gets Cinder's generic copy: (False, None).
         """
-        return False, None
+        connector = self._migration_connector(volume, host)
+        if connector is None:
+            return False, None
+        self.source.refuse_if_moving(
+            volume, _('a migration to %s') % connector['host'])
+        update = self.create_export(ctxt, volume, connector)
+        volume.update(update)
+        volume.save()
+        info = self.source.move(
+            volume, connector,
+            self.dm.device_sectors(self._lv_path(volume['name'])))
+        if info is None:
+            self.remove_export(ctxt, volume)
+            return False, None
+        LOG.info('Volume %(vol)s migrated to %(node)s: it hydrates there in '
+                 'the background.', {'vol': volume['id'],
+                                     'node': connector['host']})
+        # (The export is saved already: returned again, it could land after
+        # a fast finalization forgot it.)
+        return True, None
+
+    def _migration_connector(self, volume, host):
+        """The connector a move to ``host`` (a scheduler host) uses, or None.
+
+        Only a pool of another node of this very backend qualifies; its
+        initiator comes from its pool stats (``dmclone_initiator``), since
+        no attach brought a connector.
+        """
+        caps = host.get('capabilities') or {}
+        node = caps.get('dmclone_node')
+        initiator = caps.get('dmclone_initiator')
+        target = None
+        if node and initiator and volume['host'] and host.get('host'):
+            section = volume_utils.extract_host(volume['host'], 'backend')
+            target = '%s@%s' % (node, section.partition('@')[2])
+        if (target is None or node in self._node_names()
+                or volume_utils.extract_host(host['host'], 'backend')
+                != target or volume.volume_attachment):
+            LOG.info('Migration of volume %(vol)s to %(host)s is not a move '
+                     'between nodes of this backend: Cinder copies it.',
+                     {'vol': volume['id'], 'host': host.get('host')})
+            return None
+        return {'host': node, 'initiator': initiator}
 
     def update_migrated_volume(self, ctxt, volume, new_volume,
                                original_volume_status):
@@ -611,10 +663,21 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 online_extend_support=True,
                 multiattach=True,
                 dmclone_node=self.node_name,
+                dmclone_initiator=self._initiator(),
                 dmclone_region_size_kb=self.configuration.dmclone_region_size,
                 dmclone_metadata_volume_group=self._metadata_vg_name(),
                 dmclone_transfers_in_flight=transfers,
                 dmclone_transfers=self._transfer_progress())
+
+    def _initiator(self):
+        """This node's iSCSI initiator, for moves by migration; or None."""
+        try:
+            return self.peer.own_connector().get('initiator')
+        except Exception:
+            LOG.warning('Could not read this node\'s iSCSI initiator name; '
+                        'a migration to this node is a generic copy.',
+                        exc_info=True)
+            return None
 
     def _transfer_progress(self):
         """Per-volume hydration progress for the pool stats, or {}."""
@@ -727,8 +790,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                                     peer.BY_INITIALIZE))
         self._require_host(connector)
         if self._is_local_connector(connector):
-            self.source.refuse_if_moving(volume, _('attaching it here'),
-                                         locked=True)
+            self.source.refuse_local_attach(volume, _('attaching it here'))
             return self._local_connection(volume,
                                           self._ensure_handle(volume))
         if self.source.wants_move(volume, connector):

@@ -82,6 +82,25 @@ class Side(object):
         if t is not None:
             self.raise_moving(volume, t, action)
 
+    def refuse_local_attach(self, volume, action):
+        """Refuse an attach on this node while a move makes it unsafe.
+
+        A move being set up is waited for (the source holds the volume's
+        lock while the destination builds).  On the move's source the
+        local LV is no longer the volume, or is about to stop being it.
+        On its destination, once the clone is built, the handle *is* the
+        volume: an attach there is as safe as the one that moved it (a
+        re-attach during hydration, the first attach after a migration).
+        """
+        t = self.load(volume['id'])
+        if t is None:
+            return
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+        if t is not None and not (self.is_dest(t)
+                                  and t.state != move.PREPARING):
+            self.raise_moving(volume, t, action)
+
     def raise_moving(self, volume, t, action, percent=None):
         if percent is None:
             percent = self.store.percent(self.ctxt(), volume['id'])

@@ -351,6 +351,11 @@ def tick():
             'failed': report.failed}
 
 
+def pool_capabilities():
+    """This node's pool stats, as the scheduler hands them to a migrate."""
+    return driver().get_volume_stats(refresh=True)['pools'][0]
+
+
 def call(method, volume_id, *args, **kwargs):
     """Call a driver method with the volume object loaded from the DB."""
     from cinder import context

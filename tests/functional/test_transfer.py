@@ -165,6 +165,30 @@ def test_volume_moves_to_the_attaching_node(cluster):
     finish_on_b(cluster, vid, expected, attachment)
 
 
+def test_migrate_moves_a_detached_volume(cluster):
+    """cinder migrate of a detached volume to node B's pool is a move.
+
+    (Before: Cinder's generic copy, the volume unusable until it was
+    whole on B.)  The scheduler hands the source the destination's pool
+    stats; here they are B's own.
+    """
+    vid, image = seeded_volume(cluster, 45)
+    dest = {'host': cinder_node.volume_host('b'),
+            'capabilities': cluster['b'].call(cinder_node.pool_capabilities)}
+    assert dest['capabilities']['dmclone_initiator'].startswith('iqn.')
+    moved, update = cluster['a'].call(cinder_node.call_ctxt,
+                                      'migrate_volume', vid, dest)
+    assert (moved, update) == (True, None)
+    assert cluster.node_of(vid) == 'b'
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
+    # Usable on B at once: attached there while it hydrates.
+    attachment, info = cluster.attach(vid, 'b')
+    assert info['driver_volume_type'] == 'local'
+    path = info['data']['device_path']
+    image.write(path, 200 * REGION + 4096, testbed.pattern(46, 8192))
+    finish_on_b(cluster, vid, image.digest(), attachment)
+
+
 def test_live_migration_commit(cluster):
     vid, image = seeded_volume(cluster, 30)
     att_a, info_a = cluster.attach(vid, 'a')

@@ -265,8 +265,7 @@ class Node(object):
             return self._local(volume, self.endpoint.receive(
                 volume, connector, step, peer.BY_INITIALIZE))
         if connector['host'] == self.name:
-            self.source.refuse_if_moving(volume, 'attaching it here',
-                                         locked=True)
+            self.source.refuse_local_attach(volume, 'attaching it here')
             return self._local(volume, self.ensure_handle())
         if self.source.wants_move(volume, connector):
             info = self.source.move(volume, connector,
@@ -297,6 +296,19 @@ class Node(object):
         if not location.startswith(self.target.ip + ':'):
             return
         self.target.remove_export(ctxt, volume)
+
+    def migrate_volume(self, volume, node):
+        """DMCloneVolumeDriver.migrate_volume to ``node`` (a Node)."""
+        connector = {'host': node.name, 'initiator': node.props['initiator']}
+        self.source.refuse_if_moving(volume, 'a migration to %s' % node.name)
+        self._save(volume, self.create_export(self.cluster.ctxt, volume,
+                                              connector))
+        info = self.source.move(volume, connector,
+                                self.dm.device_sectors(LV_PATH))
+        if info is None:
+            self.remove_export(self.cluster.ctxt, volume)
+            return False, None
+        return True, None
 
     def attachment_delete(self, volume, connector):
         """VolumeManager.attachment_delete: tests.manager_flow."""
@@ -547,6 +559,16 @@ class Cluster(object):
             return path
         self.test.mock_object(self.b.dest, 'build_clone',
                               side_effect=build_then_withdraw)
+
+    def migrate(self, node):
+        """An admin's ``cinder migrate`` of the (detached) volume to node."""
+        owner = self.owner()
+        moved, _update = self.call(owner, owner.migrate_volume,
+                                   self.volume(), node)
+        if moved:
+            # (VolumeManager.migrate_volume records the new host itself.)
+            self.db.volume_update(self.ctxt, VOLUME_ID, {'host': node.host})
+        return moved
 
     def detach(self, att):
         owner = self.owner()

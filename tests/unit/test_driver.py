@@ -509,9 +509,10 @@ class LifecycleTestCase(DriverTestBase):
         self.drv.copy_volume_to_image(self.ctxt, self.volume, 'svc', {})
         self.assertEqual(HANDLE_PATH, mock_upload.call_args.args[3])
 
-    def test_migrate_volume_is_generic(self):
+    def test_migrate_to_another_backend_is_generic(self):
         self.assertEqual((False, None), self.drv.migrate_volume(
-            self.ctxt, self.volume, {'capabilities': {}}))
+            self.ctxt, self.volume, {'host': 'other@lvm#lvm',
+                                     'capabilities': {}}))
 
     def test_retype_within_backend(self):
         self.assertTrue(self.drv.retype(self.ctxt, self.volume, {}, {},
@@ -630,6 +631,31 @@ class StatsTestCase(DriverTestBase):
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
         self.assertTrue(pool['thin_provisioning_support'])
         self.assertEqual(7.0, pool['free_capacity_gb'])
+
+    def test_pool_publishes_the_initiator(self):
+        # A migration to this node is a move: the source needs the
+        # initiator its export admits, and no attach brings a connector.
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        props = self.mock_object(
+            volume_utils, 'brick_get_connector_properties',
+            return_value={'initiator': 'iqn.2024-01.org.example.a:i'})
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual('iqn.2024-01.org.example.a:i',
+                         pool['dmclone_initiator'])
+        self.drv.get_volume_stats(refresh=True)
+        props.assert_called_once_with()
+
+    def test_unreadable_initiator_keeps_the_stats(self):
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.vg.get_volumes.return_value = []
+        self.mock_object(volume_utils, 'brick_get_connector_properties',
+                         side_effect=OSError('no initiatorname.iscsi'))
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertIsNone(pool['dmclone_initiator'])
+        self.assertEqual('node-a', pool['dmclone_node'])
 
     def test_no_vg_no_stats(self):
         self.drv.vg = None

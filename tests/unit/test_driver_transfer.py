@@ -65,6 +65,7 @@ def moving():
         percent='0.0', action='this')
 
 
+@ddt.ddt
 class MockMovesTestCase(test_driver.DriverTestBase):
     """The driver over mock sides of a move: which entry point goes where.
 
@@ -95,6 +96,93 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.destination.detached.return_value = False
         self.endpoint.receive.return_value = None
         self.drv._moves = self.moves
+
+    # -- cinder migrate: a move of a detached volume -----------------------
+
+    def _dest(self, **caps):
+        values = dict(dmclone_node='node-b',
+                      dmclone_initiator=REMOTE['initiator'],
+                      volume_backend_name='dmclone')
+        values.update(caps)
+        return {'host': 'node-b@dmclone#dmclone', 'capabilities': values}
+
+    def test_migrate_is_a_move(self):
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.source.move.return_value = {'driver_volume_type': 'local'}
+        export = self.mock_object(self.drv, 'create_export',
+                                  return_value={'provider_location': 'loc',
+                                                'provider_auth': 'CHAP u p'})
+        save = self.mock_object(self.volume, 'save')
+        self.assertEqual((True, None), self.drv.migrate_volume(
+            self.ctxt, self.volume, self._dest()))
+        connector = {'host': 'node-b', 'initiator': REMOTE['initiator']}
+        self.source.refuse_if_moving.assert_called_once_with(
+            self.volume, 'a migration to node-b')
+        export.assert_called_once_with(self.ctxt, self.volume, connector)
+        # Saved before the move: the destination logs in with its CHAP.
+        save.assert_called_once_with()
+        self.assertEqual('CHAP u p', self.volume.provider_auth)
+        self.source.move.assert_called_once_with(self.volume, connector,
+                                                 2097152)
+
+    def test_migrate_without_the_destination_service_is_generic(self):
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.source.move.return_value = None
+        self.mock_object(self.drv, 'create_export', return_value={})
+        remove = self.mock_object(self.drv, 'remove_export')
+        self.assertEqual((False, None), self.drv.migrate_volume(
+            self.ctxt, self.volume, self._dest()))
+        remove.assert_called_once_with(self.ctxt, self.volume)
+
+    def test_failed_migrate_raises(self):
+        # (The manager records migration_status=error; Source.move has
+        # dropped the export and given the move up.)
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.source.move.side_effect = exception.VolumeBackendAPIException(
+            data='no space')
+        self.mock_object(self.drv, 'create_export', return_value={})
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.migrate_volume, self.ctxt, self.volume,
+                          self._dest())
+
+    def test_migrate_of_a_moving_volume_is_refused(self):
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.source.refuse_if_moving.side_effect = moving()
+        export = self.mock_object(self.drv, 'create_export')
+        self.assertRaises(move.MoveInProgress, self.drv.migrate_volume,
+                          self.ctxt, self.volume, self._dest())
+        export.assert_not_called()
+        self.source.move.assert_not_called()
+
+    @ddt.data(dict(dmclone_node=None), dict(dmclone_initiator=None),
+              dict(dmclone_initiator=''), dict(dmclone_node='node-a'),
+              dict(dmclone_node='node-a.example.org'),
+              dict(host='node-b@other#other'),
+              dict(host='node-c@dmclone#dmclone'), dict(attached=True))
+    def test_migrate_elsewhere_is_generic(self, case):
+        # Another backend, a node of this one that publishes no
+        # initiator, this very node (or its alias), a pool that is not
+        # the named node's: Cinder's generic copy.  (Cinder never asks
+        # for a volume with attachments.)
+        self.drv = self._make_driver(
+            dmclone_node_aliases=['node-a.example.org'])
+        self.drv._moves = self.moves
+        self.volume.host = 'node-a@dmclone#dmclone'
+        case = dict(case)
+        dest = self._dest()
+        if 'host' in case:
+            dest['host'] = case.pop('host')
+        if case.pop('attached', False):
+            self.volume.volume_attachment = objects.VolumeAttachmentList(
+                objects=[objects.VolumeAttachment(id=fake.ATTACHMENT_ID)])
+        dest['capabilities'].update(case)
+        export = self.mock_object(self.drv, 'create_export')
+        self.assertEqual((False, None), self.drv.migrate_volume(
+            self.ctxt, self.volume, dest))
+        export.assert_not_called()
+        self.source.move.assert_not_called()
 
     def test_sides_are_the_move_services(self):
         self.assertIs(self.moves, self.drv.moves)
@@ -227,11 +315,11 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         # On the source, while a move is being prepared: the attach waits
         # for the lock and is refused, so hydration never runs under a
         # writer here.  (Before: no check at all.)
-        self.source.refuse_if_moving.side_effect = moving()
+        self.source.refuse_local_attach.side_effect = moving()
         self.assertRaises(move.MoveInProgress,
                           self.drv.initialize_connection, self.volume, LOCAL)
-        self.source.refuse_if_moving.assert_called_once_with(
-            self.volume, mock.ANY, locked=True)
+        self.source.refuse_local_attach.assert_called_once_with(
+            self.volume, 'attaching it here')
         self.assertEqual({}, self.dm.devices)
 
     def test_remote_export_is_refused_while_moving(self):

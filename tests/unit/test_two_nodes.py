@@ -871,6 +871,40 @@ class ReviewFindingsTestCase(ClusterTestCase):
         # retire looks for volume-<other>: not checked here.)
 
 
+class MigrateTestCase(ClusterTestCase):
+    """cinder migrate of a detached volume to another node: a move."""
+
+    def test_migrated_volume_hydrates_and_finalizes(self):
+        # (Before: Cinder's generic copy through two iSCSI attaches, and
+        # the volume unusable until the whole copy was done.)
+        self.assertTrue(self.c.migrate(self.b))
+        t = self.c.transfer()
+        self.assertEqual(move.HYDRATING, t.state)
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        # Usable on node-b at once: its handle is the clone.
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        # Only node-b's initiator may read the source's export.
+        acl = self.a.target.exports[cluster.FakeTargetIQN]['acl']
+        self.assertEqual([self.b.props['initiator']], list(acl))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_failed_build_leaves_the_volume_on_its_node(self):
+        self.c.crash_at(self.b.dest, 'build_clone')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('node-b died', str(exc))
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_volume_moving_elsewhere_is_not_migrated(self):
+        self.saved(state=move.HYDRATING)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('a migration to node-b is possible once the move has '
+                      'finished', str(exc))
+
+
 class MultiattachTestCase(ClusterTestCase):
     """A multiattach volume never moves: other nodes reach it by iSCSI."""
 
@@ -1672,6 +1706,39 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                           self.a.source.refuse_if_moving, self.volume(),
                           'attaching', locked=True)
         self.assertEqual([VOLUME_ID], taken)
+
+    def test_local_attach_on_the_source_waits_and_is_refused(self):
+        self.saved()
+        taken = []
+        locking = move.lock
+        self.mock_object(move, 'lock', side_effect=lambda vid: (
+            taken.append(vid), locking(vid))[1])
+        exc = self.assertRaises(move.MoveInProgress,
+                                self.a.source.refuse_local_attach,
+                                self.volume(), 'attaching it here')
+        self.assertIn('attaching it here is possible once', str(exc))
+        self.assertEqual([VOLUME_ID], taken)
+
+    def test_local_attach_on_the_destination_while_it_builds_is_refused(self):
+        self.saved()
+        self.assertRaises(move.MoveInProgress,
+                          self.b.source.refuse_local_attach, self.volume(),
+                          'attaching it here')
+
+    def test_reattach_on_the_destination_during_hydration(self):
+        # The clone is the volume there: a detach and a new attach on
+        # node-b while it hydrates (or the first attach after a
+        # migration) get the handle.  (Before 2026-11-25: refused until
+        # hydration finished, a regression of the hardening.)
+        att = self.c.attach(self.b)[0]
+        self.c.detach(att)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        att, info = self.c.attach(self.b)
+        self.assertEqual('local', info['driver_volume_type'])
+        self.assertEqual(HANDLE_PATH, info['data']['device_path'])
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        self.c.settle()
+        self.c.assert_completed()
 
     def test_refuse_if_moving(self):
         self.assertIsNone(self.a.source.refuse_if_moving(self.volume(),
