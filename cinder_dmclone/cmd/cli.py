@@ -330,7 +330,8 @@ class MoveList(NodeLister):
 class LeftoverList(NodeLister):
     """List what a crash or a stopped service left on this node, and why.
 
-    Kinds: metadata_lv_without_clone, handle_without_lv.
+    Kinds: metadata_lv_without_clone, handle_without_lv, and retiring_lv
+    (an old copy being wiped: normal while the volume service runs).
     """
 
     command_name = 'leftover list'

@@ -25,7 +25,10 @@ behind:
   handle (normal for a moment while a transfer finalizes, and after a
   reboot until the volume service's startup recovery has rebuilt the
   clone; anything else needs an operator);
-* a handle whose LV does not exist.
+* a handle whose LV does not exist;
+* an old copy renamed ``<lv>-dmcwipe-<token>`` while the volume service
+  wipes it (:mod:`cinder_dmclone.wiper`): listed, but normal work, so it
+  alone does not change the exit status.
 
 What it reads, and why the figures can be trusted:
 
@@ -53,8 +56,9 @@ A device whose status line cannot be parsed is left out and reported
 as usual.
 
 Exit status (:func:`exit_code`, of ``cinder-dmclone status``): 0 when
-all is well, 1 when leftovers, failed clones or unreadable handles were
-found, 2 on bad usage or when a command fails.
+all is well, 1 when leftovers (other than old copies being wiped), failed
+clones or unreadable handles were found, 2 on bad usage or when a command
+fails.
 """
 
 import dataclasses
@@ -80,6 +84,7 @@ _ISCSI_LINK_RE = re.compile(
 #: the kinds of leftovers
 METADATA_WITHOUT_CLONE = 'metadata_lv_without_clone'
 HANDLE_WITHOUT_LV = 'handle_without_lv'
+RETIRING = 'retiring_lv'
 
 
 class UsageError(Exception):
@@ -421,6 +426,7 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
                 'failed; see the operations guide' % (name,
                                                       entry['kernel_state']))
     report['leftovers'] += _metadata_leftovers(scope, lvs, clone_lvs)
+    report['leftovers'] += _retiring_leftovers(scope, lvs)
     return report
 
 
@@ -457,6 +463,25 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
                     'or finishes the move); if it stays, check the '
                     'dmclone_* admin metadata of the volume before '
                     'removing it'})
+    return leftovers
+
+
+def _retiring_leftovers(scope, lvs):
+    """Old copies renamed to be wiped (see cinder_dmclone.wiper)."""
+    vgs = set(scope.metadata_vgs) | set(scope.metadata_vgs.values())
+    leftovers = []
+    for vg, name in sorted(lvs):
+        if not layout.is_retiring_lv(name) or not (scope.everything
+                                                   or vg in vgs):
+            continue
+        leftovers.append({
+            'kind': RETIRING, 'volume_group': vg, 'lv_name': name,
+            'hint': 'an old copy (after a move, a rollback or a delete) '
+                    'that the volume service wipes in the background, then '
+                    'removes; a stopped service wipes it again at its next '
+                    'start; if it stays while the service runs, the '
+                    'service\'s log says why ("Wiping LV %s failed")'
+                    % name})
     return leftovers
 
 
@@ -627,7 +652,9 @@ def _count(number, singular, plural):
 
 def health(report):
     """'ok', or 'attention: ...' naming what needs a look (see exit_code)."""
-    leftovers = report['leftovers']
+    leftovers = [item for item in report['leftovers']
+                 if item['kind'] != RETIRING]
+    retiring = len(report['leftovers']) - len(leftovers)
     failed = sum(1 for t in report['transfers'] if t['failed'])
     problems = []
     if leftovers:
@@ -637,11 +664,22 @@ def health(report):
     if report['unreadable']:
         problems.append(_count(len(report['unreadable']),
                                'unreadable handle', 'unreadable handles'))
-    return 'attention: ' + ', '.join(problems) if problems else 'ok'
+    text = 'attention: ' + ', '.join(problems) if problems else 'ok'
+    if retiring:
+        text += ' (%s)' % _count(retiring, 'old copy being wiped',
+                                 'old copies being wiped')
+    return text
 
 
 def exit_code(report):
-    """EXIT_ATTENTION when something needs an operator's look, else 0."""
+    """EXIT_ATTENTION when something needs an operator's look, else 0.
+
+    An old copy being wiped (``retiring_lv``) is the volume service's
+    normal work after a move, a rollback or a delete: it is listed, but
+    does not make the status 1 by itself.
+    """
     failed = any(t['failed'] for t in report['transfers'])
-    return EXIT_ATTENTION if (report['leftovers'] or failed
+    leftovers = any(item['kind'] != RETIRING
+                    for item in report['leftovers'])
+    return EXIT_ATTENTION if (leftovers or failed
                               or report.get('unreadable')) else EXIT_OK

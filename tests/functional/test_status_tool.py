@@ -179,8 +179,10 @@ def test_status_tool_json(topo, make_lv, iscsi_source, cleanup, tmp_path):
     hydrated_now, _total = testbed.clone_progress(h_slow)
     assert hydrated_now >= t['hydrated_regions']
 
+    # (old copies other tests left being wiped may be listed too)
     leftovers = {(item['kind'], item['lv_name'])
-                 for item in report['leftovers']}
+                 for item in report['leftovers']
+                 if item['kind'] != 'retiring_lv'}
     assert leftovers == {
         ('metadata_lv_without_clone', 'volume-%s-dmcmeta' % meta_only_id),
         ('handle_without_lv', 'volume-%s' % no_lv_id)}

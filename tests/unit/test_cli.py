@@ -37,6 +37,7 @@ from tests.unit.cli_fakes import FakeNode
 from tests.unit.cli_fakes import H1
 from tests.unit.cli_fakes import H2
 from tests.unit.cli_fakes import H3
+from tests.unit.cli_fakes import LVS
 from tests.unit.cli_fakes import status_text
 from tests.unit.cli_fakes import U1
 from tests.unit.cli_fakes import U2
@@ -47,6 +48,7 @@ SCOPE = ['--volume-group', 'cinder-volumes',
          '--metadata-volume-group', 'meta']
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
+RETIRING = 'volume-%s-dmcwipe-0a1b2c3d' % U1
 
 
 def healthy_node(**kwargs):
@@ -180,17 +182,42 @@ class StatusTestCase(CLITestCase):
         self.assertEqual('- (one sample)', fields['interval_seconds'])
         self.assertEqual('none', fields['leftovers'])
 
+    def test_old_copy_being_wiped_alone_exits_0(self):
+        lvs = healthy_node().lvs + '  cinder-volumes|%s\n' % RETIRING
+        code, report = self.run_json(['--interval', '0'] + SCOPE,
+                                     healthy_node(lvs=lvs))
+        self.assertEqual(0, code)
+        self.assertEqual('ok (1 old copy being wiped)', report['health'])
+        (item,) = report['leftovers']
+        self.assertEqual(('retiring_lv', 'cinder-volumes', RETIRING),
+                         (item['kind'], item['volume_group'],
+                          item['lv_name']))
+        self.assertIn('Wiping LV %s failed' % RETIRING, item['hint'])
+
+    def test_old_copies_outside_the_scope_are_not_listed(self):
+        lvs = (healthy_node().lvs + '  other|%s\n  meta|%s\n'
+               % (RETIRING, RETIRING))
+        code, report = self.run_json(['--interval', '0'] + SCOPE,
+                                     healthy_node(lvs=lvs))
+        self.assertEqual([('retiring_lv', 'meta')],
+                         [(i['kind'], i['volume_group'])
+                          for i in report['leftovers']])
+        code, report = self.run_json(['--interval', '0'],
+                                     healthy_node(lvs=lvs))
+        self.assertEqual(2, len(report['leftovers']))
+
     def test_attention_exits_1_and_says_why(self):
         bad = '%s: 0 8 clone 8 40/4096 128 5/1024 16 1 new 0 rw' % H3
         text = '\n'.join([
             '%s: 0 2097152 linear ' % H1,
             '%s: 0 131072 clone Error' % H2, bad]) + '\n'
+        lvs = LVS + '  cinder-volumes|%s\n' % RETIRING
         code, out, err = self.run_cli(['status'] + SCOPE,
-                                      FakeNode(statuses=[text]))
+                                      FakeNode(statuses=[text], lvs=lvs))
         self.assertEqual((1, ''), (code, err))
         fields = dict(self.table_rows(out)[1:])
         self.assertEqual('attention: 1 leftover, 1 failed clone, '
-                         '1 unreadable handle',
+                         '1 unreadable handle (1 old copy being wiped)',
                          fields['health'])
         self.assertEqual('%s: - from 10.0.0.1:3260, FAILED (Error)' % U2,
                          fields['transfers'])
@@ -366,20 +393,24 @@ class ListTestCase(CLITestCase):
                                   row['Hydration'], row['Metadata LV']))
 
     def test_leftover_list(self):
-        out = self.run_list('leftover list', '-f', 'csv')
+        lvs = LVS + '  cinder-volumes|%s\n' % RETIRING
+        out = self.run_list('leftover list', '-f', 'csv',
+                            node=FakeNode(lvs=lvs))
         rows = list(csv.reader(io.StringIO(out)))
         self.assertEqual(['Kind', 'Volume Group', 'Name', 'Hint'], rows[0])
         self.assertEqual(
             [['handle_without_lv', 'cinder-volumes', H3],
              ['metadata_lv_without_clone', 'meta',
-              'volume-%s-dmcmeta' % U4]],
+              'volume-%s-dmcmeta' % U4],
+             ['retiring_lv', 'cinder-volumes', RETIRING]],
             [row[:3] for row in rows[1:]])
         self.assertIn('dmsetup remove %s' % H3, rows[1][3])
         items = json.loads(self.run_list('leftover list', '--long', '-f',
-                                         'json'))
+                                         'json', node=FakeNode(lvs=lvs)))
         self.assertEqual('volume-' + U3, items[0]['LV Name'])
-        out = self.run_list('leftover list', '-f', 'value', '-c', 'Name')
-        self.assertEqual([H3, 'volume-%s-dmcmeta' % U4],
+        out = self.run_list('leftover list', '-f', 'value', '-c', 'Name',
+                            node=FakeNode(lvs=lvs))
+        self.assertEqual([H3, 'volume-%s-dmcmeta' % U4, RETIRING],
                          out.split())
 
 
