@@ -21,8 +21,8 @@ Here are:
 * :func:`zero_metadata_head`: ``dd`` zeroing the head of a clone's
   metadata LV, so that dm-clone formats it;
 * :func:`load_module`: ``modprobe dm_clone``;
-* :func:`list_lvs`: the ``lvs`` of the operator tool
-  ``cinder-dmclone-status`` (which runs as root itself, without rootwrap).
+* :func:`list_lvs`: the ``lvs`` of the operator command
+  ``cinder-dmclone`` (which runs as root itself, without rootwrap).
 
 The driver's LVM commands go through Cinder's
 ``cinder.brick.local_dev.lvm``, LIO through Cinder's target helper, the
@@ -468,7 +468,7 @@ def load_module(name, execute=None, root_helper=None):
 def list_lvs(vgs, execute=None):
     """{(vg, lv)} of the logical volumes of ``vgs`` (all VGs if empty).
 
-    For ``cinder-dmclone-status``: it runs as root itself, so the command
+    For ``cinder-dmclone``: it runs as root itself, so the command
     runs directly, not through a root helper (rootwrap's filters admit
     only the volume service's commands, not this one).
     """

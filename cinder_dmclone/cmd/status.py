@@ -10,18 +10,25 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""``cinder-dmclone-status``: what the driver has on this node.
+"""What the driver has on this node: the report of ``cinder-dmclone``.
 
-Run as root on a node.  It lists every volume handle (``dmclone-*``
-device-mapper devices, see :mod:`cinder_dmclone.layout`), every transfer
-into the node (handles with a ``clone`` table) with its progress, and the
-leftovers a crash can leave behind:
+The read commands of ``cinder-dmclone`` (:mod:`cinder_dmclone.cmd.cli`:
+``status``, ``handle list``, ``move list``, ``leftover list``) show parts
+of one report, built here by plain functions that know nothing of the
+command line's framework.  Run as root on a node.  The report lists every
+volume handle (``dmclone-*`` device-mapper devices, see
+:mod:`cinder_dmclone.layout`), every transfer into the node (handles with
+a ``clone`` table) with its progress, and the leftovers a crash can leave
+behind:
 
 * a metadata LV ``<lv>-dmcmeta`` with no clone target on the volume's
   handle (normal for a moment while a transfer finalizes, and after a
   reboot until the volume service's startup recovery has rebuilt the
   clone; anything else needs an operator);
-* a handle whose LV does not exist.
+* a handle whose LV does not exist;
+* an old copy renamed ``<lv>-dmcwipe-<token>`` while the volume service
+  wipes it (:mod:`cinder_dmclone.wiper`): listed, but normal work, so it
+  alone does not change the exit status.
 
 What it reads, and why the figures can be trusted:
 
@@ -48,16 +55,15 @@ A device whose status line cannot be parsed is left out and reported
 (a handle of the driver's under ``unreadable``); the others are listed
 as usual.
 
-Exit status: 0 when all is well, 1 when leftovers, failed clones or
-unreadable handles were found, 2 on bad usage or when a command fails.
+Exit status (:func:`exit_code`, of ``cinder-dmclone status``): 0 when
+all is well, 1 when leftovers (other than old copies being wiped), failed
+clones or unreadable handles were found, 2 on bad usage or when a command
+fails.
 """
 
-import argparse
 import dataclasses
-import json
 import os
 import re
-import sys
 import time
 
 from oslo_concurrency import processutils
@@ -74,6 +80,11 @@ DEFAULT_CONFIG = '/etc/cinder/cinder.conf'
 BY_PATH = '/dev/disk/by-path'
 _ISCSI_LINK_RE = re.compile(
     r'^ip-(?P<portal>.+?)-iscsi-(?P<iqn>.+)-lun-(?P<lun>[0-9]+)$')
+
+#: the kinds of leftovers
+METADATA_WITHOUT_CLONE = 'metadata_lv_without_clone'
+HANDLE_WITHOUT_LV = 'handle_without_lv'
+RETIRING = 'retiring_lv'
 
 
 class UsageError(Exception):
@@ -116,47 +127,22 @@ class Scope:
 # Arguments and configuration
 # --------------------------------------------------------------------------
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(
-        prog='cinder-dmclone-status',
-        description='List the dm-clone handles, transfers in flight and '
-                    'leftovers on this node (run as root).')
-    parser.add_argument('--config-file', metavar='PATH',
-                        help='cinder.conf to read the backend sections '
-                             '(volume_group, dmclone_metadata_volume_group)'
-                             ' and the database connection from.')
-    parser.add_argument('--backend', action='append', metavar='SECTION',
-                        help='Backend section(s) of --config-file to look '
-                             'at (default: every enabled backend whose '
-                             'volume_driver is this driver).')
-    parser.add_argument('--volume-group', action='append', metavar='VG',
-                        help='A data volume group to look at, instead of '
-                             '--config-file (repeatable).')
-    parser.add_argument('--metadata-volume-group', metavar='VG',
-                        help='The metadata volume group of the '
-                             '--volume-group(s) (default: the same VG).')
-    parser.add_argument('--interval', type=float, default=2.0,
-                        metavar='SECONDS',
-                        help='Seconds between the two status samples that '
-                             'measure the hydration rate; 0 takes one '
-                             'sample only (default: %(default)s). The '
-                             'second sample is only taken while a clone is '
-                             'hydrating.')
-    parser.add_argument('--no-db', action='store_true',
-                        help='Do not read the transfer state from the '
-                             'database even if --config-file names one.')
-    parser.add_argument('--json', action='store_true',
-                        help='Print one JSON document for machines.')
-    args = parser.parse_args(argv)
+def check_args(args):
+    """Reject option combinations that make no sense (UsageError).
+
+    ``args`` carries ``config_file``, ``backend``, ``volume_group``,
+    ``metadata_volume_group`` and ``interval``: the options of the
+    ``cinder-dmclone`` commands that read this node.
+    """
     if args.interval < 0:
-        parser.error('--interval must not be negative')
+        raise UsageError('--interval must not be negative')
     if args.config_file and args.volume_group:
-        parser.error('use either --config-file or --volume-group, not both')
+        raise UsageError('use either --config-file or --volume-group, '
+                         'not both')
     if args.backend and not args.config_file:
-        parser.error('--backend needs --config-file')
+        raise UsageError('--backend needs --config-file')
     if args.metadata_volume_group and not args.volume_group:
-        parser.error('--metadata-volume-group needs --volume-group')
-    return args
+        raise UsageError('--metadata-volume-group needs --volume-group')
 
 
 _BACKEND_OPTS = [
@@ -417,7 +403,7 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
                 % (name, handle['uuid'], layout.HANDLE_UUID_PREFIX))
         if not handle['lv_exists']:
             report['leftovers'].append({
-                'kind': 'handle_without_lv', 'name': name,
+                'kind': HANDLE_WITHOUT_LV, 'name': name,
                 'volume_group': vg, 'lv_name': lv,
                 'hint': 'the LV %s/%s is gone; if no instance uses %s, '
                         'remove it with "dmsetup remove %s"'
@@ -440,6 +426,7 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
                 'failed; see the operations guide' % (name,
                                                       entry['kernel_state']))
     report['leftovers'] += _metadata_leftovers(scope, lvs, clone_lvs)
+    report['leftovers'] += _retiring_leftovers(scope, lvs)
     return report
 
 
@@ -468,7 +455,7 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
                for c_vg, c_lv in clone_lvs):
             continue
         leftovers.append({
-            'kind': 'metadata_lv_without_clone', 'volume_group': vg,
+            'kind': METADATA_WITHOUT_CLONE, 'volume_group': vg,
             'lv_name': name,
             'hint': 'normal for a few seconds while a transfer '
                     'finalizes, and after a reboot until the volume '
@@ -476,6 +463,25 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
                     'or finishes the move); if it stays, check the '
                     'dmclone_* admin metadata of the volume before '
                     'removing it'})
+    return leftovers
+
+
+def _retiring_leftovers(scope, lvs):
+    """Old copies renamed to be wiped (see cinder_dmclone.wiper)."""
+    vgs = set(scope.metadata_vgs) | set(scope.metadata_vgs.values())
+    leftovers = []
+    for vg, name in sorted(lvs):
+        if not layout.is_retiring_lv(name) or not (scope.everything
+                                                   or vg in vgs):
+            continue
+        leftovers.append({
+            'kind': RETIRING, 'volume_group': vg, 'lv_name': name,
+            'hint': 'an old copy (after a move, a rollback or a delete) '
+                    'that the volume service wipes in the background, then '
+                    'removes; a stopped service wipes it again at its next '
+                    'start; if it stays while the service runs, the '
+                    'service\'s log says why ("Wiping LV %s failed")'
+                    % name})
     return leftovers
 
 
@@ -508,10 +514,36 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
 
 
 # --------------------------------------------------------------------------
-# Output
+# What the commands show
 # --------------------------------------------------------------------------
 
-def _size(value):
+#: the exit status of a command that read the node
+EXIT_OK = 0
+EXIT_ATTENTION = 1      # leftovers, failed clones or unreadable handles
+EXIT_FAILURE = 2        # bad usage, or a command on the node failed
+
+#: errors of the node's commands: the report cannot be made (exit 2)
+NODE_ERRORS = (dmc_exception.PrivilegedCommandFailed,
+               dmc_exception.DMStatusParseError,
+               dmc_exception.InvalidDMName)
+
+
+def read_node(args, **collect_kwargs):
+    """Check the options, then read the node: the report of ``collect``.
+
+    Raises UsageError (bad options, not root) or one of NODE_ERRORS.
+    ``collect_kwargs`` replace the node's commands in tests; with an
+    ``execute`` of their own the root check is skipped.
+    """
+    check_args(args)
+    if os.geteuid() != 0 and collect_kwargs.get('execute') is None:
+        raise UsageError('run as root: the tool reads device-mapper '
+                         'and LVM state directly')
+    return collect(args, scope_from_args(args), **collect_kwargs)
+
+
+def size_text(value):
+    """Bytes for a human: '4.0 MiB', '-' when unknown."""
     if value is None:
         return '-'
     for unit in ('B', 'KiB', 'MiB', 'GiB'):
@@ -520,7 +552,8 @@ def _size(value):
         value /= 1024.0
 
 
-def _duration(seconds):
+def duration_text(seconds):
+    """Seconds for a human: '59s', '1m05s', '2h00m', '-' when unknown."""
     if seconds is None:
         return '-'
     seconds = int(round(seconds))
@@ -531,97 +564,122 @@ def _duration(seconds):
     return '%ds' % seconds
 
 
-def _table(rows):
-    widths = [max(len(str(row[i])) for row in rows)
-              for i in range(len(rows[0]))]
-    return ['  '.join(str(cell).ljust(w) for cell, w in zip(row, widths))
-            .rstrip() for row in rows]
+def transfer_state(transfer):
+    """(state, notes) of a transfer entry.
+
+    The state is the ``dmclone_state`` of the database when it was read,
+    else what the kernel tells: ``hydrating`` or ``hydration off`` (None
+    for a failed clone).  The notes are what an operator must know
+    besides: no progress for a while, a stale attachment on the source.
+    """
+    if transfer['failed']:
+        return transfer['state'], []
+    state = transfer['state'] or ('hydrating' if transfer['hydration_enabled']
+                                  else 'hydration off')
+    notes = []
+    if transfer.get('stalled_seconds'):
+        # The monitor saw no region copied for that long: the path to
+        # the source is the first suspect.
+        notes.append('no progress for %s'
+                     % duration_text(transfer['stalled_seconds']))
+    if transfer.get('stale_source_attachment'):
+        # Kept after writes here: an operator deletes the stale attachment
+        # on the source (see operations.rst).
+        notes.append('waits: delete the stale attachment on %s'
+                     % transfer['stale_source_attachment'])
+    return state, notes
 
 
-def render_text(report):
-    """The report for a human: handles, transfers, leftovers, warnings."""
-    out = ['Handles: %d' % len(report['handles'])]
-    if report['handles']:
-        out += _table([('HANDLE', 'VOLUME', 'TABLE', 'LV')] + [
-            (h['name'], h['volume_id'] or '-', h['table'],
-             'ok' if h['lv_exists'] else 'MISSING')
-            for h in report['handles']])
-    out.append('')
-    out.append('Transfers in flight: %d' % len(report['transfers']))
-    if report['transfers']:
-        rows = [('VOLUME', 'STATE', 'SOURCE', 'HYDRATED', '%', 'RATE',
-                 'ETA')]
-        for t in report['transfers']:
-            source = (t['source_node'] or t['source_portal']
-                      or t['source_device'] or '-')
-            if t['failed']:
-                rows.append((t['volume_id'] or t['handle'],
-                             t['state'] or '-', source,
-                             'FAILED (%s)' % t['kernel_state'], '-', '-',
-                             '-'))
-                continue
-            state = t['state'] or ('hydrating' if t['hydration_enabled']
-                                   else 'hydration off')
-            if t.get('stalled_seconds'):
-                # The monitor saw no region copied for that long: the
-                # path to the source is the first suspect.
-                state += ' (no progress for %s)' % _duration(
-                    t['stalled_seconds'])
-            if t.get('stale_source_attachment'):
-                # Kept after writes here: an operator deletes the stale
-                # attachment on the source (see operations.rst).
-                state += (' (waits: delete the stale attachment on %s)'
-                          % t['stale_source_attachment'])
-            rate = t['rate_bps']
-            rows.append((
-                t['volume_id'] or t['handle'], state, source,
-                '%d/%d' % (t['hydrated_regions'], t['total_regions']),
-                '%.1f' % t['percent'],
-                '-' if rate is None else _size(rate) + '/s',
-                _duration(t['eta_seconds'])))
-        out += _table(rows)
-    out.append('')
-    out.append('Leftovers: %s' % (len(report['leftovers']) or 'none'))
-    for item in report['leftovers']:
-        out.append('  %s %s/%s: %s' % (
-            item['kind'], item['volume_group'],
-            item.get('name') or item['lv_name'], item['hint']))
-    for warning in report['warnings']:
-        out.append('WARNING: %s' % warning)
-    return '\n'.join(out)
+def transfer_state_text(transfer):
+    """The state with its notes, as the tables show it."""
+    state, notes = transfer_state(transfer)
+    return ''.join([state or '-'] + [' (%s)' % note for note in notes])
+
+
+def transfer_source(transfer):
+    """Where the transfer reads from: node, else portal, else device."""
+    return (transfer['source_node'] or transfer['source_portal']
+            or transfer['source_device'])
+
+
+def transfer_progress_text(transfer):
+    """'512/1024 (50.0%)', or 'FAILED (<kernel state>)'."""
+    if transfer['failed']:
+        return 'FAILED (%s)' % transfer['kernel_state']
+    return '%d/%d (%.1f%%)' % (transfer['hydrated_regions'],
+                               transfer['total_regions'],
+                               transfer['percent'])
+
+
+def transfer_line(transfer):
+    """One line per transfer: volume, state, source, progress, rate, ETA."""
+    line = '%s: %s from %s, %s' % (
+        transfer['volume_id'] or transfer['handle'],
+        transfer_state_text(transfer), transfer_source(transfer) or '-',
+        transfer_progress_text(transfer))
+    if not transfer['failed']:
+        rate = transfer['rate_bps']
+        line += ', %s, ETA %s' % (
+            '-' if rate is None else size_text(rate) + '/s',
+            duration_text(transfer['eta_seconds']))
+    return line
+
+
+def leftover_name(item):
+    """The handle of a handle without LV, the LV of the others."""
+    return item.get('name') or item['lv_name']
+
+
+def handles_summary(handles):
+    """'3: 2 linear, 1 clone; 1 without LV' ('0' for none)."""
+    if not handles:
+        return '0'
+    tables = {}
+    for handle in handles:
+        tables[handle['table']] = tables.get(handle['table'], 0) + 1
+    text = '%d: %s' % (len(handles), ', '.join(
+        '%d %s' % (count, table) for table, count in sorted(
+            tables.items(), key=lambda item: (-item[1], item[0]))))
+    missing = sum(1 for handle in handles if not handle['lv_exists'])
+    if missing:
+        text += '; %d without LV' % missing
+    return text
+
+
+def _count(number, singular, plural):
+    return '%d %s' % (number, singular if number == 1 else plural)
+
+
+def health(report):
+    """'ok', or 'attention: ...' naming what needs a look (see exit_code)."""
+    leftovers = [item for item in report['leftovers']
+                 if item['kind'] != RETIRING]
+    retiring = len(report['leftovers']) - len(leftovers)
+    failed = sum(1 for t in report['transfers'] if t['failed'])
+    problems = []
+    if leftovers:
+        problems.append(_count(len(leftovers), 'leftover', 'leftovers'))
+    if failed:
+        problems.append(_count(failed, 'failed clone', 'failed clones'))
+    if report['unreadable']:
+        problems.append(_count(len(report['unreadable']),
+                               'unreadable handle', 'unreadable handles'))
+    text = 'attention: ' + ', '.join(problems) if problems else 'ok'
+    if retiring:
+        text += ' (%s)' % _count(retiring, 'old copy being wiped',
+                                 'old copies being wiped')
+    return text
 
 
 def exit_code(report):
-    """1 when something needs an operator's look, else 0."""
+    """EXIT_ATTENTION when something needs an operator's look, else 0.
+
+    An old copy being wiped (``retiring_lv``) is the volume service's
+    normal work after a move, a rollback or a delete: it is listed, but
+    does not make the status 1 by itself.
+    """
     failed = any(t['failed'] for t in report['transfers'])
-    return 1 if (report['leftovers'] or failed
-                 or report.get('unreadable')) else 0
-
-
-def main(argv=None, stdout=None, **collect_kwargs):
-    """Entry point of ``cinder-dmclone-status``."""
-    stdout = stdout or sys.stdout
-    args = parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        if os.geteuid() != 0 and 'execute' not in collect_kwargs:
-            raise UsageError('run as root: the tool reads device-mapper '
-                             'and LVM state directly')
-        report = collect(args, scope_from_args(args), **collect_kwargs)
-    except UsageError as exc:
-        print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
-        return 2
-    except (dmc_exception.PrivilegedCommandFailed,
-            dmc_exception.DMStatusParseError,
-            dmc_exception.InvalidDMName) as exc:
-        print('cinder-dmclone-status: %s' % exc, file=sys.stderr)
-        return 2
-    if args.json:
-        json.dump(report, stdout, indent=2, sort_keys=True)
-        stdout.write('\n')
-    else:
-        stdout.write(render_text(report) + '\n')
-    return exit_code(report)
-
-
-if __name__ == '__main__':
-    sys.exit(main())
+    leftovers = any(item['kind'] != RETIRING
+                    for item in report['leftovers'])
+    return EXIT_ATTENTION if (leftovers or failed
+                              or report.get('unreadable')) else EXIT_OK

@@ -694,7 +694,7 @@ class KnownTestCase(test.TestCase):
 
 
 class ListLvsTestCase(test.TestCase):
-    """The lvs of cinder-dmclone-status."""
+    """The lvs of cinder-dmclone."""
 
     def setUp(self):
         super().setUp()

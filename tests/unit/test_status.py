@@ -10,10 +10,12 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""cinder-dmclone-status on canned dmsetup and lvs output."""
+"""The node report of cinder-dmclone on canned dmsetup and lvs output.
 
-import io
-import json
+The report is read through ``cinder-dmclone status -f json``, which prints
+all of it; tests/unit/test_cli.py covers the other commands and formats.
+"""
+
 import os
 import tempfile
 from unittest import mock
@@ -23,102 +25,21 @@ from oslo_concurrency import processutils
 from cinder.tests.unit import test
 
 from cinder_dmclone.cmd import status
-from cinder_dmclone import privileged
-
-U1 = '11111111-1111-1111-1111-111111111111'
-U2 = '22222222-2222-2222-2222-222222222222'
-U3 = '33333333-3333-3333-3333-333333333333'
-U4 = '44444444-4444-4444-4444-444444444444'
-H1 = 'dmclone-cinder--volumes-volume-' + U1      # linear, LV present
-H2 = 'dmclone-cinder--volumes-volume-' + U2      # clone, hydrating
-H3 = 'dmclone-cinder--volumes-volume-' + U3      # linear, LV gone
-OTHER = 'dmclone-other-volume-' + U4             # another backend's
-
-
-def clone_status(hydrated, total=1024, features='0'):
-    return ('8 40/4096 128 %d/%d 16 %s 4 hydration_threshold 64 '
-            'hydration_batch_size 16 rw' % (hydrated, total, features))
+from tests.unit.cli_fakes import CLITestCase
+from tests.unit.cli_fakes import clone_status
+from tests.unit.cli_fakes import FakeNode
+from tests.unit.cli_fakes import H1
+from tests.unit.cli_fakes import H2
+from tests.unit.cli_fakes import H3
+from tests.unit.cli_fakes import status_text
+from tests.unit.cli_fakes import TABLES
+from tests.unit.cli_fakes import U1
+from tests.unit.cli_fakes import U2
+from tests.unit.cli_fakes import U3
+from tests.unit.cli_fakes import U4
 
 
-def status_text(hydrated):
-    return '\n'.join([
-        '%s: 0 2097152 linear ' % H1,
-        '%s: 0 131072 clone %s' % (H2, clone_status(hydrated)),
-        '%s: 0 2097152 linear ' % H3,
-        '%s: 0 131072 clone %s' % (OTHER, clone_status(1024)),
-        'cinder--volumes-volume--%s: 0 2097152 linear ' % U1,
-    ]) + '\n'
-
-
-TABLES = ('%s: 0 131072 clone 253:9 253:8 8:16 128 0 4 '
-          'hydration_threshold 64 hydration_batch_size 16\n'
-          '%s: 0 131072 clone 253:11 253:10 8:32 128\n' % (H2, OTHER))
-UUIDS = ''.join('%s|DMCLONE-%s\n' % (n, n) for n in (H1, H2, H3, OTHER))
-LVS = ('  cinder-volumes|volume-%s\n  cinder-volumes|volume-%s\n'
-       '  meta|volume-%s-dmcmeta\n  meta|volume-%s-dmcmeta\n'
-       % (U1, U2, U2, U4))
-
-
-class FakeNode(object):
-    """Answers the commands the tool runs, and records them."""
-
-    def __init__(self, statuses=None, tables=TABLES, uuids=UUIDS, lvs=LVS):
-        self.statuses = list(statuses or [status_text(256)])
-        self.tables = tables
-        self.uuids = uuids
-        self.lvs = lvs
-        self.calls = []
-
-    def __call__(self, *cmd, **kwargs):
-        # Every command runs under LC_ALL=C; record it without the prefix.
-        if cmd[:2] != privileged.ENV_PREFIX:
-            raise AssertionError('not run under LC_ALL=C: %r' % (cmd,))
-        cmd = cmd[2:]
-        self.calls.append(cmd)
-        if cmd[:2] == ('dmsetup', 'status'):
-            return self.statuses.pop(0), ''
-        if cmd[:2] == ('dmsetup', 'table'):
-            return self.tables, ''
-        if cmd[:2] == ('dmsetup', 'info'):
-            return self.uuids, ''
-        if cmd[0] == 'lvs':
-            if isinstance(self.lvs, Exception):
-                raise self.lvs
-            return self.lvs, ''
-        raise AssertionError('unexpected command %r' % (cmd,))
-
-
-class FakeClock(object):
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-    def sleep(self, seconds):
-        self.now += seconds
-
-
-LINKS = {'8:16': ('10.0.0.1:3260', 'iqn.2010-10.org.openstack:volume-' + U2,
-                  0)}
-
-
-class StatusToolTestCase(test.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        self.clock = FakeClock()
-
-    def run_tool(self, argv, node, links=LINKS, **kwargs):
-        out = io.StringIO()
-        code = status.main(argv, stdout=out, execute=node,
-                           sleep=self.clock.sleep, clock=self.clock,
-                           links=links, **kwargs)
-        return code, out.getvalue()
-
-    def run_json(self, argv, node, **kwargs):
-        code, text = self.run_tool(argv + ['--json'], node, **kwargs)
-        return code, json.loads(text)
+class StatusToolTestCase(CLITestCase):
 
     def test_an_unreadable_status_line_costs_only_its_device(self):
         bad = ('%s: 0 131072 clone 8 40/4096 128 5/1024 16 1 new_feature '
@@ -242,11 +163,11 @@ class StatusToolTestCase(test.TestCase):
         self.assertIn('reports Fail', report['warnings'][0])
         self.assertEqual(1, code)
         self.assertEqual(100.0, self.clock.now)
-        code, text = self.run_tool(
-            ['--volume-group', 'cinder-volumes',
-             '--metadata-volume-group', 'meta'],
-            FakeNode(statuses=[text]))
-        self.assertIn('FAILED (Fail)', text)
+        row = self.move_row(['--volume-group', 'cinder-volumes',
+                             '--metadata-volume-group', 'meta'],
+                            FakeNode(statuses=[text]))
+        self.assertEqual([U2, '-', '10.0.0.1:3260', 'FAILED (Fail)', '-',
+                          '-'], row)
 
     def test_foreign_uuid_warned(self):
         node = FakeNode(uuids='%s|LVM-xyz\n' % H1)
@@ -254,18 +175,31 @@ class StatusToolTestCase(test.TestCase):
         self.assertIn('not one the driver makes', report['warnings'][0])
         self.assertEqual('LVM-xyz', report['handles'][0]['uuid'])
 
-    def test_text_output(self):
+    def test_tables_for_humans(self):
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '4']
         node = FakeNode(statuses=[status_text(256), status_text(512)])
-        code, text = self.run_tool(
-            ['--volume-group', 'cinder-volumes',
-             '--metadata-volume-group', 'meta', '--interval', '4'], node)
-        self.assertIn('Handles: 3', text)
-        self.assertIn('Transfers in flight: 1', text)
-        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
-        self.assertEqual([U2, 'hydrating', '10.0.0.1:3260', '512/1024',
-                          '50.0', '4.0', 'MiB/s', '8s'], line.split())
-        self.assertIn('Leftovers: 2', text)
-        self.assertIn('MISSING', text)
+        code, out, err = self.run_cli(['status'] + args, node)
+        self.assertEqual((1, ''), (code, err))
+        fields = dict(self.table_rows(out))
+        self.assertEqual('attention: 2 leftovers', fields['health'])
+        self.assertEqual('3: 2 linear, 1 clone; 1 without LV',
+                         fields['handles'])
+        self.assertEqual('%s: hydrating from 10.0.0.1:3260, 512/1024 '
+                         '(50.0%%), 4.0 MiB/s, ETA 8s' % U2,
+                         fields['transfers'])
+        self.assertEqual('handle_without_lv cinder-volumes/%s\n'
+                         'metadata_lv_without_clone meta/volume-%s-dmcmeta'
+                         % (H3, U4), fields['leftovers'])
+        self.assertEqual('4.0', fields['interval_seconds'])
+        self.assertEqual('cinder-volumes (metadata in meta)',
+                         fields['volume_groups'])
+        self.assertEqual(('none', 'none'), (fields['unreadable'],
+                                            fields['warnings']))
+        row = self.move_row(args, FakeNode(statuses=[status_text(256),
+                                                     status_text(512)]))
+        self.assertEqual([U2, 'hydrating', '10.0.0.1:3260',
+                          '512/1024 (50.0%)', '4.0 MiB/s', '8s'], row)
 
     def test_monitor_rate_from_database(self):
         node = FakeNode()
@@ -284,13 +218,12 @@ class StatusToolTestCase(test.TestCase):
                           'monitor'),
                          (t['state'], t['source_node'], t['rate_bps'],
                           t['eta_seconds'], t['rate_source']))
-        code, text = self.run_tool(
+        row = self.move_row(
             ['--volume-group', 'cinder-volumes',
              '--metadata-volume-group', 'meta', '--interval', '0'],
             FakeNode(), read_metadata=read)
-        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
-        self.assertIn('node-a', line)
-        self.assertIn('1h02m', line)
+        self.assertEqual([U2, 'hydrating', 'node-a', '256/1024 (25.0%)',
+                          '1.0 MiB/s', '1h02m'], row)
 
     def test_stall_from_the_monitor(self):
         read = mock.Mock(return_value={'dmclone_state': 'hydrating',
@@ -300,9 +233,8 @@ class StatusToolTestCase(test.TestCase):
                 '--metadata-volume-group', 'meta', '--interval', '0']
         code, report = self.run_json(args, FakeNode(), read_metadata=read)
         self.assertEqual(330.0, report['transfers'][0]['stalled_seconds'])
-        code, text = self.run_tool(args, FakeNode(), read_metadata=read)
-        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
-        self.assertIn('hydrating (no progress for 5m30s)', line)
+        row = self.move_row(args, FakeNode(), read_metadata=read)
+        self.assertEqual('hydrating (no progress for 5m30s)', row[1])
 
     def test_move_kept_for_a_stale_source_attachment(self):
         read = mock.Mock(return_value={
@@ -313,10 +245,9 @@ class StatusToolTestCase(test.TestCase):
         code, report = self.run_json(args, FakeNode(), read_metadata=read)
         self.assertEqual('node-a',
                          report['transfers'][0]['stale_source_attachment'])
-        code, text = self.run_tool(args, FakeNode(), read_metadata=read)
-        line = [ln for ln in text.splitlines() if ln.startswith(U2)][0]
-        self.assertIn('cloned (waits: delete the stale attachment on '
-                      'node-a)', line)
+        row = self.move_row(args, FakeNode(), read_metadata=read)
+        self.assertEqual('cloned (waits: delete the stale attachment on '
+                         'node-a)', row[1])
 
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))
@@ -329,35 +260,37 @@ class StatusToolTestCase(test.TestCase):
     def test_lvs_failure_exits_2(self):
         node = FakeNode(lvs=processutils.ProcessExecutionError(
             stderr='Volume group "nope" not found', exit_code=5))
-        with mock.patch('sys.stderr', new_callable=io.StringIO) as err:
-            code, text = self.run_tool(['--volume-group', 'nope',
-                                        '--interval', '0'], node)
-        self.assertEqual(2, code)
-        self.assertIn('Volume group "nope" not found', err.getvalue())
+        code, out, err = self.run_cli(['status', '--volume-group', 'nope',
+                                       '--interval', '0'], node)
+        self.assertEqual((2, ''), (code, out))
+        self.assertIn('Volume group "nope" not found', err)
+        self.assertTrue(err.startswith('cinder-dmclone: '), err)
 
     def test_bad_volume_group_name_exits_2_before_lvs(self):
         node = FakeNode()
-        with mock.patch('sys.stderr', new_callable=io.StringIO) as err:
-            code, text = self.run_tool(['--volume-group=-o',
-                                        '--interval', '0'], node)
+        code, out, err = self.run_cli(['status', '--volume-group=-o',
+                                       '--interval', '0'], node)
         self.assertEqual(2, code)
-        self.assertIn('not a valid volume group name', err.getvalue())
+        self.assertIn('not a valid volume group name', err)
         self.assertEqual([], [c for c in node.calls if c[0] == 'lvs'])
 
     def test_must_be_root(self):
-        with mock.patch.object(os, 'geteuid', return_value=1000), \
-                mock.patch('sys.stderr', new_callable=io.StringIO) as err:
-            self.assertEqual(2, status.main(['--json'],
-                                            stdout=io.StringIO()))
-        self.assertIn('run as root', err.getvalue())
+        with mock.patch.object(os, 'geteuid', return_value=1000):
+            code, out, err = self.run_cli(['status', '-f', 'json'],
+                                          execute=None)
+        self.assertEqual((2, ''), (code, out))
+        self.assertIn('run as root', err)
 
     def test_bad_arguments(self):
         for argv in (['--interval', '-1'],
                      ['--config-file', 'x', '--volume-group', 'v'],
                      ['--backend', 'b'],
                      ['--metadata-volume-group', 'm']):
-            with mock.patch('sys.stderr', new_callable=io.StringIO):
-                self.assertRaises(SystemExit, status.parse_args, argv)
+            node = FakeNode()
+            code, out, err = self.run_cli(['status'] + argv, node)
+            self.assertEqual((2, ''), (code, out), argv)
+            self.assertTrue(err.startswith('cinder-dmclone: '), err)
+            self.assertEqual([], node.calls)
 
 
 CONF_TEXT = """
@@ -387,7 +320,7 @@ def local(text):
     return text.replace('cinder--volumes-volume-', 'local--vg-vol-')
 
 
-class ConfigTestCase(test.TestCase):
+class ConfigTestCase(CLITestCase):
 
     def write_conf(self, extra=''):
         fd, path = tempfile.mkstemp(suffix='.conf')
@@ -429,32 +362,26 @@ class ConfigTestCase(test.TestCase):
     def test_main_reads_database_when_configured(self):
         path = self.write_conf('[database]\nconnection = sqlite://')
         read = mock.Mock(return_value={'dmclone_state': 'cloned'})
-        out = io.StringIO()
         node = FakeNode(statuses=[local(status_text(0))],
                         tables=local(TABLES))
         with mock.patch.object(status, 'database_reader',
                                return_value=read) as reader:
-            status.main(['--config-file', path, '--json', '--interval',
-                         '0'], stdout=out, execute=node, links={})
+            code, report = self.run_json(
+                ['--config-file', path, '--interval', '0'], node, links={})
         reader.assert_called_once_with(path)
-        report = json.loads(out.getvalue())
         self.assertEqual('cloned', report['transfers'][0]['state'])
         self.assertEqual('8:16', report['transfers'][0]['source_device'])
         self.assertIsNone(report['transfers'][0]['source_portal'])
 
     def test_no_db_flag_and_unreadable_database(self):
         path = self.write_conf('[database]\nconnection = sqlite://')
+        args = ['--config-file', path, '--interval', '0']
         with mock.patch.object(status, 'database_reader') as reader:
-            status.main(['--config-file', path, '--no-db', '--json',
-                         '--interval', '0'],
-                        stdout=io.StringIO(), execute=FakeNode(), links={})
+            self.run_json(args + ['--no-db'], links={})
             reader.assert_not_called()
             reader.side_effect = RuntimeError('no driver')
-            out = io.StringIO()
-            status.main(['--config-file', path, '--json', '--interval',
-                         '0'], stdout=out,
-                        execute=FakeNode(), links={})
-        self.assertIn('no driver', json.loads(out.getvalue())['warnings'][0])
+            code, report = self.run_json(args, links={})
+        self.assertIn('no driver', report['warnings'][0])
 
 
 class HelpersTestCase(test.TestCase):
@@ -480,13 +407,13 @@ class HelpersTestCase(test.TestCase):
             self.assertEqual({}, status.iscsi_links(tmp))
 
     def test_sizes_and_durations(self):
-        self.assertEqual('-', status._size(None))
-        self.assertEqual('512.0 B', status._size(512))
-        self.assertEqual('2.0 GiB', status._size(2 * 1024 ** 3))
-        self.assertEqual('-', status._duration(None))
-        self.assertEqual('59s', status._duration(59))
-        self.assertEqual('1m05s', status._duration(65))
-        self.assertEqual('2h00m', status._duration(7200))
+        self.assertEqual('-', status.size_text(None))
+        self.assertEqual('512.0 B', status.size_text(512))
+        self.assertEqual('2.0 GiB', status.size_text(2 * 1024 ** 3))
+        self.assertEqual('-', status.duration_text(None))
+        self.assertEqual('59s', status.duration_text(59))
+        self.assertEqual('1m05s', status.duration_text(65))
+        self.assertEqual('2h00m', status.duration_text(7200))
 
     def test_database_reader(self):
         with mock.patch('oslo_config.cfg.CONF') as conf, \
