@@ -185,8 +185,9 @@ def test_failed_live_migration(cluster, fault, writes_on_source):
 def options(cluster):
     """The scenarios below set both nodes' options (helpers.with_options).
 
-    Consecutive ones that need the same options pay no restart; the
-    services run with the testbed's own options again after this module.
+    Consecutive ones that need the same options pay no restart (hence
+    their order: the testbed's options, then node B wiping, then node A);
+    the services run with the testbed's own options after this module.
     """
     yield
     for key in ('a', 'b'):
@@ -204,49 +205,6 @@ def _b_copy_wiped(volume_id, since):
     done = helpers.wipes(helpers.old_copies_prefix('b', volume_id), since)
     assert done, 'no complete wipe of node B\'s copy of %s' % volume_id
     return len(done)
-
-
-@pytest.mark.parametrize('point', ROLLBACK_POINTS)
-def test_destination_killed_in_rollback(cluster, fault, options, point):
-    """A failed live migration's rollback, node B killed at a step.
-
-    Nova detaches the destination while the instance still runs on node
-    A.  At the restart, recovery either rebuilds the clone (the data LV
-    is still there: the retried detach then rolls back) or finishes the
-    rollback itself (the data LV is gone: nothing to keep); Nova's retry
-    of the detach then reaches whichever node the record names.  The end:
-    the volume on node A alone with everything written there, nothing of
-    it on node B, B's copy wiped.
-    """
-    fault.scenario = 'kill -9 destination after %s' % point
-    seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
-    helpers.with_options(cluster, 'a')
-    helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(helpers.root_commands())
-    vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
-    att_b, _info_b = cluster.attach(vid, 'b')
-    assert helpers.state(cluster, vid) == 'cloned'
-    # The instance writes on node A during the migration, and never on B.
-    image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 5, REGION))
-    image.write(path_a, 12 * REGION + 4096,
-                testbed.pattern(seed_value + 6, 8192))
-
-    cluster['b'].call(cinder_node.arm_crash, point)
-    with pytest.raises(Exception):
-        cluster.detach(vid, att_b)                    # roll back
-    at_crash = _where(cluster, vid)
-    helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
-    at_restart = _where(cluster, vid)
-    # Nova retries the detach of the destination that failed.
-    retried_on = cluster.node_of(vid)
-    cluster.detach(vid, att_b)
-    assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
-    helpers.wait_nothing_on_b(vid)
-    wiped = _b_copy_wiped(vid, since)
-    fault.detail = ('at the crash: %s; after the restart: %s; detach '
-                    'retried on node %s; B\'s copy wiped (%d dd)' % (
-                        at_crash, at_restart, retried_on.upper(), wiped))
-    helpers.end_on_a(cluster, vid, image, att_a)
 
 
 @pytest.mark.parametrize('point', HELD_POINTS)
@@ -300,6 +258,49 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     tt.wait_finalized(cluster, vid)
     tt.assert_only_on_b(cluster, vid, expected)
     cluster.delete_volume(vid)
+
+
+@pytest.mark.parametrize('point', ROLLBACK_POINTS)
+def test_destination_killed_in_rollback(cluster, fault, options, point):
+    """A failed live migration's rollback, node B killed at a step.
+
+    Nova detaches the destination while the instance still runs on node
+    A.  At the restart, recovery either rebuilds the clone (the data LV
+    is still there: the retried detach then rolls back) or finishes the
+    rollback itself (the data LV is gone: nothing to keep); Nova's retry
+    of the detach then reaches whichever node the record names.  The end:
+    the volume on node A alone with everything written there, nothing of
+    it on node B, B's copy wiped.
+    """
+    fault.scenario = 'kill -9 destination after %s' % point
+    seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
+    helpers.with_options(cluster, 'a')
+    helpers.with_options(cluster, 'b', helpers.WIPING)
+    since = len(helpers.root_commands())
+    vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
+    att_b, _info_b = cluster.attach(vid, 'b')
+    assert helpers.state(cluster, vid) == 'cloned'
+    # The instance writes on node A during the migration, and never on B.
+    image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 5, REGION))
+    image.write(path_a, 12 * REGION + 4096,
+                testbed.pattern(seed_value + 6, 8192))
+
+    cluster['b'].call(cinder_node.arm_crash, point)
+    with pytest.raises(Exception):
+        cluster.detach(vid, att_b)                    # roll back
+    at_crash = _where(cluster, vid)
+    helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
+    at_restart = _where(cluster, vid)
+    # Nova retries the detach of the destination that failed.
+    retried_on = cluster.node_of(vid)
+    cluster.detach(vid, att_b)
+    assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
+    helpers.wait_nothing_on_b(vid)
+    wiped = _b_copy_wiped(vid, since)
+    fault.detail = ('at the crash: %s; after the restart: %s; detach '
+                    'retried on node %s; B\'s copy wiped (%d dd)' % (
+                        at_crash, at_restart, retried_on.upper(), wiped))
+    helpers.end_on_a(cluster, vid, image, att_a)
 
 
 @pytest.mark.parametrize('point', ABORT_POINTS)
