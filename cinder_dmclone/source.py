@@ -161,7 +161,7 @@ class Source(side.Side):
                     # before failing to answer (a timeout, a restart):
                     # ask it to drop its side while the state still
                     # describes the move.
-                    self.drop_export(volume, connector)
+                    self.drop_and_forget_export(volume, connector)
                     self.give_up(ctxt, volume, t)
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
@@ -260,13 +260,37 @@ class Source(side.Side):
         return True
 
     def drop_export(self, volume, connector):
-        """Remove the export made for a move; never raise."""
+        """Remove the export made for a move; never raise.
+
+        Returns True if it was removed.
+        """
         try:
             self.target_driver.terminate_connection(volume, connector)
             self.target_driver.remove_export(self.ctxt(), volume)
         except Exception:
             LOG.exception('Could not remove the export of volume %s made '
                           'for its transfer.', volume['id'])
+            return False
+        return True
+
+    def drop_and_forget_export(self, volume, connector):
+        """Remove the export of a move that ended here, and forget it.
+
+        Once the export is gone the volume record must stop naming it.  A
+        detach of the destination's attachment can still reach this node
+        afterwards (Nova retries one that failed while the destination's
+        service was down, after that service's recovery finished the
+        rollback; or it cleans up the attachment of a failed attach): the
+        target driver would then remove the destination's initiator from
+        a target that no longer exists, which LIO refuses
+        (``cinder-rtstool delete-initiator``: "Could not find target"),
+        and the attachment could never be deleted.  Without a
+        ``provider_location`` the target driver has nothing to do.  If the
+        removal failed, the record keeps naming the export, so that the
+        next detach here removes it.
+        """
+        if self.drop_export(volume, connector):
+            self.store.forget_source_export(self.ctxt(), volume['id'])
 
     def give_up_aborted(self, volume):
         """Before a delete here: end an aborted move of the volume.
@@ -321,14 +345,15 @@ class Source(side.Side):
         """
         LOG.warning('Transfer of volume %s never completed; asking %s to '
                     'drop its side.', volume.id, t.dest_node)
-        self.drop_export(volume, {'initiator': None, 'host': None})
+        self.drop_and_forget_export(volume, {'initiator': None,
+                                             'host': None})
         self.give_up(self.ctxt(), volume, t)
 
     # -- steps the destination asks for ------------------------------------
 
     def release(self, volume, connector):
         """A rollback is done: drop the export made for the move."""
-        self.drop_export(volume, connector)
+        self.drop_and_forget_export(volume, connector)
 
     def retire(self, volume, connector):
         """The volume has left: drop its export, handle and old LV."""

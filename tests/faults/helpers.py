@@ -22,20 +22,50 @@ MiB = testbed.MiB
 REGION = tt.REGION
 SLOW = {'dmclone:hydration_threshold': '1',
         'dmclone:hydration_batch_size': '1'}
+#: MiB of an old copy the wiper clears in the scenarios that wipe
+#: (volume_clear_size: a whole 1 GiB LV takes minutes under emulation).
+WIPE_MB = 4
+#: The options of a node that wipes its old copies, as Cinder's LVM driver
+#: does on delete (the testbed's default is volume_clear = none).
+WIPING = {'volume_clear': 'zero', 'volume_clear_size': WIPE_MB}
 
 
 def state(cluster, volume_id):
     return cluster.admin_metadata(volume_id).get('dmclone_state')
 
 
-def restart(cluster, key, row=None):
-    """Start a node's service again after its worker died; time it."""
+def restart(cluster, key, row=None, overrides=None):
+    """Start a node's service again after its worker died; time it.
+
+    ``overrides``: the driver options it ran with (see with_options).
+    """
     assert not cluster.alive(key), 'the %s service did not die' % key
     cluster.forget(key)
     t0 = time.monotonic()
-    cluster.start(key)
+    cluster.start(key, overrides)
+    cluster[key].info['overrides'] = dict(overrides or {})
     if row is not None:
         row.recovered(t0)
+
+
+def with_options(cluster, key, overrides=None):
+    """Run node ``key``'s service with these driver option overrides.
+
+    None: the testbed's options.  The service is restarted only if it
+    runs with others (one the harness started runs with none), so that
+    scenarios in a row that need the same options pay one restart.
+    """
+    overrides = dict(overrides or {})
+    worker = cluster.workers.get(key)
+    if cluster.alive(key) and \
+            (worker.info or {}).get('overrides', {}) == overrides:
+        return
+    if cluster.alive(key):
+        cluster.stop(key)
+    else:
+        cluster.forget(key)
+    cluster.start(key, overrides or None)
+    cluster[key].info['overrides'] = overrides
 
 
 def reboot_b(cluster):
@@ -79,6 +109,41 @@ def nothing_on_b(volume_id):
     if testbed.iscsi_sessions():
         problems.append('iSCSI sessions %s' % testbed.iscsi_sessions())
     return problems
+
+
+def wait_nothing_on_b(volume_id, timeout=300):
+    """Until node B holds nothing of the volume (its wiper is done)."""
+    testbed.wait_until(lambda: nothing_on_b(volume_id) == [], timeout,
+                       'nothing of %s left on node B' % volume_id,
+                       interval=2,
+                       diagnostics=lambda: str(nothing_on_b(volume_id)))
+
+
+def root_commands():
+    """The root commands both services ran so far (see conftest)."""
+    try:
+        with open(cinder_node.ROOTWRAP_LOG) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+def wipes(device_prefix, since=0):
+    """Wipes of old copies that ran to the end, from line ``since`` on.
+
+    The ``dd`` from /dev/zero that Cinder's clear_volume runs, over a
+    device whose path starts with ``device_prefix``; its verdict in the
+    root command log is "ok" only if it exited 0.
+    """
+    prefix = 'ok dd if=/dev/zero of=%s' % device_prefix
+    return [line for line in root_commands()[since:]
+            if line.startswith(prefix)]
+
+
+def old_copies_prefix(node_key, volume_id):
+    """Path prefix of a volume's LVs renamed for the wiper on a node."""
+    return '/dev/%s/volume-%s-dmcwipe-' % (
+        testbed.topology().node(node_key).vg, volume_id)
 
 
 def stays_on_a(cluster, volume_id, expected):

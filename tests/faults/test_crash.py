@@ -22,6 +22,16 @@ died, retries what Nova would retry (the attach, the detach), and checks
 the end: the volume on node A only with the same data (a move that never
 committed), or on node B only with all the writes (a committed one).
 The leak check then finds nothing left on either node.
+
+Then the teardowns, as the unit model's crash matrix has them
+(tests/unit/test_two_nodes.py, CrashTestCase): node B killed at each step
+of a failed live migration's rollback, of a detach that keeps a clone
+which took writes, of its abort of a move the source gave up, of a
+delete of a volume hydrating there; and node A killed while its wiper
+clears the old copy a finished move retired.  Node B wipes its old
+copies in these (``helpers.WIPING``: a data LV is renamed, then wiped
+and removed in the background), so that "data LV handed to the wiper"
+is the step it is on a node that honours ``volume_clear``.
 """
 
 import time
@@ -34,7 +44,15 @@ from tests.functional import test_transfer as tt
 from tests.functional import testbed
 
 REGION = helpers.REGION
-POINTS = list(cinder_node.CRASH_POINTS)
+MiB = helpers.MiB
+# The move's own steps; the teardowns' have scenarios of their own below.
+POINTS = [p for p in cinder_node.CRASH_POINTS
+          if p.split(':')[0] in ('prepare', 'commit', 'finalize')]
+ROLLBACK_POINTS = cinder_node.crash_points('rollback')
+HELD_POINTS = cinder_node.crash_points('held')
+ABORT_POINTS = cinder_node.crash_points('abort')
+DELETE_POINTS = cinder_node.crash_points('delete')
+WIPE_POINTS = cinder_node.crash_points('wipe')
 
 
 def _live_migration_start(cluster, seed_value):
@@ -157,3 +175,277 @@ def test_failed_live_migration(cluster, fault, writes_on_source):
     cluster.detach(vid, att_b)                        # rollback
     assert helpers.state(cluster, vid) is None
     helpers.end_on_a(cluster, vid, image, att_a)
+
+
+# --------------------------------------------------------------------------
+# Teardowns: rollback, a kept clone, abort, delete, and the source's wipe
+# --------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def options(cluster):
+    """The scenarios below set both nodes' options (helpers.with_options).
+
+    Consecutive ones that need the same options pay no restart (hence
+    their order: the testbed's options, then node B wiping, then node A);
+    the services run with the testbed's own options after this module.
+    """
+    yield
+    for key in ('a', 'b'):
+        helpers.with_options(cluster, key)
+
+
+def _where(cluster, volume_id):
+    return 'state %s, record on %s' % (
+        helpers.state(cluster, volume_id) or 'cleared',
+        cluster.node_of(volume_id))
+
+
+def _b_copy_wiped(volume_id, since):
+    """Node B's old copy of the volume was wiped; how many times."""
+    done = helpers.wipes(helpers.old_copies_prefix('b', volume_id), since)
+    assert done, 'no complete wipe of node B\'s copy of %s' % volume_id
+    return len(done)
+
+
+@pytest.mark.parametrize('point', HELD_POINTS)
+def test_destination_killed_keeping_a_written_clone(cluster, fault,
+                                                    options, point):
+    """The destination's detach keeps a clone that took writes.
+
+    The live migration switched over and the instance wrote on node B,
+    but node A's attachment outlived it (its compute died before cleaning
+    up).  A detach on B must not roll back (it would discard those
+    writes): the move is held in ``cloned``.  Node B is killed at a step
+    of that detach; after the restart and Nova's retry the move is still
+    held, B's clone shows every write; once the stale attachment on A is
+    deleted the move commits and finishes on B with all the data.
+    """
+    fault.scenario = 'kill -9 destination after %s' % point
+    seed_value = 560 + 10 * HELD_POINTS.index(point)
+    helpers.with_options(cluster, 'a')
+    helpers.with_options(cluster, 'b')
+    vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
+    att_b, info_b = cluster.attach(vid, 'b')
+    path_b = info_b['data']['device_path']
+    assert helpers.state(cluster, vid) == 'cloned'
+    # Before the switch-over the instance writes on A, after it on B
+    # (a sub-region write copies its region first, a whole one not).
+    image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 5, REGION))
+    image.write(path_b, 11 * REGION + 4096,
+                testbed.pattern(seed_value + 6, 8192))
+    image.write(path_b, 20 * REGION, testbed.pattern(seed_value + 7, REGION))
+    # Now, while node A still has the volume's LV (the image's base).
+    expected = image.digest()
+
+    cluster['b'].call(cinder_node.arm_crash, point)
+    with pytest.raises(Exception):
+        cluster.detach(vid, att_b)
+    at_crash = _where(cluster, vid)
+    helpers.restart(cluster, 'b', fault)
+    cluster.detach(vid, att_b)                        # Nova's retry
+    md = cluster.admin_metadata(vid)
+    assert md.get('dmclone_state') == 'cloned', md
+    assert md.get('dmclone_stale_source_attachment') == 'node-a', md
+    assert cluster.node_of(vid) == 'b'
+    name = path_b.split('/')[-1]
+    assert ' clone ' in ' %s ' % testbed.dm_status(name)
+    assert testbed.sha256_of_device(path_b) == expected
+    fault.detail = ('at the crash: %s; kept after the retried detach, '
+                    'committed when A\'s stale attachment went' % at_crash)
+    # The operator deletes the stale attachment: the move commits.
+    cluster.detach(vid, att_a)
+    assert helpers.state(cluster, vid) == 'hydrating'
+    tt.wait_finalized(cluster, vid)
+    tt.assert_only_on_b(cluster, vid, expected)
+    cluster.delete_volume(vid)
+
+
+@pytest.mark.parametrize('point', ROLLBACK_POINTS)
+def test_destination_killed_in_rollback(cluster, fault, options, point):
+    """A failed live migration's rollback, node B killed at a step.
+
+    Nova detaches the destination while the instance still runs on node
+    A.  At the restart, recovery either rebuilds the clone (the data LV
+    is still there: the retried detach then rolls back) or finishes the
+    rollback itself (the data LV is gone: nothing to keep); Nova's retry
+    of the detach then reaches whichever node the record names.  The end:
+    the volume on node A alone with everything written there, nothing of
+    it on node B, B's copy wiped.
+    """
+    fault.scenario = 'kill -9 destination after %s' % point
+    seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
+    helpers.with_options(cluster, 'a')
+    helpers.with_options(cluster, 'b', helpers.WIPING)
+    since = len(helpers.root_commands())
+    vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
+    att_b, _info_b = cluster.attach(vid, 'b')
+    assert helpers.state(cluster, vid) == 'cloned'
+    # The instance writes on node A during the migration, and never on B.
+    image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 5, REGION))
+    image.write(path_a, 12 * REGION + 4096,
+                testbed.pattern(seed_value + 6, 8192))
+
+    cluster['b'].call(cinder_node.arm_crash, point)
+    with pytest.raises(Exception):
+        cluster.detach(vid, att_b)                    # roll back
+    at_crash = _where(cluster, vid)
+    helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
+    at_restart = _where(cluster, vid)
+    # Nova retries the detach of the destination that failed.
+    retried_on = cluster.node_of(vid)
+    cluster.detach(vid, att_b)
+    assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
+    helpers.wait_nothing_on_b(vid)
+    wiped = _b_copy_wiped(vid, since)
+    fault.detail = ('at the crash: %s; after the restart: %s; detach '
+                    'retried on node %s; B\'s copy wiped (%d dd)' % (
+                        at_crash, at_restart, retried_on.upper(), wiped))
+    helpers.end_on_a(cluster, vid, image, att_a)
+
+
+@pytest.mark.parametrize('point', ABORT_POINTS)
+def test_destination_killed_in_abort(cluster, fault, options, point):
+    """The source gives a move up; node B is killed removing its build.
+
+    Nova withdraws the destination's attach while node B builds the clone
+    (its attach call timed out): node A refuses to record the move,
+    removes its export, and asks B to abort.  B dies at a step of that
+    teardown, so A keeps the move as ``aborted`` (the volume usable on A,
+    nothing treats it as moving).  At B's restart its recovery removes
+    what is left and clears the record; the volume stays on A, intact,
+    and the instance there never stopped writing.
+    """
+    fault.scenario = 'kill -9 destination after %s' % point
+    seed_value = 700 + 10 * ABORT_POINTS.index(point)
+    helpers.with_options(cluster, 'a')
+    helpers.with_options(cluster, 'b', helpers.WIPING)
+    since = len(helpers.root_commands())
+    vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
+
+    cluster['b'].call(cinder_node.arm_withdrawn_attach, point)
+    # Nova's attach on B (cluster.attach would delete the attachment
+    # afterwards; Nova already did).
+    att_b = cluster.reserve(vid)
+    with pytest.raises(Exception, match='deleted while the move was'):
+        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+                               cluster.connector('b'))
+    # (B dies before it answers A's abort, unless its logout outlasted
+    # A's transfer timeout.)
+    testbed.wait_until(lambda: not cluster.alive('b'), 600,
+                       'node B killed in its abort')
+    assert cluster.node_of(vid) == 'a'
+    assert helpers.state(cluster, vid) == 'aborted', \
+        cluster.admin_metadata(vid)
+    image.write(path_a, 7 * REGION, testbed.pattern(seed_value + 5, REGION))
+    helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
+    helpers.wait_nothing_on_b(vid)
+    assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
+    wiped = _b_copy_wiped(vid, since)
+    fault.detail = ('attach withdrawn during the build; A recorded the '
+                    'move aborted; B\'s recovery removed the rest (its '
+                    'copy wiped, %d dd)' % wiped)
+    helpers.end_on_a(cluster, vid, image, att_a)
+
+
+@pytest.mark.parametrize('point', DELETE_POINTS)
+def test_destination_killed_in_delete(cluster, fault, options, point):
+    """A delete of a volume hydrating on node B; B killed at a step.
+
+    The delete fails (the volume would be left in error_deleting); B
+    restarts; the user deletes the volume again, which must remove
+    everything on both nodes and succeed.
+    """
+    fault.scenario = 'kill -9 destination after %s' % point
+    seed_value = 800 + 10 * DELETE_POINTS.index(point)
+    helpers.with_options(cluster, 'a')
+    helpers.with_options(cluster, 'b', helpers.WIPING)
+    since = len(helpers.root_commands())
+    vid, image = tt.seeded_volume(cluster, seed_value)
+    # The kernel's slowest hydration: the copy is under way at the delete.
+    cluster.use_type(vid, 'slow', helpers.SLOW)
+    att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
+    image.write(info_b['data']['device_path'], 30 * REGION,
+                testbed.pattern(seed_value + 5, REGION))
+    cluster.detach(vid, att_b)
+    assert helpers.state(cluster, vid) == 'hydrating'
+
+    cluster['b'].call(cinder_node.arm_crash, point)
+    with pytest.raises(Exception):
+        cluster.delete_volume(vid)
+    at_crash = _where(cluster, vid)
+    helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
+    cluster.delete_volume(vid)                        # deleted again
+    helpers.wait_nothing_on_b(vid)
+    assert not [n for n in testbed.list_lvs() if vid in n]
+    assert not any(vid in n for n in testbed.dm_devices())     # handles
+    assert testbed.lio_targets() == []
+    assert testbed.iscsi_sessions() == {}
+    wiped = _b_copy_wiped(vid, since)
+    fault.detail = ('at the crash: %s; the second delete removed both '
+                    'copies (B\'s wiped, %d dd)' % (at_crash, wiped))
+
+
+@pytest.mark.parametrize('point', WIPE_POINTS)
+def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
+    """Node A dies while its wiper clears the copy a finished move retired.
+
+    Node A wipes old copies (``helpers.WIPING``).  When the move to node B
+    is finalized, A renames its LV and wipes it in the background; A is
+    killed there, before the wipe or after it but before the LV's
+    removal.  The renamed LV holds the volume's data, or zeros over what
+    volume_clear_size clears.  At A's restart the wiper finds it, wipes it
+    again and removes it; the move ends on B with all the data.
+    """
+    fault.scenario = 'kill -9 source after %s' % point
+    seed_value = 900 + 10 * WIPE_POINTS.index(point)
+    helpers.with_options(cluster, 'a', helpers.WIPING)
+    helpers.with_options(cluster, 'b')
+    vid, image = tt.seeded_volume(cluster, seed_value)
+    att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
+    image.write(info_b['data']['device_path'], 30 * REGION,
+                testbed.pattern(seed_value + 5, REGION))
+    # Now, while node A still has the volume's LV (the image's base).
+    expected = image.digest()
+
+    cluster['a'].call(cinder_node.arm_crash, point)
+    # Node B's monitor finalizes the move: A retires its copy.
+    deadline = time.monotonic() + 900
+    while cluster.alive('a'):
+        assert time.monotonic() < deadline, 'node A not killed: %s' % (
+            cluster.admin_metadata(vid))
+        cluster['b'].call(cinder_node.tick)
+        time.sleep(2)
+    at_crash = helpers.state(cluster, vid) or 'cleared'
+    vg = testbed.topology().a.vg
+    old = sorted(n for n in testbed.list_lvs()
+                 if n.startswith(vg + '/') and vid in n)
+    assert len(old) == 1 and '-dmcwipe-' in old[0], old
+    path = '/dev/' + old[0]
+    wipe_mb = helpers.WIPE_MB
+    if point == 'wipe: old copy renamed':
+        assert not helpers.wipes(path)
+        assert testbed.read_direct(path, 0, 4 * MiB) == \
+            testbed.pattern(seed_value, 4 * MiB)
+        found = 'the volume\'s data'
+    else:
+        assert len(helpers.wipes(path)) == 1
+        assert testbed.read_direct(path, 0, wipe_mb * MiB) == \
+            bytes(wipe_mb * MiB)
+        # (Beyond volume_clear_size nothing is cleared, as with Cinder.)
+        assert testbed.read_direct(path, image.size // 2, MiB) == \
+            testbed.pattern(seed_value + 2, MiB)
+        found = 'zeros over its first %d MiB' % wipe_mb
+
+    since = len(helpers.root_commands())
+    t0 = time.monotonic()
+    helpers.restart(cluster, 'a', overrides=helpers.WIPING)
+    testbed.wait_until(lambda: old[0] not in testbed.list_lvs(), 300,
+                       '%s wiped and removed after the restart' % old[0],
+                       interval=1)
+    fault.recovered(t0)
+    assert helpers.wipes(path, since), 'no complete wipe of %s after the ' \
+        'restart' % path
+    fault.detail = ('state at the crash: %s; the renamed LV held %s; '
+                    'wiped again and removed after the restart'
+                    % (at_crash, found))
+    tt.finish_on_b(cluster, vid, expected, att_b)

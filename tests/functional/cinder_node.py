@@ -182,11 +182,47 @@ def _op_is(op):
         connector.get('dmclone', {}).get('op') == op)
 
 
+def _clearing(state):
+    """Store.clear of a move in ``state``."""
+    return lambda self, ctxt, volume_id, t=None: (
+        t is not None and t.state == state)
+
+
+def _to_node(key):
+    """Store.move_volume pointing the record at node ``key``."""
+    return lambda self, ctxt, volume_id, host, *args, **kwargs: (
+        host.startswith(service_host(key)))
+
+
+def _old_copy(volume_size, volume_path, *args, **kwargs):
+    """volume_utils.clear_volume of an LV the wiper renamed."""
+    return '-dmcwipe-' in volume_path
+
+
 _C = 'cinder_dmclone.clone'
 _D = 'cinder_dmclone.destination'
 _S = 'cinder_dmclone.move'
 _N = 'tests.functional.cinder_node'
-#: name -> (module, class, method, before/after, which call)
+_V = 'cinder.volume.volume_utils'
+#: name -> (module, class, method, before/after, which call); class None:
+#: a function of the module.  The phase (the name's first word) says in
+#: which flow the test arms it, on which node:
+#:
+#: * prepare, commit, finalize: a move, on the destination (node B);
+#: * rollback: a failed live migration rolled back (a detach on B while
+#:   node A's attachment stays);
+#: * held: the same detach when the clone took writes (Destination.hold);
+#: * abort: B removing what it built after the source gave the move up;
+#:   armed once the clone is built (see arm_withdrawn_attach), since the
+#:   clean-up before a build runs the same steps;
+#: * delete: a delete of a volume hydrating on B;
+#: * wipe: the source's wiper (node A) clearing its retired copy, in the
+#:   background (volume_clear must be set on that node).
+#:
+#: In a teardown (Clones.tear_down: handle, session, data LV, metadata LV)
+#: "handle removed" is the moment before the logout and "data LV handed
+#: to the wiper" the one before the metadata LV goes: nothing runs in
+#: between, and the wiper's entry point is bound at start, out of reach.
 CRASH_POINTS = {
     'prepare: LVs created': (_C, 'Clones', 'create_volumes',
                              'after', None),
@@ -216,13 +252,66 @@ CRASH_POINTS = {
                                  'after', _op_is('retire')),
     'finalize: before the state is cleared': (_S, 'Store', 'clear',
                                               'before', None),
+    'rollback: handle removed': (_C, 'Clones', 'disconnect_source',
+                                 'before', _during('cloned')),
+    'rollback: source logged out': (_C, 'Clones', 'disconnect_source',
+                                    'after', _during('cloned')),
+    'rollback: data LV handed to the wiper': (
+        _C, 'Clones', 'remove_metadata', 'before', _during('cloned')),
+    'rollback: metadata LV removed': (_C, 'Clones', 'remove_metadata',
+                                      'after', _during('cloned')),
+    'rollback: record back on the source': (_S, 'Store', 'move_volume',
+                                            'after', _to_node('a')),
+    'rollback: source released': (_N, 'SocketRPC', 'terminate_connection',
+                                  'after', _op_is('release')),
+    'rollback: state cleared': (_S, 'Store', 'clear', 'after',
+                                _clearing('cloned')),
+    'held: writes seen': (_C, 'Clones', 'written', 'after',
+                          _during('cloned')),
+    'held: kept for the stale source attachment': (
+        _S, 'Store', 'mark_stale_source_attachment', 'after', None),
+    'abort: handle removed': (_C, 'Clones', 'disconnect_source', 'before',
+                              _during('preparing')),
+    'abort: source logged out': (_C, 'Clones', 'disconnect_source',
+                                 'after', _during('preparing')),
+    'abort: data LV handed to the wiper': (
+        _C, 'Clones', 'remove_metadata', 'before', _during('preparing')),
+    'abort: metadata LV removed': (_C, 'Clones', 'remove_metadata',
+                                   'after', _during('preparing')),
+    'delete: handle removed': (_C, 'Clones', 'disconnect_source', 'before',
+                               _during('hydrating')),
+    'delete: source logged out': (_C, 'Clones', 'disconnect_source',
+                                  'after', _during('hydrating')),
+    'delete: data LV handed to the wiper': (
+        _C, 'Clones', 'remove_metadata', 'before', _during('hydrating')),
+    'delete: metadata LV removed': (_C, 'Clones', 'remove_metadata',
+                                    'after', _during('hydrating')),
+    'delete: source retired': (_N, 'SocketRPC', 'terminate_connection',
+                               'after', _op_is('retire')),
+    'delete: state cleared': (_S, 'Store', 'clear', 'after',
+                              _clearing('hydrating')),
+    'wipe: old copy renamed': (_V, None, 'clear_volume', 'before',
+                               _old_copy),
+    'wipe: old copy wiped': (_V, None, 'clear_volume', 'after', _old_copy),
 }
 
 
+def crash_points(phase):
+    """The names of CRASH_POINTS in ``phase``, in their order."""
+    return [name for name in CRASH_POINTS
+            if name.split(':')[0] == phase]
+
+
 def arm_crash(point):
-    """Make this worker SIGKILL itself at ``point`` (see CRASH_POINTS)."""
+    """Make this worker SIGKILL itself at ``point`` (see CRASH_POINTS).
+
+    Whichever thread makes the call (a request, the peer socket's, the
+    wiper's) kills the whole worker, as kill -9 of the service would.
+    """
     module, cls, attr, when, match = CRASH_POINTS[point]
-    klass = getattr(importlib.import_module(module), cls)
+    klass = importlib.import_module(module)
+    if cls is not None:
+        klass = getattr(klass, cls)
     original = getattr(klass, attr)
 
     def die():
@@ -239,6 +328,49 @@ def arm_crash(point):
         original(*args, **kwargs)
         die()
     setattr(klass, attr, crashing)
+
+
+def _withdraw_attach(volume_id):
+    """Nova deletes the attachment it reserved (its attach call timed out)."""
+    from cinder import context
+    from cinder import objects
+
+    from cinder_dmclone import attachments
+    ctxt = context.get_admin_context()
+    withdrawn = []
+    for attachment in objects.VolumeAttachmentList.get_all_by_volume_id(
+            ctxt, volume_id):
+        if attachment.instance_uuid and \
+                attachment.attach_status in attachments.STARTING:
+            attachment.destroy()
+            withdrawn.append(attachment.id)
+    return withdrawn
+
+
+def arm_withdrawn_attach(point):
+    """Nova withdraws the attach this node builds a clone for; then crash.
+
+    Once this worker has built the clone (and only the first time), the
+    instance attachment being set up is deleted, as Nova deletes one
+    whose attach timed out: the source then refuses to record the move
+    (Source._refuse_if_attach_withdrawn), gives it up and asks this node
+    to abort.  ``point`` (an ``abort:`` crash point) is armed only then:
+    the clean-up that precedes every build runs the same steps.
+    """
+    from cinder_dmclone import clone
+    original = clone.Clones.build_clone
+
+    def build_then_withdraw(self, t, *args, **kwargs):
+        path = original(self, t, *args, **kwargs)
+        clone.Clones.build_clone = original
+        withdrawn = _withdraw_attach(t.volume_id)
+        sys.stderr.write('fault injection: attachments %s of volume %s '
+                         'withdrawn after the build\n'
+                         % (withdrawn, t.volume_id))
+        sys.stderr.flush()
+        arm_crash(point)
+        return path
+    clone.Clones.build_clone = build_then_withdraw
 
 
 def create_database():

@@ -411,11 +411,22 @@ class FakeTarget(object):
                          'volume_id': volume['id']}}
 
     def terminate_connection(self, volume, connector, **kwargs):
+        """Drop the initiator from the export's ACL.
+
+        As LIO's helper does: nothing without a ``provider_location``,
+        and ISCSITargetDetachFailed when the record names a target that no
+        longer exists (``cinder-rtstool delete-initiator`` exits 1 with
+        "Could not find target").
+        """
         self.calls.append(('terminate_connection', volume['id'],
                            (connector or {}).get('initiator')))
+        if volume.get('provider_location') is None:
+            return
         export = self.exports.get(self.iqn(volume))
-        if export is not None:
-            export['acl'].discard((connector or {}).get('initiator'))
+        if export is None:
+            raise cinder_exception.ISCSITargetDetachFailed(
+                volume_id=volume['id'])
+        export['acl'].discard((connector or {}).get('initiator'))
 
     def remove_export(self, context, volume):
         self.calls.append(('remove_export', volume['id']))

@@ -716,6 +716,25 @@ class DetachedTestCase(ClusterTestCase):
         self.b.recover()
         self.c.assert_rolled_back()
 
+    def test_detach_retried_after_recovery_finished_the_rollback(self):
+        # node-b died after the source released its export; its recovery
+        # finished the rollback, so Nova's retry of the detach reaches
+        # node-a.  The export is gone: node-a must not ask the target
+        # driver to drop node-b's initiator from it (LIO's helper fails:
+        # the attachment could never be deleted).
+        src, dst = self.moved(live=True)
+        self.c.crash_at(self.b.peer, 'request', 'after',
+                        lambda *args: args[-2] == peer.RELEASE)
+        self.assertRaises(oslo_messaging.MessagingTimeout, self.c.detach,
+                          dst)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIsNone(self.c.transfer())
+        self.c.detach(dst)
+        self.assertEqual([src], self.c.attachments)
+        self.c.assert_rolled_back()
+        self.c.detach(src)
+        self.assertEqual({}, self.a.target.exports)
+
     # -- the source's other names -------------------------------------------
     def alias_attach(self):
         """node-a's instance attached under its alias node-a.alias."""
@@ -1252,12 +1271,33 @@ class ServeTestCase(ClusterTestCase):
         self.assertEqual({}, self.a.target.exports)
         self.assertIn(LV, self.a.vg.lvs)
 
+    def test_release_forgets_the_export_it_dropped(self):
+        self.saved()
+        location = '10.0.0.1:3260,1 %s 0' % IQN
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID, {
+            'provider_location': location, 'provider_auth': 'CHAP u s'})
+        self.serve(self.a, peer.RELEASE)
+        self.assertEqual({}, self.a.target.exports)
+        self.assertIsNone(self.c.db.volumes[VOLUME_ID]['provider_location'])
+        self.assertIsNone(self.c.db.volumes[VOLUME_ID]['provider_auth'])
+        # A release sent again (a destination that died after sending it
+        # rolls back again at its restart) finds nothing to do.
+        self.serve(self.a, peer.RELEASE)
+        self.log.exception.assert_not_called()
+
     def test_release_failure_is_logged(self):
         self.saved()
+        location = '10.0.0.1:3260,1 %s 0' % IQN
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID,
+                                {'provider_location': location})
         self.mock_object(self.a.target, 'remove_export',
                          side_effect=ValueError('x'))
         self.serve(self.a, peer.RELEASE)
         self.log.exception.assert_called_once()
+        # The export may still be there: the record keeps naming it, so
+        # that the next detach on node-a removes it.
+        self.assertEqual(location,
+                         self.c.db.volumes[VOLUME_ID]['provider_location'])
 
     def test_retire_refuses_while_the_record_names_this_node(self):
         self.saved()
