@@ -329,6 +329,10 @@ class Source(side.Side):
         if not self.half_rolled_back(volume, self.load(volume['id'])):
             return
         with move.lock(volume['id']):
+            # The caller's volume object may predate the move (cinder-api
+            # loads it before its RPC): only the record as it is now,
+            # under the lock, says whether the volume lives here again.
+            volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
             t = self.load(volume['id'])
             if self.half_rolled_back(volume, t):
                 LOG.warning('Finishing the rollback of the move of volume '

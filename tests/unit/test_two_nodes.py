@@ -1765,6 +1765,21 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                           self.b.source.refuse_local_attach, self.volume(),
                           'attaching it here')
 
+    def test_stale_volume_object_never_gives_up_a_committed_move(self):
+        # A terminate that reaches node-a with a volume object loaded
+        # before the move recorded node-b (cinder-api loads it before its
+        # RPC) must not take the move for a half-finished rollback and
+        # abort it: node-b's clone is the volume.  (Before: node-b's clone
+        # and LV were torn down, the record still named node-b.)
+        stale = self.c.volume()
+        self.moved(live=True)
+        self.c.call(self.a, self.a.terminate_connection, stale,
+                    {'host': 'node-c', 'initiator': 'iqn.2000-01.x:c'})
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+
     def test_reattach_on_the_destination_during_hydration(self):
         # The clone is the volume there: a detach and a new attach on
         # node-b while it hydrates (or the first attach after a
