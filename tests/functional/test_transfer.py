@@ -242,6 +242,8 @@ def test_destination_restart_mid_hydration(cluster):
     cluster.start('b')       # check_for_setup_error recovers the clone
     status = testbed.dm_status(name)
     assert ' clone ' in ' %s ' % status, status
+    # Then Cinder's start re-exports the in-use volume: the clone stays.
+    assert cluster['b'].info['driver']['ensure_export'][vid] == 'ok'
     assert testbed.read_direct(path, 200 * REGION, 2 * REGION) == \
         testbed.pattern(51, 2 * REGION)
     # Retyping to a faster type retunes the live clone.
@@ -250,6 +252,57 @@ def test_destination_restart_mid_hydration(cluster):
                      retype_on='b')
     assert 'hydration_batch_size 16' in testbed.dm_status(name)
     finish_on_b(cluster, vid, image.digest(), attachment)
+
+
+def test_start_never_maps_a_partial_copy(cluster):
+    """Node B reboots while a volume moves in, and its metadata LV is lost.
+
+    (Say the disk of the metadata volume group failed.)  Recovery cannot
+    rebuild the clone without the metadata, and the LV on node B holds
+    only what was copied: nothing, hydration is off in ``cloned``.
+    Cinder's start then calls ensure_export for the in-use volume: it must
+    not map that LV as the volume, linear and silently empty.  It refuses,
+    Cinder puts the volume in error, and node A keeps the data.
+    """
+    from cinder.db import api as db
+    from cinder import objects
+
+    vid, image = seeded_volume(cluster, 90)
+    att_a, _info_a = cluster.attach(vid, 'a')
+    att_b, info_b = cluster.attach(vid, 'b')       # clone, hydration off
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+    name = info_b['data']['device_path'].split('/')[-1]
+
+    cluster.stop('b', kill=True)
+    testbed.run(['dmsetup', 'remove', '--force', name])
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
+    testbed.lvm('lvremove', '-q', '-f', '%s/volume-%s-dmcmeta'
+                % (testbed.topology().b.meta_vg, vid))
+    cluster.start('b')
+    outcome = cluster['b'].info['driver']['ensure_export']
+    testbed.LOG.info('ensure_export at the start: %s', outcome)
+    assert name not in testbed.dm_devices()
+    assert outcome[vid].startswith('error: '), outcome
+    assert 'being hydrated by a transfer' in outcome[vid], outcome
+    assert cluster.volume(vid).status == 'error'
+    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+
+    # Without its metadata the move cannot go on: the operator gives it
+    # up by hand (operations.rst, recovery checklist), the volume stays
+    # on node A.
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
+    testbed.run(['iscsiadm', '-m', 'node', '-o', 'delete'], check=False)
+    testbed.lvm('lvremove', '-q', '-f', lv(vid, 'b')[len('/dev/'):])
+    ctxt = cluster.ctxt()
+    for key in cluster.admin_metadata(vid):
+        if key.startswith('dmclone_'):
+            db.volume_admin_metadata_delete(ctxt, vid, key)
+    db.volume_update(ctxt, vid, {'host': cinder_node.volume_host('a'),
+                                 'status': 'in-use'})
+    objects.VolumeAttachment.get_by_id(ctxt, att_b).destroy()
+    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+    cluster.detach(vid, att_a)
+    cluster.delete_volume(vid)
 
 
 def test_extend_during_transfer(cluster):
