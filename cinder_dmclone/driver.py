@@ -393,7 +393,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.vg.activate_lv(lv_name)
         table = self._linear_table(lv_name)
         if not self.dm.exists(name):
-            self._refuse_linear_over_clone(lv_name)
+            self._refuse_linear_over_clone(volume)
             try:
                 self.dm.create(name, table,
                                uuid=layout.handle_uuid(
@@ -410,15 +410,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _handle_name(self, lv_name):
         return layout.handle_name(self.configuration.volume_group, lv_name)
 
-    def _refuse_linear_over_clone(self, lv_name):
+    def _refuse_linear_over_clone(self, volume):
         """Never map a partly hydrated LV alone.
 
-        A metadata LV here means the volume is moving in and its LV holds
-        only the regions copied so far: only the clone may serve it, and
-        startup recovery rebuilds that.
+        A metadata LV here, or a transfer into this node that has not
+        reached ``finalizing`` (hydration complete), means the volume is
+        moving in and its LV holds only the regions copied so far: only
+        the clone may serve it, and startup recovery rebuilds that.  The
+        recorded state counts even when the metadata LV is gone.
         """
+        lv_name = volume['name']
         meta_vg = self.metadata_vg or self.vg
-        if meta_vg.get_volume(layout.metadata_lv_name(lv_name)) is not None:
+        t = self.mover.load(volume['id'])
+        moving_in = t is not None and self.mover.is_dest(t) and t.state in (
+            transfer.PREPARING, transfer.CLONED, transfer.HYDRATING)
+        if moving_in or meta_vg.get_volume(
+                layout.metadata_lv_name(lv_name)) is not None:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume LV %s is being hydrated by a transfer but has '
                        'no clone target; restart the volume service to '
