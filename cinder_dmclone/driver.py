@@ -115,6 +115,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._mover = None
         self._wiper = None
         self._own_connector = None
+        self._exported_handles_ready = False
 
     @classmethod
     def get_driver_options(cls):
@@ -684,11 +685,38 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     # ------------------------------------------------------------------
 
     def ensure_export(self, context, volume):
-        """Rebuild the handle (gone after a reboot) and the iSCSI export."""
+        """Rebuild the handle (gone after a reboot) and the iSCSI export.
+
+        After a reboot, LIO's helper restores every saved target at the
+        first call, each over its volume's handle: so the handles of all
+        the volumes this node exports are rebuilt first, not only this
+        volume's.
+        """
         path = self._ensure_handle(volume)
-        if self._owns_export(volume):
-            return self.target_driver.ensure_export(context, volume, path)
-        return None
+        if not self._owns_export(volume):
+            return None
+        self._ensure_exported_handles(context)
+        return self.target_driver.ensure_export(context, volume, path)
+
+    def _ensure_exported_handles(self, context):
+        """Rebuild the handle of every volume exported here (once a start).
+
+        A volume whose handle cannot be rebuilt (a move into this node
+        without its clone) is logged and left: its saved target then stays
+        without its LUN, and its own ensure_export fails.
+        """
+        if self._exported_handles_ready:
+            return
+        for volume in objects.VolumeList.get_all_by_host(context, self.host):
+            if not self._owns_export(volume):
+                continue
+            try:
+                self._ensure_handle(volume)
+            except Exception:
+                LOG.warning('Could not rebuild the handle of volume %s, '
+                            'which this node exports.', volume.id,
+                            exc_info=True)
+        self._exported_handles_ready = True
 
     def create_export(self, context, volume, connector, vg=None):
         """Export the handle over iSCSI, unless the attach is local.
