@@ -120,6 +120,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             node_name=self.node_name)
         self._moves = None
         self._wiper = None
+        self._exported_handles_ready = False
 
     @classmethod
     def get_driver_options(cls):
@@ -366,7 +367,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.vg.activate_lv(lv_name)
         table = self._linear_table(lv_name)
         if not self.dm.exists(name):
-            self._refuse_linear_over_clone(lv_name)
+            self._refuse_linear_over_clone(volume)
             try:
                 self.dm.create(name, table,
                                uuid=layout.handle_uuid(
@@ -383,15 +384,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _handle_name(self, lv_name):
         return layout.handle_name(self.configuration.volume_group, lv_name)
 
-    def _refuse_linear_over_clone(self, lv_name):
+    def _refuse_linear_over_clone(self, volume):
         """Never map a partly hydrated LV alone.
 
-        A metadata LV here means the volume is moving in and its LV holds
-        only the regions copied so far: only the clone may serve it, and
-        startup recovery rebuilds that.
+        A metadata LV here, or a transfer into this node that has not
+        reached ``finalizing`` (hydration complete), means the volume is
+        moving in and its LV holds only the regions copied so far: only
+        the clone may serve it, and startup recovery rebuilds that.  The
+        recorded state counts even when the metadata LV is gone.
         """
+        lv_name = volume['name']
         meta_vg = self.metadata_vg or self.vg
-        if meta_vg.get_volume(layout.metadata_lv_name(lv_name)) is not None:
+        t = self.destination.load(volume['id'])
+        moving_in = self.destination.is_dest(t) and t.state in (
+            move.PREPARING, move.CLONED, move.HYDRATING)
+        if moving_in or meta_vg.get_volume(
+                layout.metadata_lv_name(lv_name)) is not None:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume LV %s is being hydrated by a transfer but has '
                        'no clone target; restart the volume service to '
@@ -712,11 +720,38 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     # ------------------------------------------------------------------
 
     def ensure_export(self, context, volume):
-        """Rebuild the handle (gone after a reboot) and the iSCSI export."""
+        """Rebuild the handle (gone after a reboot) and the iSCSI export.
+
+        After a reboot, LIO's helper restores every saved target at the
+        first call, each over its volume's handle: so the handles of all
+        the volumes this node exports are rebuilt first, not only this
+        volume's.
+        """
         path = self._ensure_handle(volume)
-        if self._owns_export(volume):
-            return self.target_driver.ensure_export(context, volume, path)
-        return None
+        if not self._owns_export(volume):
+            return None
+        self._ensure_exported_handles(context)
+        return self.target_driver.ensure_export(context, volume, path)
+
+    def _ensure_exported_handles(self, context):
+        """Rebuild the handle of every volume exported here (once a start).
+
+        A volume whose handle cannot be rebuilt (a move into this node
+        without its clone) is logged and left: its saved target then stays
+        without its LUN, and its own ensure_export fails.
+        """
+        if self._exported_handles_ready:
+            return
+        for volume in objects.VolumeList.get_all_by_host(context, self.host):
+            if not self._owns_export(volume):
+                continue
+            try:
+                self._ensure_handle(volume)
+            except Exception:
+                LOG.warning('Could not rebuild the handle of volume %s, '
+                            'which this node exports.', volume.id,
+                            exc_info=True)
+        self._exported_handles_ready = True
 
     def create_export(self, context, volume, connector, vg=None):
         """Export the handle over iSCSI, unless the attach is local.

@@ -400,10 +400,12 @@ def register_services():
 # --------------------------------------------------------------------------
 
 def start_driver(node_key, overrides=None):
-    """Build, set up and check this node's driver; start its peer socket.
+    """Build this node's driver, start it as Cinder does; serve its peer.
 
-    Runs in the node's worker.  check_for_setup_error runs the real
-    startup path, including transfer recovery.
+    Runs in the node's worker.  :func:`init_host` is the volume manager's
+    startup: the driver's setup and check (transfer recovery included),
+    then ``ensure_export`` of the node's in-use volumes.  Returns what a
+    test needs to know of the start, ``ensure_export`` outcomes included.
     """
     configure_process(node_key)     # registers Cinder's objects first
     from cinder import context
@@ -446,16 +448,98 @@ def start_driver(node_key, overrides=None):
         rpcapi=SocketRPC(node_key,
                          timeout=configuration.dmclone_transfer_timeout),
         node_name=drv.node_name)
-    drv.do_setup(context.get_admin_context())
-    drv.check_for_setup_error()
+    exports = init_host(drv, context.get_admin_context())
     # The looping call needs the service's eventlet hub; tests drive the
     # monitor with tick() instead.
     drv.monitor.stop()
     _STATE['driver'] = drv
     _STATE['node'] = node_key
     _serve_peer(node_key)
+    from cinder.brick.local_dev import lvm as brick_lvm
     return {'host': drv.host, 'node_name': drv.node_name,
-            'metadata_vg': drv.metadata_vg.vg_name}
+            'metadata_vg': drv.metadata_vg.vg_name,
+            'lvm_cmd_prefix': list(brick_lvm.LVM.LVM_CMD_PREFIX),
+            'ensure_export': exports}
+
+
+# --------------------------------------------------------------------------
+# What Cinder's volume manager does at start (VolumeManager._init_host)
+# --------------------------------------------------------------------------
+
+def init_host(drv, ctxt):
+    """The driver's part of cinder 29's ``VolumeManager._init_host``.
+
+    In the manager's order: ``do_setup``, ``check_for_setup_error``,
+    ``init_capabilities``; the host's volumes and snapshots, their
+    ``update_provider_info``; ``ensure_export`` of every volume with a host
+    whose status is ``in-use`` (:func:`reexport`); ``set_throttle``,
+    ``set_initialized``.  Unlike the manager, a failed setup raises instead
+    of leaving the service up with an uninitialized driver, so a test sees
+    why.  Left out as they do not reach the driver: capacity accounting,
+    encryption key migration, publishing capabilities (RPC) and the
+    cleanup of interrupted operations (workers table).
+
+    Returns {volume id: 'ok' | 'error: <reason>'} of the ensure_export
+    calls.
+    """
+    from cinder import objects
+    drv.do_setup(ctxt)
+    drv.check_for_setup_error()
+    drv.init_capabilities()
+    # (The manager filters on its cluster when it has one; ours have none.)
+    volumes = objects.VolumeList.get_all(ctxt, filters={'host': drv.host})
+    snapshots = objects.SnapshotList.get_all(ctxt,
+                                             filters={'host': drv.host})
+    sync_provider_info(drv, ctxt, volumes, snapshots)
+    outcomes = {}
+    for volume in volumes:
+        if volume.host:
+            outcome = reexport(drv, ctxt, volume)
+            if outcome is not None:
+                outcomes[volume.id] = outcome
+    drv.set_throttle()
+    drv.set_initialized()
+    return outcomes
+
+
+def sync_provider_info(drv, ctxt, volumes, snapshots):
+    """VolumeManager._sync_provider_info: the driver's provider_id updates.
+
+    The manager writes a volume's update whenever the driver returns one,
+    a snapshot's only when it has no provider_id yet.
+    """
+    from cinder.db import api as db
+    updates, snapshot_updates = drv.update_provider_info(volumes, snapshots)
+    ids = {v.id for v in volumes}
+    for update in updates or ():
+        if update['id'] in ids:
+            db.volume_update(ctxt, update['id'],
+                             {'provider_id': update['provider_id']})
+    unset = {s.id for s in snapshots if not s.get('provider_id')}
+    for update in snapshot_updates or ():
+        if update['id'] in unset:
+            db.snapshot_update(ctxt, update['id'],
+                               {'provider_id': update['provider_id']})
+
+
+def reexport(drv, ctxt, volume):
+    """The manager's start step for one volume: re-export if in use.
+
+    Only ``in-use`` volumes are re-exported; a failure is logged and the
+    volume goes from ``in-use`` to ``error`` (a conditional update), and
+    the start goes on.  Returns None when the volume was not in use.
+    """
+    if volume.status != 'in-use':
+        return None
+    try:
+        drv.ensure_export(ctxt, volume)
+    except Exception as exc:
+        traceback.print_exc()
+        sys.stderr.write('init_host: ensure_export of %s failed; volume set '
+                         'to error as Cinder does\n' % volume.id)
+        volume.conditional_update({'status': 'error'}, {'status': 'in-use'})
+        return 'error: %s' % exc
+    return 'ok'
 
 
 def stop_driver():

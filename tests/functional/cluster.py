@@ -31,8 +31,14 @@ class Cluster(object):
 
     # -- services ----------------------------------------------------------
 
-    def start(self, key, overrides=None):
-        worker = nodes.NodeProcess(key)
+    def start(self, key, overrides=None, env=None):
+        """Start node ``key``'s volume service (driver option overrides).
+
+        ``env`` is added to the service's environment, as a node's own
+        settings would be (``LVM_SYSTEM_DIR``: the node's LVM
+        configuration).
+        """
+        worker = nodes.NodeProcess(key, env=env)
         worker.start()
         try:
             worker.info['driver'] = worker.call(cinder_node.start_driver,

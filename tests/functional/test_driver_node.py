@@ -17,6 +17,9 @@ namespace (LVM on its VG, LIO exports with CHAP and ACLs); node B (this
 process) logs in with os-brick's iSCSI connector as a remote host would.
 """
 
+import os
+import time
+
 import pytest
 
 from tests.functional import cinder_node
@@ -33,6 +36,10 @@ GiB = 1024 * MiB
 def handle(volume, node='a'):
     vg = testbed.topology().node(node).vg.replace('-', '--')
     return '/dev/mapper/dmclone-%s-volume-%s' % (vg, volume)
+
+
+def lv(volume, node='a'):
+    return '/dev/%s/volume-%s' % (testbed.topology().node(node).vg, volume)
 
 
 def test_node_local_lifecycle(cluster, topo):
@@ -114,3 +121,108 @@ def test_node_local_lifecycle(cluster, topo):
     cluster.delete_volume(vid)
     assert not any('volume-' in lv for lv in testbed.list_lvs())
     assert not [n for n in testbed.dm_devices() if n.startswith('dmclone')]
+
+
+def _reboot_a():
+    """Node A loses its service and its kernel state, as in a reboot.
+
+    Its service is killed first (by the caller); then what the kernel held
+    goes: LIO's targets (configfs; /etc/target/saveconfig.json, which
+    cinder-rtstool keeps, stays), the handles, and the LVs' activation.
+    """
+    testbed.targetcli(['clearconfig confirm=True'])
+    assert testbed.lio_targets() == []
+    handles = [n for n, u in testbed.dm_devices().items()
+               if not u.startswith('LVM-') and 'dmc--a' in n]
+    for name in handles:
+        testbed.run(['dmsetup', 'remove', name])
+    testbed.lvm('vgchange', '-q', '-an', testbed.topology().a.vg)
+    return handles
+
+
+def _read_over_iscsi(brick, data, length):
+    device = brick.connect_volume(data)
+    try:
+        return testbed.read_direct(device['path'], 0, length)
+    finally:
+        brick.disconnect_volume(data, device, force=True)
+
+
+def outcomes(cluster, volume_ids):
+    """ensure_export's outcome per volume at node A's last start."""
+    seen = cluster['a'].info['driver']['ensure_export']
+    return {v: seen.get(v) for v in volume_ids}
+
+
+def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
+    """Node A's service restarts, then node A reboots, volumes in use.
+
+    One volume is attached on node A (an instance there: only the
+    handle), two from node B without an instance (backup hosts: iSCSI
+    exports of their handles).  Cinder's start calls ensure_export for
+    in-use volumes: after a restart nothing changes under them; after a
+    reboot, with device-mapper tables, LV activation and LIO's targets
+    gone, every handle and every export is back and node B reads what
+    it wrote.
+    """
+    cleanup(cluster.ensure_running)
+    local = cluster.create_volume('a')
+    att_local, info = cluster.attach(local, 'a')
+    assert info['data']['device_path'] == handle(local)
+    local_data = testbed.pattern(81, 4 * MiB)
+    testbed.write_direct(handle(local), 0, local_data)
+    brick = testbed.iscsi_connector()
+    remotes = {}
+    for seed in (82, 83):
+        vid = cluster.create_volume('a')
+        attachment, conn = cluster.attach(vid, 'b', instance=False)
+        assert conn['driver_volume_type'] == 'iscsi', conn
+        device = brick.connect_volume(conn['data'])
+        try:
+            testbed.write_direct(device['path'], 0,
+                                 testbed.pattern(seed, 4 * MiB))
+        finally:
+            brick.disconnect_volume(conn['data'], device, force=True)
+        remotes[vid] = (attachment, conn['data'], seed)
+    in_use = {local} | set(remotes)
+    assert {cluster.volume(v).status for v in in_use} == {'in-use'}
+    tables = {v: testbed.dm_table(handle(v).split('/')[-1]) for v in in_use}
+    targets = sorted(d['target_iqn'] for _a, d, _s in remotes.values())
+    assert testbed.lio_targets() == targets
+
+    # A service restart: the kernel keeps everything, nothing changes.
+    cluster.stop('a')
+    cluster.start('a')
+    assert outcomes(cluster, in_use) == {v: 'ok' for v in in_use}
+    assert {v: testbed.dm_table(handle(v).split('/')[-1])
+            for v in in_use} == tables
+    assert testbed.lio_targets() == targets
+
+    # A reboot.
+    cluster.stop('a', kill=True)
+    assert sorted(_reboot_a()) == sorted(handle(v).split('/')[-1]
+                                         for v in in_use)
+    t0 = time.monotonic()
+    cluster.start('a')
+    testbed.LOG.info('node A started after the reboot in %.1f s: %s',
+                     time.monotonic() - t0, cluster['a'].info['driver'])
+    assert outcomes(cluster, in_use) == {v: 'ok' for v in in_use}
+    assert {cluster.volume(v).status for v in in_use} == {'in-use'}
+    for vid in in_use:
+        table = testbed.dm_table(handle(vid).split('/')[-1]).split()
+        assert table[2:4] == ['linear', testbed.dm_devno(lv(vid))], table
+    assert testbed.sha256_of_device(handle(local), 4 * MiB) == \
+        testbed.sha256(local_data)
+    assert testbed.lio_targets() == targets
+    for vid, (attachment, data, seed) in remotes.items():
+        lun = testbed.lio_tpg_path(data['target_iqn']) + '/lun/lun_0'
+        assert os.path.isdir(lun), 'no LUN in %s' % data['target_iqn']
+        assert testbed.sha256(_read_over_iscsi(brick, data, 4 * MiB)) == \
+            testbed.sha256(testbed.pattern(seed, 4 * MiB)), vid
+
+    for vid, (attachment, _data, _seed) in remotes.items():
+        cluster.detach(vid, attachment)
+        cluster.delete_volume(vid)
+    assert testbed.lio_targets() == []
+    cluster.detach(local, att_local)
+    cluster.delete_volume(local)

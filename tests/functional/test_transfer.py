@@ -20,6 +20,7 @@ finds nothing left on either node.
 """
 
 import hashlib
+import os
 
 import pytest
 
@@ -266,6 +267,8 @@ def test_destination_restart_mid_hydration(cluster):
     cluster.start('b')       # check_for_setup_error recovers the clone
     status = testbed.dm_status(name)
     assert ' clone ' in ' %s ' % status, status
+    # Then Cinder's start re-exports the in-use volume: the clone stays.
+    assert cluster['b'].info['driver']['ensure_export'][vid] == 'ok'
     assert testbed.read_direct(path, 200 * REGION, 2 * REGION) == \
         testbed.pattern(51, 2 * REGION)
     # Retyping to a faster type retunes the live clone.
@@ -274,6 +277,57 @@ def test_destination_restart_mid_hydration(cluster):
                      retype_on='b')
     assert 'hydration_batch_size 16' in testbed.dm_status(name)
     finish_on_b(cluster, vid, image.digest(), attachment)
+
+
+def test_start_never_maps_a_partial_copy(cluster):
+    """Node B reboots while a volume moves in, and its metadata LV is lost.
+
+    (Say the disk of the metadata volume group failed.)  Recovery cannot
+    rebuild the clone without the metadata, and the LV on node B holds
+    only what was copied: nothing, hydration is off in ``cloned``.
+    Cinder's start then calls ensure_export for the in-use volume: it must
+    not map that LV as the volume, linear and silently empty.  It refuses,
+    Cinder puts the volume in error, and node A keeps the data.
+    """
+    from cinder.db import api as db
+    from cinder import objects
+
+    vid, image = seeded_volume(cluster, 90)
+    att_a, _info_a = cluster.attach(vid, 'a')
+    att_b, info_b = cluster.attach(vid, 'b')       # clone, hydration off
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+    name = info_b['data']['device_path'].split('/')[-1]
+
+    cluster.stop('b', kill=True)
+    testbed.run(['dmsetup', 'remove', '--force', name])
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
+    testbed.lvm('lvremove', '-q', '-f', '%s/volume-%s-dmcmeta'
+                % (testbed.topology().b.meta_vg, vid))
+    cluster.start('b')
+    outcome = cluster['b'].info['driver']['ensure_export']
+    testbed.LOG.info('ensure_export at the start: %s', outcome)
+    assert name not in testbed.dm_devices()
+    assert outcome[vid].startswith('error: '), outcome
+    assert 'being hydrated by a transfer' in outcome[vid], outcome
+    assert cluster.volume(vid).status == 'error'
+    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+
+    # Without its metadata the move cannot go on: the operator gives it
+    # up by hand (operations.rst, recovery checklist), the volume stays
+    # on node A.
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
+    testbed.run(['iscsiadm', '-m', 'node', '-o', 'delete'], check=False)
+    testbed.lvm('lvremove', '-q', '-f', lv(vid, 'b')[len('/dev/'):])
+    ctxt = cluster.ctxt()
+    for key in cluster.admin_metadata(vid):
+        if key.startswith('dmclone_'):
+            db.volume_admin_metadata_delete(ctxt, vid, key)
+    db.volume_update(ctxt, vid, {'host': cinder_node.volume_host('a'),
+                                 'status': 'in-use'})
+    objects.VolumeAttachment.get_by_id(ctxt, att_b).destroy()
+    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+    cluster.detach(vid, att_a)
+    cluster.delete_volume(vid)
 
 
 def test_extend_during_transfer(cluster):
@@ -319,4 +373,114 @@ def test_refusals_during_transfer(cluster):
     cluster.detach(vid, att_b)                    # roll back
     assert cluster.node_of(vid) == 'a'
     cluster.detach(vid, att_a)
+    cluster.delete_volume(vid)
+
+
+# --------------------------------------------------------------------------
+# The source's old copy after a move: volume_clear on the real kernel
+# --------------------------------------------------------------------------
+
+#: volume_clear_size of the wipe tests: Cinder clears this many MiB at the
+#: start of an old copy (0 would clear all of it).
+CLEAR_MB = 64
+NO_DISCARDS_DIR = cinder_node.RUN_DIR + '/lvm-no-discards'
+
+
+def lvm_conf_without_discards():
+    """The testbed's LVM configuration with ``issue_discards = 0``.
+
+    As Debian ships it.  The testbed discards removed extents, and on its
+    tmpfs-backed loop devices a discarded extent reads as zeros: that
+    would hide an old copy that was never wiped.  LVM reads ``lvm.conf``
+    in ``LVM_SYSTEM_DIR`` (Cinder's ``lvm_conf_file`` sets it to that
+    file's directory), so the copy gets a directory of its own.
+    """
+    with open(testbed.topology().lvm_conf) as f:
+        text = f.read()
+    assert 'issue_discards = 1' in text, text
+    os.makedirs(NO_DISCARDS_DIR, exist_ok=True)
+    path = NO_DISCARDS_DIR + '/lvm.conf'
+    with open(path, 'w') as f:
+        f.write(text.replace('issue_discards = 1', 'issue_discards = 0'))
+    seen = testbed.run(['lvm', 'config', 'devices/issue_discards'],
+                       env={'LVM_SYSTEM_DIR': NO_DISCARDS_DIR}).stdout
+    assert seen.strip() == 'issue_discards=0', seen
+    return path
+
+
+def nonzero_bytes(data):
+    return len(data) - data.count(0)
+
+
+@pytest.mark.parametrize('volume_clear', ['zero', 'none'])
+def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
+    """A new LV on the source's freed extents never reads the moved data.
+
+    Node A runs with LVM's discards off and ``volume_clear`` as given,
+    ``volume_clear_size`` 64.  A volume with known data moves to node B;
+    when the move is finished node A retires its copy (renamed, wiped in
+    the background, removed).  A new LV over exactly the same extents
+    then reads: with ``zero``, zeros for the first 64 MiB (what Cinder's
+    ``volume_clear_size`` clears; data further in stays, as with Cinder's
+    LVM driver); with ``none``, the volume's data itself: why the setting
+    matters, and proof that this test can see an old copy.
+    """
+    conf = lvm_conf_without_discards()
+    cluster.stop('a')
+    cleanup(cluster.start, 'a')
+    cleanup(cluster.stop, 'a')
+    # Node A's own LVM configuration: Cinder's brick runs lvremove,
+    # lvrename and lvchange without its lvm_conf_file prefix, so they
+    # read the node's (here: the environment's LVM_SYSTEM_DIR).
+    cluster.start('a', overrides={'lvm_conf_file': conf,
+                                  'volume_clear': volume_clear,
+                                  'volume_clear_size': CLEAR_MB},
+                  env={'LVM_SYSTEM_DIR': NO_DISCARDS_DIR})
+    started = cluster['a'].info['driver']
+    testbed.LOG.info('node A started with %s: LVM commands run as %s',
+                     conf, started['lvm_cmd_prefix'])
+    assert 'LVM_SYSTEM_DIR=' + NO_DISCARDS_DIR in started['lvm_cmd_prefix']
+    assert cluster['a'].call(os.getenv, 'LVM_SYSTEM_DIR') == \
+        NO_DISCARDS_DIR
+
+    vid = cluster.create_volume('a')
+    vg = testbed.topology().a.vg
+    secrets = {0: testbed.pattern(95, 4 * MiB),                # cleared
+               32 * MiB: testbed.pattern(96, MiB),             # cleared
+               512 * MiB: testbed.pattern(97, MiB)}            # beyond
+    for offset, data in secrets.items():
+        testbed.write_direct(handle(vid, 'a'), offset, data)
+    extents = testbed.lv_pe_ranges(vg, 'volume-' + vid)
+    testbed.LOG.info('volume-%s on %s', vid, extents)
+
+    attachment, _info = cluster.attach(vid, 'b')          # moves to B
+    wait_finalized(cluster, vid)
+
+    def old_copies():
+        return sorted(n for n in testbed.list_lvs()
+                      if n.startswith(vg + '/') and vid in n)
+    testbed.LOG.info('node A right after the move: %s', old_copies())
+    testbed.wait_until(lambda: old_copies() == [], 600,
+                       'old copy of %s wiped and removed' % vid,
+                       interval=1, diagnostics=lambda: 'LVs: %s' % (
+                           old_copies(),))
+
+    name = 'ft-wipe-check-' + volume_clear
+    cleanup(testbed.remove_lv, vg, name)
+    path = testbed.create_lv_on_extents(vg, name, extents)
+    assert testbed.lv_pe_ranges(vg, name) == extents
+    found = {offset: testbed.read_direct(path, offset, len(data)) == data
+             for offset, data in secrets.items()}
+    head = testbed.read_direct(path, 0, CLEAR_MB * MiB)
+    testbed.LOG.info('new LV over the old extents (volume_clear=%s): %d '
+                     'non-zero bytes in the first %d MiB; old data found '
+                     'at %s', volume_clear, nonzero_bytes(head), CLEAR_MB,
+                     sorted(o for o, hit in found.items() if hit))
+    if volume_clear == 'zero':
+        assert nonzero_bytes(head) == 0
+        assert found == {0: False, 32 * MiB: False, 512 * MiB: True}
+    else:
+        assert found == {0: True, 32 * MiB: True, 512 * MiB: True}
+
+    cluster.detach(vid, attachment)
     cluster.delete_volume(vid)

@@ -301,6 +301,30 @@ def list_lvs():
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
+def lv_pe_ranges(vg, name):
+    """['<pv>:<first>-<last>', ...]: the physical extents an LV occupies."""
+    out = lvm('lvs', '--noheadings', '-o', 'seg_pe_ranges',
+              '%s/%s' % (vg, name)).stdout
+    return [r for line in out.splitlines() for r in line.split()]
+
+
+def create_lv_on_extents(vg, name, pe_ranges):
+    """An LV over exactly ``pe_ranges`` (as :func:`lv_pe_ranges` gives).
+
+    Neither zeroed nor wiped of signatures by LVM (``-Zn -Wn``): it reads
+    whatever those extents hold.
+    """
+    extents = 0
+    for pe_range in pe_ranges:
+        first, _, last = pe_range.rpartition(':')[2].partition('-')
+        extents += int(last) - int(first) + 1
+    lvm(*(['lvcreate', '-q', '-y', '-Zn', '-Wn', '-n', name,
+           '-l', str(extents), vg] + list(pe_ranges)))
+    path = lv_path(vg, name)
+    wait_until(lambda: os.path.exists(path), 30, 'device node %s' % path)
+    return path
+
+
 def zero_device(path, length):
     write_direct(path, 0, bytes(length))
 

@@ -838,6 +838,44 @@ class ConnectionTestCase(DriverTestBase):
         self.drv.ensure_export(self.ctxt, self.volume)
         target.assert_called_once_with(self.ctxt, self.volume, HANDLE_PATH)
 
+    def test_ensure_export_rebuilds_every_exported_handle_first(self):
+        # After a reboot LIO's helper restores every saved target at the
+        # first ensure_export: each needs its volume's handle by then.
+        location = '10.0.0.1:3260,1 iqn.x:%s 0'
+        self.volume.provider_location = location % LV
+        other = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME2_ID)
+        other.provider_location = location % other.name
+        local = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME3_ID)
+        self.lvs.update({other.name: '1.00', local.name: '1.00'})
+        by_host = self.mock_object(objects.VolumeList, 'get_all_by_host',
+                                   return_value=[self.volume, other, local])
+        handles = []
+        self.mock_object(
+            self.drv.target_driver, 'ensure_export',
+            side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
+        self.drv.ensure_export(self.ctxt, self.volume)
+        self.drv.ensure_export(self.ctxt, other)
+        other_handle = 'dmclone-dmc--vg-' + other.name
+        self.assertEqual([sorted([HANDLE, other_handle])] * 2, handles)
+        # Once a start; a local attach's handle is its own ensure_export's.
+        by_host.assert_called_once_with(self.ctxt, 'node-a@dmclone#dmclone')
+        self.assertNotIn('dmclone-dmc--vg-' + local.name, self.dm.devices)
+
+    def test_ensure_export_goes_on_past_a_handle_it_cannot_rebuild(self):
+        location = '10.0.0.1:3260,1 iqn.x:%s 0'
+        self.volume.provider_location = location % LV
+        moving_in = fake_volume.fake_volume_obj(self.ctxt,
+                                                id=fake.VOLUME2_ID)
+        moving_in.provider_location = location % moving_in.name
+        self.lvs.update({moving_in.name: '1.00',
+                         moving_in.name + '-dmcmeta': '0.01'})
+        self.mock_object(objects.VolumeList, 'get_all_by_host',
+                         return_value=[moving_in, self.volume])
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.volume)
+        target.assert_called_once_with(self.ctxt, self.volume, HANDLE_PATH)
+        self.assertEqual([HANDLE], sorted(self.dm.devices))
+
     def test_ensure_export_leaves_another_nodes_export(self):
         # A volume that moved here still names its source's export until
         # the transfer is finalized: this node must not re-create it.

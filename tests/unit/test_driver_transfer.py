@@ -817,6 +817,33 @@ class WiringTestCase(test_driver.DriverTestBase):
             LV + '-dmcmeta')
         self.assertEqual({}, self.dm.devices)
 
+    @ddt.data(move.PREPARING, move.CLONED, move.HYDRATING)
+    def test_no_linear_handle_while_moving_in_without_metadata(self, state):
+        # The record says the volume is moving here and its LV holds only
+        # what was copied so far: even with its metadata LV lost, a start
+        # (ensure_export) must not map that LV alone.
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            state=state, dest='node-a', source='node-b')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.ensure_export, self.ctxt,
+                                self.volume)
+        self.assertIn('being hydrated by a transfer', str(exc))
+        self.assertEqual({}, self.dm.devices)
+
+    @ddt.data(
+        # (Finalizing: hydration was complete; the swap may have happened.)
+        (move.FINALIZING, 'node-a', 'node-b'),
+        # Moving away from here: this node's LV is the complete source.
+        (move.HYDRATING, 'node-b', 'node-a'),
+        (move.CLONED, 'node-b', 'node-a'),
+        (move.ABORTED, 'node-a', 'node-b'))
+    @ddt.unpack
+    def test_linear_handle_over_a_complete_lv(self, state, dest, source):
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            state=state, dest=dest, source=source)
+        self.assertEqual(HANDLE_PATH, self.drv._ensure_handle(self.volume))
+        self.assertEqual('linear', self.dm.devices[HANDLE][0].target)
+
     def test_existing_clone_handle_is_kept(self):
         self.lvs[LV + '-dmcmeta'] = '0.01'
         clone = [dmsetup.clone_segment(0, 2097152, '/dev/m', LV_PATH,
