@@ -136,6 +136,18 @@ class ClusterTestCase(test.TestCase):
     def volume(self):
         return self.c.volume()
 
+    def name_id_volume(self):
+        """Give the volume another id: its LV is no longer named after it.
+
+        (As a _name_id after a generic migration leaves it.)  Returns the
+        new id.
+        """
+        db = self.c.db
+        other = fake.VOLUME2_ID
+        db.volumes[other] = db.volumes.pop(VOLUME_ID)
+        db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
+        return other
+
     def saved(self, state=move.PREPARING, dest='node-b', **progress):
         """A transfer as the source saves it, with its export for node-b."""
         volume = self.volume()
@@ -877,9 +889,7 @@ class ReviewFindingsTestCase(ClusterTestCase):
         # and told the operator to delete the only current copy).
         self.moved()
         db = self.c.db
-        other = fake.VOLUME2_ID
-        db.volumes[other] = db.volumes.pop(VOLUME_ID)
-        db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
+        other = self.name_id_volume()
         self.b.restart()
         self.b.moves.recovery.recover([self.c.volume(other)], [META])
         self.c.settle()
@@ -1477,9 +1487,7 @@ class RecoverTestCase(ClusterTestCase):
         # an "orphan" warning.)
         self.aborted_after_prepare()
         db = self.c.db
-        other = fake.VOLUME2_ID
-        db.volumes[other] = db.volumes.pop(VOLUME_ID)
-        db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
+        other = self.name_id_volume()
         self.restart(self.b, reboot=True)
         self.assertNotIn('dmclone_state', db.admin_metadata[other])
         self.assertEqual({}, self.b.vg.lvs)
