@@ -85,6 +85,15 @@ class WiperTestCase(test.TestCase):
         self.assertEqual([LV, 'volume-other'], sorted(self.vg.lvs))
         self.log.warning.assert_called_once()
 
+    def test_resume_after_clearing_was_turned_off_removes_the_copy(self):
+        # A copy renamed for wiping under volume_clear=zero; the operator
+        # then set volume_clear=none and restarted: the copy must go, as
+        # any LV deleted now would, not stay forever behind a TypeError.
+        self.vg.add(LV + '-dmcwipe-0123abcd', '1g')
+        self.make(wipe=False).resume()
+        self.assertEqual({LV: self.vg.lvs[LV]}, self.vg.lvs)
+        self.log.exception.assert_not_called()
+
     def test_failed_wipe_keeps_the_lv_for_the_next_start(self):
         w = wiper.Wiper(self.vg, self.dm, spawn=lambda fn, *a: fn(*a),
                         wipe=mock.Mock(side_effect=OSError('dd died')))
