@@ -78,6 +78,7 @@ def configure_process(node_key):
     from cinder import coordination  # noqa: F401
     import cinder.db.api  # noqa: F401
     from cinder import objects
+    from cinder import privsep as cinder_privsep
     from cinder import service  # noqa: F401
 
     topo = testbed.topology()
@@ -102,8 +103,10 @@ def configure_process(node_key):
         warnings.simplefilter('ignore')
         logging.getLogger().setLevel(logging.CRITICAL)
     # Root in the guest: privileged helpers run in this process instead
-    # of a privsep daemon started through sudo.
+    # of a privsep daemon started through sudo (os-brick's, and Cinder's
+    # own, which its LVM helper uses for lvrename and lvcreate).
     privileged.default.set_client_mode(False)
+    cinder_privsep.sys_admin_pctxt.set_client_mode(False)
     if os.environ.get(ROOTWRAP_ENV):
         use_rootwrap(os.environ[ROOTWRAP_ENV])
     venv_bin = os.path.dirname(topo.python)

@@ -217,6 +217,24 @@ class Cluster(object):
             raise
         return attachment_id, info
 
+    def complete(self, volume_id, attachment_id):
+        """Nova's attachment_complete once the instance uses the volume.
+
+        As Cinder's API does: the attachment ``attached``, the volume
+        ``in-use``.  (The manager's attachment_update leaves both in
+        ``attaching``; Nova completes a live migration's new attachment
+        only after the switch-over.)
+        """
+        from cinder import objects
+        ctxt = self.ctxt()
+        attachment = objects.VolumeAttachment.get_by_id(ctxt, attachment_id)
+        assert attachment.volume_id == volume_id, attachment
+        attachment.update({'attach_status': 'attached'})
+        attachment.save()
+        volume = objects.Volume.get_by_id(ctxt, volume_id)
+        volume.update({'status': 'in-use', 'attach_status': 'attached'})
+        volume.save()
+
     def detach(self, volume_id, attachment_id):
         """Nova's detach (the manager's volume_detached drops the record)."""
         self.on_volume_node(volume_id, cinder_node.detach, volume_id,

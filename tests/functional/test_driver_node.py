@@ -168,6 +168,7 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
     cleanup(cluster.ensure_running)
     local = cluster.create_volume('a')
     att_local, info = cluster.attach(local, 'a')
+    cluster.complete(local, att_local)
     assert info['data']['device_path'] == handle(local)
     local_data = testbed.pattern(81, 4 * MiB)
     testbed.write_direct(handle(local), 0, local_data)
@@ -176,6 +177,7 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
     for seed in (82, 83):
         vid = cluster.create_volume('a')
         attachment, conn = cluster.attach(vid, 'b', instance=False)
+        cluster.complete(vid, attachment)
         assert conn['driver_volume_type'] == 'iscsi', conn
         device = brick.connect_volume(conn['data'])
         try:

@@ -257,6 +257,7 @@ def test_destination_restart_mid_hydration(cluster):
     image.write(path, 200 * REGION, testbed.pattern(51, 2 * REGION))
     testbed.run(['sync'])
     cluster.detach(vid, att_a)                     # commit: hydration on
+    cluster.complete(vid, attachment)              # Nova's post-migration
 
     cluster.stop('b', kill=True)
     testbed.LOG.info('clone at the crash: %s', testbed.dm_status(name))
@@ -285,15 +286,17 @@ def test_start_never_maps_a_partial_copy(cluster):
     (Say the disk of the metadata volume group failed.)  Recovery cannot
     rebuild the clone without the metadata, and the LV on node B holds
     only what was copied: nothing, hydration is off in ``cloned``.
-    Cinder's start then calls ensure_export for the in-use volume: it must
-    not map that LV as the volume, linear and silently empty.  It refuses,
-    Cinder puts the volume in error, and node A keeps the data.
+    Neither the start nor a later connection may map that LV as the
+    volume, linear and silently empty: Nova refreshing the instance's
+    connection on node B (a hard reboot of it calls attachment_update
+    again) is refused, and node A keeps the data.
     """
     from cinder.db import api as db
     from cinder import objects
 
     vid, image = seeded_volume(cluster, 90)
     att_a, _info_a = cluster.attach(vid, 'a')
+    cluster.complete(vid, att_a)                   # the instance runs on A
     att_b, info_b = cluster.attach(vid, 'b')       # clone, hydration off
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
     name = info_b['data']['device_path'].split('/')[-1]
@@ -306,10 +309,17 @@ def test_start_never_maps_a_partial_copy(cluster):
     cluster.start('b')
     outcome = cluster['b'].info['driver']['ensure_export']
     testbed.LOG.info('ensure_export at the start: %s', outcome)
+    # The manager's attachment_update left the volume "attaching" (Nova
+    # completes the new attachment after the switch-over): Cinder's start
+    # re-exports in-use volumes only, and must not have mapped it.
+    assert cluster.volume(vid).status == 'attaching'
+    assert vid not in outcome, outcome
     assert name not in testbed.dm_devices()
-    assert outcome[vid].startswith('error: '), outcome
-    assert 'being hydrated by a transfer' in outcome[vid], outcome
-    assert cluster.volume(vid).status == 'error'
+
+    with pytest.raises(Exception, match='being hydrated by a transfer'):
+        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+                               cluster.connector('b'))
+    assert name not in testbed.dm_devices()
     assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
 
     # Without its metadata the move cannot go on: the operator gives it
