@@ -534,13 +534,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def migrate_volume(self, ctxt, volume, host, thin=False, mirror_count=0):
         """Move an available volume to another node of this backend.
 
-        ``cinder migrate`` (and a retype with migration) of a detached
-        volume to another node's pool is a move: the destination builds
-        the clone and the volume is usable there at once while it hydrates
-        in the background, as for an attach there.  This is how an
-        operator drains a node.  Cinder calls this only for a volume
-        without attachments; an in-use volume moves with its instance
-        (live migration), or goes through Cinder's generic migration.
+        ``cinder migrate`` of a detached volume to another node's pool is
+        a move (so is a retype with migration, when Cinder lets a driver
+        migrate it: the types differ only in backend name and zones): the
+        destination builds the clone and the volume is usable there at
+        once while it hydrates in the background, as for an attach there.
+        This is how an operator drains a node.  Cinder calls this only for
+        a volume without attachments; an in-use volume moves with its
+        instance (live migration), or goes through Cinder's generic
+        migration.
         Any other target (another backend, a node that does not publish
         its initiator) also gets Cinder's generic copy: (False, None).
         """
