@@ -188,7 +188,10 @@ class Destination(side.Side):
     def detached(self, volume, connector):
         """A connection of a volume moving here goes away.
 
-        Detach on the source (live migration done): commit, hydrate.
+        Detach on the source (live migration done): commit, hydrate --
+        once the source confirms that no instance there holds its copy
+        any more (:meth:`~cinder_dmclone.source.Source.confirm_closed`;
+        its refusal, or no answer, fails the detach and the move stays).
         Detach here while the source still holds it (live migration
         failed): roll back; the volume stays on the source -- unless the
         clone already took writes here (see :meth:`hold`).
@@ -213,12 +216,30 @@ class Destination(side.Side):
             on_source = attachments.on(volume, t.source_names, current)
             if host in t.source_names:
                 if on_source <= 1:
+                    self._confirm_source_closed(volume, t)
                     self.commit(volume, t)
                 return True
             if host in self.node_names and on_source > 0:
                 self.roll_back_unless_written(volume, t)
                 return True
         return False
+
+    def _confirm_source_closed(self, volume, t):
+        """The source's word that no instance holds its copy, or raise."""
+        try:
+            self.send(self.ctxt(), volume, t, t.source_host, peer.CLOSED)
+        except Exception as exc:
+            LOG.error('Not committing the move of volume %(vol)s: node '
+                      '%(src)s did not confirm that its copy is closed: '
+                      '%(why)s', {'vol': volume['id'],
+                                  'src': t.source_node, 'why': exc})
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %(vol)s is not moved to %(dst)s yet: node '
+                       '%(src)s did not confirm that no instance there '
+                       'uses it any more (%(why)s). Once the instance has '
+                       'left %(src)s, delete the attachment again.') % {
+                    'vol': volume['id'], 'dst': t.dest_node,
+                    'src': t.source_node, 'why': exc})
 
     def hold(self, volume, t):
         """Keep a clone that took writes although the source is attached.

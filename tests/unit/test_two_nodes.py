@@ -583,6 +583,65 @@ class DetachedTestCase(ClusterTestCase):
         self.c.detach(other)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
+    def test_no_commit_while_an_instance_on_the_source_holds_it(self):
+        # An owner deletes the source's attachment through the API during
+        # a live migration while the instance on node-a still runs: its
+        # handle is open.  Committing would hydrate node-b from a copy
+        # that still changes, then retire it with every later write.
+        # (Failed before the source was asked: the move committed.)
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        self.a.source.CLOSE_WAIT = 0
+        self.assertRaisesRegex(exception.VolumeBackendAPIException,
+                               'still open on node node-a',
+                               self.c.detach, src)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.assertIn(src, self.c.attachments)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertEqual('closed', self.ops()[-1])
+        # Nova's post-migration closes the copy on node-a, then deletes
+        # the attachment: now the move commits.
+        self.a.dm.openers[HANDLE] = 0
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_lios_export_to_the_destination_is_not_a_user(self):
+        # The export node-b hydrates from holds the handle open too.
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        self.a.source._lio_openers = (
+            lambda path: 1 if path == HANDLE_PATH else 0)
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_source_waits_for_its_last_user_to_let_go(self):
+        # The instance's process is still exiting when Nova deletes the
+        # attachment: the source waits for the handle to close.
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        clock = iter(range(100))
+        self.a.source._clock = lambda: next(clock)
+
+        def sleep(seconds):
+            self.a.dm.openers[HANDLE] = 0
+        self.a.source._sleep = sleep
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_no_commit_without_the_sources_answer(self):
+        src, dst = self.moved(live=True)
+        self.a.down = True
+        self.assertRaisesRegex(exception.VolumeBackendAPIException,
+                               'did not confirm', self.c.detach, src)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.a.down = False
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
     def test_rollback_on_destination_detach(self):
         src, dst = self.moved(live=True)
         self.c.detach(dst)
