@@ -150,7 +150,7 @@ class Endpoint(object):
 
     def receive(self, volume, connector, step, ops=OPS):
         """Run a checked step; a prepare returns the clone's path."""
-        self.check(volume, step, ops)
+        t = self.check(volume, step, ops)
         op = step['op']
         if op == PREPARE:
             return self.destination.prepare(volume, step)
@@ -161,5 +161,5 @@ class Endpoint(object):
         elif op == RETIRE:
             self.source.retire(volume, connector)
         elif op == CLOSED:
-            self.source.confirm_closed(volume)
+            self.source.confirm_closed(volume, t)
         return None

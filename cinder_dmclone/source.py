@@ -371,7 +371,7 @@ class Source(side.Side):
 
     # -- steps the destination asks for ------------------------------------
 
-    def confirm_closed(self, volume):
+    def confirm_closed(self, volume, t):
         """Return once no instance here holds the volume; else refuse.
 
         The destination asks before it commits on the source's detach.
@@ -382,9 +382,10 @@ class Source(side.Side):
         copy that still changes, then retire it: every write made here
         after the commit would be lost.  The handle's only expected opener
         is LIO, exporting it to the destination.  A handle that is gone
-        has no user.
+        has no user.  The handle is named after the LV the move records
+        (``t``, checked with the step), not after the request's volume.
         """
-        name = layout.handle_name(self.volume_group, volume['name'])
+        name = layout.handle_name(self.volume_group, t.lv_name)
         deadline = self._clock() + self.CLOSE_WAIT
         while True:
             users = self._users(name)
