@@ -78,6 +78,9 @@ class Destination(side.Side):
         self.pending_finalize = set()
         #: volumes kept in ``cloned`` after writes here (see hold).
         self.held = set()
+        #: volumes whose source detached but has not confirmed that its
+        #: copy is closed (see commit_once_closed); asked at each tick.
+        self.awaiting_source = set()
         #: LV name -> volume id of the moves into this node: an LV is not
         #: always named after its volume (a migrated volume's _name_id).
         self.lv_volumes = {}
@@ -188,7 +191,9 @@ class Destination(side.Side):
     def detached(self, volume, connector):
         """A connection of a volume moving here goes away.
 
-        Detach on the source (live migration done): commit, hydrate.
+        Detach on the source (live migration done): commit, hydrate --
+        once the source confirms that no instance there holds its copy
+        any more (:meth:`commit_once_closed`).
         Detach here while the source still holds it (live migration
         failed): roll back; the volume stays on the source -- unless the
         clone already took writes here (see :meth:`hold`).
@@ -213,12 +218,63 @@ class Destination(side.Side):
             on_source = attachments.on(volume, t.source_names, current)
             if host in t.source_names:
                 if on_source <= 1:
-                    self.commit(volume, t)
+                    self.commit_once_closed(volume, t)
                 return True
             if host in self.node_names and on_source > 0:
                 self.roll_back_unless_written(volume, t)
                 return True
         return False
+
+    def commit_once_closed(self, volume, t):
+        """Commit if the source confirms its copy is closed; else wait.
+
+        The caller holds the volume's lock and found the source detached.
+        Nova closes the source's copy before it deletes the source's
+        attachment; an attachment removed while an instance there still
+        runs (an owner's attachment delete or ``os-detach`` during a live
+        migration) is not that, and committing then would hydrate this
+        node from a copy that still changes and later retire it with
+        every write made since.  So the source is asked
+        (:meth:`~cinder_dmclone.source.Source.confirm_closed`).  A refusal
+        or no answer (the source's service restarting) keeps the move in
+        ``cloned``, hydration off, reads going to the source: the detach
+        itself succeeds, as Nova would not retry it, and the monitor asks
+        again at each tick (:meth:`commit_pending`).  Returns True once
+        committed.
+        """
+        try:
+            self.send(self.ctxt(), volume, t, t.source_host, peer.CLOSED)
+        except Exception as exc:
+            if volume['id'] not in self.awaiting_source:
+                LOG.warning('Volume %(vol)s was detached on %(src)s, but '
+                            '%(src)s does not confirm that no instance '
+                            'there uses it any more (%(why)s): its move '
+                            'is not committed; asking again at each '
+                            'monitor tick.', {'vol': volume['id'],
+                                              'src': t.source_node,
+                                              'why': exc})
+            self.awaiting_source.add(volume['id'])
+            return False
+        self.commit(volume, t)
+        return True
+
+    def commit_pending(self, volume_id):
+        """A move in ``cloned`` that no source attachment holds commits.
+
+        The monitor's retry of :meth:`commit_once_closed`, also the way a
+        start commits a move whose source detach the last run did not
+        finish (recovery never commits without the source's word).
+        """
+        with move.lock(volume_id):
+            t = self.load(volume_id)
+            if not self.is_dest(t) or t.state != move.CLONED:
+                self.awaiting_source.discard(volume_id)
+                return False
+            volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+            if attachments.on(volume, t.source_names,
+                              attachments.current(volume)):
+                return False
+            return self.commit_once_closed(volume, t)
 
     def hold(self, volume, t):
         """Keep a clone that took writes although the source is attached.
@@ -249,6 +305,7 @@ class Destination(side.Side):
         self.store.transition(self.ctxt(), t, (move.CLONED,),
                               move.HYDRATING)
         self.held.discard(volume['id'])
+        self.awaiting_source.discard(volume['id'])
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '
                  '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
 

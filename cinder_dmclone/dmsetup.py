@@ -526,6 +526,20 @@ def parse_info_uuids(text):
     return result
 
 
+def parse_open_count(text):
+    """The ``Open count:`` of ``dmsetup info <name>`` (run with LC_ALL=C).
+
+    How many openers hold the device: an instance, LIO's block backstore
+    exporting it, a device stacked on it.
+    """
+    for line in text.splitlines():
+        label, sep, value = line.partition(':')
+        if sep and label.strip() == 'Open count':
+            return _parse_int(value.strip(), line, 'open count')
+    raise exception.DMStatusParseError(
+        line=text.strip()[:200], reason='no "Open count:" line')
+
+
 def parse_targets(text):
     """Parse ``dmsetup targets`` output into {target: version string}."""
     targets = {}

@@ -170,10 +170,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
         Checked here so an operator sees one clear message at service start
         instead of a failure at the first transfer: the region size, the
-        volume group (Cinder's own checks), the metadata volume group, and
-        device-mapper with the ``clone`` target.
+        target helper (LIO), the volume group (Cinder's own checks), the
+        metadata volume group, and device-mapper with the ``clone`` target.
         """
         self._region_sectors()
+        self._check_target_helper()
         super().check_for_setup_error()
         self.metadata_vg = self._open_metadata_vg()
         self._check_device_mapper()
@@ -188,6 +189,18 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         except dmc_exception.InvalidTable:
             raise exception.InvalidConfigurationValue(
                 option='dmclone_region_size', value=size_kb) from None
+
+    #: Target helpers this driver works with: LIO (Cinder's test double
+    #: ``fake`` aside).  A move commits only once the source's handle has
+    #: no opener but LIO's backstore, which the kernel's configfs names;
+    #: tgtd, a user-space opener, would hold every move in ``cloned``.
+    TARGET_HELPERS = ('lioadm', 'fake')
+
+    def _check_target_helper(self):
+        helper = self.configuration.target_helper
+        if helper not in self.TARGET_HELPERS:
+            raise exception.InvalidConfigurationValue(
+                option='target_helper', value=helper)
 
     def _lvm_conf(self):
         conf = self.configuration.lvm_conf_file

@@ -107,3 +107,19 @@ class StepRefused(exception.NotAuthorized):
 
     message = _("Refusing the dmclone step %(op)s for volume %(volume)s: "
                 "%(reason)s.")
+
+
+class SourceStillInUse(exception.VolumeBackendAPIException):
+    """The source's copy is still open: an instance there may write.
+
+    The source's attachment was deleted while the volume stays open on
+    its node (an owner's ``attachment delete`` during a live migration,
+    say).  Committing would hydrate the destination from a copy that
+    still changes and then retire it, losing what was written since.
+    """
+
+    message = _("Volume %(volume)s is still open on node %(node)s "
+                "(%(users)d user(s) besides its iSCSI export): an instance "
+                "there may still write to it, so its move is not "
+                "committed. Detach it from that instance first, then "
+                "delete the attachment again.")

@@ -277,6 +277,9 @@ class HydrationTracker(object):
                       {'vol': volume_id, 'st': status.state,
                        'src': t.source_node})
             return
+        if t.state == move.CLONED:
+            # Source detached but not confirmed closed: ask again.
+            dest.commit_pending(volume_id)
         dest.store.publish_progress(dest.ctxt(), volume_id, progress)
         self.progress[volume_id] = (t, progress)
         self._report_stall(volume_id, t, progress)
@@ -368,6 +371,7 @@ class HydrationTracker(object):
             entry = dict(progress.as_dict(), state=current.state,
                          source=t.source_node,
                          stalled=volume_id in self.stalled,
-                         stale_source_attachment=volume_id in dest.held)
+                         stale_source_attachment=volume_id in dest.held,
+                         awaiting_source=volume_id in dest.awaiting_source)
             report[volume_id] = entry
         return report

@@ -21,7 +21,9 @@ the service of the other node, never through a shell on it:
 * ``terminate_connection`` (a call) to the source or destination, with a
   ``dmclone`` entry naming the step (``release``: drop the export made for
   the transfer; ``retire``: the volume has left, remove its export and old
-  LV; ``abort``: tear down a destination that was never committed).
+  LV; ``abort``: tear down a destination that was never committed;
+  ``closed``: before a commit, is the source's copy closed, no instance
+  there using it any more?).
 
 The same two calls are open to a volume's owner through the public API
 (``os-initialize_connection``, ``os-terminate_connection``), with any
@@ -43,12 +45,13 @@ PREPARE = 'prepare'
 RELEASE = 'release'
 RETIRE = 'retire'
 ABORT = 'abort'
-OPS = (PREPARE, RELEASE, RETIRE, ABORT)
+CLOSED = 'closed'
+OPS = (PREPARE, RELEASE, RETIRE, ABORT, CLOSED)
 #: The steps each of the two calls carries: a prepare comes by
 #: initialize_connection (it answers with a connection), the others by
 #: terminate_connection.
 BY_INITIALIZE = (PREPARE,)
-BY_TERMINATE = (RELEASE, RETIRE, ABORT)
+BY_TERMINATE = (RELEASE, RETIRE, ABORT, CLOSED)
 
 
 def payload(connector):
@@ -115,7 +118,7 @@ class PeerClient(object):
             dict(connector, **{PAYLOAD_KEY: step}))
 
     def request(self, ctxt, volume, host, op, secret):
-        """Run ``op`` (release, retire, abort) on ``host``'s service."""
+        """Run ``op`` (release, retire, abort, closed) on ``host``."""
         step = {'op': op, 'secret': secret}
         self.rpcapi.terminate_connection(
             ctxt, self._at(volume, host),
@@ -147,7 +150,7 @@ class Endpoint(object):
 
     def receive(self, volume, connector, step, ops=OPS):
         """Run a checked step; a prepare returns the clone's path."""
-        self.check(volume, step, ops)
+        t = self.check(volume, step, ops)
         op = step['op']
         if op == PREPARE:
             return self.destination.prepare(volume, step)
@@ -157,4 +160,6 @@ class Endpoint(object):
             self.source.release(volume, connector)
         elif op == RETIRE:
             self.source.retire(volume, connector)
+        elif op == CLOSED:
+            self.source.confirm_closed(volume, t)
         return None

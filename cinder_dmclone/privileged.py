@@ -21,6 +21,9 @@ Here are:
 * :func:`zero_metadata_head`: ``dd`` zeroing the head of a clone's
   metadata LV, so that dm-clone formats it;
 * :func:`load_module`: ``modprobe dm_clone``;
+* :func:`lio_openers`: not a command, LIO's backstores read from
+  configfs (world-readable), to tell LIO's opener of a device from an
+  instance's;
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap).
 
@@ -42,7 +45,10 @@ subclass its exit status and one exact line of its output identify
 """
 
 import dataclasses
+import glob
+import os
 import re
+import stat
 
 from oslo_concurrency import processutils
 from oslo_log import log as logging
@@ -369,6 +375,11 @@ class DMSetup(object):
                                       'name,uuid', '--separator', '|')
         return dmsetup.parse_info_uuids(out)
 
+    def open_count(self, name):
+        """How many openers hold device ``name`` (``dmsetup info``)."""
+        out, _err = self._run('info', dmsetup.validate_name(name))
+        return dmsetup.parse_open_count(out)
+
     def targets(self):
         """Loaded target types: {name: version}."""
         out, _err = self._run('targets')
@@ -384,6 +395,48 @@ class DMSetup(object):
         """``dmsetup version`` output; raises if dmsetup cannot run."""
         out, _err = self._run('version')
         return out
+
+
+# --------------------------------------------------------------------------
+# LIO's own openers (read from configfs, no command)
+# --------------------------------------------------------------------------
+
+#: Where LIO's block backstores are: <here>/iblock_<n>/<name>/udev_path.
+LIO_CORE = '/sys/kernel/config/target/core'
+
+
+def lio_openers(device, core=LIO_CORE):
+    """How many of LIO's block backstores hold ``device`` open.
+
+    An enabled iblock backstore keeps its device open (its kernel side
+    opened it when enabled), so the device's open count includes it.
+    Reads configfs, which any user may; compares devices by their device
+    number, so that ``/dev/mapper/x`` and ``/dev/dm-3`` are the same.
+    """
+    try:
+        wanted = _device_key(device)
+    except OSError:
+        return 0
+    count = 0
+    for so in glob.glob(os.path.join(core, 'iblock_*', '*')):
+        try:
+            with open(os.path.join(so, 'enable')) as f:
+                enabled = f.read().strip() == '1'
+            with open(os.path.join(so, 'udev_path')) as f:
+                path = f.read().strip()
+            if enabled and path and _device_key(path) == wanted:
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def _device_key(path):
+    """What a path opens: a block device's number, else the file itself."""
+    st = os.stat(path)
+    if stat.S_ISBLK(st.st_mode):
+        return ('block', st.st_rdev)
+    return ('file', st.st_dev, st.st_ino)
 
 
 # --------------------------------------------------------------------------

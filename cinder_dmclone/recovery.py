@@ -47,7 +47,8 @@ TEAR_DOWN = 'tear down'
 #: cut short): roll back, unless the clone took writes.
 ROLL_BACK = 'roll back unless written'
 #: Destination: the clone's table is gone; rebuild it (hydration as the
-#: state says), then commit if the lost detach said so.
+#: state says); if the lost detach said commit, the monitor commits once
+#: the source confirms its copy closed (Destination.commit_pending).
 REBUILD = 'rebuild'
 #: Destination, ``finalizing``, table still loaded: finalize again.
 FINALIZE = 'finalize'
@@ -106,7 +107,7 @@ def plan(t, facts):
         return Action(FINALIZE)
     if not facts.has_data:
         return Action(REPORT_DELETED)
-    return Action(REBUILD, hydrate=commit or t.state != move.CLONED,
+    return Action(REBUILD, hydrate=t.state != move.CLONED,
                   commit=commit, finalize=t.state == move.FINALIZING)
 
 
@@ -229,7 +230,9 @@ class Recovery(object):
         # can check it is fully hydrated.)
         self.destination.rebuild(volume, t, action.hydrate)
         if action.commit:
-            self.destination.commit(volume, t)
+            # Never without the source's word that no instance there
+            # holds its copy: the monitor's next tick asks for it.
+            self.destination.awaiting_source.add(volume.id)
         if action.finalize:
             self.destination.pending_finalize.add(volume.id)
         LOG.info('Clone of volume %(vol)s rebuilt after restart '

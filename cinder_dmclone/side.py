@@ -137,7 +137,8 @@ class Side(object):
             reason = 'this call does not carry %s steps' % op
         elif op in (peer.PREPARE, peer.ABORT) and not self.is_dest(t):
             reason = 'this node is not the destination'
-        elif op in (peer.RELEASE, peer.RETIRE) and not self.is_source(t):
+        elif op in (peer.RELEASE, peer.RETIRE, peer.CLOSED) and \
+                not self.is_source(t):
             reason = 'this node is not the source'
         if reason:
             LOG.warning('Refused dmclone step %(op)s for volume %(vol)s: '

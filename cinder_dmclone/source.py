@@ -14,11 +14,14 @@
 
 An instance on another node attaches the volume: :meth:`Source.move`
 exports it to that node, asks the node's service to build the clone and
-records the move.  Afterwards the destination asks for two steps
-(``release``: drop the export made for the move after a rollback;
-``retire``: the volume has left, remove the export and the old copy),
-which run inside the destination's critical section and so take no lock.
+records the move.  Afterwards the destination asks for three steps
+(``closed``: before a commit, is the copy here closed?; ``release``: drop
+the export made for the move after a rollback; ``retire``: the volume has
+left, remove the export and the old copy), which run inside the
+destination's critical section and so take no lock.
 """
+
+import time
 
 from oslo_log import log as logging
 from oslo_utils import excutils
@@ -32,9 +35,11 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
+from cinder_dmclone import privileged
 from cinder_dmclone import side
 
 LOG = logging.getLogger(__name__)
@@ -87,14 +92,25 @@ class Source(side.Side):
     removes old copies, and the region size moves are cut in.
     """
 
+    #: How long a ``closed`` step waits for the handle's last user (an
+    #: instance's process that is exiting, udev's probe) to let go: well
+    #: inside the destination's RPC timeout.
+    CLOSE_WAIT = 5
+    CLOSE_POLL = 0.5
+
     def __init__(self, node_names, node_name, store, peer_client,
-                 target_driver, dm, volume_group, wiper, region_sectors):
+                 target_driver, dm, volume_group, wiper, region_sectors,
+                 lio_openers=privileged.lio_openers, sleep=time.sleep,
+                 clock=time.monotonic):
         super().__init__(node_names, node_name, store, peer_client)
         self.target_driver = target_driver
         self.dm = dm
         self.volume_group = volume_group
         self.wiper = wiper
         self.region_sectors = region_sectors
+        self._lio_openers = lio_openers
+        self._sleep = sleep
+        self._clock = clock
 
     # -- starting a move ---------------------------------------------------
 
@@ -354,6 +370,42 @@ class Source(side.Side):
         self.give_up(self.ctxt(), volume, t)
 
     # -- steps the destination asks for ------------------------------------
+
+    def confirm_closed(self, volume, t):
+        """Return once no instance here holds the volume; else refuse.
+
+        The destination asks before it commits on the source's detach.
+        Nova closes the source's copy before it deletes the source's
+        attachment (the instance has left this node); an attachment
+        deleted through the API while the instance still runs here is not
+        that, and committing then would hydrate the destination from a
+        copy that still changes, then retire it: every write made here
+        after the commit would be lost.  The handle's only expected opener
+        is LIO, exporting it to the destination.  A handle that is gone
+        has no user.  The handle is named after the LV the move records
+        (``t``, checked with the step), not after the request's volume.
+        """
+        name = layout.handle_name(self.volume_group, t.lv_name)
+        deadline = self._clock() + self.CLOSE_WAIT
+        while True:
+            users = self._users(name)
+            if users <= 0:
+                return
+            if self._clock() >= deadline:
+                LOG.error('Volume %(vol)s is still open here (%(n)d '
+                          'user(s) besides LIO): refusing to let its move '
+                          'commit.', {'vol': volume['id'], 'n': users})
+                raise dmc_exception.SourceStillInUse(
+                    volume=volume['id'], node=self.node_name, users=users)
+            self._sleep(self.CLOSE_POLL)
+
+    def _users(self, name):
+        """Openers of handle ``name`` other than LIO's backstores."""
+        try:
+            count = self.dm.open_count(name)
+        except dmc_exception.DMDeviceNotFound:
+            return 0
+        return count - self._lio_openers(dmsetup.device_path(name))
 
     def release(self, volume, connector):
         """A rollback is done: drop the export made for the move."""

@@ -215,6 +215,48 @@ def test_live_migration_commit(cluster):
     finish_on_b(cluster, vid, image.digest(), att_b)
 
 
+def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
+    """An owner deletes the source's attachment mid-migration.
+
+    (``openstack volume attachment delete`` through the API while the
+    instance on node A still runs.)  Node A's handle stays open by the
+    instance -- here this test's file descriptor -- besides LIO's export
+    to node B.  The move must not commit: hydrating B from a copy that
+    still changes, then retiring it, would lose every later write on A.
+    The detach itself succeeds (Nova would not retry it); node B's
+    monitor asks node A again at each tick and commits once the
+    instance has let go.
+    """
+    vid, image = seeded_volume(cluster, 35)
+    att_a, info_a = cluster.attach(vid, 'a')
+    cluster.complete(vid, att_a)
+    att_b, info_b = cluster.attach(vid, 'b')
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+    clone = handle(vid, 'b').split('/')[-1]
+    instance = os.open(info_a['data']['device_path'], os.O_RDWR)
+    try:
+        cluster.detach(vid, att_a)
+        cluster['b'].call(cinder_node.tick)
+        assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+        assert 'no_hydration' in testbed.dm_status(clone)
+        # The instance on A goes on writing; B reads it through the clone.
+        os.pwrite(instance, testbed.pattern(36, REGION), 70 * REGION)
+        os.fsync(instance)
+        image.writes.append((70 * REGION, testbed.pattern(36, REGION)))
+        assert testbed.read_direct(info_b['data']['device_path'],
+                                   70 * REGION, REGION) == \
+            testbed.pattern(36, REGION)
+        cluster['b'].call(cinder_node.tick)
+        assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
+    finally:
+        os.close(instance)
+    # The instance has left A: the next tick commits.
+    cluster['b'].call(cinder_node.tick)
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
+    cluster.complete(vid, att_b)
+    finish_on_b(cluster, vid, image.digest(), att_b)
+
+
 def test_failed_live_migration_rolls_back(cluster):
     vid, image = seeded_volume(cluster, 40)
     att_a, info_a = cluster.attach(vid, 'a')

@@ -53,6 +53,9 @@ class FakeDMSetup(object):
         self.hydration = {}
         #: devices whose clone reports Fail.
         self.failed = set()
+        #: openers of a device (an instance's process, say): its open
+        #: count, and a remove fails while any holds it, as in the kernel.
+        self.openers = {}
 
     def _call(self, op, *args):
         self.calls.append((op,) + args)
@@ -132,12 +135,21 @@ class FakeDMSetup(object):
 
     def remove(self, name, retry=True):
         self._call('remove', name)
+        if self.openers.get(name) and name in self.devices:
+            raise exception.DMSetupCommandFailed(
+                command='dmsetup remove %s' % name,
+                reason='Device or resource busy')
         self.devices.pop(name, None)
         self.uuids.pop(name, None)
         self.hydration.pop(name, None)
 
     def exists(self, name):
         return name in self.devices
+
+    def open_count(self, name):
+        self._call('open_count', name)
+        self._require(name)
+        return self.openers.get(name, 0)
 
     def table(self, name):
         self._call('table', name)

@@ -369,6 +369,28 @@ class StatusTestCase(test.TestCase):
         self.assertRaises(exception.DMStatusParseError,
                           dmsetup.parse_table_all, 'no colon here')
 
+    INFO = ('Name:              dmclone-dmc--a-volume-1\n'
+            'State:             ACTIVE\n'
+            'Read Ahead:        256\n'
+            'Tables present:    LIVE\n'
+            'Open count:        2\n'
+            'Event number:      0\n'
+            'Major, minor:      254, 3\n'
+            'Number of targets: 1\n'
+            'UUID: DMCLONE-dmclone-dmc--a-volume-1\n')
+
+    def test_parse_open_count(self):
+        self.assertEqual(2, dmsetup.parse_open_count(self.INFO))
+        self.assertEqual(0, dmsetup.parse_open_count(
+            self.INFO.replace('Open count:        2', 'Open count: 0')))
+
+    def test_parse_open_count_garbage(self):
+        for text in ('', 'Device does not exist.\n',
+                     self.INFO.replace('count:        2', 'count: many'),
+                     self.INFO.replace('count:        2', 'count: -1')):
+            self.assertRaises(exception.DMStatusParseError,
+                              dmsetup.parse_open_count, text)
+
     def test_parse_sectors(self):
         self.assertEqual(2097152, dmsetup.parse_sectors('2097152\n'))
         for text in ('lots\n', '', '-8\n', '8 8\n'):

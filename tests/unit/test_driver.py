@@ -179,6 +179,14 @@ class SetupTestCase(DriverTestBase):
                                 self.drv.check_for_setup_error)
         self.assertIn('dmclone_region_size', str(exc))
 
+    @ddt.data('tgtadm', 'scstadmin', 'nvmet')
+    def test_only_lio_exports(self, helper):
+        # (A move commits once only LIO holds the source's handle.)
+        self.drv.configuration.target_helper = helper
+        exc = self.assertRaises(exception.InvalidConfigurationValue,
+                                self.drv.check_for_setup_error)
+        self.assertIn('target_helper', str(exc))
+
     def test_region_size_checked_in_do_setup(self):
         self.drv.configuration.dmclone_region_size = 48
         self.assertRaises(exception.InvalidConfigurationValue,

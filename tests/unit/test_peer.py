@@ -55,7 +55,8 @@ class PayloadTestCase(test.TestCase):
         self.assertEqual(step, peer.payload(dict(CONNECTOR, dmclone=step)))
 
     def test_ops(self):
-        self.assertEqual(('prepare', 'release', 'retire', 'abort'), peer.OPS)
+        self.assertEqual(('prepare', 'release', 'retire', 'abort', 'closed'),
+                         peer.OPS)
 
 
 class PeerClientTestCase(test.TestCase):
@@ -251,7 +252,8 @@ SECRET = 'ab' * 16
 STEPS = {peer.PREPARE: ('destination', 'prepare'),
          peer.ABORT: ('destination', 'abort'),
          peer.RELEASE: ('source', 'release'),
-         peer.RETIRE: ('source', 'retire')}
+         peer.RETIRE: ('source', 'retire'),
+         peer.CLOSED: ('source', 'confirm_closed')}
 
 
 @ddt.ddt

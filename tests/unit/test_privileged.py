@@ -378,6 +378,16 @@ class DMSetupCommandTestCase(test.TestCase):
         self.assertEqual(2097152, self.dm.device_sectors('/dev/vg/lv'))
         self._assert_called('blockdev', '--getsz', '/dev/vg/lv')
 
+    def test_open_count(self):
+        self.execute.return_value = (test_dmsetup.StatusTestCase.INFO, '')
+        self.assertEqual(2, self.dm.open_count('dmclone-dmc--a-volume-1'))
+        self._assert_called('dmsetup', 'info', 'dmclone-dmc--a-volume-1')
+
+    def test_open_count_refuses_bad_name(self):
+        self.assertRaises(exception.InvalidDMName, self.dm.open_count,
+                          '../x')
+        self.execute.assert_not_called()
+
     def test_device_sectors_garbage(self):
         self.execute.return_value = ('lots\n', '')
         self.assertRaises(exception.DMStatusParseError,
@@ -766,3 +776,51 @@ class OneCommandLayerTestCase(test.TestCase):
     def test_the_check_sees_a_call(self):
         calls = list(self._calls_to_execute(privileged.__file__))
         self.assertEqual(1, len(calls))
+
+
+class LioOpenersTestCase(test.TestCase):
+    """LIO's block backstores holding a device, read from configfs."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.useFixture(fixtures.TempDir()).path
+        self.core = os.path.join(self.root, 'core')
+        self.device = os.path.join(self.root, 'dm-3')
+        open(self.device, 'w').close()
+        self.alias = os.path.join(self.root, 'mapper-handle')
+        os.symlink(self.device, self.alias)
+        other = os.path.join(self.root, 'dm-4')
+        open(other, 'w').close()
+        self.backstore('iblock_0', 'vol-1', self.alias, '1')
+        self.backstore('iblock_1', 'vol-2', other, '1')
+
+    def backstore(self, hba, name, udev_path, enable):
+        so = os.path.join(self.core, hba, name)
+        os.makedirs(so)
+        with open(os.path.join(so, 'udev_path'), 'w') as f:
+            f.write(udev_path + '\n')
+        with open(os.path.join(so, 'enable'), 'w') as f:
+            f.write(enable + '\n')
+
+    def count(self, device=None):
+        return privileged.lio_openers(device or self.device, core=self.core)
+
+    def test_one_backstore_over_the_device_under_another_name(self):
+        self.assertEqual(1, self.count())
+        self.assertEqual(1, self.count(self.alias))
+
+    def test_a_disabled_backstore_holds_nothing(self):
+        self.backstore('iblock_2', 'vol-3', self.device, '0')
+        self.assertEqual(1, self.count())
+        self.backstore('iblock_3', 'vol-4', self.device, '1')
+        self.assertEqual(2, self.count())
+
+    def test_no_lio_or_no_device(self):
+        self.assertEqual(0, privileged.lio_openers(
+            self.device, core=os.path.join(self.root, 'absent')))
+        self.assertEqual(0, self.count(os.path.join(self.root, 'gone')))
+
+    def test_a_backstore_over_a_vanished_device_is_skipped(self):
+        self.backstore('iblock_2', 'vol-3', os.path.join(self.root, 'gone'),
+                       '1')
+        self.assertEqual(1, self.count())

@@ -111,18 +111,20 @@ DEST_CASES = [
     case('cloned, both attached, clone lost with a reboot', move.CLONED,
          F(on_source=1, on_dest=1, needs_rebuild=True, **DEST),
          A(recovery.REBUILD, hydrate=False, commit=False)),
+    # (A commit waits for the source's word that its copy is closed: the
+    # clone comes back with hydration off, the monitor commits.)
     case('cloned, source detached: the instance runs here, commit',
          move.CLONED, F(on_source=0, on_dest=1, **DEST),
-         A(recovery.REBUILD, hydrate=True, commit=True)),
+         A(recovery.REBUILD, hydrate=False, commit=True)),
     case('cloned, source detached, clone lost with a reboot', move.CLONED,
          F(on_source=0, on_dest=1, needs_rebuild=True, **DEST),
-         A(recovery.REBUILD, hydrate=True, commit=True)),
+         A(recovery.REBUILD, hydrate=False, commit=True)),
     # Nobody attached: the clone holds every write made here and the
     # source LV the rest; committing keeps both, a rollback would drop
     # the first.
     case('cloned, nobody attached: commit', move.CLONED,
          F(on_source=0, on_dest=0, **DEST),
-         A(recovery.REBUILD, hydrate=True, commit=True)),
+         A(recovery.REBUILD, hydrate=False, commit=True)),
     # The migration failed: roll back, unless the clone took writes
     # (roll_back_unless_written then holds the move for an operator).
     case('cloned, destination detached: roll back', move.CLONED,
@@ -311,6 +313,7 @@ class RunTestCase(test.TestCase):
                                          instance=True)
         self.dest.clones = mock.create_autospec(clone.Clones, instance=True)
         self.dest.pending_finalize = set()
+        self.dest.awaiting_source = set()
         self.recovery = recovery.Recovery(self.source, self.dest)
         self.mock_object(recovery.Recovery, 'facts')
         self.volume = fake_volume.fake_volume_obj(
@@ -372,9 +375,10 @@ class RunTestCase(test.TestCase):
                     finalize=finalize))
         self.dest.rebuild.assert_called_once_with(self.volume, self.t,
                                                   hydrate)
-        expected = ['rebuild'] + (['commit'] if commit else [])
-        self.assertEqual(expected, self._called())
-        if commit:
-            self.dest.commit.assert_called_once_with(self.volume, self.t)
+        # Recovery never commits itself: the monitor does, once the
+        # source confirms that its copy is closed.
+        self.assertEqual(['rebuild'], self._called())
+        self.assertEqual({fake.VOLUME_ID} if commit else set(),
+                         self.dest.awaiting_source)
         self.assertEqual({fake.VOLUME_ID} if finalize else set(),
                          self.dest.pending_finalize)

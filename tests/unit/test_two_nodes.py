@@ -583,6 +583,62 @@ class DetachedTestCase(ClusterTestCase):
         self.c.detach(other)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
+    def test_no_commit_while_an_instance_on_the_source_holds_it(self):
+        # An owner deletes the source's attachment through the API during
+        # a live migration while the instance on node-a still runs: its
+        # handle is open.  Committing would hydrate node-b from a copy
+        # that still changes, then retire it with every later write.
+        # (Failed before the source was asked: the move committed.)
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        self.a.source.CLOSE_WAIT = 0
+        self.c.detach(src)      # succeeds: Nova would not retry it
+        self.assertEqual('closed', self.ops()[-1])
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertTrue(any('does not confirm' in str(c)
+                            for c in self.log.warning.call_args_list))
+        # The instance leaves node-a (its process ends): the next tick
+        # commits.
+        self.a.dm.openers[HANDLE] = 0
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_lios_export_to_the_destination_is_not_a_user(self):
+        # The export node-b hydrates from holds the handle open too.
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        self.a.source._lio_openers = (
+            lambda path: 1 if path == HANDLE_PATH else 0)
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_source_waits_for_its_last_user_to_let_go(self):
+        # The instance's process is still exiting when Nova deletes the
+        # attachment: the source waits for the handle to close.
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[HANDLE] = 1
+        clock = iter(range(100))
+        self.a.source._clock = lambda: next(clock)
+
+        def sleep(seconds):
+            self.a.dm.openers[HANDLE] = 0
+        self.a.source._sleep = sleep
+        self.c.detach(src)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_no_commit_without_the_sources_answer(self):
+        src, dst = self.moved(live=True)
+        self.a.down = True      # its service restarting, say
+        self.c.detach(src)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.a.down = False
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_rollback_on_destination_detach(self):
         src, dst = self.moved(live=True)
         self.c.detach(dst)
@@ -1557,7 +1613,31 @@ class RecoverTestCase(ClusterTestCase):
         self.c.attachments[:] = [a for a in self.c.attachments
                                  if a['attached_host'] != 'node-a']
         self.restart(self.b)
-        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        # Not before the source confirms its copy is closed: the next
+        # monitor tick asks.
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_restart_never_commits_under_a_live_writer(self):
+        # The owner's os-detach of the source's attachment (Cinder's
+        # legacy detach: no terminate_connection, so node-b never heard
+        # of it) while the instance on node-a still writes; node-b then
+        # restarts.  (Failed before: the start committed at once.)
+        self.moved(live=True)
+        self.c.attachments[:] = [a for a in self.c.attachments
+                                 if a['attached_host'] != 'node-a']
+        self.a.dm.openers[HANDLE] = 1
+        self.a.source.CLOSE_WAIT = 0
+        self.restart(self.b)
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertFalse(self.b.dm.hydration[HANDLE])
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertTrue(self.b.tracker.progress_report()[VOLUME_ID][
+            'awaiting_source'])
+        self.a.dm.openers[HANDLE] = 0
         self.c.settle()
         self.c.assert_completed()
 
