@@ -86,7 +86,9 @@ dmclone_opts = [
                     'nodes) before it fails cleanly and is rolled back. It '
                     'must cover the destination\'s iSCSI login to the '
                     'source. A failing attach waits on two such calls (the '
-                    'prepare, then the abort that undoes it): keep twice '
+                    'prepare, then the abort that undoes it), the source\'s '
+                    'detach in a live migration on one (the source\'s '
+                    'word that its copy is closed): keep twice '
                     'this value below rpc_response_timeout, or the failure '
                     'reaches the caller as an RPC timeout instead of the '
                     'driver\'s error (the move is rolled back either way).'),
