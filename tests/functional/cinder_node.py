@@ -207,6 +207,27 @@ _D = 'cinder_dmclone.destination'
 _S = 'cinder_dmclone.move'
 _N = 'tests.functional.cinder_node'
 _V = 'cinder.volume.volume_utils'
+
+
+def _teardown(phase, state):
+    """Clones.tear_down's steps as the crash points of ``phase``.
+
+    A rollback, an abort and a delete each tear down a move in its own
+    ``state``: the handle, the session, the data LV, the metadata LV.
+    """
+    during = _during(state)
+    return {
+        phase + ': handle removed': (
+            _C, 'Clones', 'disconnect_source', 'before', during),
+        phase + ': source logged out': (
+            _C, 'Clones', 'disconnect_source', 'after', during),
+        phase + ': data LV handed to the wiper': (
+            _C, 'Clones', 'remove_metadata', 'before', during),
+        phase + ': metadata LV removed': (
+            _C, 'Clones', 'remove_metadata', 'after', during),
+    }
+
+
 #: name -> (module, class, method, before/after, which call); class None:
 #: a function of the module.  The phase (the name's first word) says in
 #: which flow the test arms it, on which node:
@@ -255,14 +276,7 @@ CRASH_POINTS = {
                                  'after', _op_is('retire')),
     'finalize: before the state is cleared': (_S, 'Store', 'clear',
                                               'before', None),
-    'rollback: handle removed': (_C, 'Clones', 'disconnect_source',
-                                 'before', _during('cloned')),
-    'rollback: source logged out': (_C, 'Clones', 'disconnect_source',
-                                    'after', _during('cloned')),
-    'rollback: data LV handed to the wiper': (
-        _C, 'Clones', 'remove_metadata', 'before', _during('cloned')),
-    'rollback: metadata LV removed': (_C, 'Clones', 'remove_metadata',
-                                      'after', _during('cloned')),
+    **_teardown('rollback', 'cloned'),
     'rollback: record back on the source': (_S, 'Store', 'move_volume',
                                             'after', _to_node('a')),
     'rollback: source released': (_N, 'SocketRPC', 'terminate_connection',
@@ -273,22 +287,8 @@ CRASH_POINTS = {
                           _during('cloned')),
     'held: kept for the stale source attachment': (
         _S, 'Store', 'mark_stale_source_attachment', 'after', None),
-    'abort: handle removed': (_C, 'Clones', 'disconnect_source', 'before',
-                              _during('preparing')),
-    'abort: source logged out': (_C, 'Clones', 'disconnect_source',
-                                 'after', _during('preparing')),
-    'abort: data LV handed to the wiper': (
-        _C, 'Clones', 'remove_metadata', 'before', _during('preparing')),
-    'abort: metadata LV removed': (_C, 'Clones', 'remove_metadata',
-                                   'after', _during('preparing')),
-    'delete: handle removed': (_C, 'Clones', 'disconnect_source', 'before',
-                               _during('hydrating')),
-    'delete: source logged out': (_C, 'Clones', 'disconnect_source',
-                                  'after', _during('hydrating')),
-    'delete: data LV handed to the wiper': (
-        _C, 'Clones', 'remove_metadata', 'before', _during('hydrating')),
-    'delete: metadata LV removed': (_C, 'Clones', 'remove_metadata',
-                                    'after', _during('hydrating')),
+    **_teardown('abort', 'preparing'),
+    **_teardown('delete', 'hydrating'),
     'delete: source retired': (_N, 'SocketRPC', 'terminate_connection',
                                'after', _op_is('retire')),
     'delete: state cleared': (_S, 'Store', 'clear', 'after',
