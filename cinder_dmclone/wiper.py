@@ -92,34 +92,24 @@ class Wiper(object):
         self._spawn(self._run, name)
 
     def _run(self, name):
-        if self.wipe is None:
-            # Renamed while clearing was on; the operator has turned it off
-            # since (volume_clear = none): remove it as any LV now would be.
-            LOG.warning('Clearing is off now; removing LV %s without '
-                        'wiping it.', name)
-            self._remove(name)
-            return
         try:
-            path = layout.lv_device(self.vg.vg_name, name)
-            self.vg.activate_lv(name)
-            self.wipe(path, self.dm.device_sectors(path)
-                      * dmsetup.SECTOR_SIZE // units.Mi)
+            if self.wipe is None:
+                # Renamed while clearing was on; the operator has turned it
+                # off since (volume_clear = none): removed as any LV now is.
+                LOG.warning('Clearing is off now; removing LV %s without '
+                            'wiping it.', name)
+            else:
+                path = layout.lv_device(self.vg.vg_name, name)
+                self.vg.activate_lv(name)
+                self.wipe(path, self.dm.device_sectors(path)
+                          * dmsetup.SECTOR_SIZE // units.Mi)
             self.vg.delete(name)
-            LOG.info('LV %s wiped and removed.', name)
+            LOG.info('LV %s %s.', name,
+                     'removed' if self.wipe is None else 'wiped and removed')
         except Exception:
             LOG.exception('Wiping LV %s failed; it stays, under this name, '
                           'until the next start of the volume service wipes '
                           'it again.', name)
-        finally:
-            with self._lock:
-                self._busy.discard(name)
-
-    def _remove(self, name):
-        try:
-            self.vg.delete(name)
-        except Exception:
-            LOG.exception('Removing LV %s failed; the next start of the '
-                          'volume service tries again.', name)
         finally:
             with self._lock:
                 self._busy.discard(name)
