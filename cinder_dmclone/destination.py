@@ -276,6 +276,29 @@ class Destination(side.Side):
                 return False
             return self.commit_once_closed(volume, t)
 
+    def publish_progress(self, t, progress):
+        """Record a clone's progress while its move still goes on.
+
+        The monitor read the move before this tick's other work; a
+        rollback, abort, delete or finalization holding the lock meanwhile
+        may have ended it and cleared its record.  Progress written after
+        that would describe a move that no longer exists, so it is
+        written under the lock, compare-and-set on the move.  Returns
+        False if the move ended.
+        """
+        with move.lock(t.volume_id):
+            try:
+                current = self.load(t.volume_id)
+            except exception.VolumeNotFound:
+                return False    # deleted meanwhile
+            if not self.is_dest(current) or not (
+                    t.same_move(current) if t.secret
+                    # (a move of release 1.1.0 may get its secret later)
+                    else current.dest_node == t.dest_node):
+                return False
+            self.store.publish_progress(self.ctxt(), t.volume_id, progress)
+            return True
+
     def hold(self, volume, t):
         """Keep a clone that took writes although the source is attached.
 

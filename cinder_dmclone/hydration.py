@@ -280,7 +280,8 @@ class HydrationTracker(object):
         if t.state == move.CLONED:
             # Source detached but not confirmed closed: ask again.
             dest.commit_pending(volume_id)
-        dest.store.publish_progress(dest.ctxt(), volume_id, progress)
+        if not dest.publish_progress(t, progress):
+            return      # ended while this tick ran
         self.progress[volume_id] = (t, progress)
         self._report_stall(volume_id, t, progress)
         LOG.info('Volume %(vol)s: %(pct).1f%% hydrated from %(src)s%(eta)s.',

@@ -929,6 +929,15 @@ class ReviewFindingsTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def test_legacy_move_publishes_its_progress(self):
+        # A move recorded by 1.1.0 has no secret until a step gives it
+        # one: its progress is still shown while it hydrates.
+        self.moved()
+        self.legacy()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.b.monitor.tick()
+        self.assertEqual('25.0', self.c.transfer_keys()['dmclone_percent'])
+
     def test_legacy_cloned_move_commits_on_source_detach(self):
         src, dst = self.moved(live=True)
         self.legacy()
@@ -1023,6 +1032,52 @@ class OnStatusTestCase(ClusterTestCase):
         self.assertEqual('4096', md['dmclone_hydrated_regions'])
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.log.info.assert_called()
+
+    def test_rollback_during_a_tick_leaves_no_progress_behind(self):
+        # The monitor read the move (cloned), then waited for the lock a
+        # rollback held (Nova removed the destination's attachment): the
+        # volume is back on the source, and no progress of a move that
+        # no longer exists may be written after the rollback cleared it
+        # (the testbed's fullstack rollback test found its keys there).
+        src, dst = self.moved(live=True)
+        original = self.b.destination.commit_pending
+
+        def rollback_first(volume_id):
+            self.c.detach(dst)
+            return original(volume_id)
+        self.mock_object(self.b.destination, 'commit_pending',
+                         side_effect=rollback_first)
+        self.b.monitor.tick()
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_finished_move_during_a_tick_leaves_no_progress_behind(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        original = self.b.destination.load_any
+
+        def finalized_after_the_read(volume_id):
+            # Another tick (or a retried finalization) finished the move
+            # after this tick read it.
+            t = original(volume_id)
+            self.mock_object(self.b.destination, 'load_any',
+                             side_effect=original)
+            self.b.destination.finalize(VOLUME_ID)
+            return t
+        self.mock_object(self.b.destination, 'load_any',
+                         side_effect=finalized_after_the_read)
+        self.b.monitor.tick()
+        self.c.assert_completed()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_volume_deleted_during_a_tick_is_skipped(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.mock_object(self.b.destination, 'load', side_effect=(
+            exception.VolumeNotFound(volume_id=VOLUME_ID)))
+        self.b.monitor.tick()
+        self.assertNotIn('dmclone_percent', self.c.transfer_keys())
+        self.log.exception.assert_not_called()
 
     def test_progress_report_for_the_pool_stats(self):
         self.assertEqual({}, self.b.tracker.progress_report())
