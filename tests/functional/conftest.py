@@ -29,6 +29,10 @@ Fixtures:
   node B in: returns an :class:`IscsiSource` (undone after the test);
 * ``clone_parts``: ``clone_parts(size)`` makes a destination LV on node B's
   VG and a zeroed metadata LV on its metadata VG: ``(dest, meta)``;
+* ``--tier``: ``ci`` (what CI runs: ``tox -e functional``), ``extended``
+  (the tests marked ``extended``: ``tox -e functional-extended``, run by
+  hand, last results in doc/source/contributor/testing.rst) or ``all``
+  (the default, so that naming one test always runs it);
 * ``no_leaks`` (automatic): after every test, fails it if anything is left
   behind (see :func:`testbed.leaks`) and then cleans up by force so the
   next test starts clean.
@@ -51,7 +55,22 @@ NOT_IN_TESTBED = (
     'or tox -e functional' % testbed.TOPOLOGY_PATH)
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        '--tier', choices=('ci', 'extended', 'all'), default='all',
+        help='ci: the tests CI runs; extended: the ones marked extended '
+             '(not in CI for time); all (default): both')
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        'markers', 'extended: a functional test outside the CI tier '
+        '(tox -e functional-extended); it mostly repeats, through another '
+        'door, a path the CI tier takes')
+
+
 def pytest_collection_modifyitems(config, items):
+    fixtures.select_tier(config, items)
     fixtures.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
 
 

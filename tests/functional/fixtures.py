@@ -18,6 +18,20 @@ from tests.functional import cluster as cluster_mod
 from tests.functional import testbed
 
 
+def select_tier(config, items):
+    """Deselect the tests outside ``--tier`` (reported as deselected)."""
+    tier = config.getoption('--tier')
+    if tier == 'all':
+        return
+    keep, drop = [], []
+    for item in items:
+        extended = item.get_closest_marker('extended') is not None
+        (keep if extended == (tier == 'extended') else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def skip_outside_testbed(items, folder, reason):
     """Mark the tests under ``folder`` SKIPPED when not in the guest.
 

@@ -226,6 +226,7 @@ def test_failed_live_migration_rolls_back(cloud, topo):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
 def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
     vol, att_a, head = seeded_on_a(cloud, 41)
     cloud.detach(att_a)
@@ -312,6 +313,7 @@ def test_multiattach_volume_is_shared_not_moved(cloud, topo):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
 def test_destination_without_space_refuses_clearly(cloud, topo):
     pool_b = [p for p in cloud.stack.pools()
               if p['name'].startswith('node-b@')][0]
@@ -337,6 +339,7 @@ def test_destination_without_space_refuses_clearly(cloud, topo):
         cloud.delete(filler.id)
 
 
+@pytest.mark.extended
 def test_destination_service_down_refuses_clearly(cloud, stack):
     vol = cloud.create(size=1, az='az-a')
     try:
@@ -361,6 +364,7 @@ def test_destination_service_down_refuses_clearly(cloud, stack):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
 def test_cli_create_placed_and_pinned(cloud):
     # The operator's CLI, pinned to node B by availability zone.
     shown = cloud.openstack('volume', 'create', '--size', '1',

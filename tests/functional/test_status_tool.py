@@ -36,6 +36,8 @@ import subprocess
 import sys
 import uuid
 
+import pytest
+
 from tests.functional import testbed
 from tests.functional.testbed import MiB
 
@@ -70,6 +72,7 @@ def metadata_lv(make_lv, topo, vol_id, size=4 * MiB):
     return path
 
 
+@pytest.mark.extended
 def test_status_tool_json(topo, make_lv, iscsi_source, cleanup, tmp_path):
     from cinder.common import config  # noqa: F401 (cinder's utils.execute)
     from cinder_dmclone import dmsetup

@@ -464,7 +464,8 @@ def nonzero_bytes(data):
     return len(data) - data.count(0)
 
 
-@pytest.mark.parametrize('volume_clear', ['zero', 'none'])
+@pytest.mark.parametrize('volume_clear', [
+    'zero', pytest.param('none', marks=pytest.mark.extended)])
 def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
     """A new LV on the source's freed extents never reads the moved data.
 
