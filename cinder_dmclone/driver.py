@@ -648,7 +648,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._ensure_handle(volume)
 
     def unmanage(self, volume):
-        """Stop managing: the handle goes, the LV stays."""
+        """Stop managing: the handle goes, the LV stays.
+
+        Refused while the volume moves (MoveInProgress, a VolumeIsBusy:
+        Cinder puts the volume back to ``available``): the LV here may
+        hold only part of the data, which the clone's handle completes
+        from the source's copy.
+        """
+        self.source.refuse_if_moving(volume, _('unmanaging it'),
+                                     locked=True)
         self._remove_handle(volume['name'])
 
     def get_manageable_volumes(self, cinder_volumes, marker, limit, offset,

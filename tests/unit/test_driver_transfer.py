@@ -497,6 +497,16 @@ class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
         self.assertIn(HANDLE, self.dm.devices)
         self.vg.revert.assert_not_called()
 
+    def test_unmanage(self):
+        # Unmanaging a volume in the middle of a move would drop the clone
+        # (the only handle that reads the regions not yet copied) and
+        # leave Cinder's record without the source's export it needs.
+        self._make_handle()
+        exc = self.assertRaises(move.MoveInProgress,
+                                self.drv.unmanage, self.volume)
+        self._check(exc, 'unmanaging it')
+        self.assertIn(HANDLE, self.dm.devices)
+
     def test_remove_export_is_skipped_on_the_source(self):
         # The source's export feeds the clone until the transfer ends.
         self.db.volume_admin_metadata_get.return_value = transfer_metadata(
