@@ -71,3 +71,15 @@ def on(volume, node, attachments=None):
         if host in names:
             count += 1
     return count
+
+
+def elsewhere(volume, nodes, attachments=None):
+    """Active attachments of the volume on none of ``nodes`` (a set).
+
+    An attachment that names no host counts: it may be on any node.
+    """
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return sum(1 for a in attachments if a.attach_status in ACTIVE
+               and (a.attached_host or (a.connector or {}).get('host'))
+               not in nodes)

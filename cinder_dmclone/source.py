@@ -119,13 +119,29 @@ class Source(side.Side):
 
         A multiattach volume never moves: each node's copy would take its
         own writes, so instances on two nodes would see two disks.  It
-        stays where it is and other nodes reach it over iSCSI.
+        stays where it is and other nodes reach it over iSCSI.  Nor does
+        a volume that a third node uses over iSCSI (a node without this
+        backend's service, a backup host): the move would hydrate from a
+        copy that node still writes, and retire that copy under it.
         """
         if volume.get('multiattach'):
             return False
-        return (connector.get('host') not in self.node_names
-                and attachments.is_instance_attach(
-                    volume, attachments.current(volume)))
+        dest_node = connector.get('host')
+        if dest_node in self.node_names:
+            return False
+        current = attachments.current(volume)
+        if not attachments.is_instance_attach(volume, current):
+            return False
+        others = attachments.elsewhere(
+            volume, self.node_names | {dest_node}, current)
+        if others:
+            LOG.info('Volume %(vol)s stays on %(src)s, reached over iSCSI '
+                     'from %(dst)s: %(n)d attachment(s) on other nodes '
+                     'use its copy here.', {'vol': volume['id'],
+                                            'src': self.node_name,
+                                            'dst': dest_node, 'n': others})
+            return False
+        return True
 
     def move(self, volume, connector, lv_sectors):
         """Move ``volume`` to the connector's node; return conn info.

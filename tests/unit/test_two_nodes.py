@@ -1021,6 +1021,63 @@ class MultiattachTestCase(ClusterTestCase):
         self.assertIsNone(self.c.transfer())
 
 
+class ThirdNodeTestCase(ClusterTestCase):
+    """An attachment on a node outside the move keeps the volume put.
+
+    A node without this backend's service (or any other node) reaches the
+    volume over iSCSI, through the source's export of its LV.  Moving the
+    volume then would hydrate the destination from a copy that node still
+    writes, and retire that copy under it.
+    """
+
+    def elsewhere(self, instance=fake.INSTANCE_ID, host='node-c'):
+        props = dict(self.b.props, host=host,
+                     initiator='iqn.1993-08.org.debian:01:node-c')
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT2_ID, 'instance_uuid': instance,
+            'attach_status': ATTACHED, 'attached_host': host,
+            'connector': props})
+
+    def assert_stayed(self, info):
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual({}, self.b.vg.lvs)
+
+    def test_live_migration_from_an_iscsi_node_does_not_move(self):
+        # (Before: it moved and hydrated at once while node-c still wrote
+        # through node-a's export -- review finding 2 of 2026-11-25.)
+        self.elsewhere()
+        self.assert_stayed(self.c.attach(self.b)[1])
+
+    def test_a_reader_elsewhere_keeps_the_volume_put(self):
+        # A backup reading over iSCSI on node-c: retiring node-a's copy
+        # under it would make the backup read zeros.
+        self.elsewhere(instance=None)
+        self.assert_stayed(self.c.attach(self.b)[1])
+
+    def test_an_attachment_without_a_host_keeps_the_volume_put(self):
+        # No host recorded (a legacy attach): it may be anywhere.
+        self.elsewhere(host=None)
+        self.c.attachments[-1]['connector'] = None
+        self.assert_stayed(self.c.attach(self.b)[1])
+
+    def test_the_sources_own_attachment_does_not_count(self):
+        # (A live migration from node-a, the usual case, still moves.)
+        self.c.attach(self.a)
+        info = self.c.attach(self.b)[1]
+        self.assertEqual('local', info['driver_volume_type'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+
+    def test_an_alias_of_the_source_does_not_count(self):
+        self.elsewhere(host='node-a.example.org')
+        self.a.source.node_names = frozenset(
+            self.a.source.node_names | {'node-a.example.org'})
+        info = self.c.attach(self.b)[1]
+        self.assertEqual('local', info['driver_volume_type'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+
+
 class OnStatusTestCase(ClusterTestCase):
 
     def test_publishes_progress(self):
