@@ -249,6 +249,45 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
+def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
+    """An instance on a node without the backend's service, migrating.
+
+    Node "node-c" runs no volume service of this backend, so its
+    instance reaches the volume over iSCSI (node B's initiator stands in
+    for it).  Live-migrated to node B, the volume must stay on node A:
+    moving it would hydrate node B from a copy node C still writes.
+    """
+    vol, att_a, head = seeded_on_a(cloud, 45)
+    cloud.detach(att_a)
+    instance = str(uuid.uuid4())
+    props_c = dict(cloud.connector('b'), host='node-c')
+    att_c = cloud.c.attachments.create(vol.id, props_c, instance_id=instance)
+    info = cloud_mod.field(att_c, 'connection_info')
+    device = None
+    try:
+        assert info['driver_volume_type'] == 'iscsi', info
+        device = cloud.connect(info, 'b')
+        cloud.c.attachments.complete(att_c['id'])
+        late = write_pattern(device['path'], 46, 4 * MiB, offset=64 * MiB)
+        # Nova's pre-live-migration on node B, same instance.
+        att_b = cloud.c.attachments.create(vol.id, cloud.connector('b'),
+                                           instance_id=instance)
+        info_b = cloud_mod.field(att_b, 'connection_info')
+        assert info_b['driver_volume_type'] == 'iscsi', info_b
+        assert cloud.transfer_state(vol.id) == {}
+        assert cloud.node_of(vol.id) == 'a'
+        cloud.c.attachments.delete(att_b['id'])
+        assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
+        assert testbed.read_direct(device['path'], 64 * MiB,
+                                   4 * MiB) == late
+    finally:
+        if device is not None:
+            cloud._brick_connector('ISCSI').disconnect_volume(info, device)
+        cloud.c.attachments.delete(att_c['id'])
+        cloud.delete(vol.id)
+
+
 def test_forged_steps_through_the_api_change_nothing(cloud, topo):
     """A connector with a dmclone entry, sent by a user: refused.
 
