@@ -253,6 +253,7 @@ class Destination(side.Side):
                             'monitor tick.', {'vol': volume['id'],
                                               'src': t.source_node,
                                               'why': exc})
+                self.store.mark_awaiting_source(self.ctxt(), t)
             self.awaiting_source.add(volume['id'])
             return False
         self.commit(volume, t)
@@ -327,6 +328,7 @@ class Destination(side.Side):
         self.clones.enable_hydration(t)
         self.store.transition(self.ctxt(), t, (move.CLONED,),
                               move.HYDRATING)
+        self.store.clear_waits(self.ctxt(), volume['id'])
         self.held.discard(volume['id'])
         self.awaiting_source.discard(volume['id'])
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '

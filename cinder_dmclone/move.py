@@ -76,7 +76,11 @@ KEY_PREFIX = 'dmclone_'
 #: bytes of randomness in a move's secret (hex encoded in the record).
 SECRET_BYTES = 16
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
-                 'eta_seconds', 'stalled_seconds', 'stale_source_attachment')
+                 'eta_seconds', 'stalled_seconds', 'stale_source_attachment',
+                 'awaiting_source')
+#: what a move in ``cloned`` waits for before it may commit (operators
+#: see them in the status tool; gone once it commits).
+WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
 
 _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
@@ -393,6 +397,19 @@ class Store(object):
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, {KEY_PREFIX + 'stale_source_attachment':
                                 t.source_node}, False)
+
+    def mark_awaiting_source(self, ctxt, t):
+        """Say, for the status tool, that the source has not confirmed.
+
+        (See Destination.commit_once_closed; gone at the commit.)
+        """
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id, {KEY_PREFIX + 'awaiting_source':
+                                t.source_node}, False)
+
+    def clear_waits(self, ctxt, volume_id):
+        """The move committed: it waits for nothing any more."""
+        self._delete(ctxt, volume_id, [KEY_PREFIX + k for k in WAIT_KEYS])
 
     def publish_progress(self, ctxt, volume_id, progress):
         self.db.volume_admin_metadata_update(

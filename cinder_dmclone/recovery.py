@@ -229,10 +229,9 @@ class Recovery(object):
         # (FINALIZING after a reboot: rebuild the clone so that the swap
         # can check it is fully hydrated.)
         self.destination.rebuild(volume, t, action.hydrate)
-        if action.commit:
-            # Never without the source's word that no instance there
-            # holds its copy: the monitor's next tick asks for it.
-            self.destination.awaiting_source.add(volume.id)
+        # (action.commit: never without the source's word that no
+        # instance there holds its copy; the monitor's next tick asks for
+        # it, and reports a refusal.)
         if action.finalize:
             self.destination.pending_finalize.add(volume.id)
         LOG.info('Clone of volume %(vol)s rebuilt after restart '

@@ -315,6 +315,7 @@ class MoveList(NodeLister):
             'Stalled Seconds': duration(t.get('stalled_seconds')),
             'Stale Source Attachment': optional(
                 t.get('stale_source_attachment')),
+            'Awaiting Source': optional(t.get('awaiting_source')),
             'Source Node': optional(t['source_node']),
             'Source Device': optional(t['source_device']),
             'Source Portal': optional(t['source_portal']),

@@ -344,7 +344,8 @@ def _transfer(handle, lines, earlier, elapsed, table, links, metadata,
         rate_source=source,
         stalled_seconds=_number(metadata.get('dmclone_stalled_seconds')),
         stale_source_attachment=metadata.get(
-            'dmclone_stale_source_attachment'))
+            'dmclone_stale_source_attachment'),
+        awaiting_source=metadata.get('dmclone_awaiting_source'))
     return entry
 
 
@@ -587,6 +588,11 @@ def transfer_state(transfer):
         # on the source (see operations.rst).
         notes.append('waits: delete the stale attachment on %s'
                      % transfer['stale_source_attachment'])
+    if transfer.get('awaiting_source'):
+        # The source's attachment is gone, but the source has not
+        # confirmed that nothing there holds its copy (see operations.rst).
+        notes.append('waits: %s to confirm its copy is closed'
+                     % transfer['awaiting_source'])
     return state, notes
 
 

@@ -377,8 +377,9 @@ class RunTestCase(test.TestCase):
                                                   hydrate)
         # Recovery never commits itself: the monitor does, once the
         # source confirms that its copy is closed.
+        # (Nor does it mark the move as waiting for the source before the
+        # source was asked: the first refusal does, and reports it.)
         self.assertEqual(['rebuild'], self._called())
-        self.assertEqual({fake.VOLUME_ID} if commit else set(),
-                         self.dest.awaiting_source)
+        self.assertEqual(set(), self.dest.awaiting_source)
         self.assertEqual({fake.VOLUME_ID} if finalize else set(),
                          self.dest.pending_finalize)

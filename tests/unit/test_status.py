@@ -249,6 +249,19 @@ class StatusToolTestCase(CLITestCase):
         self.assertEqual('cloned (waits: delete the stale attachment on '
                          'node-a)', row[1])
 
+    def test_move_waiting_for_the_source_to_confirm(self):
+        read = mock.Mock(return_value={
+            'dmclone_state': 'cloned', 'dmclone_source_node': 'node-a',
+            'dmclone_awaiting_source': 'node-a'})
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '0']
+        code, report = self.run_json(args, FakeNode(), read_metadata=read)
+        self.assertEqual('node-a',
+                         report['transfers'][0]['awaiting_source'])
+        row = self.move_row(args, FakeNode(), read_metadata=read)
+        self.assertEqual('cloned (waits: node-a to confirm its copy is '
+                         'closed)', row[1])
+
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))
         code, report = self.run_json(

@@ -635,7 +635,16 @@ class DetachedTestCase(ClusterTestCase):
         self.c.detach(src)
         self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assertFalse(self.b.dm.hydration[HANDLE])
+        # In the record too, for the status tool and another process.
+        self.assertEqual('node-a', self.c.transfer_keys()[
+            'dmclone_awaiting_source'])
+        self.c.tick(self.b)
+        self.assertEqual('node-a', self.c.transfer_keys()[
+            'dmclone_awaiting_source'])
         self.a.down = False
+        self.c.tick(self.b)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertNotIn('dmclone_awaiting_source', self.c.transfer_keys())
         self.c.settle()
         self.c.assert_completed()
 
@@ -742,6 +751,10 @@ class DetachedTestCase(ClusterTestCase):
         # The operator removes the stale attachment: the move commits.
         self.c.detach(src)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        # (Before: the record kept telling operators to delete it while
+        # the move hydrated.)
+        self.assertNotIn('dmclone_stale_source_attachment',
+                         self.c.transfer_keys())
         self.c.settle()
         self.c.assert_completed()
         self.assertEqual(set(), self.b.destination.held)
@@ -1749,6 +1762,11 @@ class RecoverTestCase(ClusterTestCase):
         self.assertIn(LV, self.a.vg.lvs)
         self.assertTrue(self.b.tracker.progress_report()[VOLUME_ID][
             'awaiting_source'])
+        # Reported once, and in the record for the status tool.
+        self.assertEqual('node-a', self.c.transfer_keys()[
+            'dmclone_awaiting_source'])
+        self.assertEqual(1, sum('does not confirm' in c.args[0]
+                                for c in self.log.warning.call_args_list))
         self.a.dm.openers[HANDLE] = 0
         self.c.settle()
         self.c.assert_completed()
