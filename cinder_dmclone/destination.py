@@ -266,7 +266,9 @@ class Destination(side.Side):
         start commits a move whose source detach the last run did not
         finish (recovery never commits without the source's word).
         """
-        with move.lock(volume_id):
+        with move.lock_if_free(volume_id) as locked:
+            if not locked:
+                return False    # busy: the next tick asks
             t = self.load(volume_id)
             if not self.is_dest(t) or t.state != move.CLONED:
                 self.awaiting_source.discard(volume_id)
@@ -284,10 +286,13 @@ class Destination(side.Side):
         rollback, abort, delete or finalization holding the lock meanwhile
         may have ended it and cleared its record.  Progress written after
         that would describe a move that no longer exists, so it is
-        written under the lock, compare-and-set on the move.  Returns
-        False if the move ended.
+        written under the lock, compare-and-set on the move, and only if
+        the lock is free now (see :func:`move.lock_if_free`).  Returns
+        False if the move ended, None if the lock was busy.
         """
-        with move.lock(t.volume_id):
+        with move.lock_if_free(t.volume_id) as locked:
+            if not locked:
+                return None
             try:
                 current = self.load(t.volume_id)
             except exception.VolumeNotFound:
@@ -430,6 +435,45 @@ class Destination(side.Side):
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])
         return True
+
+    # -- unmanage ----------------------------------------------------------
+
+    def before_unmanage(self, volume):
+        """Refuse an unmanage while the volume moves, with one exception.
+
+        The LV here may hold only part of the data while the clone still
+        reads from the source, and a move's record and steps need the
+        volume (MoveInProgress, a VolumeIsBusy: Cinder puts the volume
+        back to ``available``).  The exception: a move in
+        ``finalizing`` whose clone is gone (swapped to linear, metadata
+        removed) has a complete copy here and only waits to retire the
+        source's; when the source is lost for good it would wait forever,
+        so unmanage (then manage) ends it (:meth:`_forget_unretired`).
+        """
+        with move.lock(volume['id']):
+            t = self.load_any(volume['id'])
+            if t is None:
+                return
+            if self.is_dest(t) and t.state == move.FINALIZING \
+                    and not self.clones.has_metadata(t):
+                self._forget_unretired(volume, t)
+                return
+            self.raise_moving(volume, t, _('unmanaging it'))
+
+    def _forget_unretired(self, volume, t):
+        try:
+            self.clones.disconnect_source(t, volume['provider_auth'])
+        except Exception:
+            LOG.exception('Could not log out of %s; the session goes with '
+                          'the next reboot.', t.source_node)
+        self.store.clear(self.ctxt(), volume['id'], t)
+        self.pending_finalize.discard(volume['id'])
+        LOG.warning('Volume %(vol)s unmanaged before its old copy on '
+                    '%(src)s was retired: its copy here is complete. When '
+                    '%(src)s is back, its LV %(lv)s there is left over, '
+                    'not wiped: wipe and remove it by hand.',
+                    {'vol': volume['id'], 'src': t.source_node,
+                     'lv': t.lv_name})
 
     # -- finalization ------------------------------------------------------
 

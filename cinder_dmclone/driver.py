@@ -650,13 +650,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def unmanage(self, volume):
         """Stop managing: the handle goes, the LV stays.
 
-        Refused while the volume moves (MoveInProgress, a VolumeIsBusy:
-        Cinder puts the volume back to ``available``): the LV here may
-        hold only part of the data, which the clone's handle completes
-        from the source's copy.
+        An aborted move is ended first, as before a delete; a move still
+        in progress refuses (see Destination.before_unmanage).
         """
-        self.source.refuse_if_moving(volume, _('unmanaging it'),
-                                     locked=True)
+        self.source.give_up_aborted(volume)
+        self.destination.before_unmanage(volume)
         self._remove_handle(volume['name'])
 
     def get_manageable_volumes(self, cinder_volumes, marker, limit, offset,

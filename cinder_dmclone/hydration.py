@@ -280,7 +280,7 @@ class HydrationTracker(object):
         if t.state == move.CLONED:
             # Source detached but not confirmed closed: ask again.
             dest.commit_pending(volume_id)
-        if not dest.publish_progress(t, progress):
+        if dest.publish_progress(t, progress) is False:
             return      # ended while this tick ran
         self.progress[volume_id] = (t, progress)
         self._report_stall(volume_id, t, progress)

@@ -47,6 +47,7 @@ driver's moves are unrelated to it.  The persisted keys and the options
 keep the word ``transfer`` they were released with.)
 """
 
+import contextlib
 import dataclasses
 import hmac
 import re
@@ -109,6 +110,30 @@ class MoveInProgress(exception.VolumeIsBusy):
 def lock(volume_id):
     """The per-volume lock every step of a move runs under."""
     return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
+
+
+@contextlib.contextmanager
+def lock_if_free(volume_id):
+    """The volume's lock if nobody holds it now: yields True, else False.
+
+    For the monitor's routine writes, which must never wait: a step that
+    holds the lock may wait for a peer up to the transfer timeout, and
+    the monitor's tick serves every clone of the node in turn.  False
+    too when the coordination backend does not answer (the caller's
+    work that needs no lock goes on).
+    """
+    try:
+        lk = lock(volume_id)
+        acquired = lk.acquire(blocking=False)
+    except Exception as exc:
+        LOG.debug('Lock of volume %(vol)s not taken: %(exc)s',
+                  {'vol': volume_id, 'exc': exc})
+        acquired = False
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            lk.release()
 
 
 def build_lock(volume_id):

@@ -30,7 +30,6 @@ used unzeroed, an iSCSI session dropped under a live table, a lock taken
 twice) in ``Cluster.violations``.
 """
 
-import contextlib
 import itertools
 
 import oslo_messaging
@@ -325,6 +324,43 @@ class Node(object):
             self.vg.delete(LV)
 
 
+class FakeLock(object):
+    """A tooz lock of the cluster's coordination backend (in memory).
+
+    Names in ``cluster.busy`` are held by someone outside the test: a
+    blocking acquire of one is a violation (the test would hang), a
+    non-blocking one fails.
+    """
+
+    def __init__(self, cluster, name):
+        self.cluster = cluster
+        self.name = name
+
+    def acquire(self, blocking=True):
+        c = self.cluster
+        if self.name in c.held:
+            # A distributed lock is not reentrant: this would deadlock.
+            c.violation('lock %s taken twice' % self.name)
+            raise AssertionError('deadlock on %s' % self.name)
+        if self.name in c.busy:
+            if blocking:
+                c.violation('waited for the busy lock %s' % self.name)
+                raise AssertionError('waited for %s' % self.name)
+            return False
+        c.held.add(self.name)
+        return True
+
+    def release(self):
+        self.cluster.held.discard(self.name)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 class FakeVolumeRPC(object):
     """cinder.volume.rpcapi.VolumeAPI, delivering to a Node in-process."""
 
@@ -364,6 +400,10 @@ class Cluster(object):
         self.attachments = []
         self.snapshots = []
         self.held = set()
+        #: lock names held by someone outside the test (see FakeLock).
+        self.busy = set()
+        #: raised when a lock is asked for (the coordination backend down).
+        self.lock_error = None
         self.restart_before_timeout = restart_before_timeout
         self.deleted = False
         #: the volume's multiattach flag (its volume type's).
@@ -400,20 +440,10 @@ class Cluster(object):
     def violation(self, text):
         self.violations.append(text)
 
-    @contextlib.contextmanager
-    def _lock_cm(self, name):
-        if name in self.held:
-            # A distributed lock is not reentrant: this would deadlock.
-            self.violation('lock %s taken twice' % name)
-            raise AssertionError('deadlock on %s' % name)
-        self.held.add(name)
-        try:
-            yield
-        finally:
-            self.held.discard(name)
-
     def _lock(self, volume_id):
-        return self._lock_cm('dmclone-%s' % volume_id)
+        if self.lock_error is not None:
+            raise self.lock_error
+        return FakeLock(self, 'dmclone-%s' % volume_id)
 
     def _service(self, ctxt, host, binary):
         node = self.nodes.get(host.partition('@')[0])

@@ -28,6 +28,7 @@ from unittest import mock
 
 import ddt
 import oslo_messaging
+from tooz import coordination as tooz_coordination
 
 from cinder import context
 from cinder import coordination
@@ -1140,6 +1141,50 @@ class OnStatusTestCase(ClusterTestCase):
         self.c.assert_completed()
         self.assertEqual({}, self.c.transfer_keys())
 
+    def test_a_busy_lock_never_holds_up_the_tick(self):
+        # Another step holds the volume's lock (a delete waiting for a
+        # source that is down, up to the transfer timeout): the monitor
+        # skips this volume's write for this tick instead of waiting,
+        # so every other clone's progress, stall report and finalization
+        # goes on.  (Found by the review of be76ccc.)
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.b.tracker.stall_timeout = 1
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.b.monitor.tick()
+        self.assertEqual([], self.c.violations)
+        self.assertNotIn('dmclone_percent', self.c.transfer_keys())
+        self.assertIn(VOLUME_ID, self.b.tracker.progress)
+        self.c.busy.clear()
+        self.b.monitor.tick()
+        self.assertEqual('25.0', self.c.transfer_keys()['dmclone_percent'])
+
+    def test_a_busy_lock_delays_a_pending_commit(self):
+        src, dst = self.moved(live=True)
+        self.a.down = True
+        self.c.detach(src)
+        self.a.down = False
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.b.monitor.tick()
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.busy.clear()
+        self.b.monitor.tick()
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_stall_reported_while_the_lock_service_is_down(self):
+        # etcd down: the lock cannot be taken, the progress is not
+        # written, but a dead path to the source is still reported.
+        self.moved()
+        self.b.tracker.stall_timeout = 300
+        self.c.lock_error = tooz_coordination.ToozConnectionError(
+            'etcd down')
+        status = mock.Mock(failed=False, fully_hydrated=False)
+        self.b.tracker.on_status(LV, status, hydration.Progress(
+            1, 2, 65536, rate=0.0, stalled_seconds=400))
+        self.assertIn(VOLUME_ID, self.b.tracker.stalled)
+        self.log.error.assert_called_once()
+
     def test_volume_deleted_during_a_tick_is_skipped(self):
         self.moved()
         self.b.dm.hydrate(HANDLE, 4096)
@@ -1730,6 +1775,65 @@ class RecoverTestCase(ClusterTestCase):
         self.assertFalse(self.a.destination.delete(self.volume()))
         self.a.source.give_up_aborted(self.volume())
         self.assert_nothing_on_b()
+
+    def unmanage(self, node):
+        """What the driver's unmanage does before it drops the handle."""
+        volume = self.volume()
+        node.source.give_up_aborted(volume)
+        node.destination.before_unmanage(volume)
+
+    def test_unmanaging_a_volume_whose_move_was_aborted(self):
+        # (Before: allowed without asking node-b, whose clone, session
+        # and partial LV then belonged to no volume -- found by the
+        # review of f35d986.)
+        self.aborted_after_prepare()
+        self.unmanage(self.a)
+        self.assert_nothing_on_b()
+
+    def test_unmanage_refused_while_an_aborted_move_is_not_cleaned(self):
+        self.aborted_after_prepare()
+        self.b.down = True
+        self.assertRaises(move.MoveInProgress, self.unmanage, self.a)
+        self.assertEqual(move.ABORTED, self.c.transfer_keys()[
+            'dmclone_state'])
+
+    def test_unmanage_refused_while_hydrating(self):
+        self.moved()
+        exc = self.assertRaises(move.MoveInProgress, self.unmanage, self.b)
+        self.assertIn('unmanaging it', str(exc))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_unmanage_ends_a_move_whose_source_is_lost_after_the_swap(self):
+        # Hydration finished, then node-a was lost for good: the retire
+        # never succeeds and the move stays in finalizing with a complete
+        # linear copy on node-b.  Unmanage (then manage) is the API's way
+        # out, as it was before unmanage was refused while moving (the
+        # review of f35d986 found that refusal left only database edits).
+        self.moved()
+        self.a.down = True
+        self.c.settle()
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.assertEqual('linear', self.b.dm.devices[HANDLE][0].target)
+        self.unmanage(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(set(), self.b.destination.pending_finalize)
+        self.assertTrue(self.b.vg.lvs[LV]['complete'])
+        self.assertEqual({}, self.b.connector.sessions)
+        warning = self.log.warning.call_args.args
+        self.assertIn('node-a', warning[0] % warning[1])
+        # The monitor no longer retries the retire.
+        self.log.exception.reset_mock()
+        self.c.tick(self.b)
+        self.log.exception.assert_not_called()
+
+    def test_unmanage_refused_in_finalizing_before_the_swap(self):
+        # The metadata LV is there until the swap is done: the clone
+        # may still read from the source.
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        t = self.c.transfer()
+        self.c.set_state(t, move.FINALIZING)
+        self.assertRaises(move.MoveInProgress, self.unmanage, self.b)
 
     def test_cloned_without_source_attachment_commits(self):
         # The detach on the source reached node-b, which died before it
