@@ -221,8 +221,11 @@ class Stack(object):
 
     def start_mariadb(self):
         os.makedirs('/run/mysqld', exist_ok=True)
-        shutil.copytree('/var/lib/mysql', '/srv/mysql', symlinks=True,
-                        dirs_exist_ok=True)
+        # A fresh copy each start: a copy over the last stack's files
+        # resets InnoDB's system tables but keeps the cinder tables' files
+        # ("doesn't exist in engine" at the next db sync).
+        shutil.rmtree('/srv/mysql', ignore_errors=True)
+        shutil.copytree('/var/lib/mysql', '/srv/mysql', symlinks=True)
         testbed.run(['chown', '-R', 'mysql:mysql', '/run/mysqld',
                      '/srv/mysql'])
         self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'])
