@@ -287,7 +287,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 tuning=(conf.dmclone_hydration_threshold,
                         conf.dmclone_hydration_batch_size),
                 interval=conf.dmclone_monitor_interval,
-                stall_timeout=conf.dmclone_stall_timeout)
+                stall_timeout=conf.dmclone_stall_timeout,
+                ensure_export=self._ensure_export_moving_away)
         return self._moves
 
     @property
@@ -754,18 +755,44 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._ensure_exported_handles(context)
         return self.target_driver.ensure_export(context, volume, path)
 
+    def _ensure_export_moving_away(self, volume):
+        """The export of a volume whose move from here goes on.
+
+        Startup recovery's REEXPORT (see Source.export_again): the record
+        names the destination, so Cinder's start never calls
+        :meth:`ensure_export` for it here.  Every exported handle first,
+        as there: LIO's helper restores all saved targets at once.
+        """
+        ctxt = cinder_context.get_admin_context()
+        self._ensure_exported_handles(ctxt)
+        path = self._ensure_handle(volume)
+        return self.target_driver.ensure_export(ctxt, volume, path)
+
+    def _exported_volumes(self, context):
+        """The volumes whose export is this node's, moving away or not."""
+        volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
+            context, self.host) if self._owns_export(v)}
+        for name in sorted(self._node_names()):
+            for volume in objects.VolumeList.get_all(context, filters={
+                    'metadata': {move.KEY_PREFIX + 'source_node': name}}):
+                t = self.source.load(volume.id)
+                if self.source.is_source(t) and \
+                        t.state in recovery.READS_SOURCE:
+                    volumes.setdefault(volume.id, volume)
+        return list(volumes.values())
+
     def _ensure_exported_handles(self, context):
         """Rebuild the handle of every volume exported here (once a start).
 
-        A volume whose handle cannot be rebuilt (a move into this node
-        without its clone) is logged and left: its saved target then stays
-        without its LUN, and its own ensure_export fails.
+        Those of volumes moving away count: LIO's saved targets are all
+        restored at the first call, each over its handle.  A volume whose
+        handle cannot be rebuilt (a move into this node without its
+        clone) is logged and left: its saved target then stays without
+        its LUN, and its own ensure_export fails.
         """
         if self._exported_handles_ready:
             return
-        for volume in objects.VolumeList.get_all_by_host(context, self.host):
-            if not self._owns_export(volume):
-                continue
+        for volume in self._exported_volumes(context):
             try:
                 self._ensure_handle(volume)
             except Exception:

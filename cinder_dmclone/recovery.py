@@ -55,6 +55,12 @@ FINALIZE = 'finalize'
 #: Destination: the data LV of a committed move is gone (its delete was
 #: interrupted): report, touch nothing.
 REPORT_DELETED = 'report interrupted delete'
+#: Source, the record names the destination: it still reads the regions
+#: it has not copied from here, until it retires this copy.  A reboot took
+#: LIO's targets and the handle: rebuild the handle, restore the export.
+REEXPORT = 'export again'
+#: The states in which the destination of a move still reads the source.
+READS_SOURCE = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +77,9 @@ class Facts:
     #: The clone's data LV exists here; its clone table is not loaded.
     has_data: bool = True
     needs_rebuild: bool = False
+    #: The move's source is this node, and the volume record names the
+    #: destination (the move went ahead).
+    source_away: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,8 @@ def plan(t, facts):
     """The action recovery takes for move ``t`` given ``facts``."""
     if facts.source_here:
         return Action(ABANDON)
+    if facts.source_away and not facts.dest_here:
+        return Action(REEXPORT if t.state in READS_SOURCE else NOTHING)
     if not facts.dest_here:
         return Action(NOTHING)
     if t.state == move.ABORTED:
@@ -198,6 +209,7 @@ class Recovery(object):
         dest_here = dest.is_dest(t)
         return Facts(
             source_here=source_here, dest_here=dest_here,
+            source_away=self.source.is_source(t) and not source_here,
             on_source=on_source, on_dest=on_dest,
             has_data=dest_here and dest.clones.has_data(t),
             needs_rebuild=dest_here and dest.clones.needs_rebuild(t))
@@ -208,6 +220,8 @@ class Recovery(object):
         dest = self.destination
         if action.name == ABANDON:
             self.source.abandon(volume, t)
+        elif action.name == REEXPORT:
+            self.source.export_again(volume, t)
         elif action.name == DROP_ABORTED:
             dest.drop_aborted(volume, t)
         elif action.name == ROLL_BACK:

@@ -38,10 +38,10 @@ class MoveService(object):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
-                 tuning, interval, stall_timeout=0):
+                 tuning, interval, stall_timeout=0, ensure_export=None):
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
-            volume_group, wiper, region_sectors)
+            volume_group, wiper, region_sectors, ensure_export=ensure_export)
         self.destination = destination.Destination(
             node_names, node_name, store, peer_client, clones,
             functools.partial(destination.hydration_tuning,

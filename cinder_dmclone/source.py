@@ -101,7 +101,7 @@ class Source(side.Side):
     def __init__(self, node_names, node_name, store, peer_client,
                  target_driver, dm, volume_group, wiper, region_sectors,
                  lio_openers=privileged.lio_openers, sleep=time.sleep,
-                 clock=time.monotonic):
+                 clock=time.monotonic, ensure_export=None):
         super().__init__(node_names, node_name, store, peer_client)
         self.target_driver = target_driver
         self.dm = dm
@@ -111,6 +111,9 @@ class Source(side.Side):
         self._lio_openers = lio_openers
         self._sleep = sleep
         self._clock = clock
+        #: the driver's ensure_export for a volume whose record names
+        #: another node (handle, then LIO's saved targets).
+        self._ensure_export = ensure_export
 
     # -- starting a move ---------------------------------------------------
 
@@ -323,6 +326,25 @@ class Source(side.Side):
         """
         if self.drop_export(volume, connector):
             self.store.forget_source_export(self.ctxt(), volume['id'])
+
+    def export_again(self, volume, t):
+        """After a start: the export the destination still reads from.
+
+        A reboot of this node took LIO's targets and the volume's handle,
+        and Cinder's start calls ``ensure_export`` only for the volumes
+        whose record names this node, which a moved volume's no longer
+        does.  Until the destination retires this copy it reads every
+        region it has not copied from here, so the handle is rebuilt
+        and LIO's saved configuration restored (its target and the
+        destination's ACL and CHAP credentials were saved with them).
+        """
+        if self._ensure_export is None:
+            return
+        LOG.info('Volume %(vol)s is moving to %(dst)s (%(state)s): '
+                 'making sure its export here is in place.',
+                 {'vol': volume['id'], 'dst': t.dest_node,
+                  'state': t.state})
+        self._ensure_export(volume)
 
     def give_up_aborted(self, volume):
         """Before a delete here: end an aborted move of the volume.

@@ -123,23 +123,6 @@ def test_node_local_lifecycle(cluster, topo):
     assert not [n for n in testbed.dm_devices() if n.startswith('dmclone')]
 
 
-def _reboot_a():
-    """Node A loses its service and its kernel state, as in a reboot.
-
-    Its service is killed first (by the caller); then what the kernel held
-    goes: LIO's targets (configfs; /etc/target/saveconfig.json, which
-    cinder-rtstool keeps, stays), the handles, and the LVs' activation.
-    """
-    testbed.targetcli(['clearconfig confirm=True'])
-    assert testbed.lio_targets() == []
-    handles = [n for n, u in testbed.dm_devices().items()
-               if not u.startswith('LVM-') and 'dmc--a' in n]
-    for name in handles:
-        testbed.run(['dmsetup', 'remove', name])
-    testbed.lvm('vgchange', '-q', '-an', testbed.topology().a.vg)
-    return handles
-
-
 def _read_over_iscsi(brick, data, length):
     device = brick.connect_volume(data)
     try:
@@ -202,8 +185,8 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
 
     # A reboot.
     cluster.stop('a', kill=True)
-    assert sorted(_reboot_a()) == sorted(handle(v).split('/')[-1]
-                                         for v in in_use)
+    assert sorted(testbed.reboot_a()) == sorted(
+        handle(v).split('/')[-1] for v in in_use)
     t0 = time.monotonic()
     cluster.start('a')
     testbed.LOG.info('node A started after the reboot in %.1f s: %s',

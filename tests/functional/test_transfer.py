@@ -322,6 +322,44 @@ def test_destination_restart_mid_hydration(cluster):
     finish_on_b(cluster, vid, image.digest(), attachment)
 
 
+def test_source_reboot_mid_hydration(cluster, cleanup):
+    """Node A reboots while node B hydrates from it.
+
+    (One kernel: A's service is killed, then LIO's targets, A's handles
+    and its LVs' activation go; /etc/target/saveconfig.json stays, as on
+    a real disk.)  The record names node B, so Cinder's start calls no
+    ensure_export for the volume on node A: A's recovery must rebuild
+    the handle and restore LIO's saved targets itself, node B's
+    initiator logs in again, and the move finishes with every byte.
+    """
+    cleanup(cluster.ensure_running)
+    vid, image = seeded_volume(cluster, 95)
+    far = testbed.pattern(97, REGION)      # copied last, at the slowest
+    image.write(handle(vid, 'a'), 900 * REGION, far)
+    cluster.use_type(vid, 'slow', {'dmclone:hydration_threshold': '1',
+                                   'dmclone:hydration_batch_size': '1'})
+    attachment, info = cluster.attach(vid, 'b')    # hydrating at once
+    cluster.complete(vid, attachment)
+    path = info['data']['device_path']
+    image.write(path, 300 * REGION, testbed.pattern(96, REGION))
+    iqn = cluster.admin_metadata(vid)['dmclone_target_iqn']
+    assert iqn in testbed.lio_targets()
+
+    cluster.stop('a', kill=True)
+    testbed.reboot_a()
+    testbed.LOG.info('clone with its source gone: %s',
+                     testbed.dm_status(path.split('/')[-1]))
+    cluster.start('a')
+    assert iqn in testbed.lio_targets(), testbed.lio_targets()
+    # Node B reads a region it has not copied yet (hydration is at its
+    # slowest) through the restored export.
+    assert testbed.read_direct(path, 900 * REGION, REGION) == far
+    cluster.use_type(vid, 'fast', {'dmclone:hydration_threshold': '64',
+                                   'dmclone:hydration_batch_size': '16'},
+                     retype_on='b')
+    finish_on_b(cluster, vid, image.digest(), attachment)
+
+
 def test_start_never_maps_a_partial_copy(cluster):
     """Node B reboots while a volume moves in, and its metadata LV is lost.
 

@@ -693,3 +693,20 @@ def force_cleanup(baseline):
         lvm('lvremove', '-q', '-f', lv, check=False)
     for loop in sorted(loop_devices() - baseline.loops):
         run(['losetup', '-d', loop], check=False)
+
+
+def reboot_a():
+    """Node A loses its service and its kernel state, as in a reboot.
+
+    Its service is killed first (by the caller); then what the kernel held
+    goes: LIO's targets (configfs; /etc/target/saveconfig.json, which
+    cinder-rtstool keeps, stays), the handles, and the LVs' activation.
+    """
+    targetcli(['clearconfig confirm=True'])
+    assert lio_targets() == []
+    handles = [n for n, u in dm_devices().items()
+               if not u.startswith('LVM-') and 'dmc--a' in n]
+    for name in handles:
+        run(['dmsetup', 'remove', name])
+    lvm('vgchange', '-q', '-an', topology().a.vg)
+    return handles

@@ -89,7 +89,9 @@ class Node(object):
         self.vg = fakes.FakeLVM(VG, self.dm)
         self.connector = fakes.FakeConnector(
             self.dm, cluster.resolve, on_disconnect=self._disconnecting)
-        self.target = fakes.FakeTarget(ip)
+        self.target = fakes.FakeTarget(
+            ip, device_exists=lambda path: self.dm.exists(
+                path.rsplit('/', 1)[-1]))
         self.store = move.Store(cluster.db)
         self.props = {'host': name, 'ip': ip,
                       'initiator': 'iqn.2024-01.org.example.%s:i' % name}
@@ -119,7 +121,7 @@ class Node(object):
             peer_client=self.peer, clones=self.dest,
             target_driver=self.target, dm=self.dm, volume_group=VG,
             wiper=self.wiper, region_sectors=REGION, tuning=TUNING,
-            interval=10)
+            interval=10, ensure_export=self._export_moving_away)
         self.source = self.moves.source
         self.destination = self.moves.destination
         self.endpoint = self.moves.endpoint
@@ -127,8 +129,17 @@ class Node(object):
         self.monitor = self.moves.monitor
         self.down = False
 
+    def _export_moving_away(self, volume):
+        """DMCloneVolumeDriver._ensure_export_moving_away."""
+        self.ensure_handle()
+        self.target.ensure_export(self.cluster.ctxt, volume, HANDLE_PATH)
+
     def reboot(self):
-        """Device-mapper tables and iSCSI sessions are gone; LVs stay."""
+        """Device-mapper tables, LIO targets and iSCSI sessions are gone.
+
+        LVs stay, and so does LIO's saved configuration.
+        """
+        self.target.reboot()
         self.dm.devices.clear()
         self.dm.uuids.clear()
         self.dm.hydration.clear()

@@ -16,6 +16,8 @@ The real kernel is exercised by the functional suite in the testbed; these
 fakes keep the driver's unit tests about the driver's decisions.
 """
 
+import copy
+
 from oslo_concurrency import processutils
 
 from cinder import exception as cinder_exception
@@ -394,12 +396,35 @@ class FakeConnector(object):
 
 
 class FakeTarget(object):
-    """Cinder's iSCSI target driver on one node: exports and their ACLs."""
+    """Cinder's iSCSI target driver on one node: exports and their ACLs.
 
-    def __init__(self, ip):
+    ``exports`` is the kernel's (gone with a reboot: :meth:`reboot`),
+    ``saved`` LIO's saveconfig.json, written after every change as
+    Cinder's LIO helper does; :meth:`ensure_export` restores every saved
+    target when the kernel has none, each only if its device exists
+    (``device_exists``, the node's device-mapper), as rtslib's restore.
+    """
+
+    def __init__(self, ip, device_exists=lambda path: True):
         self.ip = ip
         self.exports = {}
+        self.saved = {}
         self.calls = []
+        self.device_exists = device_exists
+
+    def _persist(self):
+        self.saved = copy.deepcopy(self.exports)
+
+    def reboot(self):
+        self.exports.clear()
+
+    def ensure_export(self, context, volume, path):
+        self.calls.append(('ensure_export', volume['id'], path))
+        if self.exports:
+            return
+        for iqn, export in self.saved.items():
+            if self.device_exists(export['path']):
+                self.exports[iqn] = copy.deepcopy(export)
 
     @staticmethod
     def iqn(volume):
@@ -409,6 +434,7 @@ class FakeTarget(object):
         self.calls.append(('create_export', volume['id'], path))
         self.exports.setdefault(self.iqn(volume), {
             'volume_id': volume['id'], 'path': path, 'acl': set()})
+        self._persist()
         return {'location': '%s:3260,1 %s 0' % (self.ip, self.iqn(volume)),
                 'auth': 'CHAP user s3cret'}
 
@@ -416,6 +442,7 @@ class FakeTarget(object):
         self.calls.append(('initialize_connection', volume['id'],
                            connector.get('initiator')))
         self.exports[self.iqn(volume)]['acl'].add(connector['initiator'])
+        self._persist()
         return {'driver_volume_type': 'iscsi',
                 'data': {'target_portal': '%s:3260' % self.ip,
                          'target_iqn': self.iqn(volume), 'target_lun': 0,
@@ -439,10 +466,12 @@ class FakeTarget(object):
             raise cinder_exception.ISCSITargetDetachFailed(
                 volume_id=volume['id'])
         export['acl'].discard((connector or {}).get('initiator'))
+        self._persist()
 
     def remove_export(self, context, volume):
         self.calls.append(('remove_export', volume['id']))
         self.exports.pop(self.iqn(volume), None)
+        self._persist()
 
 
 class FakeDB(object):

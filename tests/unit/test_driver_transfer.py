@@ -455,6 +455,56 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.moves.monitor.start.assert_called_once_with()
 
 
+class ExportMovingAwayTestCase(test_driver.DriverTestBase):
+    """After a reboot of a move's source: its export, restored."""
+
+    def setUp(self):
+        super().setUp()
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            source='node-a', dest='node-b')
+        # The record names node-b; the export is still node-a's.
+        self.volume.host = 'node-b@dmclone#dmclone'
+        self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
+        location = '10.0.0.1:3260,1 iqn.x:%s 0'
+        self.other = fake_volume.fake_volume_obj(self.ctxt,
+                                                 id=fake.VOLUME2_ID)
+        self.other.provider_location = location % self.other.name
+        self.lvs[self.other.name] = '1.00'
+        self.mock_object(objects.VolumeList, 'get_all_by_host',
+                         return_value=[self.other])
+        self.get_all = self.mock_object(
+            objects.VolumeList, 'get_all',
+            side_effect=lambda ctxt, filters: [self.volume] if filters[
+                'metadata'] == {'dmclone_source_node': 'node-a'} else [])
+
+    def test_every_handle_before_lio_restores_its_targets(self):
+        handles = []
+        target = self.mock_object(
+            self.drv.target_driver, 'ensure_export',
+            side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
+        self.drv._ensure_export_moving_away(self.volume)
+        other_handle = 'dmclone-dmc--vg-' + self.other.name
+        self.assertEqual([sorted([HANDLE, other_handle])], handles)
+        target.assert_called_once_with(mock.ANY, self.volume, HANDLE_PATH)
+
+    def test_a_start_with_an_in_use_volume_rebuilds_it_too(self):
+        # Cinder's own ensure_export of another volume comes first: LIO
+        # restores every saved target then, the moving one's included.
+        handles = []
+        self.mock_object(
+            self.drv.target_driver, 'ensure_export',
+            side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
+        self.drv.ensure_export(self.ctxt, self.other)
+        self.assertIn(HANDLE, handles[0])
+
+    def test_a_move_that_never_went_ahead_is_not_exported_again(self):
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            state=move.PREPARING, source='node-a', dest='node-b')
+        self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.other)
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+
 class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
     """The real Mover over the driver's Store: operations that must wait."""
 

@@ -78,12 +78,27 @@ SOURCE_CASES = [
 
 # -- not ours ----------------------------------------------------------------
 #
-# The source of a move that completed (the record names the destination:
-# it waits for the retire step) or of nothing at all: never touch it.
+# Neither the source nor the destination: never touch it.
 NOT_OURS_CASES = [
-    case('source after the move committed: %s' % state, state,
+    case('another node\'s move: %s' % state, state,
          F(source_here=False, dest_here=False), A(recovery.NOTHING))
     for state in move.STATES
+]
+
+# -- the source of a move that moved on --------------------------------------
+#
+# The record names the destination, which still reads the regions it has
+# not copied from here until it retires this copy: after a reboot (LIO's
+# targets and the handle gone) the export is restored.
+AWAY = dict(source_here=False, dest_here=False, source_away=True)
+SOURCE_AWAY_CASES = [
+    case('source after the move committed: %s' % state, state, F(**AWAY),
+         A(recovery.REEXPORT))
+    for state in (move.CLONED, move.HYDRATING, move.FINALIZING)
+] + [
+    case('source of a move that never moved: %s' % state, state,
+         F(**AWAY), A(recovery.NOTHING))
+    for state in (move.PREPARING, move.ABORTED)
 ]
 
 # -- on the destination ------------------------------------------------------
@@ -180,11 +195,13 @@ DEST_CASES = [
          A(recovery.REPORT_DELETED)),
 ]
 
+ALL_CASES = SOURCE_CASES + SOURCE_AWAY_CASES + NOT_OURS_CASES + DEST_CASES
+
 
 @ddt.ddt
 class PlanTestCase(test.TestCase):
 
-    @ddt.data(*(SOURCE_CASES + NOT_OURS_CASES + DEST_CASES))
+    @ddt.data(*ALL_CASES)
     def test_plan(self, row):
         t = make_move(row['state'])
         self.assertEqual(row['action'], recovery.plan(t, row['facts']),
@@ -198,19 +215,19 @@ class PlanTestCase(test.TestCase):
 
     def test_every_action_is_planned(self):
         names = {row['action'].name
-                 for row in SOURCE_CASES + NOT_OURS_CASES + DEST_CASES}
+                 for row in ALL_CASES}
         self.assertEqual({recovery.NOTHING, recovery.ABANDON,
                           recovery.DROP_ABORTED, recovery.TEAR_DOWN,
                           recovery.ROLL_BACK, recovery.REBUILD,
-                          recovery.FINALIZE, recovery.REPORT_DELETED},
-                         names)
+                          recovery.FINALIZE, recovery.REPORT_DELETED,
+                          recovery.REEXPORT}, names)
 
     def test_defaults(self):
         self.assertEqual(A(recovery.NOTHING, hydrate=False, commit=False,
                            finalize=False), A(recovery.NOTHING))
         self.assertEqual(F(source_here=False, dest_here=True, on_source=0,
-                           on_dest=0, has_data=True, needs_rebuild=False),
-                         F(**DEST))
+                           on_dest=0, has_data=True, needs_rebuild=False,
+                           source_away=False), F(**DEST))
 
     @ddt.data(*move.STATES)
     def test_attachments_only_matter_in_cloned(self, state):
@@ -295,8 +312,8 @@ class FactsTestCase(test.TestCase):
             self._volume('node-b@dmclone#dmclone'),
             make_move(move.HYDRATING))
         self.assertEqual(F(source_here=False, dest_here=False,
-                           has_data=False), facts)
-        self.assertEqual(A(recovery.NOTHING),
+                           has_data=False, source_away=True), facts)
+        self.assertEqual(A(recovery.REEXPORT),
                          recovery.plan(make_move(move.HYDRATING), facts))
         self.clones.has_data.assert_not_called()
         self.clones.needs_rebuild.assert_not_called()
@@ -338,6 +355,12 @@ class RunTestCase(test.TestCase):
         self._run(A(recovery.ABANDON))
         self.source.abandon.assert_called_once_with(self.volume, self.t)
         self.assertEqual(['abandon'], self._called())
+
+    def test_reexport(self):
+        self._run(A(recovery.REEXPORT))
+        self.source.export_again.assert_called_once_with(self.volume,
+                                                         self.t)
+        self.assertEqual(['export_again'], self._called())
 
     def test_drop_aborted(self):
         self._run(A(recovery.DROP_ABORTED))

@@ -58,6 +58,7 @@ from tests.unit.cluster import LV_PATH
 from tests.unit.cluster import META
 from tests.unit.cluster import SECTORS
 from tests.unit.cluster import VOLUME_ID
+from tests.unit import fakes
 
 ATTACHED = fields.VolumeAttachStatus.ATTACHED
 ATTACHING = fields.VolumeAttachStatus.ATTACHING
@@ -1775,6 +1776,45 @@ class RecoverTestCase(ClusterTestCase):
         self.assertFalse(self.a.destination.delete(self.volume()))
         self.a.source.give_up_aborted(self.volume())
         self.assert_nothing_on_b()
+
+    # -- a reboot of the source during a move (issue 18, scenario 4) ----
+    def assert_exported_to_b(self):
+        export = self.a.target.exports.get(
+            fakes.FakeTarget.iqn(self.volume()))
+        self.assertIsNotNone(export, 'node-a exports nothing')
+        self.assertIn(self.b.props['initiator'], export['acl'])
+        self.assertTrue(self.a.dm.exists(HANDLE))
+        self.assertEqual(HANDLE_PATH, export['path'])
+
+    def test_source_reboot_during_hydration_restores_its_export(self):
+        # LIO's targets and the handle go with the reboot; the record
+        # names node-b, so Cinder's start calls no ensure_export for it
+        # on node-a.  (Before: nothing re-exported it, and node-b could
+        # never read the regions it had not copied.)
+        self.moved()
+        self.assert_exported_to_b()
+        self.restart(self.a, reboot=True)
+        self.assert_exported_to_b()
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_source_reboot_in_the_live_migration_window(self):
+        self.moved(live=True)
+        self.restart(self.a, reboot=True)
+        self.assert_exported_to_b()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+
+    def test_source_restart_without_reboot_keeps_its_export(self):
+        self.moved()
+        self.restart(self.a)
+        self.assert_exported_to_b()
+
+    def test_no_export_again_after_the_retire(self):
+        self.moved()
+        self.c.settle()
+        self.c.assert_completed()
+        self.restart(self.a, reboot=True)
+        self.assertEqual({}, self.a.target.exports)
 
     def unmanage(self, node):
         """What the driver's unmanage does before it drops the handle."""
