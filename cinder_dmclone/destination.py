@@ -19,7 +19,10 @@ roll back), the monitor's finished clones are finalized here, and a
 delete, an extend or a retype of a volume moving here act on its clone.
 """
 
+import time
+
 from oslo_log import log as logging
+import oslo_messaging
 from oslo_utils import excutils
 
 from cinder import exception
@@ -69,11 +72,19 @@ class Destination(side.Side):
     volume type (see :func:`hydration_tuning`).
     """
 
+    #: Seconds the monitor leaves a source alone after a call to it timed
+    #: out: each call waits for the RPC timeout, and the tick serves every
+    #: clone of the node in turn.
+    PEER_REST = 60
+
     def __init__(self, node_names, node_name, store, peer_client, clones,
-                 tuning):
+                 tuning, clock=time.monotonic):
         super().__init__(node_names, node_name, store, peer_client)
         self.clones = clones
         self.tuning = tuning
+        self._clock = clock
+        #: source node -> until when the monitor does not call it.
+        self.resting = {}
         #: volumes whose finalization failed; retried after each tick.
         self.pending_finalize = set()
         #: volumes kept in ``cloned`` after writes here (see hold).
@@ -225,6 +236,19 @@ class Destination(side.Side):
                 return True
         return False
 
+    def _send_to_source(self, ctxt, volume, t, op):
+        """Send a step to the source; a timeout makes it rest (see above)."""
+        try:
+            self.send(ctxt, volume, t, t.source_host, op)
+        except oslo_messaging.MessagingTimeout:
+            self.resting[t.source_node] = self._clock() + self.PEER_REST
+            raise
+        self.resting.pop(t.source_node, None)
+
+    def _resting(self, t):
+        """True while the monitor leaves the move's source alone."""
+        return self.resting.get(t.source_node, 0) > self._clock()
+
     def commit_once_closed(self, volume, t):
         """Commit if the source confirms its copy is closed; else wait.
 
@@ -243,7 +267,7 @@ class Destination(side.Side):
         committed.
         """
         try:
-            self.send(self.ctxt(), volume, t, t.source_host, peer.CLOSED)
+            self._send_to_source(self.ctxt(), volume, t, peer.CLOSED)
         except Exception as exc:
             if volume['id'] not in self.awaiting_source:
                 LOG.warning('Volume %(vol)s was detached on %(src)s, but '
@@ -272,6 +296,8 @@ class Destination(side.Side):
             t = self.load(volume_id)
             if not self.is_dest(t) or t.state != move.CLONED:
                 self.awaiting_source.discard(volume_id)
+                return False
+            if self._resting(t):
                 return False
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
             if attachments.on(volume, t.source_names,
@@ -456,11 +482,14 @@ class Destination(side.Side):
                 return
             if self.is_dest(t) and t.state == move.FINALIZING \
                     and not self.clones.has_metadata(t):
-                self._forget_unretired(volume, t)
+                try:
+                    self._retire_source(self.ctxt(), volume, t)
+                except Exception as exc:
+                    self._forget_unretired(volume, t, exc)
                 return
             self.raise_moving(volume, t, _('unmanaging it'))
 
-    def _forget_unretired(self, volume, t):
+    def _forget_unretired(self, volume, t, why):
         try:
             self.clones.disconnect_source(t, volume['provider_auth'])
         except Exception:
@@ -468,12 +497,15 @@ class Destination(side.Side):
                           'the next reboot.', t.source_node)
         self.store.clear(self.ctxt(), volume['id'], t)
         self.pending_finalize.discard(volume['id'])
-        LOG.warning('Volume %(vol)s unmanaged before its old copy on '
-                    '%(src)s was retired: its copy here is complete. When '
-                    '%(src)s is back, its LV %(lv)s there is left over, '
-                    'not wiped: wipe and remove it by hand.',
+        LOG.warning('Volume %(vol)s unmanaged although %(src)s could not '
+                    'retire its old copy (%(why)s); the copy here is '
+                    'complete. Left over on %(src)s, now or once it is '
+                    'back, and described by nothing: the iSCSI target '
+                    '%(iqn)s (its ACL admits this node), the handle and '
+                    'the LV %(lv)s, not wiped. Remove the target and the '
+                    'handle, then wipe and remove the LV by hand.',
                     {'vol': volume['id'], 'src': t.source_node,
-                     'lv': t.lv_name})
+                     'why': why, 'iqn': t.target_iqn, 'lv': t.lv_name})
 
     # -- finalization ------------------------------------------------------
 
@@ -486,14 +518,22 @@ class Destination(side.Side):
         """Swap to linear, drop metadata and session, retire the source.
 
         Each step is idempotent; a failure keeps the move in
-        ``finalizing`` and the next monitor tick tries again.
+        ``finalizing`` and a later monitor tick tries again -- also when
+        the lock is busy (the monitor never waits for it) or the source
+        rests after a timeout.
         """
         ctxt = self.ctxt()
         try:
-            with move.lock(volume_id):
+            with move.lock_if_free(volume_id) as locked:
+                if not locked:
+                    self.pending_finalize.add(volume_id)
+                    return
                 t = self.load(volume_id)
                 if not self.is_dest(t):
                     self.pending_finalize.discard(volume_id)
+                    return
+                if self._resting(t):
+                    self.pending_finalize.add(volume_id)
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
                 if t.state != move.FINALIZING:
@@ -501,17 +541,24 @@ class Destination(side.Side):
                                           move.FINALIZING)
                 self.clones.swap_to_linear(t)
                 self.clones.remove_metadata(t)
-                self.clones.disconnect_source(t, volume.provider_auth)
-                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
-                # The source's export goes from the record before the
-                # state does, so a crash in between is finalized again.
-                self.store.forget_source_export(ctxt, volume_id)
-                self.store.clear(ctxt, volume_id, t)
-                self.pending_finalize.discard(volume_id)
+                self._retire_source(ctxt, volume, t)
                 LOG.info('Transfer of volume %(vol)s finished: it lives on '
                          '%(node)s alone.', {'vol': volume_id,
                                              'node': t.dest_node})
+        except exception.VolumeNotFound:
+            # Deleted meanwhile (its delete held the lock): nothing to do.
+            self.pending_finalize.discard(volume_id)
         except Exception:
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
+
+    def _retire_source(self, ctxt, volume, t):
+        """The clone is gone: log out, retire the source, forget the move."""
+        self.clones.disconnect_source(t, volume['provider_auth'])
+        self._send_to_source(ctxt, volume, t, peer.RETIRE)
+        # The source's export goes from the record before the state does,
+        # so a crash in between is finalized again.
+        self.store.forget_source_export(ctxt, volume['id'])
+        self.store.clear(ctxt, volume['id'], t)
+        self.pending_finalize.discard(volume['id'])

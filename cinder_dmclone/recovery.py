@@ -190,7 +190,9 @@ class Recovery(object):
         that move: a retried one may have taken the lock first and be
         building right now.
         """
-        with move.lock(volume_id):
+        with move.lock_if_free(volume_id) as locked:
+            if not locked:
+                return      # the next tick finds it again
             current = self.destination.load_any(volume_id)
             if t.same_move(current) and current.state == move.ABORTED:
                 self.run(objects.Volume.get_by_id(

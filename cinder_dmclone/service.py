@@ -21,6 +21,7 @@ either.
 """
 
 import functools
+import time
 
 from cinder_dmclone import destination
 from cinder_dmclone import hydration
@@ -38,14 +39,16 @@ class MoveService(object):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
-                 tuning, interval, stall_timeout=0, ensure_export=None):
+                 tuning, interval, stall_timeout=0, ensure_export=None,
+                 clock=time.monotonic):
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
             volume_group, wiper, region_sectors, ensure_export=ensure_export)
         self.destination = destination.Destination(
             node_names, node_name, store, peer_client, clones,
             functools.partial(destination.hydration_tuning,
-                              threshold=tuning[0], batch_size=tuning[1]))
+                              threshold=tuning[0], batch_size=tuning[1]),
+            clock=clock)
         self.endpoint = peer.Endpoint(self.source, self.destination)
         self.recovery = recovery.Recovery(self.source, self.destination)
         self.tracker = hydration.HydrationTracker(

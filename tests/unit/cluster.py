@@ -121,7 +121,8 @@ class Node(object):
             peer_client=self.peer, clones=self.dest,
             target_driver=self.target, dm=self.dm, volume_group=VG,
             wiper=self.wiper, region_sectors=REGION, tuning=TUNING,
-            interval=10, ensure_export=self._export_moving_away)
+            interval=10, ensure_export=self._export_moving_away,
+            clock=lambda: self.cluster.now)
         self.source = self.moves.source
         self.destination = self.moves.destination
         self.endpoint = self.moves.endpoint
@@ -411,6 +412,8 @@ class Cluster(object):
         self.attachments = []
         self.snapshots = []
         self.held = set()
+        #: the monitors' clock (seconds); each tick moves it on.
+        self.now = 0.0
         #: lock names held by someone outside the test (see FakeLock).
         self.busy = set()
         #: raised when a lock is asked for (the coordination backend down).
@@ -624,7 +627,11 @@ class Cluster(object):
         self.deleted = True
 
     def tick(self, node):
-        """Let every clone with hydration on copy, then a monitor tick."""
+        """Let every clone with hydration on copy, then a monitor tick.
+
+        Half a peer's rest passes per tick (Destination.PEER_REST).
+        """
+        self.now += 30
         for name in list(node.dm.devices):
             if node.dm._clone(name) is not None:
                 node.dm.hydrate(name)

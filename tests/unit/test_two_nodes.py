@@ -644,7 +644,8 @@ class DetachedTestCase(ClusterTestCase):
         self.assertEqual('node-a', self.c.transfer_keys()[
             'dmclone_awaiting_source'])
         self.a.down = False
-        self.c.tick(self.b)
+        self.c.now += 60            # (past the rest after a timeout)
+        self.b.monitor.tick()
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertNotIn('dmclone_awaiting_source', self.c.transfer_keys())
         self.c.settle()
@@ -1170,6 +1171,7 @@ class OnStatusTestCase(ClusterTestCase):
         self.assertEqual([], self.c.violations)
         self.assertEqual(move.CLONED, self.c.transfer().state)
         self.c.busy.clear()
+        self.c.now += 60        # (past node-a's rest after its timeout)
         self.b.monitor.tick()
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
@@ -1185,6 +1187,46 @@ class OnStatusTestCase(ClusterTestCase):
             1, 2, 65536, rate=0.0, stalled_seconds=400))
         self.assertIn(VOLUME_ID, self.b.tracker.stalled)
         self.log.error.assert_called_once()
+
+    def test_a_busy_lock_delays_a_finalization(self):
+        # (Review of 00cd6f2: finalize took the lock blocking, from the
+        # tick and from finalize_pending.)
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.b.monitor.tick()
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.c.busy.clear()
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_dead_source_costs_one_timeout_per_rest(self):
+        # Each call to a dead peer waits for the RPC timeout while the
+        # tick, serving every clone of the node, waits with it: after a
+        # timeout the monitor leaves that node alone for a while.
+        self.moved()
+        self.a.down = True
+        self.c.tick(self.b)
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        before = len(self.c.rpc.calls)
+        self.b.monitor.tick()
+        self.assertEqual([], self.c.rpc.calls[before:])
+        self.a.down = False
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_volume_deleted_while_its_finalization_waits(self):
+        # The lock's holder was a delete: the volume row is gone when the
+        # finalization runs.  No traceback at every tick, no retry.
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        self.mock_object(self.b.destination, 'load', side_effect=(
+            exception.VolumeNotFound(volume_id=VOLUME_ID)))
+        self.b.destination.finalize(VOLUME_ID)
+        self.b.destination.finalize_pending()
+        self.assertEqual(set(), self.b.destination.pending_finalize)
+        self.log.exception.assert_not_called()
 
     def test_volume_deleted_during_a_tick_is_skipped(self):
         self.moved()
@@ -1865,6 +1907,22 @@ class RecoverTestCase(ClusterTestCase):
         self.log.exception.reset_mock()
         self.c.tick(self.b)
         self.log.exception.assert_not_called()
+
+    def test_unmanage_retires_the_source_when_it_answers(self):
+        # The retire failed once (node-a restarting); the admin unmanages
+        # once node-a is back: its copy must be retired, not left behind
+        # unwiped, exported to node-b (review of 00cd6f2).
+        self.moved()
+        self.a.down = True
+        self.c.settle()
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.a.down = False
+        self.unmanage(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.target.exports)
+        self.assertEqual({}, self.a.dm.devices)
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertTrue(self.b.vg.lvs[LV]['complete'])
 
     def test_unmanage_refused_in_finalizing_before_the_swap(self):
         # The metadata LV is there until the swap is done: the clone
