@@ -532,15 +532,16 @@ class Destination(side.Side):
                 if not self.is_dest(t):
                     self.pending_finalize.discard(volume_id)
                     return
-                if self._resting(t):
-                    self.pending_finalize.add(volume_id)
-                    return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
                 if t.state != move.FINALIZING:
                     self.store.transition(ctxt, t, (move.HYDRATING,),
                                           move.FINALIZING)
                 self.clones.swap_to_linear(t)
                 self.clones.remove_metadata(t)
+                if self._resting(t):
+                    # (The swap needs no source: done, the retire waits.)
+                    self.pending_finalize.add(volume_id)
+                    return
                 self._retire_source(ctxt, volume, t)
                 LOG.info('Transfer of volume %(vol)s finished: it lives on '
                          '%(node)s alone.', {'vol': volume_id,

@@ -1216,6 +1216,20 @@ class OnStatusTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def test_a_resting_source_does_not_delay_the_swap(self):
+        # Another call to node-a timed out: the retire waits, but the
+        # swap to linear, which needs no source, is done at once.
+        self.moved()
+        self.b.dm.hydrate(HANDLE)
+        self.b.destination.resting['node-a'] = self.c.now + 1000
+        self.b.monitor.tick()
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.assertEqual('linear', self.b.dm.devices[HANDLE][0].target)
+        self.assertNotIn('retire', self.ops())
+        self.c.now += 1000
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_volume_deleted_while_its_finalization_waits(self):
         # The lock's holder was a delete: the volume row is gone when the
         # finalization runs.  No traceback at every tick, no retry.
