@@ -322,24 +322,25 @@ def test_destination_restart_mid_hydration(cluster):
     finish_on_b(cluster, vid, image.digest(), attachment)
 
 
-def test_source_reboot_mid_hydration(cluster, cleanup):
-    """Node A reboots while node B hydrates from it.
+def test_source_reboot_mid_move(cluster, cleanup):
+    """Node A reboots while node B still reads from it.
 
     (One kernel: A's service is killed, then LIO's targets, A's handles
     and its LVs' activation go; /etc/target/saveconfig.json stays, as on
-    a real disk.)  The record names node B, so Cinder's start calls no
-    ensure_export for the volume on node A: A's recovery must rebuild
-    the handle and restore LIO's saved targets itself, node B's
-    initiator logs in again, and the move finishes with every byte.
+    a real disk.)  The move is in its live-migration window, hydration
+    off, so node B reads every region it has not been written from node
+    A.  The record names node B, so Cinder's start calls no ensure_export
+    for the volume on node A: A's recovery must rebuild the handle and
+    restore LIO's saved targets itself.  Node B's initiator logs in
+    again, reads A's data, and the move commits and finishes.
     """
     cleanup(cluster.ensure_running)
     vid, image = seeded_volume(cluster, 95)
-    far = testbed.pattern(97, REGION)      # copied last, at the slowest
+    far = testbed.pattern(97, REGION)
     image.write(handle(vid, 'a'), 900 * REGION, far)
-    cluster.use_type(vid, 'slow', {'dmclone:hydration_threshold': '1',
-                                   'dmclone:hydration_batch_size': '1'})
-    attachment, info = cluster.attach(vid, 'b')    # hydrating at once
-    cluster.complete(vid, attachment)
+    att_a, _info_a = cluster.attach(vid, 'a')
+    cluster.complete(vid, att_a)
+    attachment, info = cluster.attach(vid, 'b')    # clone, hydration off
     path = info['data']['device_path']
     image.write(path, 300 * REGION, testbed.pattern(96, REGION))
     iqn = cluster.admin_metadata(vid)['dmclone_target_iqn']
@@ -347,16 +348,17 @@ def test_source_reboot_mid_hydration(cluster, cleanup):
 
     cluster.stop('a', kill=True)
     testbed.reboot_a()
-    testbed.LOG.info('clone with its source gone: %s',
-                     testbed.dm_status(path.split('/')[-1]))
     cluster.start('a')
     assert iqn in testbed.lio_targets(), testbed.lio_targets()
-    # Node B reads a region it has not copied yet (hydration is at its
-    # slowest) through the restored export.
+    status = testbed.dm_status(path.split('/')[-1])
+    testbed.LOG.info('clone after the source came back: %s', status)
+    assert 'no_hydration' in status, status
+    # Region 900 was never copied (hydration off, not written here): the
+    # read goes to node A through the restored export.
     assert testbed.read_direct(path, 900 * REGION, REGION) == far
-    cluster.use_type(vid, 'fast', {'dmclone:hydration_threshold': '64',
-                                   'dmclone:hydration_batch_size': '16'},
-                     retype_on='b')
+    cluster.detach(vid, att_a)          # the migration ends: commit
+    assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
+    cluster.complete(vid, attachment)
     finish_on_b(cluster, vid, image.digest(), attachment)
 
 
