@@ -484,8 +484,18 @@ class Destination(side.Side):
                     and not self.clones.has_metadata(t):
                 try:
                     self._retire_source(self.ctxt(), volume, t)
-                except Exception as exc:
+                except oslo_messaging.MessagingTimeout as exc:
+                    # No answer: the source may be lost for good.
                     self._forget_unretired(volume, t, exc)
+                except Exception:
+                    # It answered but could not retire now (its handle
+                    # held for a moment): a retry will; keep the move.
+                    LOG.warning('%(src)s could not retire the old copy of '
+                                'volume %(vol)s now; unmanage it again in '
+                                'a moment.', {'src': t.source_node,
+                                              'vol': volume['id']},
+                                exc_info=True)
+                    self.raise_moving(volume, t, _('unmanaging it'))
                 return
             self.raise_moving(volume, t, _('unmanaging it'))
 

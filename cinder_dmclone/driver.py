@@ -775,7 +775,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         for name in sorted(self._node_names()):
             for volume in objects.VolumeList.get_all(context, filters={
                     'metadata': {move.KEY_PREFIX + 'source_node': name}}):
-                t = self.source.load(volume.id)
+                try:
+                    t = self.source.load(volume.id)
+                except Exception:
+                    # (Deleted meanwhile, or a record recovery reports.)
+                    LOG.warning('Not exporting volume %s again: its move '
+                                'cannot be read.', volume.id, exc_info=True)
+                    continue
                 if self.source.is_source(t) and \
                         t.state in recovery.READS_SOURCE:
                     volumes.setdefault(volume.id, volume)

@@ -497,6 +497,30 @@ class ExportMovingAwayTestCase(test_driver.DriverTestBase):
         self.drv.ensure_export(self.ctxt, self.other)
         self.assertIn(HANDLE, handles[0])
 
+    def test_a_bad_record_costs_only_its_own_volume(self):
+        # (Review of b82e818: one malformed record of a volume moving away
+        # made every in-use volume's ensure_export fail at start.)
+        bad = transfer_metadata(source='node-a', dest='node-b')
+        bad['dmclone_target_portal'] = 'not a portal'
+        self.db.volume_admin_metadata_get.side_effect = (
+            lambda ctxt, vid: bad if vid == self.volume.id else {})
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.other)
+        target.assert_called_once()
+        self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_a_volume_deleted_meanwhile_is_skipped(self):
+        # Cinder's metadata filter matches user metadata too: an owner's
+        # volume named by it, deleted during the start, costs nothing.
+        def gone(ctxt, vid):
+            if vid == self.volume.id:
+                raise exception.VolumeNotFound(volume_id=vid)
+            return {}
+        self.db.volume_admin_metadata_get.side_effect = gone
+        target = self.mock_object(self.drv.target_driver, 'ensure_export')
+        self.drv.ensure_export(self.ctxt, self.other)
+        target.assert_called_once()
+
     def test_a_move_that_never_went_ahead_is_not_exported_again(self):
         self.db.volume_admin_metadata_get.return_value = transfer_metadata(
             state=move.PREPARING, source='node-a', dest='node-b')

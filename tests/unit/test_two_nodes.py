@@ -1938,6 +1938,22 @@ class RecoverTestCase(ClusterTestCase):
         self.assertEqual({}, self.a.vg.lvs)
         self.assertTrue(self.b.vg.lvs[LV]['complete'])
 
+    def test_unmanage_refused_when_a_live_source_refuses_the_retire(self):
+        # node-a answers but cannot retire right now (its handle held for
+        # a moment): forgetting the move would leave its copy unwiped and
+        # described by nothing; refuse, a retry works (review of 883a6d8).
+        self.moved()
+        self.a.down = True
+        self.c.settle()
+        self.a.down = False
+        self.a.dm.openers[HANDLE] = 1
+        self.assertRaises(exception.VolumeIsBusy, self.unmanage, self.b)
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.a.dm.openers[HANDLE] = 0
+        self.unmanage(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.vg.lvs)
+
     def test_unmanage_refused_in_finalizing_before_the_swap(self):
         # The metadata LV is there until the swap is done: the clone
         # may still read from the source.
