@@ -58,19 +58,19 @@ def starting(volume, attachments=None):
             if a.instance_uuid and a.attach_status in STARTING}
 
 
+def _active_hosts(volume, attachments):
+    """The host of each active attachment (None where none is named)."""
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return [a.attached_host or (a.connector or {}).get('host')
+            for a in attachments if a.attach_status in ACTIVE]
+
+
 def on(volume, node, attachments=None):
     """Active attachments of the volume on ``node`` (a name or a set)."""
     names = {node} if isinstance(node, str) else set(node)
-    if attachments is None:
-        attachments = volume.volume_attachment or []
-    count = 0
-    for a in attachments:
-        if a.attach_status not in ACTIVE:
-            continue
-        host = a.attached_host or (a.connector or {}).get('host')
-        if host in names:
-            count += 1
-    return count
+    return sum(1 for host in _active_hosts(volume, attachments)
+               if host in names)
 
 
 def elsewhere(volume, nodes, attachments=None):
@@ -78,8 +78,5 @@ def elsewhere(volume, nodes, attachments=None):
 
     An attachment that names no host counts: it may be on any node.
     """
-    if attachments is None:
-        attachments = volume.volume_attachment or []
-    return sum(1 for a in attachments if a.attach_status in ACTIVE
-               and (a.attached_host or (a.connector or {}).get('host'))
-               not in nodes)
+    return sum(1 for host in _active_hosts(volume, attachments)
+               if host not in nodes)
