@@ -772,19 +772,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """The volumes whose export is this node's, moving away or not."""
         volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
             context, self.host) if self._owns_export(v)}
-        for name in sorted(self._node_names()):
-            for volume in objects.VolumeList.get_all(context, filters={
-                    'metadata': {move.KEY_PREFIX + 'source_node': name}}):
-                try:
-                    t = self.source.load(volume.id)
-                except Exception:
-                    # (Deleted meanwhile, or a record recovery reports.)
-                    LOG.warning('Not exporting volume %s again: its move '
-                                'cannot be read.', volume.id, exc_info=True)
-                    continue
-                if self.source.is_source(t) and \
-                        t.state in recovery.READS_SOURCE:
-                    volumes.setdefault(volume.id, volume)
+        for volume in recovery.volumes_naming(context, 'source_node',
+                                              self._node_names()):
+            try:
+                t = self.source.load(volume.id)
+            except Exception:
+                # (Deleted meanwhile, or a record recovery reports.)
+                LOG.warning('Not exporting volume %s again: its move '
+                            'cannot be read.', volume.id, exc_info=True)
+                continue
+            if self.source.is_source(t) and t.state in recovery.READS_SOURCE:
+                volumes.setdefault(volume.id, volume)
         return list(volumes.values())
 
     def _ensure_exported_handles(self, context):

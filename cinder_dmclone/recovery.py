@@ -137,12 +137,21 @@ def volumes_touching(ctxt, host, node_names):
     volumes = {v.id: v for v in objects.VolumeList.get_all_by_host(
         ctxt, host)}
     for key in ('dest_node', 'source_node'):
-        for name in sorted(node_names):
-            found = objects.VolumeList.get_all(
-                ctxt, filters={'metadata': {move.KEY_PREFIX + key: name}})
-            for volume in found:
-                volumes.setdefault(volume.id, volume)
+        for volume in volumes_naming(ctxt, key, node_names):
+            volumes.setdefault(volume.id, volume)
     return list(volumes.values())
+
+
+def volumes_naming(ctxt, key, node_names):
+    """Volumes whose move names one of ``node_names`` as ``key``.
+
+    ``key`` is ``source_node`` or ``dest_node``.  A candidate list:
+    Cinder's ``metadata`` filter matches user metadata too, so the
+    caller reads the move itself before acting on it.
+    """
+    for name in sorted(node_names):
+        yield from objects.VolumeList.get_all(
+            ctxt, filters={'metadata': {move.KEY_PREFIX + key: name}})
 
 
 class Recovery(object):
