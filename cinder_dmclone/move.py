@@ -417,20 +417,21 @@ class Store(object):
     def mark_stale_source_attachment(self, ctxt, t):
         """Say, for the status tool, that the move waits for an operator.
 
-        (See Destination.hold; cleared with the move.)
+        (See Destination.hold; gone at the commit.)
         """
-        self.db.volume_admin_metadata_update(
-            ctxt, t.volume_id, {KEY_PREFIX + 'stale_source_attachment':
-                                t.source_node}, False)
+        self._mark_wait(ctxt, t, 'stale_source_attachment')
 
     def mark_awaiting_source(self, ctxt, t):
         """Say, for the status tool, that the source has not confirmed.
 
         (See Destination.commit_once_closed; gone at the commit.)
         """
+        self._mark_wait(ctxt, t, 'awaiting_source')
+
+    def _mark_wait(self, ctxt, t, key):
+        """Record one of WAIT_KEYS for move ``t``, naming its source."""
         self.db.volume_admin_metadata_update(
-            ctxt, t.volume_id, {KEY_PREFIX + 'awaiting_source':
-                                t.source_node}, False)
+            ctxt, t.volume_id, {KEY_PREFIX + key: t.source_node}, False)
 
     def clear_waits(self, ctxt, volume_id):
         """The move committed: it waits for nothing any more."""
