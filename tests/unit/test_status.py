@@ -20,6 +20,7 @@ import os
 import tempfile
 from unittest import mock
 
+import ddt
 from oslo_concurrency import processutils
 
 from cinder.tests.unit import test
@@ -39,6 +40,7 @@ from tests.unit.cli_fakes import U3
 from tests.unit.cli_fakes import U4
 
 
+@ddt.ddt
 class StatusToolTestCase(CLITestCase):
 
     def test_an_unreadable_status_line_costs_only_its_device(self):
@@ -236,31 +238,23 @@ class StatusToolTestCase(CLITestCase):
         row = self.move_row(args, FakeNode(), read_metadata=read)
         self.assertEqual('hydrating (no progress for 5m30s)', row[1])
 
-    def test_move_kept_for_a_stale_source_attachment(self):
+    @ddt.data(('stale_source_attachment',
+               'cloned (waits: delete the stale attachment on node-a)'),
+              ('awaiting_source',
+               'cloned (waits: node-a to confirm its copy is closed)'))
+    @ddt.unpack
+    def test_move_waiting_in_cloned(self, key, shown):
+        # Kept for a stale source attachment, or waiting for the source to
+        # confirm that its copy is closed: the record says which.
         read = mock.Mock(return_value={
             'dmclone_state': 'cloned', 'dmclone_source_node': 'node-a',
-            'dmclone_stale_source_attachment': 'node-a'})
+            'dmclone_' + key: 'node-a'})
         args = ['--volume-group', 'cinder-volumes',
                 '--metadata-volume-group', 'meta', '--interval', '0']
         code, report = self.run_json(args, FakeNode(), read_metadata=read)
-        self.assertEqual('node-a',
-                         report['transfers'][0]['stale_source_attachment'])
+        self.assertEqual('node-a', report['transfers'][0][key])
         row = self.move_row(args, FakeNode(), read_metadata=read)
-        self.assertEqual('cloned (waits: delete the stale attachment on '
-                         'node-a)', row[1])
-
-    def test_move_waiting_for_the_source_to_confirm(self):
-        read = mock.Mock(return_value={
-            'dmclone_state': 'cloned', 'dmclone_source_node': 'node-a',
-            'dmclone_awaiting_source': 'node-a'})
-        args = ['--volume-group', 'cinder-volumes',
-                '--metadata-volume-group', 'meta', '--interval', '0']
-        code, report = self.run_json(args, FakeNode(), read_metadata=read)
-        self.assertEqual('node-a',
-                         report['transfers'][0]['awaiting_source'])
-        row = self.move_row(args, FakeNode(), read_metadata=read)
-        self.assertEqual('cloned (waits: node-a to confirm its copy is '
-                         'closed)', row[1])
+        self.assertEqual(shown, row[1])
 
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))
