@@ -892,10 +892,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                        message_field.Detail.ATTACH_ERROR)
             if info is not None:
                 return info
-            LOG.warning('No volume service of this backend on node %s: '
-                        'attaching volume %s there over iSCSI.',
-                        connector.get('host'), volume['id'])
-        return super().initialize_connection(volume, connector)
+        return self.source.connect_over_iscsi(
+            volume, connector, super().initialize_connection)
 
     @staticmethod
     def _user_message(volume, action, detail):

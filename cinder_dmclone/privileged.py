@@ -21,9 +21,10 @@ Here are:
 * :func:`zero_metadata_head`: ``dd`` zeroing the head of a clone's
   metadata LV, so that dm-clone formats it;
 * :func:`load_module`: ``modprobe dm_clone``;
-* :func:`lio_openers`: not a command, LIO's backstores read from
-  configfs (world-readable), to tell LIO's opener of a device from an
-  instance's;
+* :func:`lio_openers`, :func:`lio_acls`: not commands, LIO's backstores
+  and node ACLs read from configfs (world-readable), to tell LIO's
+  opener of a device from an instance's and to see which nodes an
+  export admits;
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap).
 
@@ -429,6 +430,26 @@ def lio_openers(device, core=LIO_CORE):
         except OSError:
             continue
     return count
+
+
+#: Where LIO's iSCSI targets are: <here>/<target>/tpgt_<n>/acls/<initiator>.
+LIO_ISCSI = '/sys/kernel/config/target/iscsi'
+
+
+def lio_acls(target_iqn, root=LIO_ISCSI):
+    """The initiators LIO's iSCSI target ``target_iqn`` admits, lowercase.
+
+    Cinder's LIO helper admits each connector by a node ACL named after
+    its initiator, in every portal group of the volume's target; iSCSI
+    names compare case-insensitively.  Reads configfs, which any user
+    may.  An empty set: no such target (or no LIO).
+    """
+    if not target_iqn or '/' in target_iqn or target_iqn in ('.', '..'):
+        raise ValueError('not an iSCSI target name: %r' % (target_iqn,))
+    pattern = os.path.join(root, glob.escape(target_iqn), 'tpgt_*', 'acls',
+                           '*')
+    return frozenset(os.path.basename(acl).lower()
+                     for acl in glob.glob(pattern))
 
 
 def _device_key(path):

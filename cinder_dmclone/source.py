@@ -100,7 +100,8 @@ class Source(side.Side):
 
     def __init__(self, node_names, node_name, store, peer_client,
                  target_driver, dm, volume_group, wiper, region_sectors,
-                 lio_openers=privileged.lio_openers, sleep=time.sleep,
+                 lio_openers=privileged.lio_openers,
+                 lio_acls=privileged.lio_acls, sleep=time.sleep,
                  clock=time.monotonic, ensure_export=None):
         super().__init__(node_names, node_name, store, peer_client)
         self.target_driver = target_driver
@@ -109,6 +110,7 @@ class Source(side.Side):
         self.wiper = wiper
         self.region_sectors = region_sectors
         self._lio_openers = lio_openers
+        self._lio_acls = lio_acls
         self._sleep = sleep
         self._clock = clock
         #: the driver's ensure_export for a volume whose record names
@@ -153,8 +155,9 @@ class Source(side.Side):
         the clone over this node's export (ACL for its initiator only) and
         returns a local connection; the volume record then names the
         destination.  Any failure leaves the volume here, untouched, with
-        nothing left on either node.  None: the connector's node runs no
-        service of this backend.
+        nothing left on either node.  None: the volume stays here and the
+        connector's node reaches it over iSCSI (that node runs no service
+        of this backend, or this node's export admits another node).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
@@ -164,8 +167,13 @@ class Source(side.Side):
             self._refuse_snapshots(ctxt, volume)
             dest_host, dest_az = service_host(ctxt, volume, dest_node)
             if dest_host is None:
+                LOG.warning('No volume service of this backend on node '
+                            '%(dst)s: attaching volume %(vol)s there over '
+                            'iSCSI.', {'dst': dest_node, 'vol': volume['id']})
                 return None
             t = self._record(ctxt, volume, connector, dest_host, lv_sectors)
+            if t is None:
+                return None
             current = attachments.current(volume)
             # Any name of this node: an attachment made under an alias
             # still writes to the source, so it must not be hydrated yet.
@@ -204,9 +212,16 @@ class Source(side.Side):
             return info
 
     def _record(self, ctxt, volume, connector, dest_host, lv_sectors):
-        """Export the volume to the destination and record the move."""
+        """Export the volume to the destination and record the move.
+
+        None, with nothing recorded, when the export admits another node
+        too (see :meth:`_admits_only`): the destination keeps its ACL,
+        which its iSCSI connection then uses.
+        """
         data = self.target_driver.initialize_connection(
             volume, connector)['data']
+        if not self._admits_only(volume, connector, data['target_iqn']):
+            return None
         t = move.Move(
             volume_id=volume['id'], lv_name=volume['name'],
             state=move.PREPARING, source_host=volume['host'],
@@ -218,6 +233,54 @@ class Source(side.Side):
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
         self.store.save(ctxt, t)
         return t
+
+    def _admits_only(self, volume, connector, target_iqn):
+        """True if the export admits the destination's initiator alone.
+
+        Cinder records an attachment as ``attaching`` only after the
+        driver's initialize_connection returned: another node's attach
+        whose export was just made here (its initiator in the ACL) is
+        invisible in the attachments, and would write to the copy this
+        move retires.  Its ACL is made under the volume's lock (see
+        :meth:`connect_over_iscsi`), so reading the ACL under the lock
+        sees it.  An ACL that does not even show the destination's
+        initiator cannot be trusted either: the volume stays put.
+        """
+        wanted = (connector.get('initiator') or '').lower()
+        admitted = self._lio_acls(target_iqn)
+        if admitted == {wanted}:
+            return True
+        others = sorted(admitted - {wanted})
+        if others:
+            LOG.warning('Volume %(vol)s stays on %(src)s, reached over '
+                        'iSCSI from %(dst)s: its export also admits '
+                        '%(others)s (an attach elsewhere in progress, or a '
+                        'leftover ACL of target %(iqn)s).',
+                        {'vol': volume['id'], 'src': self.node_name,
+                         'dst': connector['host'],
+                         'others': ', '.join(others), 'iqn': target_iqn})
+        else:
+            LOG.warning('Volume %(vol)s stays on %(src)s, reached over '
+                        'iSCSI from %(dst)s: the ACL of target %(iqn)s '
+                        'cannot be read from configfs (%(root)s), so other '
+                        'nodes using it cannot be ruled out.',
+                        {'vol': volume['id'], 'src': self.node_name,
+                         'dst': connector['host'], 'iqn': target_iqn,
+                         'root': privileged.LIO_ISCSI})
+        return False
+
+    def connect_over_iscsi(self, volume, connector, connect):
+        """``connect(volume, connector)`` for another node, under the lock.
+
+        The ACL that admits that node is made under the volume's lock,
+        as a move is: either the move sees the ACL and leaves the volume
+        here (see :meth:`_admits_only`), or this attach sees the move and
+        is refused.
+        """
+        with move.lock(volume['id']):
+            self.refuse_if_moving(volume,
+                                  _('attaching on %s') % connector['host'])
+            return connect(volume, connector)
 
     @staticmethod
     def _refuse_if_attach_withdrawn(volume, starting):

@@ -24,6 +24,7 @@ import os
 
 import pytest
 
+from cinder_dmclone import privileged
 from tests.functional import nodes
 from tests.functional import testbed
 from tests.functional.testbed import MiB
@@ -75,6 +76,10 @@ def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(
     assert export.portal == topo.a.portal
     tpg = testbed.lio_tpg_path(export.target_iqn)
     assert os.path.isdir(tpg + '/np/' + export.portal)
+    # What a move reads before it goes (Source._admits_only): the export
+    # admits node B's initiator alone, seen from node A's service.
+    assert node_a.call(privileged.lio_acls, export.target_iqn) == {
+        topo.b.initiator_iqn.lower()}
 
     # node B: os-brick, in this process (the initial namespace)
     connector = testbed.iscsi_connector()

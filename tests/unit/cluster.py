@@ -124,11 +124,17 @@ class Node(object):
             interval=10, ensure_export=self._export_moving_away,
             clock=lambda: self.cluster.now)
         self.source = self.moves.source
+        self.source._lio_acls = self._acls
         self.destination = self.moves.destination
         self.endpoint = self.moves.endpoint
         self.tracker = self.moves.tracker
         self.monitor = self.moves.monitor
         self.down = False
+
+    def _acls(self, target_iqn):
+        """privileged.lio_acls over this node's target."""
+        export = self.target.exports.get(target_iqn, {})
+        return frozenset(i.lower() for i in export.get('acl', ()))
 
     def _export_moving_away(self, volume):
         """DMCloneVolumeDriver._ensure_export_moving_away."""
@@ -283,7 +289,8 @@ class Node(object):
                                     self.dm.device_sectors(LV_PATH))
             if info is not None:
                 return info
-        return self.target.initialize_connection(volume, connector)
+        return self.source.connect_over_iscsi(
+            volume, connector, self.target.initialize_connection)
 
     def terminate_connection(self, volume, connector, force=False):
         """DMCloneVolumeDriver.terminate_connection."""

@@ -91,6 +91,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.source.load.return_value = None
         self.source.is_source.return_value = False
         self.source.wants_move.return_value = False
+        # (The lock and the move check are Source's; see test_source.)
+        self.source.connect_over_iscsi.side_effect = (
+            lambda volume, connector, connect: connect(volume, connector))
         self.destination.delete.return_value = False
         self.destination.extend.return_value = False
         self.destination.detached.return_value = False
@@ -304,6 +307,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.assertEqual('iscsi', info['driver_volume_type'])
         self.source.wants_move.assert_called_once_with(self.volume, REMOTE)
         self.source.move.assert_not_called()
+        # Under the volume's lock, never while a move is recorded.
+        self.source.connect_over_iscsi.assert_called_once_with(
+            self.volume, REMOTE, mock.ANY)
 
     def test_local_attach_never_moves(self):
         self.drv.initialize_connection(self.volume, LOCAL)

@@ -824,3 +824,45 @@ class LioOpenersTestCase(test.TestCase):
         self.backstore('iblock_2', 'vol-3', os.path.join(self.root, 'gone'),
                        '1')
         self.assertEqual(1, self.count())
+
+
+@ddt.ddt
+class LioAclsTestCase(test.TestCase):
+    """The initiators an iSCSI target admits, read from configfs."""
+
+    TARGET = 'iqn.2024-01.org.example.nodea:volume-1'
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.useFixture(fixtures.TempDir()).path
+        self.acl(self.TARGET, 'tpgt_1', 'iqn.1993-08.org.debian:01:node-b')
+        # Another volume's target admits another node: not counted.
+        self.acl('iqn.2024-01.org.example.nodea:volume-2', 'tpgt_1',
+                 'iqn.1993-08.org.debian:01:node-c')
+
+    def acl(self, target, tpg, initiator):
+        os.makedirs(os.path.join(self.root, target, tpg, 'acls', initiator))
+
+    def acls(self, target=TARGET):
+        return privileged.lio_acls(target, root=self.root)
+
+    def test_the_targets_initiators(self):
+        self.assertEqual({'iqn.1993-08.org.debian:01:node-b'}, self.acls())
+
+    def test_every_portal_group_counts_and_names_compare_lowercase(self):
+        self.acl(self.TARGET, 'tpgt_2', 'IQN.1993-08.org.debian:01:Node-C')
+        self.assertEqual({'iqn.1993-08.org.debian:01:node-b',
+                          'iqn.1993-08.org.debian:01:node-c'}, self.acls())
+
+    def test_no_such_target_or_no_lio(self):
+        self.assertEqual(frozenset(), self.acls(self.TARGET + '9'))
+        self.assertEqual(frozenset(), privileged.lio_acls(
+            self.TARGET, root=os.path.join(self.root, 'absent')))
+
+    def test_glob_characters_are_literal(self):
+        self.assertEqual(frozenset(),
+                         self.acls('iqn.2024-01.org.example.nodea:volume-*'))
+
+    @ddt.data('', '.', '..', '../iqn.x', 'iqn.x/tpgt_1')
+    def test_not_a_target_name(self, name):
+        self.assertRaises(ValueError, self.acls, name)

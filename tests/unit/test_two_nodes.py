@@ -994,7 +994,7 @@ class MigrateTestCase(ClusterTestCase):
         # Usable on node-b at once: its handle is the clone.
         self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
         # Only node-b's initiator may read the source's export.
-        acl = self.a.target.exports[cluster.FakeTargetIQN]['acl']
+        acl = self.a.target.exports[IQN]['acl']
         self.assertEqual([self.b.props['initiator']], list(acl))
         self.c.settle()
         self.c.assert_completed()
@@ -1077,6 +1077,56 @@ class ThirdNodeTestCase(ClusterTestCase):
         self.elsewhere(host=None)
         self.c.attachments[-1]['connector'] = None
         self.assert_stayed(self.c.attach(self.b)[1])
+
+    def reserve_on_c(self):
+        """The instance's attach on node-c, still reserved.
+
+        (Its owner called attachment create with node-c's connector too:
+        Cinder marks it ``attaching`` only after the driver's
+        initialize_connection returned.)
+        """
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT2_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': RESERVED,
+            'attached_host': None, 'connector': None})
+        return dict(self.b.props, host='node-c',
+                    initiator='iqn.1993-08.org.debian:01:node-c')
+
+    def test_an_export_to_an_attach_still_reserved_keeps_the_volume_put(self):
+        # F4 of the 2026-11-25 review: node-c's export (its ACL on
+        # node-a's target) exists, its attachment is not yet "attaching".
+        # (Before: the volume moved, and node-c then wrote to the copy the
+        # move retires.)
+        props = self.reserve_on_c()
+        info = self.a.attach(self.c.volume(), props)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assert_stayed(self.c.attach(self.b)[1])
+        acl = self.a.target.exports[IQN]['acl']
+        self.assertEqual({props['initiator'], self.b.props['initiator']}, acl)
+
+    def test_an_iscsi_export_once_the_move_is_recorded_is_refused(self):
+        # The other order: node-c's attach made its export's target before
+        # node-b's move took the lock, and connects after it was recorded.
+        # (Before: node-c's initiator was admitted to the copy the move
+        # was hydrating from.)
+        props = self.reserve_on_c()
+        self.a.create_export(self.c.ctxt, self.c.volume(), props)
+        self.c.attach(self.b)
+        self.assertRaises(move.MoveInProgress, self.a.initialize_connection,
+                          self.c.volume(), props)
+        acl = self.a.target.exports[IQN]['acl']
+        self.assertNotIn(props['initiator'], acl)
+
+    def test_an_unreadable_acl_keeps_the_volume_put(self):
+        # (configfs not mounted where the service runs: other nodes using
+        # the export cannot be ruled out.)
+        self.a.source._lio_acls = lambda iqn: frozenset()
+        self.assert_stayed(self.c.attach(self.b)[1])
+
+    def test_the_destinations_initiator_compares_case_insensitively(self):
+        self.b.props['initiator'] = self.b.props['initiator'].upper()
+        info = self.c.attach(self.b)[1]
+        self.assertEqual('local', info['driver_volume_type'])
 
     def test_the_sources_own_attachment_does_not_count(self):
         # (A live migration from node-a, the usual case, still moves.)
