@@ -19,6 +19,7 @@ roll back), the monitor's finished clones are finalized here, and a
 delete, an extend or a retype of a volume moving here act on its clone.
 """
 
+import collections
 import time
 
 from oslo_log import log as logging
@@ -85,6 +86,10 @@ class Destination(side.Side):
         self._clock = clock
         #: source node -> until when the monitor does not call it.
         self.resting = {}
+        #: source node -> the volume whose step to it timed out last,
+        #: and the others that waited for it during the rest.
+        self.yielding = {}
+        self.waited = collections.defaultdict(set)
         #: volumes whose finalization failed; retried after each tick.
         self.pending_finalize = set()
         #: volumes kept in ``cloned`` after writes here (see hold).
@@ -242,12 +247,33 @@ class Destination(side.Side):
             self.send(ctxt, volume, t, t.source_host, op)
         except oslo_messaging.MessagingTimeout:
             self.resting[t.source_node] = self._clock() + self.PEER_REST
+            self.yielding[t.source_node] = t.volume_id
+            self.waited.pop(t.source_node, None)
             raise
         self.resting.pop(t.source_node, None)
+        self.yielding.pop(t.source_node, None)
+        self.waited.pop(t.source_node, None)
 
     def _resting(self, t):
-        """True while the monitor leaves the move's source alone."""
-        return self.resting.get(t.source_node, 0) > self._clock()
+        """True while the monitor leaves the move's source alone.
+
+        After the rest, if other moves waited for that source meanwhile,
+        the volume whose step timed out last waits once more: the monitor
+        serves its moves in the same order at every tick, and a step that
+        always times out (its source answers the others) would otherwise
+        come first again each time and keep every other move from that
+        source waiting for good.
+        """
+        src = t.source_node
+        if self.resting.get(src, 0) > self._clock():
+            if t.volume_id != self.yielding.get(src):
+                self.waited[src].add(t.volume_id)
+            return True
+        if (self.yielding.get(src) == t.volume_id
+                and self.waited.get(src)):
+            del self.yielding[src]
+            return True
+        return False
 
     def commit_once_closed(self, volume, t):
         """Commit if the source confirms its copy is closed; else wait.

@@ -1266,6 +1266,54 @@ class OnStatusTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def test_a_step_that_always_times_out_does_not_starve_the_others(self):
+        # Review R4 of 2026-11-25: two moves from node-a wait for it (a
+        # retire, a commit's closed step); node-a answers, but one
+        # volume's step always times out.  After each rest the monitor
+        # tried that volume first (same order every tick), so it rested
+        # again and the other never got its turn.  Now the step that timed
+        # out last lets the others go first, once.
+        dest = self.b.destination
+        stuck, other = 'a' * 8, 'b' * 8
+        sent = []
+
+        def send(ctxt, volume, t, host, op):
+            if t.volume_id == stuck:
+                raise oslo_messaging.MessagingTimeout('no answer')
+            sent.append(t.volume_id)
+        self.mock_object(dest, 'send', side_effect=send)
+        moves = [mock.Mock(volume_id=v, source_node='node-a',
+                           source_host=self.a.host) for v in (stuck, other)]
+        for _ in range(6):          # ticks, 30 s apart: three rests
+            self.c.now += 30
+            for t in moves:         # (the tick's order: always the same)
+                if not dest._resting(t):
+                    try:
+                        dest._send_to_source(self.c.ctxt, None, t,
+                                             peer.RETIRE)
+                    except oslo_messaging.MessagingTimeout:
+                        pass
+            if sent:
+                break
+        self.assertEqual([other], sent)
+        self.assertEqual(({}, {}), (dest.resting, dest.yielding))
+
+    def test_the_step_that_timed_out_goes_again_if_alone(self):
+        dest = self.b.destination
+        t = mock.Mock(volume_id=VOLUME_ID, source_node='node-a',
+                      source_host=self.a.host)
+        self.mock_object(dest, 'send', side_effect=[
+            oslo_messaging.MessagingTimeout('no answer'), None])
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          dest._send_to_source, self.c.ctxt, None, t,
+                          peer.RETIRE)
+        self.assertTrue(dest._resting(t))
+        self.c.now += dest.PEER_REST + 1
+        # (No other move waited for node-a: no turn to give away.)
+        self.assertFalse(dest._resting(t))
+        dest._send_to_source(self.c.ctxt, None, t, peer.RETIRE)
+        self.assertEqual(({}, {}), (dest.resting, dest.yielding))
+
     def test_a_resting_source_does_not_delay_the_swap(self):
         # Another call to node-a timed out: the retire waits, but the
         # swap to linear, which needs no source, is done at once.
