@@ -246,15 +246,22 @@ class Destination(side.Side):
         try:
             self.send(ctxt, volume, t, t.source_host, op)
         except oslo_messaging.MessagingTimeout:
-            self.resting[t.source_node] = self._clock() + self.PEER_REST
-            self.yielding[t.source_node] = t.volume_id
-            self.waited.pop(t.source_node, None)
+            self.rest_source(t)
             raise
         self.resting.pop(t.source_node, None)
         self.yielding.pop(t.source_node, None)
         self.waited.pop(t.source_node, None)
 
-    def _resting(self, t):
+    def rest_source(self, t):
+        """Leave the source of ``t`` alone for a while: it did not answer.
+
+        (A step to it timed out, or a login to its export failed.)
+        """
+        self.resting[t.source_node] = self._clock() + self.PEER_REST
+        self.yielding[t.source_node] = t.volume_id
+        self.waited.pop(t.source_node, None)
+
+    def source_resting(self, t):
         """True while the monitor leaves the move's source alone.
 
         After the rest, if other moves waited for that source meanwhile,
@@ -323,7 +330,7 @@ class Destination(side.Side):
             if not self.is_dest(t) or t.state != move.CLONED:
                 self.awaiting_source.discard(volume_id)
                 return False
-            if self._resting(t):
+            if self.source_resting(t):
                 return False
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
             if attachments.on(volume, t.source_names,
@@ -574,7 +581,7 @@ class Destination(side.Side):
                                           move.FINALIZING)
                 self.clones.swap_to_linear(t)
                 self.clones.remove_metadata(t)
-                if self._resting(t):
+                if self.source_resting(t):
                     # (The swap needs no source: done, the retire waits.)
                     self.pending_finalize.add(volume_id)
                     return

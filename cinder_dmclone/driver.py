@@ -412,6 +412,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         t = self.destination.load(volume['id'])
         moving_in = self.destination.is_dest(t) and t.state in (
             move.PREPARING, move.CLONED, move.HYDRATING)
+        if volume['id'] in self.moves.recovery.pending_rebuild:
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %s is moving into this node and its clone '
+                       'waits for its source node to answer again; the '
+                       'volume service rebuilds it then.') % volume['id'])
         if moving_in or meta_vg.get_volume(
                 layout.metadata_lv_name(lv_name)) is not None:
             raise exception.VolumeBackendAPIException(
@@ -747,8 +752,19 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         After a reboot, LIO's helper restores every saved target at the
         first call, each over its volume's handle: so the handles of all
         the volumes this node exports are rebuilt first, not only this
-        volume's.
+        volume's.  A volume moving in whose clone this start could not
+        build again (its source node was down too) is left without a
+        handle, and in-use: the monitor builds its clone once the source
+        answers (Recovery.retry_rebuilds); an error here would have
+        Cinder set it to ``error`` for good.
         """
+        if volume['id'] in self.moves.recovery.pending_rebuild:
+            LOG.warning('Volume %s moves into this node and its clone could '
+                        'not be built again: its source node does not '
+                        'answer yet. The monitor tries again every minute; '
+                        'until then the volume cannot be attached here.',
+                        volume['id'])
+            return None
         path = self._ensure_handle(volume)
         if not self._owns_export(volume):
             return None

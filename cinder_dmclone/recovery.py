@@ -25,6 +25,7 @@ import dataclasses
 
 from oslo_log import log as logging
 
+from cinder import exception
 from cinder import objects
 
 from cinder_dmclone import attachments
@@ -160,6 +161,9 @@ class Recovery(object):
     def __init__(self, source, destination):
         self.source = source
         self.destination = destination
+        #: volumes whose clone a start could not build again (its source
+        #: did not answer); the monitor tries again (retry_rebuilds).
+        self.pending_rebuild = set()
 
     def recover(self, volumes, metadata_lvs):
         """Resume, finish or roll back every move touching this node.
@@ -207,6 +211,44 @@ class Recovery(object):
                 self.run(objects.Volume.get_by_id(
                     self.destination.ctxt(), volume_id), current)
 
+    def retry_rebuilds(self):
+        """Build again the clones a start could not (after each tick).
+
+        Both nodes lost power and this one's service started first: its
+        recovery could not log in to the source's export, and without
+        the clone the volume's instance cannot attach it here.  Each is
+        tried again under the volume's lock, never waiting for it, once
+        the source rests no more after the last failed login (see
+        :meth:`Destination.rest_source`); the plan is made again from
+        the record as it is now, as a start would.
+        """
+        dest = self.destination
+        for volume_id in sorted(self.pending_rebuild):
+            with move.lock_if_free(volume_id) as locked:
+                if not locked:
+                    continue
+                try:
+                    volume = objects.Volume.get_by_id(dest.ctxt(), volume_id)
+                    t = dest.load_any(volume_id)
+                except exception.VolumeNotFound:
+                    self.pending_rebuild.discard(volume_id)
+                    continue
+                if not dest.is_dest(t):
+                    self.pending_rebuild.discard(volume_id)
+                    continue
+                if dest.source_resting(t):
+                    continue
+                try:
+                    action = self.run(volume, t)
+                except Exception as exc:
+                    LOG.warning('Clone of volume %(vol)s still cannot be '
+                                'built again (%(why)s); trying again in '
+                                '%(rest)d s.', {'vol': volume_id, 'why': exc,
+                                                'rest': dest.PEER_REST})
+                    continue
+                if action.name != REBUILD:
+                    self.pending_rebuild.discard(volume_id)
+
     def facts(self, volume, t):
         dest = self.destination
         source_here = self.source.is_source(t) and \
@@ -253,7 +295,15 @@ class Recovery(object):
     def _rebuild(self, volume, t, action):
         # (FINALIZING after a reboot: rebuild the clone so that the swap
         # can check it is fully hydrated.)
-        self.destination.rebuild(volume, t, action.hydrate)
+        try:
+            self.destination.rebuild(volume, t, action.hydrate)
+        except Exception:
+            # (Both nodes lost power and this one came back first: the
+            # source's export is not there yet.)
+            self.pending_rebuild.add(volume.id)
+            self.destination.rest_source(t)
+            raise
+        self.pending_rebuild.discard(volume.id)
         # (action.commit: never without the source's word that no
         # instance there holds its copy; the monitor's next tick asks for
         # it, and reports a refusal.)

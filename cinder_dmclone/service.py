@@ -55,4 +55,13 @@ class MoveService(object):
             self.destination, self.recovery, stall_timeout=stall_timeout)
         self.monitor = hydration.HydrationMonitor(
             dm, volume_group, self.tracker.on_status, interval,
-            after_tick=self.destination.finalize_pending)
+            after_tick=self._after_tick)
+
+    def _after_tick(self):
+        """Work no clone target reports, once per monitor tick.
+
+        Finalizations that failed, and clones a start could not build
+        again (their source was down too).
+        """
+        self.destination.finalize_pending()
+        self.recovery.retry_rebuilds()

@@ -525,7 +525,9 @@ class Cluster(object):
 
     def volume(self, volume_id=VOLUME_ID):
         """A fresh Volume object from the database, as a manager loads."""
-        rec = self.db.volumes[volume_id]
+        rec = self.db.volumes.get(volume_id)
+        if rec is None:
+            raise exception.VolumeNotFound(volume_id=volume_id)
         md = self.db.admin_metadata.get(volume_id, {})
         volume = fake_volume.fake_volume_obj(
             self.ctxt, id=volume_id, host=rec['host'], size=rec['size'],

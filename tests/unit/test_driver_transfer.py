@@ -30,6 +30,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import destination
 from cinder_dmclone import dmsetup
+from cinder_dmclone import driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import move
@@ -88,6 +89,7 @@ class MockMovesTestCase(test_driver.DriverTestBase):
             hydration.HydrationTracker, instance=True)
         self.recovery = self.moves.recovery = mock.create_autospec(
             recovery.Recovery, instance=True)
+        self.recovery.pending_rebuild = set()
         self.source.load.return_value = None
         self.source.is_source.return_value = False
         self.source.wants_move.return_value = False
@@ -809,8 +811,14 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.assertIs(self.drv.moves.monitor, monitor)
         self.assertEqual(self.drv.moves.tracker.on_status,
                          monitor._on_status)
-        self.assertEqual(self.drv.moves.destination.finalize_pending,
-                         monitor._after_tick)
+        # After each tick: the finalizations and rebuilds to try again.
+        finalize = self.mock_object(self.drv.moves.destination,
+                                    'finalize_pending')
+        rebuild = self.mock_object(self.drv.moves.recovery,
+                                   'retry_rebuilds')
+        monitor._after_tick()
+        finalize.assert_called_once_with()
+        rebuild.assert_called_once_with()
         self.assertEqual(test_driver.VG, monitor._volume_group)
         self.assertIs(self.dm, monitor._dm)
         self.assertEqual(
@@ -906,6 +914,23 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.drv.metadata_vg.get_volume.assert_called_once_with(
             LV + '-dmcmeta')
         self.assertEqual({}, self.dm.devices)
+
+    def test_start_keeps_a_volume_whose_rebuild_waits_for_its_source(self):
+        # Review R2 of 2026-11-25: both nodes lost power and this one's
+        # service started first.  Recovery could not rebuild the clone;
+        # ensure_export then failed and Cinder set the in-use volume to
+        # error, which stayed after the monitor's retry rebuilt it.  Now
+        # the start leaves it in-use: no handle, a warning; a local
+        # attach is refused until the clone is back.
+        self.lvs[LV + '-dmcmeta'] = '0.01'
+        self.drv.moves.recovery.pending_rebuild.add(self.volume.id)
+        log = self.mock_object(driver, 'LOG')
+        self.assertIsNone(self.drv.ensure_export(self.ctxt, self.volume))
+        self.assertEqual({}, self.dm.devices)
+        self.assertIn('source node', log.warning.call_args[0][0])
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv._ensure_handle, self.volume)
+        self.assertIn('its source node', str(exc))
 
     @ddt.data(move.PREPARING, move.CLONED, move.HYDRATING)
     def test_no_linear_handle_while_moving_in_without_metadata(self, state):

@@ -1287,7 +1287,7 @@ class OnStatusTestCase(ClusterTestCase):
         for _ in range(6):          # ticks, 30 s apart: three rests
             self.c.now += 30
             for t in moves:         # (the tick's order: always the same)
-                if not dest._resting(t):
+                if not dest.source_resting(t):
                     try:
                         dest._send_to_source(self.c.ctxt, None, t,
                                              peer.RETIRE)
@@ -1307,10 +1307,10 @@ class OnStatusTestCase(ClusterTestCase):
         self.assertRaises(oslo_messaging.MessagingTimeout,
                           dest._send_to_source, self.c.ctxt, None, t,
                           peer.RETIRE)
-        self.assertTrue(dest._resting(t))
+        self.assertTrue(dest.source_resting(t))
         self.c.now += dest.PEER_REST + 1
         # (No other move waited for node-a: no turn to give away.)
-        self.assertFalse(dest._resting(t))
+        self.assertFalse(dest.source_resting(t))
         dest._send_to_source(self.c.ctxt, None, t, peer.RETIRE)
         self.assertEqual(({}, {}), (dest.resting, dest.yielding))
 
@@ -1969,6 +1969,66 @@ class RecoverTestCase(ClusterTestCase):
         self.c.assert_completed()
         self.restart(self.a, reboot=True)
         self.assertEqual({}, self.a.target.exports)
+
+    def both_rebooted_destination_first(self):
+        """Both nodes lost power; node-b's service starts before node-a's."""
+        self.a.reboot()
+        self.a.down = True
+        self.restart(self.b, reboot=True)
+        self.assertFalse(self.b.dm.exists(HANDLE))
+        self.a.down = False
+        self.restart(self.a)
+        self.assert_exported_to_b()
+
+    def test_both_rebooted_destination_first_rebuilds_later(self):
+        # Review R2 of 2026-11-25: node-b's start could not log in to
+        # node-a's export (node-a still down): the clone was never built
+        # again until an operator restarted node-b's service, and the
+        # instance here could not attach its volume.  The monitor now
+        # tries again once node-a rests no more.
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 4096)
+        self.both_rebooted_destination_first()
+        self.c.tick(self.b)
+        self.c.tick(self.b)
+        self.assertTrue(self.b.dm.exists(HANDLE))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_both_rebooted_in_the_live_migration_window(self):
+        src, dst = self.moved(live=True)
+        self.both_rebooted_destination_first()
+        self.c.tick(self.b)
+        self.c.tick(self.b)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.detach(src)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_rebuild_that_fails_again_waits_for_the_source(self):
+        self.moved()
+        self.a.reboot()
+        self.a.down = True
+        self.restart(self.b, reboot=True)
+        connects = len(self.b.connector.calls)
+        self.c.tick(self.b)         # (node-a rests: no login)
+        self.assertEqual(connects, len(self.b.connector.calls))
+        self.c.tick(self.b)         # a login, refused again
+        self.c.tick(self.b)
+        self.assertEqual(connects + 1, len(self.b.connector.calls))
+        self.assertFalse(self.b.dm.exists(HANDLE))
+        self.assertIn(VOLUME_ID, self.b.moves.recovery.pending_rebuild)
+
+    def test_a_pending_rebuild_of_a_deleted_volume_is_dropped(self):
+        self.moved()
+        self.a.reboot()
+        self.a.down = True
+        self.restart(self.b, reboot=True)
+        del self.c.db.volumes[VOLUME_ID]
+        self.c.tick(self.b)
+        self.c.tick(self.b)
+        self.assertEqual(set(), self.b.moves.recovery.pending_rebuild)
 
     def unmanage(self, node):
         """What the driver's unmanage does before it drops the handle."""
