@@ -409,6 +409,26 @@ class Source(side.Side):
                   'state': t.state})
         self._ensure_export(volume)
 
+    def _restore_saved_exports(self, volume):
+        """Bring back LIO's saved targets before an export is removed.
+
+        After a reboot the kernel has no target, but LIO's saved
+        configuration still holds the export made for the move (with the
+        destination's ACL): removing it from the kernel fails, the saved
+        copy stays, and the start's first ``ensure_export`` would restore
+        it, leaving the destination admitted to a volume that stayed
+        here.  Restored first (the handles with it), it is removed from
+        both.  Never raises: the removal then fails and logs as before.
+        """
+        if self._ensure_export is None:
+            return
+        try:
+            self._ensure_export(volume)
+        except Exception:
+            LOG.warning('Could not restore the saved exports before '
+                        'removing the one of volume %s.', volume['id'],
+                        exc_info=True)
+
     def give_up_aborted(self, volume):
         """Before a delete here: end an aborted move of the volume.
 
@@ -466,6 +486,7 @@ class Source(side.Side):
         """
         LOG.warning('Transfer of volume %s never completed; asking %s to '
                     'drop its side.', volume.id, t.dest_node)
+        self._restore_saved_exports(volume)
         self.drop_and_forget_export(volume, {'initiator': None,
                                              'host': None})
         self.give_up(self.ctxt(), volume, t)

@@ -236,11 +236,18 @@ class Node(object):
         """The volume manager at start: DMCloneVolumeDriver.ensure_export.
 
         A missing handle is rebuilt, except over an LV that a transfer's
-        metadata LV says is still hydrating (_refuse_linear_over_clone).
+        metadata LV says is still hydrating (_refuse_linear_over_clone);
+        an export of this node's is restored.
         """
         if not self.dm.exists(HANDLE) and LV in self.vg.lvs and \
                 META not in self.vg.lvs:
             self.ensure_handle()
+        volume = self.cluster.volume()
+        location = volume.get('provider_location') or ''
+        if location.startswith(self.target.ip + ':'):
+            # (Its export is this node's: LIO's helper restores every
+            # saved target if the kernel has none.)
+            self.target.ensure_export(self.cluster.ctxt, volume, HANDLE_PATH)
 
     @staticmethod
     def _local(volume, path):

@@ -1970,6 +1970,51 @@ class RecoverTestCase(ClusterTestCase):
         self.restart(self.a, reboot=True)
         self.assertEqual({}, self.a.target.exports)
 
+    def test_a_move_abandoned_after_a_reboot_leaves_no_export(self):
+        # Review R6 of 2026-11-25: node-a died while node-b built (the
+        # move recorded, its export with node-b's ACL saved by LIO) and
+        # rebooted.  Its recovery abandons the move, but the kernel had
+        # no target to remove (rtstool fails), so LIO's saved
+        # configuration kept it, and the start's ensure_export restored
+        # it: node-b stayed admitted to a volume living on node-a (and a
+        # later move elsewhere would see that ACL and stay put).
+        prepare = self.a.peer.prepare
+        calls = []
+
+        def crash_once(*args, **kwargs):
+            calls.append(args)
+            if len(calls) == 1:
+                raise cluster.Crash()
+            return prepare(*args, **kwargs)
+        self.mock_object(self.a.peer, 'prepare', side_effect=crash_once)
+        self.c.reboot = True    # (node-a's start: recovery, ensure_export)
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          self.c.attach, self.b)
+        self.assertIsNone(self.c.transfer())
+        iqn = fakes.FakeTarget.iqn(self.volume())
+        for config in (self.a.target.exports, self.a.target.saved):
+            self.assertNotIn(iqn, config)
+        self.assertIsNone(self.c.db.volumes[VOLUME_ID]['provider_location'])
+        # And the volume moves to node-b at its next attach.
+        self.assertEqual('local',
+                         self.c.attach(self.b)[1]['driver_volume_type'])
+
+    def test_an_abandon_whose_restore_fails_still_gives_up(self):
+        # (The restore is best effort: the move is given up all the same,
+        # and the record keeps naming the export its removal missed.)
+        self.mock_object(self.a, '_export_moving_away',
+                         side_effect=RuntimeError('rtstool restore failed'))
+        self.mock_object(self.a.peer, 'prepare', side_effect=cluster.Crash)
+        self.c.reboot = True
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          self.c.attach, self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+        self.log.warning.assert_any_call(
+            'Could not restore the saved exports before removing the one '
+            'of volume %s.', VOLUME_ID, exc_info=True)
+
     def both_rebooted_destination_first(self):
         """Both nodes lost power; node-b's service starts before node-a's."""
         self.a.reboot()
