@@ -74,9 +74,11 @@ def on(volume, node, attachments=None):
 
 
 def elsewhere(volume, nodes, attachments=None):
-    """Active attachments of the volume on none of ``nodes`` (a set).
+    """The hosts of the active attachments on none of ``nodes`` (a set).
 
-    An attachment that names no host counts: it may be on any node.
+    Sorted, one per attachment.  An attachment that names no host counts
+    (as None, listed last): it may be on any node.
     """
-    return sum(1 for host in _active_hosts(volume, attachments)
-               if host not in nodes)
+    hosts = [host for host in _active_hosts(volume, attachments)
+             if host not in nodes]
+    return sorted(hosts, key=lambda host: (host is None, host or ''))

@@ -141,10 +141,12 @@ class Source(side.Side):
             volume, self.node_names | {dest_node}, current)
         if others:
             LOG.info('Volume %(vol)s stays on %(src)s, reached over iSCSI '
-                     'from %(dst)s: %(n)d attachment(s) on other nodes '
-                     'use its copy here.', {'vol': volume['id'],
-                                            'src': self.node_name,
-                                            'dst': dest_node, 'n': others})
+                     'from %(dst)s: attachments on %(hosts)s use its copy '
+                     'here.', {'vol': volume['id'], 'src': self.node_name,
+                               'dst': dest_node,
+                               'hosts': ', '.join(
+                                   host or '(no host recorded)'
+                                   for host in others)})
             return False
         return True
 

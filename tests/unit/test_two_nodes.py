@@ -1065,6 +1065,10 @@ class ThirdNodeTestCase(ClusterTestCase):
         # through node-a's export -- review finding 2 of 2026-11-25.)
         self.elsewhere()
         self.assert_stayed(self.c.attach(self.b)[1])
+        # The log says which node keeps it there.
+        self.assertIn('node-c', [
+            c[0][1].get('hosts') for c in self.log.info.call_args_list
+            if 'stays on' in c[0][0]])
 
     def test_a_reader_elsewhere_keeps_the_volume_put(self):
         # A backup reading over iSCSI on node-c: retiring node-a's copy
@@ -1077,6 +1081,9 @@ class ThirdNodeTestCase(ClusterTestCase):
         self.elsewhere(host=None)
         self.c.attachments[-1]['connector'] = None
         self.assert_stayed(self.c.attach(self.b)[1])
+        self.assertIn('(no host recorded)', [
+            c[0][1].get('hosts') for c in self.log.info.call_args_list
+            if 'stays on' in c[0][0]])
 
     def reserve_on_c(self):
         """The instance's attach on node-c, still reserved.
