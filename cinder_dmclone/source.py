@@ -125,8 +125,9 @@ class Source(side.Side):
         A multiattach volume never moves: each node's copy would take its
         own writes, so instances on two nodes would see two disks.  It
         stays where it is and other nodes reach it over iSCSI.  Nor does
-        a volume that a third node uses over iSCSI (a node without this
-        backend's service, a backup host): the move would hydrate from a
+        a volume that another node uses over iSCSI (a node without this
+        backend's service, a backup host, or the attaching node itself
+        through an earlier attachment): the move would hydrate from a
         copy that node still writes, and retire that copy under it.
         """
         if volume.get('multiattach'):
@@ -137,8 +138,11 @@ class Source(side.Side):
         current = attachments.current(volume)
         if not attachments.is_instance_attach(volume, current):
             return False
-        others = attachments.elsewhere(
-            volume, self.node_names | {dest_node}, current)
+        # The destination's own active attachments count too: one there
+        # already reaches this copy over iSCSI, and would keep writing to
+        # it while the move hydrates from it.  (The attach being made now
+        # is still reserved, not active.)
+        others = attachments.elsewhere(volume, self.node_names, current)
         if others:
             LOG.info('Volume %(vol)s stays on %(src)s, reached over iSCSI '
                      'from %(dst)s: attachments on %(hosts)s use its copy '

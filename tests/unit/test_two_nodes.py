@@ -1124,6 +1124,23 @@ class ThirdNodeTestCase(ClusterTestCase):
         acl = self.a.target.exports[IQN]['acl']
         self.assertNotIn(props['initiator'], acl)
 
+    def test_an_iscsi_attachment_on_the_destination_keeps_the_volume_put(
+            self):
+        # Review of 2026-11-25 (afternoon): node-b already reaches the
+        # volume over iSCSI (it stayed put while node-c had an export);
+        # node-c's attach goes, and another instance attach on node-b
+        # comes.  The ACL names node-b alone, and wants_move did not count
+        # node-b's own attachments: the volume moved and hydrated while
+        # node-b's first session still wrote to node-a's copy.
+        props = self.reserve_on_c()
+        self.a.attach(self.c.volume(), props)
+        first, info = self.c.attach(self.b)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.c.attachments.remove(self.c.attachments[0])     # node-c's
+        self.a.target.terminate_connection(self.c.volume(), props)
+        self.assert_stayed(self.c.attach(self.b)[1])
+        self.assertIn(first, self.c.attachments)
+
     def test_an_unreadable_acl_keeps_the_volume_put(self):
         # (configfs not mounted where the service runs: other nodes using
         # the export cannot be ruled out.)
