@@ -356,10 +356,7 @@ class Destination(side.Side):
                 current = self.load(t.volume_id)
             except exception.VolumeNotFound:
                 return False    # deleted meanwhile
-            if not self.is_dest(current) or not (
-                    t.same_move(current) if t.secret
-                    # (a move of release 1.1.0 may get its secret later)
-                    else current.dest_node == t.dest_node):
+            if not self.is_dest(current) or not t.still(current):
                 return False
             self.store.publish_progress(self.ctxt(), t.volume_id, progress)
             return True

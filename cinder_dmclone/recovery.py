@@ -31,6 +31,7 @@ from cinder import objects
 from cinder_dmclone import attachments
 from cinder_dmclone import layout
 from cinder_dmclone import move
+from cinder_dmclone import source as source_side
 
 LOG = logging.getLogger(__name__)
 
@@ -161,9 +162,10 @@ class Recovery(object):
     def __init__(self, source, destination):
         self.source = source
         self.destination = destination
-        #: volumes whose clone a start could not build again (its source
-        #: did not answer); the monitor tries again (retry_rebuilds).
-        self.pending_rebuild = set()
+        #: volume id -> the move whose clone a start could not build
+        #: again (its source did not answer); the monitor tries again
+        #: (retry_rebuilds) while the record still describes that move.
+        self.pending_rebuild = {}
 
     def recover(self, volumes, metadata_lvs):
         """Resume, finish or roll back every move touching this node.
@@ -216,38 +218,58 @@ class Recovery(object):
 
         Both nodes lost power and this one's service started first: its
         recovery could not log in to the source's export, and without
-        the clone the volume's instance cannot attach it here.  Each is
-        tried again under the volume's lock, never waiting for it, once
-        the source rests no more after the last failed login (see
-        :meth:`Destination.rest_source`); the plan is made again from
-        the record as it is now, as a start would.
+        the clone the volume's instance cannot attach it here.  Tried
+        again only once the source's service reports itself up (its own
+        start has exported the volume again by then) and rests no more
+        after the last failed try (see :meth:`Destination.rest_source`):
+        a login to a dead portal can take minutes, and the tick waits
+        for it.  Under the volume's lock, never waiting for it; the plan
+        is made again from the record as it is now, as a start would.
         """
         dest = self.destination
-        for volume_id in sorted(self.pending_rebuild):
+        ctxt = dest.ctxt()
+        for volume_id, t in sorted(self.pending_rebuild.items()):
+            if not self._still_pending(volume_id, t):
+                continue
+            if dest.source_resting(t) or not source_side.service_is_up(
+                    ctxt, t.source_host):
+                continue
             with move.lock_if_free(volume_id) as locked:
-                if not locked:
-                    continue
-                try:
-                    volume = objects.Volume.get_by_id(dest.ctxt(), volume_id)
-                    t = dest.load_any(volume_id)
-                except exception.VolumeNotFound:
-                    self.pending_rebuild.discard(volume_id)
-                    continue
-                if not dest.is_dest(t):
-                    self.pending_rebuild.discard(volume_id)
-                    continue
-                if dest.source_resting(t):
-                    continue
-                try:
-                    action = self.run(volume, t)
-                except Exception as exc:
-                    LOG.warning('Clone of volume %(vol)s still cannot be '
-                                'built again (%(why)s); trying again in '
-                                '%(rest)d s.', {'vol': volume_id, 'why': exc,
-                                                'rest': dest.PEER_REST})
-                    continue
-                if action.name != REBUILD:
-                    self.pending_rebuild.discard(volume_id)
+                if locked and self._still_pending(volume_id, t):
+                    self._retry_rebuild(ctxt, volume_id)
+
+    def _still_pending(self, volume_id, t):
+        """True if the record still describes the move to rebuild.
+
+        Deleted, rolled back, or replaced by a later move: dropped.
+        """
+        try:
+            current = self.destination.load_any(volume_id)
+        except exception.VolumeNotFound:
+            current = None
+        if self.destination.is_dest(current) and t.still(current):
+            return True
+        self.pending_rebuild.pop(volume_id, None)
+        return False
+
+    def _retry_rebuild(self, ctxt, volume_id):
+        dest = self.destination
+        try:
+            volume = objects.Volume.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            self.pending_rebuild.pop(volume_id, None)
+            return
+        t = dest.load_any(volume_id)
+        try:
+            action = self.run(volume, t)
+        except Exception as exc:
+            LOG.warning('Clone of volume %(vol)s still cannot be built '
+                        'again (%(why)s); trying again in %(rest)d s.',
+                        {'vol': volume_id, 'why': exc,
+                         'rest': dest.PEER_REST})
+            return
+        if action.name != REBUILD:
+            self.pending_rebuild.pop(volume_id, None)
 
     def facts(self, volume, t):
         dest = self.destination
@@ -300,10 +322,10 @@ class Recovery(object):
         except Exception:
             # (Both nodes lost power and this one came back first: the
             # source's export is not there yet.)
-            self.pending_rebuild.add(volume.id)
+            self.pending_rebuild[volume.id] = t
             self.destination.rest_source(t)
             raise
-        self.pending_rebuild.discard(volume.id)
+        self.pending_rebuild.pop(volume.id, None)
         # (action.commit: never without the source's word that no
         # instance there holds its copy; the monitor's next tick asks for
         # it, and reports a refusal.)

@@ -82,6 +82,19 @@ def host_zone(ctxt, host):
         return None
 
 
+def service_is_up(ctxt, host):
+    """True if the volume service behind ``host`` reports itself up.
+
+    Its heartbeat starts once its start (recovery included) is over.
+    """
+    backend = volume_utils.extract_host(host, 'backend')
+    try:
+        return objects.Service.get_by_args(
+            ctxt, backend, constants.VOLUME_BINARY).is_up
+    except exception.ServiceNotFound:
+        return False
+
+
 class Source(side.Side):
     """Moves of volumes away from this node.
 

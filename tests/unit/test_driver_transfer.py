@@ -89,7 +89,7 @@ class MockMovesTestCase(test_driver.DriverTestBase):
             hydration.HydrationTracker, instance=True)
         self.recovery = self.moves.recovery = mock.create_autospec(
             recovery.Recovery, instance=True)
-        self.recovery.pending_rebuild = set()
+        self.recovery.pending_rebuild = {}
         self.source.load.return_value = None
         self.source.is_source.return_value = False
         self.source.wants_move.return_value = False
@@ -923,7 +923,8 @@ class WiringTestCase(test_driver.DriverTestBase):
         # the start leaves it in-use: no handle, a warning; a local
         # attach is refused until the clone is back.
         self.lvs[LV + '-dmcmeta'] = '0.01'
-        self.drv.moves.recovery.pending_rebuild.add(self.volume.id)
+        self.drv.moves.recovery.pending_rebuild[self.volume.id] = (
+            mock.sentinel.move)
         log = self.mock_object(driver, 'LOG')
         self.assertIsNone(self.drv.ensure_export(self.ctxt, self.volume))
         self.assertEqual({}, self.dm.devices)

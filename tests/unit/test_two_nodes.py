@@ -2089,6 +2089,41 @@ class RecoverTestCase(ClusterTestCase):
         self.assertFalse(self.b.dm.exists(HANDLE))
         self.assertIn(VOLUME_ID, self.b.moves.recovery.pending_rebuild)
 
+    def test_no_login_while_the_sources_service_is_down(self):
+        # (Review of the retry: a login to a dead portal can take minutes,
+        # under the volume's lock, at every rest.)  The source's heartbeat
+        # says when trying makes sense: its start re-exports first.
+        self.moved()
+        self.a.reboot()
+        self.a.down = True
+        self.a.service_up = False
+        self.restart(self.b, reboot=True)
+        connects = len(self.b.connector.calls)
+        for _ in range(6):
+            self.c.tick(self.b)
+        self.assertEqual(connects, len(self.b.connector.calls))
+        self.a.down = False
+        self.a.service_up = True
+        self.restart(self.a)
+        self.c.tick(self.b)
+        self.assertTrue(self.b.dm.exists(HANDLE))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_pending_rebuild_of_a_later_move_is_dropped(self):
+        # The record now describes another move (the volume was rolled
+        # back and moved again meanwhile): not the one to rebuild.
+        self.moved()
+        self.a.reboot()
+        self.a.down = True
+        self.restart(self.b, reboot=True)
+        self.c.db.admin_metadata[VOLUME_ID]['dmclone_secret'] = 'f' * 32
+        connects = len(self.b.connector.calls)
+        self.c.tick(self.b)
+        self.c.tick(self.b)
+        self.assertEqual({}, self.b.moves.recovery.pending_rebuild)
+        self.assertEqual(connects, len(self.b.connector.calls))
+
     def test_a_pending_rebuild_of_a_deleted_volume_is_dropped(self):
         self.moved()
         self.a.reboot()
@@ -2097,7 +2132,7 @@ class RecoverTestCase(ClusterTestCase):
         del self.c.db.volumes[VOLUME_ID]
         self.c.tick(self.b)
         self.c.tick(self.b)
-        self.assertEqual(set(), self.b.moves.recovery.pending_rebuild)
+        self.assertEqual({}, self.b.moves.recovery.pending_rebuild)
 
     def unmanage(self, node):
         """What the driver's unmanage does before it drops the handle."""
