@@ -173,6 +173,15 @@ class Recovery(object):
         ``volumes`` are the volumes whose record names this node or whose
         move does; ``metadata_lvs`` the metadata LV names present here.
         Leftovers that match no move are reported, never deleted.
+
+        Runs at start without the volumes' locks, unlike every later
+        caller of :meth:`run`: the service's RPC server does not serve
+        yet, so no API request and no step of the other node reaches it,
+        and a start must not depend on the lock service being up.  What
+        the other node may do meanwhile under its own lock (a rollback
+        or a finalization, whose step to this node then times out) meets
+        a compare-and-set here (``Store.transition``, ``clear`` of this
+        very move) or an idempotent re-export.
         """
         known = set()
         for volume in volumes:
