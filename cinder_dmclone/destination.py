@@ -31,6 +31,7 @@ from cinder.i18n import _
 from cinder import objects
 
 from cinder_dmclone import attachments
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import side
@@ -432,9 +433,17 @@ class Destination(side.Side):
         self.rollback(volume, t)
 
     def rebuild(self, volume, t, hydrate):
-        """Build the clone again after a restart or reboot took it."""
+        """Build the clone again after a restart or reboot took it.
+
+        SourceUnreachable if the login to the source's export fails (see
+        Recovery.retry_rebuilds); any other failure is this node's.
+        """
         threshold, batch = self.tuning(volume.volume_type)
-        path = self.clones.connect_source(t, volume.provider_auth)
+        try:
+            path = self.clones.connect_source(t, volume.provider_auth)
+        except Exception as exc:
+            raise dmc_exception.SourceUnreachable(
+                volume=volume.id, node=t.source_node, reason=exc) from exc
         self.clones.build_clone(t, path, hydrate, threshold, batch)
 
     # -- what else can happen to a volume moving here ----------------------

@@ -123,3 +123,15 @@ class SourceStillInUse(exception.VolumeBackendAPIException):
                 "there may still write to it, so its move is not "
                 "committed. Detach it from that instance first, then "
                 "delete the attachment again.")
+
+
+class SourceUnreachable(exception.VolumeBackendAPIException):
+    """The destination cannot log in to the source's export of a volume.
+
+    Its source node or service is down, or has not exported the volume
+    again since it rebooted: what only that node can fix, unlike a
+    rebuild that fails here (a lost metadata LV).
+    """
+
+    message = _("Cannot reach the export of volume %(volume)s on node "
+                "%(node)s: %(reason)s")

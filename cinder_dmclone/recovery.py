@@ -29,6 +29,7 @@ from cinder import exception
 from cinder import objects
 
 from cinder_dmclone import attachments
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import source as source_side
@@ -328,11 +329,16 @@ class Recovery(object):
         # can check it is fully hydrated.)
         try:
             self.destination.rebuild(volume, t, action.hydrate)
-        except Exception:
+        except dmc_exception.SourceUnreachable:
             # (Both nodes lost power and this one came back first: the
             # source's export is not there yet.)
             self.pending_rebuild[volume.id] = t
             self.destination.rest_source(t)
+            raise
+        except Exception:
+            # (This node's own failure, a lost metadata LV say: waiting
+            # for the source would not help.)
+            self.pending_rebuild.pop(volume.id, None)
             raise
         self.pending_rebuild.pop(volume.id, None)
         # (action.commit: never without the source's word that no

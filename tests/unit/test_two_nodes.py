@@ -2124,6 +2124,18 @@ class RecoverTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.moves.recovery.pending_rebuild)
         self.assertEqual(connects, len(self.b.connector.calls))
 
+    def test_a_rebuild_without_metadata_is_not_waiting_for_the_source(self):
+        # The metadata LV is lost (its disk failed), the source is fine:
+        # that rebuild will never work.  It is not retried, and a local
+        # attach says the clone is missing, not that the source is away.
+        # (The real-kernel test_start_never_maps_a_partial_copy caught
+        # the misleading message in CI of a5f0f67.)
+        self.moved(live=True)
+        self.b.vg.delete(META)
+        self.restart(self.b, reboot=True)
+        self.assertEqual({}, self.b.moves.recovery.pending_rebuild)
+        self.assertFalse(self.b.dm.exists(HANDLE))
+
     def test_a_pending_rebuild_of_a_deleted_volume_is_dropped(self):
         self.moved()
         self.a.reboot()
