@@ -227,26 +227,33 @@ class Recovery(object):
         """Build again the clones a start could not (after each tick).
 
         Both nodes lost power and this one's service started first: its
-        recovery could not log in to the source's export, and without
-        the clone the volume's instance cannot attach it here.  Tried
-        again only once the source's service reports itself up (its own
-        start has exported the volume again by then) and rests no more
+        recovery could not log in to the source's export (to rebuild the
+        clone, or to roll back, which needs it), and without the clone
+        the volume's instance cannot attach it here.  Tried again only
+        while the source's service reports itself up and rests no more
         after the last failed try (see :meth:`Destination.rest_source`):
         a login to a dead portal can take minutes, and the tick waits
         for it.  Under the volume's lock, never waiting for it; the plan
         is made again from the record as it is now, as a start would.
         """
-        dest = self.destination
-        ctxt = dest.ctxt()
+        ctxt = self.destination.ctxt()
         for volume_id, t in sorted(self.pending_rebuild.items()):
-            if not self._still_pending(volume_id, t):
-                continue
-            if dest.source_resting(t) or not source_side.service_is_up(
-                    ctxt, t.source_host):
-                continue
-            with move.lock_if_free(volume_id) as locked:
-                if locked and self._still_pending(volume_id, t):
-                    self._retry_rebuild(ctxt, volume_id)
+            try:
+                self._retry_one(ctxt, volume_id, t)
+            except Exception:
+                # (One unreadable record must not hold up the others.)
+                LOG.exception('Retrying the transfer of volume %s failed.',
+                              volume_id)
+
+    def _retry_one(self, ctxt, volume_id, t):
+        if not self._still_pending(volume_id, t):
+            return
+        if self.destination.source_resting(t) or \
+                not source_side.service_is_up(ctxt, t.source_host):
+            return
+        with move.lock_if_free(volume_id) as locked:
+            if locked and self._still_pending(volume_id, t):
+                self._retry_rebuild(ctxt, volume_id)
 
     def _still_pending(self, volume_id, t):
         """True if the record still describes the move to rebuild.
@@ -271,15 +278,15 @@ class Recovery(object):
             return
         t = dest.load_any(volume_id)
         try:
-            action = self.run(volume, t)
-        except Exception as exc:
-            LOG.warning('Clone of volume %(vol)s still cannot be built '
-                        'again (%(why)s); trying again in %(rest)d s.',
+            self.run(volume, t)
+        except dmc_exception.SourceUnreachable as exc:
+            LOG.warning('Transfer of volume %(vol)s still waits for its '
+                        'source (%(why)s); trying again in %(rest)d s.',
                         {'vol': volume_id, 'why': exc,
                          'rest': dest.PEER_REST})
-            return
-        if action.name != REBUILD:
-            self.pending_rebuild.pop(volume_id, None)
+        except Exception:
+            LOG.exception('Recovering the transfer of volume %s failed; '
+                          'not trying again.', volume_id)
 
     def facts(self, volume, t):
         dest = self.destination
@@ -300,8 +307,31 @@ class Recovery(object):
             needs_rebuild=dest_here and dest.clones.needs_rebuild(t))
 
     def run(self, volume, t):
-        """Take the action :func:`plan` gives for ``t`` on this node."""
+        """Take the action :func:`plan` gives for ``t`` on this node.
+
+        An action here that needs the source's export and cannot log in
+        to it (a rebuild, or a rollback, which rebuilds the clone to see
+        whether it took writes) waits for the source: the monitor tries
+        again (:meth:`retry_rebuilds`).  Any other outcome ends the wait.
+        """
         action = plan(t, self.facts(volume, t))
+        try:
+            self._act(action, volume, t)
+        except dmc_exception.SourceUnreachable:
+            # (Both nodes lost power and this one came back first: the
+            # source's export is not there yet.)
+            self.pending_rebuild[volume.id] = t
+            self.destination.rest_source(t)
+            raise
+        except Exception:
+            # (This node's own failure, a lost metadata LV say: waiting
+            # for the source would not help.)
+            self.pending_rebuild.pop(volume.id, None)
+            raise
+        self.pending_rebuild.pop(volume.id, None)
+        return action
+
+    def _act(self, action, volume, t):
         dest = self.destination
         if action.name == ABANDON:
             self.source.abandon(volume, t)
@@ -322,25 +352,11 @@ class Recovery(object):
                         'interrupted; delete it again.', volume.id)
         elif action.name == REBUILD:
             self._rebuild(volume, t, action)
-        return action
 
     def _rebuild(self, volume, t, action):
         # (FINALIZING after a reboot: rebuild the clone so that the swap
         # can check it is fully hydrated.)
-        try:
-            self.destination.rebuild(volume, t, action.hydrate)
-        except dmc_exception.SourceUnreachable:
-            # (Both nodes lost power and this one came back first: the
-            # source's export is not there yet.)
-            self.pending_rebuild[volume.id] = t
-            self.destination.rest_source(t)
-            raise
-        except Exception:
-            # (This node's own failure, a lost metadata LV say: waiting
-            # for the source would not help.)
-            self.pending_rebuild.pop(volume.id, None)
-            raise
-        self.pending_rebuild.pop(volume.id, None)
+        self.destination.rebuild(volume, t, action.hydrate)
         # (action.commit: never without the source's word that no
         # instance there holds its copy; the monitor's next tick asks for
         # it, and reports a refusal.)

@@ -85,7 +85,11 @@ def host_zone(ctxt, host):
 def service_is_up(ctxt, host):
     """True if the volume service behind ``host`` reports itself up.
 
-    Its heartbeat starts once its start (recovery included) is over.
+    Cinder's own reading of the service's heartbeat: up until
+    ``service_down_time`` after its last report, and as soon as it starts
+    (before its recovery has re-exported anything).  A hint, then, that
+    keeps a caller from waiting on a node that is surely down; a login
+    after it may still fail, and the caller tries again later.
     """
     backend = volume_utils.extract_host(host, 'backend')
     try:

@@ -2124,6 +2124,35 @@ class RecoverTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.moves.recovery.pending_rebuild)
         self.assertEqual(connects, len(self.b.connector.calls))
 
+    def test_a_rollback_after_both_nodes_lost_power_is_retried(self):
+        # Review of the retry (2026-11-25, evening): Nova's rollback of a
+        # live migration deleted node-b's attachment, but the detach never
+        # reached node-b (both nodes lost power); node-b starts first.
+        # Its rollback needs the clone (were there writes?), whose login
+        # to node-a failed: only a REBUILD was retried, so the move stayed
+        # cloned on node-b for good and the instance on node-a could not
+        # reconnect.
+        src, dst = self.moved(live=True)
+        self.c.attachments.remove(dst)
+        self.both_rebooted_destination_first()
+        for _ in range(3):
+            self.c.tick(self.b)
+        self.c.assert_rolled_back()
+
+    def test_an_unreadable_pending_record_does_not_stop_the_retries(self):
+        self.moved()
+        self.a.reboot()
+        self.a.down = True
+        self.restart(self.b, reboot=True)
+        recovery_ = self.b.moves.recovery
+        t = recovery_.pending_rebuild[VOLUME_ID]
+        recovery_.pending_rebuild['0' * 8] = t     # sorts first
+        self.mock_object(recovery_, '_still_pending', side_effect=[
+            move.MoveStateInvalid(volume_id='0' * 8, reason='half edited'),
+            False])
+        self.c.tick(self.b)
+        self.assertEqual(2, recovery_._still_pending.call_count)
+
     def test_a_rebuild_without_metadata_is_not_waiting_for_the_source(self):
         # The metadata LV is lost (its disk failed), the source is fine:
         # that rebuild will never work.  It is not retried, and a local
