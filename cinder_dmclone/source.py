@@ -54,10 +54,8 @@ def service_host(ctxt, volume, node):
     backend = volume_utils.extract_host(volume['host'], 'backend')
     section = backend.partition('@')[2]
     dest_backend = '%s@%s' % (node, section)
-    try:
-        service = objects.Service.get_by_args(ctxt, dest_backend,
-                                              constants.VOLUME_BINARY)
-    except exception.ServiceNotFound:
+    service = _volume_service(ctxt, dest_backend)
+    if service is None:
         return None, None
     if service.disabled or not service.is_up:
         raise exception.VolumeBackendAPIException(
@@ -74,12 +72,8 @@ def host_zone(ctxt, host):
 
     None when the service is unknown: the record keeps its zone.
     """
-    backend = volume_utils.extract_host(host, 'backend')
-    try:
-        return objects.Service.get_by_args(
-            ctxt, backend, constants.VOLUME_BINARY).availability_zone
-    except exception.ServiceNotFound:
-        return None
+    service = _volume_service(ctxt, host)
+    return None if service is None else service.availability_zone
 
 
 def service_is_up(ctxt, host):
@@ -91,12 +85,18 @@ def service_is_up(ctxt, host):
     keeps a caller from waiting on a node that is surely down; a login
     after it may still fail, and the caller tries again later.
     """
+    service = _volume_service(ctxt, host)
+    return service is not None and service.is_up
+
+
+def _volume_service(ctxt, host):
+    """The volume service behind ``host`` (a host or backend), or None."""
     backend = volume_utils.extract_host(host, 'backend')
     try:
-        return objects.Service.get_by_args(
-            ctxt, backend, constants.VOLUME_BINARY).is_up
+        return objects.Service.get_by_args(ctxt, backend,
+                                           constants.VOLUME_BINARY)
     except exception.ServiceNotFound:
-        return False
+        return None
 
 
 class Source(side.Side):
