@@ -2039,11 +2039,15 @@ class RecoverTestCase(ClusterTestCase):
             'Could not restore the saved exports before removing the one '
             'of volume %s.', VOLUME_ID, exc_info=True)
 
-    def both_rebooted_destination_first(self):
-        """Both nodes lost power; node-b's service starts before node-a's."""
+    def destination_started_while_source_down(self):
+        """Both nodes lost power; node-b's service starts, node-a's not."""
         self.a.reboot()
         self.a.down = True
         self.restart(self.b, reboot=True)
+
+    def both_rebooted_destination_first(self):
+        """Both nodes lost power; node-b's service starts before node-a's."""
+        self.destination_started_while_source_down()
         self.assertFalse(self.b.dm.exists(HANDLE))
         self.a.down = False
         self.restart(self.a)
@@ -2077,9 +2081,7 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_a_rebuild_that_fails_again_waits_for_the_source(self):
         self.moved()
-        self.a.reboot()
-        self.a.down = True
-        self.restart(self.b, reboot=True)
+        self.destination_started_while_source_down()
         connects = len(self.b.connector.calls)
         self.c.tick(self.b)         # (node-a rests: no login)
         self.assertEqual(connects, len(self.b.connector.calls))
@@ -2094,10 +2096,8 @@ class RecoverTestCase(ClusterTestCase):
         # under the volume's lock, at every rest.)  The source's heartbeat
         # says when trying makes sense: its start re-exports first.
         self.moved()
-        self.a.reboot()
-        self.a.down = True
+        self.destination_started_while_source_down()
         self.a.service_up = False
-        self.restart(self.b, reboot=True)
         connects = len(self.b.connector.calls)
         for _ in range(6):
             self.c.tick(self.b)
@@ -2114,9 +2114,7 @@ class RecoverTestCase(ClusterTestCase):
         # The record now describes another move (the volume was rolled
         # back and moved again meanwhile): not the one to rebuild.
         self.moved()
-        self.a.reboot()
-        self.a.down = True
-        self.restart(self.b, reboot=True)
+        self.destination_started_while_source_down()
         self.c.db.admin_metadata[VOLUME_ID]['dmclone_secret'] = 'f' * 32
         connects = len(self.b.connector.calls)
         self.c.tick(self.b)
@@ -2141,9 +2139,7 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_an_unreadable_pending_record_does_not_stop_the_retries(self):
         self.moved()
-        self.a.reboot()
-        self.a.down = True
-        self.restart(self.b, reboot=True)
+        self.destination_started_while_source_down()
         recovery_ = self.b.moves.recovery
         t = recovery_.pending_rebuild[VOLUME_ID]
         recovery_.pending_rebuild['0' * 8] = t     # sorts first
@@ -2167,9 +2163,7 @@ class RecoverTestCase(ClusterTestCase):
 
     def test_a_pending_rebuild_of_a_deleted_volume_is_dropped(self):
         self.moved()
-        self.a.reboot()
-        self.a.down = True
-        self.restart(self.b, reboot=True)
+        self.destination_started_while_source_down()
         del self.c.db.volumes[VOLUME_ID]
         self.c.tick(self.b)
         self.c.tick(self.b)
