@@ -35,7 +35,9 @@ Fixtures:
   (the default, so that naming one test always runs it);
 * ``no_leaks`` (automatic): after every test, fails it if anything is left
   behind (see :func:`testbed.leaks`) and then cleans up by force so the
-  next test starts clean.
+  next test starts clean (on every node's kernel);
+* ``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts
+  a test is written for (unmarked: one-kernel); the others deselect it.
 """
 
 import dataclasses
@@ -67,10 +69,12 @@ def pytest_configure(config):
         'markers', 'extended: a functional test outside the CI tier '
         '(tox -e functional-extended); it mostly repeats, through another '
         'door, a path the CI tier takes')
+    config.addinivalue_line('markers', fixtures.LAYOUT_MARKER)
 
 
 def pytest_collection_modifyitems(config, items):
     fixtures.select_tier(config, items)
+    fixtures.select_layout(config, items)
     fixtures.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
 
 

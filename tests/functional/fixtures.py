@@ -32,6 +32,33 @@ def select_tier(config, items):
         items[:] = keep
 
 
+LAYOUT_MARKER = ('layouts(*names): the testbed layouts a test is written '
+                 'for (one-kernel, separate); unmarked: one-kernel only')
+
+
+def select_layout(config, items):
+    """Deselect the tests not written for the running testbed's layout.
+
+    ``--layout separate`` gives every node its own kernel; a test that
+    inspects node A's kernel state from node B's process is written for
+    the one-kernel layout (the default when unmarked) and is reported as
+    deselected there, never as passed.
+    """
+    if not testbed.in_testbed():
+        return
+    layout = testbed.topology().layout
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker('layouts')
+        layouts = marker.args if marker else ('one-kernel',)
+        (keep if layout in layouts else drop).append(item)
+    if drop:
+        testbed.LOG.info('%d tests deselected: not written for the %s '
+                         'layout', len(drop), layout)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def skip_outside_testbed(items, folder, reason):
     """Mark the tests under ``folder`` SKIPPED when not in the guest.
 

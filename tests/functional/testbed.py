@@ -82,9 +82,20 @@ class Topology:
     src: str
     artifacts_dir: str
     iscsi_port: int
+    layout: str = 'one-kernel'
 
     def node(self, key):
         return {'a': self.a, 'b': self.b}[key.lower()[-1]]
+
+    @property
+    def separate(self):
+        """True when every node is its own kernel (--layout separate)."""
+        return self.layout == 'separate'
+
+    @property
+    def kernels(self):
+        """One node key per kernel: whose view covers each kernel's state."""
+        return ('a', 'b') if self.separate else ('b',)
 
 
 _TOPOLOGY = None
@@ -108,7 +119,8 @@ def topology():
             raw=raw, a=nodes['a'], b=nodes['b'], lvm_conf=raw['lvm_conf'],
             lvm_system_dir=raw['lvm_system_dir'], python=raw['python'],
             src=raw['src'], artifacts_dir=raw['artifacts_dir'],
-            iscsi_port=raw['iscsi_port'])
+            iscsi_port=raw['iscsi_port'],
+            layout=raw.get('layout', 'one-kernel'))
     return _TOPOLOGY
 
 
@@ -629,8 +641,9 @@ def iscsi_logout(export, timeout=120, missing_ok=True):
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    lvs: frozenset
-    loops: frozenset
+    """Per kernel (a node key: see :attr:`Topology.kernels`): LVs, loops."""
+    lvs: dict
+    loops: dict
 
 
 def loop_devices():
@@ -639,24 +652,64 @@ def loop_devices():
                      if line.strip())
 
 
+def _on_kernel(node, action, *args):
+    """Run this module's ``action`` in ``node``'s kernel; its JSON result.
+
+    In the one-kernel layout (or for the caller's own node) it is a plain
+    call; otherwise a short Python process on that node.
+    """
+    if not topology().separate or node == _LOCAL_NODE:
+        return _ACTIONS[action](*args)
+    proc = run([topology().python, '-m', 'tests.functional.testbed', action,
+                json.dumps(args)], node=node, timeout=600)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _state():
+    return sorted(list_lvs()), sorted(loop_devices())
+
+
 def snapshot():
     """What a test may add and must remove: LVs and loop devices."""
-    return Snapshot(lvs=frozenset(list_lvs()), loops=loop_devices())
+    lvs, loops = {}, {}
+    for node in topology().kernels:
+        node_lvs, node_loops = _on_kernel(node, 'state')
+        lvs[node], loops[node] = frozenset(node_lvs), frozenset(node_loops)
+    return Snapshot(lvs=lvs, loops=loops)
 
 
 def leaks(baseline):
     """Everything left behind compared to ``baseline``; [] when clean.
 
-    Absolute checks: no device-mapper device but LVM's own (UUID LVM-*),
-    no LIO target or storage object, no iSCSI session or node record.
-    Relative checks: no LV or loop device that was not in ``baseline``.
+    On every kernel, absolute checks: no device-mapper device but LVM's
+    own (UUID LVM-*), no LIO target or storage object, no iSCSI session or
+    node record.  Relative checks: no LV or loop device that was not in
+    ``baseline``.
     """
+    problems = []
+    for node in topology().kernels:
+        found = _on_kernel(node, 'leaks', sorted(baseline.lvs[node]),
+                           sorted(baseline.loops[node]))
+        if topology().separate:
+            found = ['node %s: %s' % (node.upper(), p) for p in found]
+        problems += found
+    return problems
+
+
+def force_cleanup(baseline):
+    """Best effort, on every kernel: remove whatever :func:`leaks` reports."""
+    for node in topology().kernels:
+        _on_kernel(node, 'cleanup', sorted(baseline.lvs[node]),
+                   sorted(baseline.loops[node]))
+
+
+def _kernel_leaks(base_lvs, base_loops):
     problems = []
     foreign = {n: u for n, u in dm_devices().items()
                if not u.startswith('LVM-')}
     if foreign:
         problems.append('device-mapper devices: %s' % foreign)
-    extra = sorted(set(list_lvs()) - baseline.lvs)
+    extra = sorted(set(list_lvs()) - set(base_lvs))
     if extra:
         problems.append('logical volumes: %s' % extra)
     if lio_targets():
@@ -667,14 +720,13 @@ def leaks(baseline):
         problems.append('iSCSI sessions: %s' % iscsi_sessions())
     if iscsi_node_records():
         problems.append('iSCSI node records: %s' % iscsi_node_records())
-    extra = sorted(loop_devices() - baseline.loops)
+    extra = sorted(loop_devices() - set(base_loops))
     if extra:
         problems.append('loop devices: %s' % extra)
     return problems
 
 
-def force_cleanup(baseline):
-    """Best effort: remove whatever :func:`leaks` reports."""
+def _kernel_cleanup(base_lvs, base_loops):
     for _ in range(5):
         foreign = [n for n, u in dm_devices().items()
                    if not u.startswith('LVM-')]
@@ -687,12 +739,20 @@ def force_cleanup(baseline):
     if iscsi_node_records():
         run(['iscsiadm', '-m', 'node', '-o', 'delete'], check=False)
     if lio_targets() or lio_storage_objects():
-        run(['targetcli', 'clearconfig', 'confirm=True'], node='a',
-            check=False)
-    for lv in sorted(set(list_lvs()) - baseline.lvs):
+        # (one kernel: LIO's configfs is global, node A's view will do)
+        run(['targetcli', 'clearconfig', 'confirm=True'],
+            node=_LOCAL_NODE if topology().separate else 'a', check=False)
+    for lv in sorted(set(list_lvs()) - set(base_lvs)):
         lvm('lvremove', '-q', '-f', lv, check=False)
-    for loop in sorted(loop_devices() - baseline.loops):
+    for loop in sorted(loop_devices() - set(base_loops)):
         run(['losetup', '-d', loop], check=False)
+
+
+#: the node whose kernel this process runs in, as far as :func:`run` goes:
+#: it runs commands of node 'b' (the test node) without a prefix.
+_LOCAL_NODE = 'b'
+_ACTIONS = {'state': _state, 'leaks': _kernel_leaks,
+            'cleanup': _kernel_cleanup}
 
 
 def reboot_a():
@@ -710,3 +770,69 @@ def reboot_a():
         run(['dmsetup', 'remove', name])
     lvm('vgchange', '-q', '-an', topology().a.vg)
     return handles
+
+
+# --------------------------------------------------------------------------
+# Power (--layout separate): the runner on the host kills and boots guests
+# --------------------------------------------------------------------------
+
+class PowerError(AssertionError):
+    pass
+
+
+def _power_request(action, node, timeout=120):
+    """Ask the runner to ``action`` ('power-off' or 'boot') ``node``."""
+    topo = topology()
+    if not topo.separate:
+        raise PowerError('power control needs --layout separate')
+    directory = topo.raw['power_dir']
+    base = os.path.join(directory, '%d-%s-%s-%s' % (
+        time.time_ns(), os.getpid(), action, node))
+    with open(base + '.tmp', 'w') as f:
+        f.write('%s %s\n' % (action, node))
+    os.rename(base + '.tmp', base + '.request')
+    LOG.info('power: %s node %s', action, node.upper())
+    wait_until(lambda: os.path.exists(base + '.done'), timeout,
+               'the runner to %s node %s' % (action, node))
+    with open(base + '.done') as f:
+        answer = f.read().strip()
+    os.unlink(base + '.done')
+    if answer != 'ok':
+        raise PowerError('%s node %s: %s' % (action, node, answer))
+
+
+def answers(node):
+    """True when ``node``'s guest runs commands (its nodelink is up)."""
+    try:
+        return run(['true'], node=node, check=False, timeout=15
+                   ).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def power_off(node):
+    """Hard power-off of ``node``'s guest: nothing synced, all state lost.
+
+    Only the node's disks (its volume groups, its /etc/target) survive.
+    Returns when the guest's kernel is gone.
+    """
+    _power_request('power-off', node)
+
+
+def boot(node, timeout=600):
+    """Boot ``node``'s guest with its disks; return when it runs commands."""
+    _power_request('boot', node)
+    t0 = time.monotonic()
+    wait_until(lambda: answers(node), timeout,
+               'node %s booted and answering' % node.upper(), interval=1)
+    LOG.info('node %s up again after %.1f s', node.upper(),
+             time.monotonic() - t0)
+
+
+if __name__ == '__main__':
+    # python -m tests.functional.testbed ACTION JSON-ARGS: one of _ACTIONS
+    # in this node's kernel, its result as JSON on the last line (see
+    # _on_kernel).
+    import sys
+    logging.basicConfig(level=logging.WARNING)
+    print(json.dumps(_ACTIONS[sys.argv[1]](*json.loads(sys.argv[2]))))

@@ -48,8 +48,18 @@ which completes UML's short buffer, and probes again.
 out-of-tree dm-clone.ko (tools/testbed/build-qemu-kernel.sh) and the same
 rootfs, tree and run directory shared over 9p.
 
-Only one guest runs at a time (the machines have 2 cores): the runner holds
-the cache lock while the guest runs and waits for it when it is taken.
+--layout separate (UML only) gives every node its own guest kernel instead
+of a network namespace of one: node A and node B boot side by side, joined
+by a uml_switch over a unix socket in the run directory (no traffic on the
+host's interfaces), each with its own iSCSI initiator and LIO target and
+its volume groups on ubd disk files in <run dir>/vgs/<node>, which outlive
+the guest.  Node B runs the tests; node A serves commands over the segment
+(guest/nodelink).  The tests may power node A off hard (its kernel process
+killed) and boot it again with the same disks: they write a request file
+into <run dir>/ctl (see PowerControl), the runner acts and answers.
+
+Only one testbed runs at a time (the machines have 2 cores): the runner
+holds the cache lock while its guests run and waits for it when it is taken.
 
 Environment: DMCLONE_TESTBED_CACHE (default /var/cache/cinder-dmclone/testbed),
 DMCLONE_TESTBED_RUNS (default $CACHE/runs), DMCLONE_TESTBED_KEEP_RUNS (20).
@@ -85,6 +95,14 @@ VG_DIR = 'vgs'
 #: the backing file's pages.
 DISK_VGS = (('dmc-a', 24 * 1024 ** 3), ('dmc-b', 24 * 1024 ** 3),
             ('dmc-b-meta', 1024 ** 3))
+#: --layout separate: each node's disks (ubdb, ubdc in this order), its
+#: Ethernet address on the run's switch.  Node B runs the tests.
+NODE_DISKS = {
+    'a': (('dmc-a', 24 * 1024 ** 3), ('dmc-a-meta', 1024 ** 3)),
+    'b': (('dmc-b', 24 * 1024 ** 3), ('dmc-b-meta', 1024 ** 3)),
+}
+NODE_MAC = {'a': '52:54:00:dc:00:01', 'b': '52:54:00:dc:00:02'}
+TEST_NODE = 'b'
 GUEST_SRC = '/src'
 
 RESULT_RE = re.compile(r'@@TESTBED-RESULT rc=(\d+)')
@@ -109,7 +127,8 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog='tools/testbed/run',
         usage='%(prog)s [--backend auto|uml|qemu] [--timeout SECONDS] '
-              '[--mem SIZE] [--disk-vgs] [-- PYTEST_ARGS...]',
+              '[--mem SIZE] [--disk-vgs] [--layout one-kernel|separate] '
+              '[-- PYTEST_ARGS...]',
         description=__doc__.split('\n\n')[0])
     p.add_argument('--backend', choices=('auto', 'uml', 'qemu'),
                    default='auto')
@@ -123,7 +142,15 @@ def parse_args(argv):
                         'directory on the host\'s disk instead of guest '
                         'RAM (the load test writes more than the guest '
                         'holds); removed when the guest stops')
+    p.add_argument('--layout', choices=('one-kernel', 'separate'),
+                   default='one-kernel',
+                   help='one-kernel: node A is a network namespace of the '
+                        'test guest; separate: every node is its own '
+                        'guest kernel (UML), on one switched segment '
+                        '(default: %(default)s)')
     args = p.parse_args(own)
+    if args.layout == 'separate' and args.backend == 'qemu':
+        p.error('--layout separate runs user-mode-linux guests only')
     if not re.match(r'^[0-9]+[KMG]?$', args.mem):
         p.error('--mem: expected a size like 3G or 2048M')
     args.pytest_args = pytest_args or list(DEFAULT_PYTEST_ARGS)
@@ -167,7 +194,7 @@ def ensure_rootfs(lock_fd):
     return build_step(lock_fd, 'build-rootfs.sh')
 
 
-def new_run_dir(pytest_args, disk_vgs=False):
+def new_run_dir(pytest_args, disk_vgs=False, layout='one-kernel'):
     os.makedirs(RUNS, exist_ok=True)
     old = sorted(d for d in os.listdir(RUNS) if re.match(r'^\d{8}-\d{6}-', d))
     for d in old[:max(0, len(old) - (KEEP_RUNS - 1))]:
@@ -179,7 +206,16 @@ def new_run_dir(pytest_args, disk_vgs=False):
         f.write(TREE + '\n')
     with open(os.path.join(run_dir, 'spec', 'pytest-args'), 'wb') as f:
         f.write(b''.join(a.encode() + b'\0' for a in pytest_args))
-    if disk_vgs:
+    with open(os.path.join(run_dir, 'spec', 'layout'), 'w') as f:
+        f.write(layout + '\n')
+    if layout == 'separate':
+        for node, disks in NODE_DISKS.items():
+            os.makedirs(os.path.join(run_dir, VG_DIR, node))
+            for name, size in disks:
+                with open(disk_vg_file(run_dir, name, node), 'wb') as f:
+                    f.truncate(size)
+        os.makedirs(os.path.join(run_dir, 'ctl'))
+    elif disk_vgs:
         os.makedirs(os.path.join(run_dir, VG_DIR))
         for name, size in DISK_VGS:
             with open(disk_vg_file(run_dir, name), 'wb') as f:
@@ -187,16 +223,19 @@ def new_run_dir(pytest_args, disk_vgs=False):
     return run_dir
 
 
-def disk_vg_file(run_dir, name):
+def disk_vg_file(run_dir, name, node=None):
+    if node:
+        return os.path.join(run_dir, VG_DIR, node, name + '.img')
     return os.path.join(run_dir, VG_DIR, name + '.img')
 
 
 class Console:
     """Streams the guest console to stdout and the log, keeps the tail."""
 
-    def __init__(self, stream, log_path):
+    def __init__(self, stream, log_path, prefix=''):
         self.stream = stream
-        self.log = open(log_path, 'w', encoding='utf-8', errors='replace')
+        self.prefix = prefix
+        self.log = open(log_path, 'a', encoding='utf-8', errors='replace')
         self.tail = collections.deque(maxlen=60)
         self.result = None
         self.marks = {}
@@ -215,7 +254,7 @@ class Console:
             line = raw.decode('utf-8', 'replace').rstrip('\r\n')
             line = line.replace('\r', '')
             now = time.monotonic()
-            sys.stdout.write(line + '\n')
+            sys.stdout.write(self.prefix + line + '\n')
             sys.stdout.flush()
             self.log.write(line + '\n')
             self.log.flush()
@@ -312,9 +351,21 @@ def choose_backend(args, rootfs):
     return 'qemu', None
 
 
-def uml_command(args, rootfs, run_dir):
-    uml_dir = os.path.join(run_dir, 'uml')
-    os.makedirs(uml_dir)
+def uml_command(args, rootfs, run_dir, node=None, switch=None):
+    """The UML command line; ``node``: one node of --layout separate."""
+    uml_dir = os.path.join(run_dir, 'uml' if node is None else 'uml-' + node)
+    os.makedirs(uml_dir, exist_ok=True)
+    if node is not None:
+        return [
+            shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
+            'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
+            'ro', 'init=/sbin/testbed-stage0',
+            'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
+            'umid=testbed-%s' % node, 'uml_dir=%s' % uml_dir,
+            'testbed.run=%s' % run_dir, 'testbed.node=%s' % node,
+            'eth0=daemon,%s,unix,%s' % (NODE_MAC[node], switch)] + [
+            'ubd%d=%s' % (i, disk_vg_file(run_dir, name, node))
+            for i, (name, _) in enumerate(NODE_DISKS[node], 1)]
     return [shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
             'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
             # read-only: the guest writes into a tmpfs overlay (see stage0)
@@ -348,6 +399,139 @@ def qemu_command(args, rootfs, run_dir, kernel_dir):
             + share('modules', os.path.join(modules, release))
             + share('run', run_dir, readonly=False)
             + share('src', TREE))
+
+
+class SideGuest(object):
+    """A node's guest next to the test guest (--layout separate).
+
+    Its console goes to ``console-<node>.log`` (appended across boots) and
+    to stdout with a ``<node>| `` prefix.  :meth:`power_off` is a hard
+    power-off: the kernel's process group is killed, nothing is synced.
+    """
+
+    def __init__(self, node, cmd, run_dir, env=None):
+        self.node = node
+        self.cmd = cmd
+        self.run_dir = run_dir
+        self.env = env
+        self.proc = None
+        self.boots = 0
+
+    def boot(self):
+        # a killed UML leaves its umid directory behind
+        shutil.rmtree(os.path.join(self.run_dir, 'uml-' + self.node,
+                                   'testbed-' + self.node),
+                      ignore_errors=True)
+        self.boots += 1
+        log = os.path.join(self.run_dir, 'console-%s.log' % self.node)
+        with open(log, 'a') as f:
+            f.write('==== boot %d\n' % self.boots)
+        self.proc = subprocess.Popen(
+            self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            cwd=self.run_dir, env=self.env)
+        Console(self.proc.stdout, log, prefix='%s| ' % self.node)
+        say('node %s booting (boot %d)' % (self.node, self.boots))
+
+    def power_off(self):
+        if self.proc is not None:
+            kill_group(self.proc)
+            self.proc = None
+            say('node %s powered off' % self.node)
+
+
+class PowerControl(object):
+    """Power requests from the test guest, through <run dir>/ctl.
+
+    The guest writes ``<id>.request`` (by rename, so it is whole) holding
+    ``power-off <node>`` or ``boot <node>``; the runner acts and writes
+    ``<id>.done`` holding ``ok`` or the reason it could not.  Waiting for
+    the node to be usable again is the guest's business (its nodelink
+    answering).
+    """
+
+    def __init__(self, run_dir, guests):
+        self.dir = os.path.join(run_dir, 'ctl')
+        self.guests = guests
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stopped.set()
+        self.thread.join(timeout=10)
+
+    def _watch(self):
+        while not self.stopped.wait(0.5):
+            for name in sorted(os.listdir(self.dir)):
+                if name.endswith('.request'):
+                    self._serve(os.path.join(self.dir, name))
+
+    def _serve(self, path):
+        with open(path) as f:
+            words = f.read().split()
+        answer = self.act(words)
+        say('power request %s: %s' % (' '.join(words), answer))
+        done = path[:-len('.request')] + '.done'
+        with open(done + '.tmp', 'w') as f:
+            f.write(answer + '\n')
+        os.rename(done + '.tmp', done)
+        os.unlink(path)
+
+    def act(self, words):
+        if len(words) != 2 or words[0] not in ('power-off', 'boot') \
+                or words[1] not in self.guests:
+            return 'bad request %r (nodes: %s)' % (
+                ' '.join(words), ' '.join(sorted(self.guests)))
+        action, node = words
+        guest = self.guests[node]
+        if action == 'power-off':
+            guest.power_off()
+        elif guest.proc is not None and guest.proc.poll() is None:
+            return 'node %s is running' % node
+        else:
+            guest.boot()
+        return 'ok'
+
+
+def start_switch(run_dir):
+    """A uml_switch on a unix socket: the nodes' one network segment."""
+    ctl = os.path.join(run_dir, 'switch.ctl')
+    log = open(os.path.join(run_dir, 'switch.log'), 'wb')
+    proc = subprocess.Popen(['uml_switch', '-unix', ctl],
+                            stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + 30
+    while not os.path.exists(ctl):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_group(proc)
+            raise RuntimeError('uml_switch did not create %s (see %s)'
+                               % (ctl, os.path.join(run_dir, 'switch.log')))
+        time.sleep(0.1)
+    return proc, ctl
+
+
+def boot_separate(args, rootfs, run_dir, env=None):
+    """Boot every node's guest on one switch; the test guest's status."""
+    switch, ctl = start_switch(run_dir)
+    guests = {node: SideGuest(node, uml_command(args, rootfs, run_dir,
+                                                node, ctl), run_dir, env)
+              for node in sorted(NODE_DISKS) if node != TEST_NODE}
+    power = PowerControl(run_dir, guests)
+    try:
+        for guest in guests.values():
+            guest.boot()
+        power.start()
+        return boot(args, uml_command(args, rootfs, run_dir, TEST_NODE, ctl),
+                    run_dir, env=env)
+    finally:
+        power.stop()
+        for guest in guests.values():
+            guest.power_off()
+        kill_group(switch)
 
 
 def boot(args, cmd, run_dir, env=None):
@@ -417,19 +601,22 @@ def main(argv):
         return 1
     say('guest images ready in %.1f s (rootfs %s)'
         % (time.monotonic() - t0, rootfs))
-    run_dir = new_run_dir(pytest_args, args.disk_vgs)
+    run_dir = new_run_dir(pytest_args, args.disk_vgs, args.layout)
     say('run directory: %s' % run_dir)
     for path in (rootfs, run_dir, TREE):
         if not SAFE_PATH_RE.match(path):
             say('path %r is not usable on a kernel command line or in a '
                 'QEMU option' % path)
             return RC_USAGE
-    if args.backend == 'qemu':
-        cmd = qemu_command(args, rootfs, run_dir, kernel_dir)
-    else:
-        cmd = uml_command(args, rootfs, run_dir)
     try:
-        rc = boot(args, cmd, run_dir, env=uml_env)
+        if args.layout == 'separate':
+            rc = boot_separate(args, rootfs, run_dir, env=uml_env)
+        elif args.backend == 'qemu':
+            rc = boot(args, qemu_command(args, rootfs, run_dir, kernel_dir),
+                      run_dir)
+        else:
+            rc = boot(args, uml_command(args, rootfs, run_dir), run_dir,
+                      env=uml_env)
     finally:
         # Up to tens of GiB of volume data: never kept with the logs.
         shutil.rmtree(os.path.join(run_dir, VG_DIR), ignore_errors=True)

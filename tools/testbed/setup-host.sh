@@ -12,6 +12,7 @@ set -euo pipefail
 
 PACKAGES=(
     user-mode-linux   # the guest kernel (linux.uml) and its modules
+    uml-utilities     # uml_switch: the nodes' segment (--layout separate)
     debootstrap       # builds the guest root filesystem
     python3           # runs tools/testbed/run
     python3-pip       # builds the guest's wheelhouse (pip wheel) on the host
