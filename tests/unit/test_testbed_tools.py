@@ -1,0 +1,213 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The separate-kernel testbed's own tools, on this host.
+
+``nodelink`` is what makes a process on another node behave as a local
+child (the fault scenarios kill services with -9 through it), and the
+runner's power control is what the reboot scenarios stand on: both are
+checked here with real processes on the loopback interface, in seconds.
+"""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from cinder.tests.unit import test
+import fixtures
+
+TOOLS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), 'tools', 'testbed')
+NODELINK = os.path.join(TOOLS, 'guest', 'nodelink')
+
+
+def load_runner():
+    spec = importlib.util.spec_from_file_location(
+        'testbed_runner', os.path.join(TOOLS, 'runner.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class NodelinkTestCase(test.TestCase):
+
+    def setUp(self):
+        super(NodelinkTestCase, self).setUp()
+        self.port = str(free_port())
+        self.server = subprocess.Popen(
+            [sys.executable, NODELINK, 'serve', '127.0.0.1', self.port],
+            stderr=subprocess.DEVNULL)
+        self.addCleanup(self._stop_server)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(('127.0.0.1', int(self.port)),
+                                         timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def _stop_server(self):
+        self.server.kill()
+        self.server.wait()
+
+    def caller(self, *argv, **kwargs):
+        return subprocess.Popen(
+            [sys.executable, NODELINK, 'exec', '127.0.0.1', self.port]
+            + list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            **kwargs)
+
+    def test_streams_status_environment_and_directory_pass_through(self):
+        with tempfile.TemporaryDirectory() as cwd:
+            proc = self.caller(
+                'sh', '-c', 'read x; echo "out $x $NODELINK_T $(pwd)"; '
+                'echo err >&2; exit 7', stdin=subprocess.PIPE, cwd=cwd,
+                env=dict(os.environ, NODELINK_T='env-ok'))
+            out, err = proc.communicate(b'hello\n', timeout=60)
+        self.assertEqual(7, proc.returncode)
+        self.assertEqual(b'out hello env-ok %s\n' % os.path.realpath(
+            cwd).encode(), out)
+        self.assertEqual(b'err\n', err)
+
+    def test_binary_data_passes_unchanged(self):
+        data = os.urandom(3 * 1024 * 1024)
+        proc = self.caller('cat', stdin=subprocess.PIPE)
+        out, _err = proc.communicate(data, timeout=60)
+        self.assertEqual(0, proc.returncode)
+        self.assertEqual(data, out)
+
+    def _remote_pid(self, proc):
+        line = proc.stdout.readline()
+        self.assertTrue(line.startswith(b'pid '), line)
+        return int(line.split()[1])
+
+    def _wait_gone(self, pid):
+        deadline = time.monotonic() + 30
+        while pid_alive(pid):
+            self.assertLess(time.monotonic(), deadline,
+                            'remote process %d still running' % pid)
+            time.sleep(0.05)
+
+    def test_sigterm_of_the_caller_reaches_the_command(self):
+        proc = self.caller('sh', '-c', 'echo pid $$; exec sleep 300')
+        pid = self._remote_pid(proc)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(128 + signal.SIGTERM, proc.wait(timeout=30))
+        self._wait_gone(pid)
+
+    def test_kill_9_of_the_caller_kills_the_command(self):
+        """What makes kill -9 of a service's local end a hard kill."""
+        proc = self.caller('sh', '-c', 'echo pid $$; exec sleep 300')
+        pid = self._remote_pid(proc)
+        proc.kill()
+        proc.wait(timeout=30)
+        self._wait_gone(pid)
+
+    def test_a_missing_command_is_127_with_a_message(self):
+        proc = self.caller('/nonexistent/command')
+        _out, err = proc.communicate(timeout=60)
+        self.assertEqual(127, proc.returncode)
+        self.assertIn(b'/nonexistent/command', err)
+
+    def test_an_unreachable_node_is_255(self):
+        proc = subprocess.run(
+            [sys.executable, NODELINK, 'exec', '127.0.0.1',
+             str(free_port()), 'true'], capture_output=True, timeout=60)
+        self.assertEqual(255, proc.returncode)
+        self.assertIn(b'cannot reach', proc.stderr)
+
+
+class FakeGuest(object):
+    def __init__(self):
+        self.proc = None
+        self.calls = []
+
+    def boot(self):
+        self.calls.append('boot')
+        self.proc = subprocess.Popen(['sleep', '300'])
+
+    def power_off(self):
+        self.calls.append('power-off')
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+class PowerControlTestCase(test.TestCase):
+
+    def setUp(self):
+        super(PowerControlTestCase, self).setUp()
+        self.runner = load_runner()
+        self.run_dir = self.useFixture(fixtures.TempDir()).path
+        os.makedirs(os.path.join(self.run_dir, 'ctl'))
+        self.guest = FakeGuest()
+        self.addCleanup(self.guest.power_off)
+        self.power = self.runner.PowerControl(self.run_dir,
+                                              {'a': self.guest})
+
+    def test_power_off_then_boot(self):
+        self.guest.boot()
+        self.assertEqual('ok', self.power.act(['power-off', 'a']))
+        self.assertIsNone(self.guest.proc)
+        self.assertEqual('ok', self.power.act(['boot', 'a']))
+        self.assertEqual(['boot', 'power-off', 'boot'], self.guest.calls)
+
+    def test_booting_a_running_node_is_refused(self):
+        self.guest.boot()
+        self.assertEqual('node a is running',
+                         self.power.act(['boot', 'a']))
+        self.assertEqual(['boot'], self.guest.calls)
+
+    def test_bad_requests_are_answered_not_acted_on(self):
+        for words in (['reboot', 'a'], ['boot', 'b'], ['boot'], []):
+            self.assertTrue(self.power.act(words).startswith('bad request'),
+                            words)
+        self.assertEqual([], self.guest.calls)
+
+    def test_requests_are_served_through_the_directory(self):
+        self.guest.boot()
+        ctl = os.path.join(self.run_dir, 'ctl')
+        with open(os.path.join(ctl, '1-x.request'), 'w') as f:
+            f.write('power-off a\n')
+        self.power.start()
+        self.addCleanup(self.power.stop)
+        done = os.path.join(ctl, '1-x.done')
+        deadline = time.monotonic() + 30
+        while not os.path.exists(done):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
+        with open(done) as f:
+            self.assertEqual('ok\n', f.read())
+        self.assertFalse(os.path.exists(os.path.join(ctl, '1-x.request')))
+        self.assertIsNone(self.guest.proc)
