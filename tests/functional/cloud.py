@@ -26,6 +26,7 @@ import subprocess
 import time
 import uuid
 
+from tests.functional import nodes
 from tests.functional import stack as stack_mod
 from tests.functional import testbed
 
@@ -41,6 +42,65 @@ def load_brick():
     runs hung right after twenty attaches (reproduced outside the guest).
     """
     from os_brick.initiator import connector  # noqa: F401
+
+
+# ---- a compute node's side: run in the node's own process ----------------
+
+_BRICK = {}
+
+
+def _brick():
+    """os-brick in this process, as root (privileged calls in-process)."""
+    if not _BRICK:
+        load_brick()
+        from os_brick import privileged
+        from oslo_concurrency import lockutils
+        lockutils.set_defaults('/var/lib/cinder/tmp')
+        privileged.default.set_client_mode(False)
+        _BRICK['ready'] = True
+
+
+def brick_connector_properties(ip, host):
+    """This compute node's os-brick connector properties."""
+    _brick()
+    from os_brick.initiator import connector
+    return connector.get_connector_properties(None, ip, False, False,
+                                              host=host)
+
+
+def _brick_connector(protocol):
+    _brick()
+    from os_brick.initiator import connector  # loaded by load_brick
+    return connector.InitiatorConnector.factory(protocol, None,
+                                                use_multipath=False)
+
+
+def brick_connect(info):
+    """os-brick connect_volume with the connection info Cinder gave."""
+    return _brick_connector(info['driver_volume_type'].upper()
+                            ).connect_volume(info)
+
+
+def brick_disconnect(info, device):
+    _brick_connector(info['driver_volume_type'].upper()
+                     ).disconnect_volume(info, device)
+
+
+def write_pattern(path, seed, length, offset=0):
+    """Write ``testbed.pattern(seed, length)`` at ``offset``; its sha256."""
+    data = testbed.pattern(seed, length)
+    testbed.write_direct(path, offset, data)
+    return testbed.sha256(data)
+
+
+def read_sha256(path, offset, length):
+    return testbed.sha256_of_device(path, length, offset)
+
+
+def block_digests(path, length, block):
+    """sha256 of every ``block`` bytes of the device's first ``length``."""
+    return [testbed.sha256(chunk)
+            for chunk in testbed.iter_direct(path, 0, length, chunk=block)]
 
 
 TRANSFER_KEYS_QUERY = (
@@ -95,7 +155,33 @@ class Cloud(object):
         sess = session.Session(auth=NoAuth('admin', 'admin',
                                            endpoint=stack_mod.API))
         self.c = client.Client(stack_mod.MICROVERSION, session=sess)
-        self._brick_ready = False
+        self._workers = {}
+
+    def on_node(self, node_key, fn, *args):
+        """Run ``fn(*args)`` on compute node ``node_key``.
+
+        Here, unless the node is another kernel (separate layout): then in
+        a worker process on it, kept until :meth:`close`.
+        """
+        if not self.topo.separate or node_key == 'b':
+            return fn(*args)
+        worker = self._workers.get(node_key)
+        if worker is None:
+            worker = nodes.NodeProcess(node_key).start()
+            self._workers[node_key] = worker
+        return worker.call(fn, *args)
+
+    def forget_node(self, node_key):
+        """Drop the worker on a node that was powered off."""
+        worker = self._workers.pop(node_key, None)
+        if worker is not None and worker.proc is not None:
+            worker.proc.kill()
+            worker.close()
+
+    def close(self):
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
 
     # -- volumes -------------------------------------------------------------
 
@@ -205,10 +291,8 @@ class Cloud(object):
         """The os-brick connector properties of a compute node."""
         node = self.topo.node(node_key)
         if node.initiator_iqn:
-            self._brick()
-            from os_brick.initiator import connector
-            props = connector.get_connector_properties(
-                None, node.ip, False, False, host=node.name)
+            props = self.on_node(node_key, brick_connector_properties,
+                                 node.ip, node.name)
             props['initiator'] = node.initiator_iqn
             return props
         # Node A has no iSCSI initiator of its own in this one-kernel
@@ -218,23 +302,6 @@ class Cloud(object):
                 'platform': 'x86_64', 'os_type': 'linux',
                 'initiator': 'iqn.2024-01.org.example.nodea:initiator',
                 'do_local_attach': False}
-
-    def _brick(self):
-        if self._brick_ready:
-            return
-        load_brick()
-        from os_brick import privileged
-        from oslo_concurrency import lockutils
-        lockutils.set_defaults('/var/lib/cinder/tmp')
-        # We are root: os-brick's privileged calls run in this process.
-        privileged.default.set_client_mode(False)
-        self._brick_ready = True
-
-    def _brick_connector(self, protocol):
-        self._brick()
-        from os_brick.initiator import connector  # loaded by load_brick
-        return connector.InitiatorConnector.factory(
-            protocol, None, use_multipath=False)
 
     def attach(self, volume_id, node_key, instance=None, mode='rw',
                migration=False):
@@ -281,19 +348,27 @@ class Cloud(object):
         """os-brick connect_volume with the connection info Cinder gave."""
         protocol = info['driver_volume_type'].upper()
         if protocol == 'ISCSI':
-            assert node_key == 'b', 'only node B has an iSCSI initiator'
-        conn = self._brick_connector(protocol)
-        return conn.connect_volume(info)
+            assert self.topo.node(node_key).initiator_iqn, (
+                'node %s has no iSCSI initiator in this layout' % node_key)
+        return self.on_node(node_key, brick_connect, info)
 
     def detach(self, att):
         """Nova's detach: disconnect on the node, delete the attachment."""
         t0 = time.monotonic()
-        conn = self._brick_connector(
-            att.connection_info['driver_volume_type'].upper())
-        conn.disconnect_volume(att.connection_info, att.device)
+        self.on_node(att.node, brick_disconnect, att.connection_info,
+                     att.device)
         self.c.attachments.delete(att.id)
         LOG.info('detached %s from node %s in %.1f s', att.volume_id,
                  att.node.upper(), time.monotonic() - t0)
+
+    def write(self, att, seed, length, offset=0):
+        """Write a pattern through the attachment, on its node; sha256."""
+        return self.on_node(att.node, write_pattern, att.path, seed, length,
+                            offset)
+
+    def sha256(self, att, offset, length):
+        """sha256 of what the attachment reads there, on its node."""
+        return self.on_node(att.node, read_sha256, att.path, offset, length)
 
     def attachments(self, volume_id):
         return list(self.get(volume_id).attachments)

@@ -14,7 +14,9 @@
 
 MariaDB, RabbitMQ and etcd (Debian's packages), cinder-api with noauth,
 cinder-scheduler and one cinder-volume service per node with this driver
-(node A's in network namespace ``nodeA``), all real processes configured
+(node A's in network namespace ``nodeA``, or in node A's own kernel in the
+separate-kernel layout, where it reaches the control plane on node B over
+the run's switch), all real processes configured
 from ``tools/testbed/stack/``.  :class:`Stack` starts them, waits on real
 readiness (a port answering, the services' rows fresh in the database, the
 scheduler listing every pool), restarts or kills a volume service for the
@@ -33,6 +35,7 @@ import time
 import urllib.error
 import urllib.request
 
+from tests.functional import nodes
 from tests.functional import testbed
 
 LOG = logging.getLogger('stack')
@@ -86,6 +89,19 @@ def install_rootwrap(directory, sudo_env_keep=()):
             f.write('Defaults env_keep += "%s"\n' % name)
     os.chmod('/etc/sudoers.d/testbed', 0o440)
     return path
+
+
+def install_volume_node(node):
+    """A volume node's own configuration: Cinder's, rootwrap, state.
+
+    Runs on the node (separate-kernel layout: node A's own guest has none
+    of the files node B's :meth:`Stack.install_configs` writes).
+    """
+    os.makedirs(ETC, exist_ok=True)
+    for name in ('cinder.conf', 'node-%s.conf' % node):
+        shutil.copy(os.path.join(CONF_DIR, name), ETC)
+    install_rootwrap(ETC)
+    os.makedirs(STATE + '/tmp', exist_ok=True)
 
 
 def _port_open(ip, port):
@@ -197,6 +213,9 @@ class Stack(object):
         self._install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
         os.makedirs(STATE + '/tmp', exist_ok=True)
         os.makedirs(STATE + '/api-locks', exist_ok=True)
+        if self.topo.separate:
+            with nodes.NodeProcess('a') as node_a:
+                node_a.call(install_volume_node, 'a')
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
                     '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
         for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
@@ -291,6 +310,31 @@ class Stack(object):
         os.killpg(proc.pid, sig)
         proc.wait(timeout=60)
         LOG.info('%s killed with signal %d', name, sig)
+
+    def power_off(self, node):
+        """Hard power-off of ``node`` (separate layout), service and all.
+
+        The local end of the node's service (its nodelink caller) would
+        only notice at its keepalive's end: it goes at once.
+        """
+        testbed.power_off(node)
+        proc = self.procs.get('volume-' + node)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=60)
+
+    def boot(self, node):
+        """Boot ``node`` again; its volume service starts as at boot.
+
+        The node's guest comes back with its disks only: Cinder's
+        configuration is installed again (a real node has it on disk), then
+        cinder-volume starts and reports.
+        """
+        testbed.boot(node)
+        with nodes.NodeProcess(node) as worker:
+            worker.call(install_volume_node, node)
+        self.start_volume(node)
+        self.wait_volume_up(node)
 
     def _db(self, query):
         """A query's rows as text (quietly: readiness polls run it)."""

@@ -63,7 +63,8 @@ def stack():
 def cloud(stack):
     c = cloud_mod.Cloud(stack)
     c.ensure_volume_type()
-    return c
+    yield c
+    c.close()
 
 
 @pytest.fixture(autouse=True)
@@ -241,7 +242,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
         try:
             assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
         finally:
-            cloud._brick_connector('ISCSI').disconnect_volume(info, device)
+            cloud_mod.brick_disconnect(info, device)
             cloud.c.attachments.delete(att['id'])
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'available')
@@ -284,7 +285,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         # (Node B's initiator stands in for node C's: the first delete
         # takes its ACL entry, so the session goes first.)
         if device is not None:
-            cloud._brick_connector('ISCSI').disconnect_volume(info, device)
+            cloud_mod.brick_disconnect(info, device)
         for att in cloud.c.attachments.list(
                 search_opts={'volume_id': vol.id}):
             cloud.c.attachments.delete(att.id)

@@ -1,0 +1,223 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Volumes moving in every direction between nodes with their own kernels.
+
+The full stack of test_fullstack.py, on the separate-kernel testbed
+(``tox -e functional-separate``): node A's cinder-volume, iscsid and LIO
+run in node A's own guest kernel, so node A is an initiator too and a
+volume can move back.  Every byte is checked at every hop: the volume's
+first GiB as 1 MiB blocks, against what was written at each hop; and
+after each finalization the old node keeps nothing of the volume.
+"""
+
+import logging
+
+import pytest
+
+from tests.functional import cloud as cloud_mod
+from tests.functional import test_fullstack
+from tests.functional import testbed
+
+pytestmark = pytest.mark.layouts('separate')
+
+# The stack and the cloud of test_fullstack.py, one per module.
+stack = test_fullstack.stack
+cloud = test_fullstack.cloud
+wait_finalized = test_fullstack.wait_finalized
+
+LOG = logging.getLogger('moves')
+MiB = testbed.MiB
+GiB = 1024 * MiB
+BLOCK = MiB
+
+
+class Image(object):
+    """What the volume must read, block by block (sha256 per MiB)."""
+
+    def __init__(self, digests):
+        self.digests = list(digests)
+
+    def write(self, cloud, att, seed, offset, length):
+        cloud.write(att, seed, length, offset)
+        data = testbed.pattern(seed, length)
+        for i in range(0, length, BLOCK):
+            self.digests[(offset + i) // BLOCK] = testbed.sha256(
+                data[i:i + BLOCK])
+
+    def check(self, cloud, att):
+        seen = cloud.on_node(att.node, cloud_mod.block_digests, att.path,
+                             len(self.digests) * BLOCK, BLOCK)
+        wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
+                 if a != b]
+        assert not wrong, ('%d MiB blocks differ on node %s, first: %s'
+                           % (len(wrong), att.node.upper(), wrong[:10]))
+
+
+def kept_on(cloud, node, volume_id):
+    """What ``node`` holds of the volume: LVs, LIO targets, iSCSI sessions."""
+    lvs = testbed.lvm('lvs', '--noheadings', '-o', 'lv_name', node=node
+                      ).stdout.split()
+    kept = ['LV %s' % lv for lv in lvs if volume_id in lv]
+    kept += ['LIO target %s' % t for t in cloud.on_node(
+        node, testbed.lio_targets) if volume_id in t]
+    kept += ['iSCSI session to %s' % t for t in cloud.on_node(
+        node, testbed.iscsi_sessions).values()]
+    return sorted(kept)
+
+
+def attached_on(cloud, volume_id, node):
+    att = cloud.attach(volume_id, node)
+    assert att.connection_info['driver_volume_type'] == 'local', (
+        att.connection_info)
+    v = cloud.get(volume_id)
+    assert (v.status, cloud.node_of(volume_id)) == ('in-use', node)
+    return att
+
+
+def test_volume_moves_there_back_and_there_again(cloud, topo):
+    """Ping-pong: A to B, back to A, to B again; every byte at every hop."""
+    vol = cloud.create(size=1, az='az-a')
+    try:
+        att = attached_on(cloud, vol.id, 'a')
+        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+                                    GiB, BLOCK))
+        image.write(cloud, att, 61, 0, 8 * MiB)
+        image.check(cloud, att)
+        cloud.detach(att)
+
+        for hop, (old, new) in enumerate((('a', 'b'), ('b', 'a'),
+                                          ('a', 'b')), 1):
+            LOG.info('hop %d: %s -> %s', hop, old.upper(), new.upper())
+            att = attached_on(cloud, vol.id, new)
+            # written while the volume hydrates from the old node
+            image.write(cloud, att, 61 + hop, hop * 128 * MiB, 4 * MiB)
+            wait_finalized(cloud, vol.id)
+            image.check(cloud, att)
+            # the old node keeps nothing; the new one the volume's LV only
+            assert kept_on(cloud, old, vol.id) == []
+            assert kept_on(cloud, new, vol.id) == ['LV volume-%s' % vol.id]
+            cloud.detach(att)
+            v = cloud.get(vol.id)
+            assert (v.status, cloud.node_of(vol.id),
+                    v.availability_zone) == ('available', new, 'az-' + new)
+    finally:
+        cloud.delete(vol.id)
+
+
+def test_live_migration_there_and_back_and_a_rollback(cloud):
+    """Live migration A to B committed, B to A committed, A to B failed.
+
+    Nova's flow each time: the destination's attachment for the same
+    instance (the volume moves, hydration off), the instance writes on
+    the source until the switch-over, then Nova deletes the source's
+    attachment (commit) or, when the migration fails, the destination's
+    (rollback: the source keeps every write, the destination nothing).
+    """
+    vol = cloud.create(size=1, az='az-a')
+    try:
+        # att: the instance's attachment on the node where it runs
+        att = attached_on(cloud, vol.id, 'a')
+        image = Image(cloud.on_node('a', cloud_mod.block_digests,
+                                    att.path, GiB, BLOCK))
+        image.write(cloud, att, 71, 0, 8 * MiB)
+        instance = att.instance
+
+        for hop, (old, new) in enumerate((('a', 'b'), ('b', 'a')), 1):
+            LOG.info('live migration %d: %s -> %s', hop, old.upper(),
+                     new.upper())
+            dest = cloud.attach(vol.id, new, instance=instance,
+                                migration=True)
+            assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
+            # the instance still runs on the old node and writes there
+            image.write(cloud, att, 71 + hop, hop * 64 * MiB, MiB)
+            cloud.detach(att)                   # switch-over: commit
+            att = dest
+            wait_finalized(cloud, vol.id)
+            image.check(cloud, att)
+            assert kept_on(cloud, old, vol.id) == []
+            assert cloud.node_of(vol.id) == new
+
+        LOG.info('live migration 3: A -> B, fails')
+        att_b = cloud.attach(vol.id, 'b', instance=instance, migration=True)
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
+        image.write(cloud, att, 79, 300 * MiB, MiB)
+        cloud.detach(att_b)                     # Nova's rollback
+        assert cloud.transfer_state(vol.id) == {}
+        assert (cloud.get(vol.id).status, cloud.node_of(vol.id)) == (
+            'in-use', 'a')
+        image.check(cloud, att)
+        assert kept_on(cloud, 'b', vol.id) == []
+        cloud.detach(att)
+    finally:
+        cloud.delete(vol.id)
+
+
+def slow_hydration_type(cloud):
+    """A type of this backend whose volumes hydrate at the kernel's pace.
+
+    One region at a time (dm-clone's defaults), so that a move of 1 GiB
+    is still hydrating when the test acts on it.
+    """
+    name = 'dmclone-slow'
+    types = [t for t in cloud.c.volume_types.list() if t.name == name]
+    vt = types[0] if types else cloud.c.volume_types.create(name)
+    vt.set_keys({'volume_backend_name': 'dmclone',
+                 'dmclone:hydration_threshold': '1',
+                 'dmclone:hydration_batch_size': '1',
+                 'RESKEY:availability_zones': 'az-a,az-b'})
+    return vt
+
+
+def hydrated_fraction(att):
+    """Hydrated regions / regions of the clone under ``att`` (on node B)."""
+    done, total = testbed.clone_progress(att.path.rsplit('/', 1)[-1])
+    return done / total
+
+
+def test_source_powered_off_while_hydrating(cloud, stack):
+    """Node A loses power while node B still copies from it.
+
+    When node A boots, its volume service starts as it would at boot and
+    must export again what node B still needs (Cinder's start asks it for
+    nothing: the volume's record names node B); node B's session logs in
+    again and the copy completes without an operator.  Every byte is
+    checked, the writes node B made while node A was down included.
+    """
+    vt = slow_hydration_type(cloud)
+    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    try:
+        att = attached_on(cloud, vol.id, 'a')
+        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+                                    GiB, BLOCK))
+        image.write(cloud, att, 81, 0, 8 * MiB)
+        image.write(cloud, att, 82, 900 * MiB, 4 * MiB)
+        cloud.detach(att)
+
+        att = attached_on(cloud, vol.id, 'b')
+        before = hydrated_fraction(att)
+        assert before < 0.5, (
+            'hydration outran the scenario: %.0f%% copied before node A '
+            'was powered off' % (100 * before))
+        stack.power_off('a')
+        cloud.forget_node('a')
+        LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
+        # Node B keeps working on what is local (its own writes).
+        image.write(cloud, att, 83, 300 * MiB, 4 * MiB)
+
+        stack.boot('a')
+        wait_finalized(cloud, vol.id, timeout=1800)
+        image.check(cloud, att)
+        assert kept_on(cloud, 'a', vol.id) == []
+        cloud.detach(att)
+    finally:
+        cloud.delete(vol.id)
