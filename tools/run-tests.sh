@@ -1,13 +1,14 @@
 #!/bin/bash
 # Set up a fresh Debian 12 machine (as root) and run every test suite:
 # pep8, the unit tests with coverage, and the functional suite in the
-# real-kernel testbed.  Exits non-zero on any failure.
+# real-kernel testbed (its one-kernel CI tier, then the separate-kernel
+# tests).  Exits non-zero on any failure.
 #
 #   tools/run-tests.sh            # everything
 #   tools/run-tests.sh pep8,py3   # only the named tox environments
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
-ENVS=${1:-pep8,cover,docs,releasenotes,genconfig,devstack,functional}
+ENVS=${1:-pep8,cover,docs,releasenotes,genconfig,devstack,functional,functional-separate}
 CACHE=${DMCLONE_CACHE:-/var/cache/cinder-dmclone}
 export DEBIAN_FRONTEND=noninteractive
 
@@ -26,7 +27,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -q
     apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-case ",$ENVS," in *,functional,*) bash tools/testbed/setup-host.sh ;; esac
+case ",$ENVS," in *,functional,*|*,functional-separate,*)
+    bash tools/testbed/setup-host.sh ;;
+esac
 
 step "tox"
 # tox lives in its own virtualenv (Debian's python refuses system-wide pip).

@@ -22,8 +22,9 @@ flow the API must tell the truth (status, host, AZ, attachments), the data
 must be what was written, and nothing may be left on either node (the
 ``no_leaks`` check of conftest.py).
 
-Node B has the testbed's only iSCSI initiator, so volumes move from node A
-to node B here.
+Node B has the one-kernel testbed's only iSCSI initiator, so volumes move
+from node A to node B here; test_moves.py moves them in every direction
+on the separate-kernel testbed.
 """
 
 import logging
@@ -110,7 +111,13 @@ def assert_lives_on(cloud, volume_id, node_key, status):
     return v
 
 
+@pytest.mark.extended
 def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
+    """A cold move A to B (not in CI).
+
+    test_moves.py's ping-pong takes this path in CI, on separate kernels,
+    and back.
+    """
     vol = cloud.create(size=1, az='az-a')
     assert_lives_on(cloud, vol.id, 'a', 'available')
     try:
@@ -157,7 +164,13 @@ def seeded_on_a(cloud, seed, size_gb=1):
     return vol, att, head
 
 
+@pytest.mark.extended
 def test_live_migration_committed(cloud, topo):
+    """A live migration A to B, committed (not in CI).
+
+    test_moves.py's live migrations both ways take this path in CI, on
+    separate kernels.
+    """
     vol, att_a, head = seeded_on_a(cloud, 21)
     try:
         # Nova's pre-live-migration: a second attachment of the same

@@ -102,6 +102,9 @@ def test_volume_moves_there_back_and_there_again(cloud, topo):
             # written while the volume hydrates from the old node
             image.write(cloud, att, 61 + hop, hop * 128 * MiB, 4 * MiB)
             wait_finalized(cloud, vol.id)
+            table = cloud.on_node(new, testbed.dm_table,
+                                  att.path.rsplit('/', 1)[-1])
+            assert ' linear ' in ' %s ' % table, table
             image.check(cloud, att)
             # the old node keeps nothing; the new one the volume's LV only
             assert kept_on(cloud, old, vol.id) == []
