@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 from cinder.tests.unit import test
@@ -131,6 +132,39 @@ class NodelinkTestCase(test.TestCase):
         pid = self._remote_pid(proc)
         proc.kill()
         proc.wait(timeout=30)
+        self._wait_gone(pid)
+
+    def test_signals_and_hang_up_pass_a_command_not_reading_stdin(self):
+        big = b'x' * (8 * 1024 * 1024)
+        for how in ('sigterm', 'kill'):
+            proc = self.caller('sh', '-c', 'echo pid $$; exec sleep 300',
+                               stdin=subprocess.PIPE)
+            pid = self._remote_pid(proc)
+            writer = threading.Thread(
+                target=self._feed, args=(proc, big), daemon=True)
+            writer.start()
+            time.sleep(0.5)      # the node's stdin pipe is full by now
+            if how == 'sigterm':
+                proc.send_signal(signal.SIGTERM)
+            else:
+                proc.kill()
+            proc.wait(timeout=30)
+            self._wait_gone(pid)
+
+    @staticmethod
+    def _feed(proc, data):
+        try:
+            proc.stdin.write(data)
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    def test_background_children_end_with_the_command(self):
+        proc = self.caller('sh', '-c', 'sleep 300 & echo pid $!')
+        pid = self._remote_pid(proc)
+        t0 = time.monotonic()
+        self.assertEqual(0, proc.wait(timeout=60))
+        self.assertLess(time.monotonic() - t0, 5)
         self._wait_gone(pid)
 
     def test_a_missing_command_is_127_with_a_message(self):
