@@ -58,6 +58,14 @@ def pid_alive(pid):
     return True
 
 
+def _zombie(pid):
+    try:
+        with open('/proc/%d/stat' % pid) as f:
+            return f.read().rsplit(')', 1)[1].split()[0] == 'Z'
+    except OSError:
+        return True
+
+
 class NodelinkTestCase(test.TestCase):
 
     def setUp(self):
@@ -190,6 +198,9 @@ class FakeGuest(object):
         self.calls.append('boot')
         self.proc = subprocess.Popen(['sleep', '300'])
 
+    def died(self):
+        return False
+
     def power_off(self):
         self.calls.append('power-off')
         if self.proc is not None:
@@ -222,6 +233,33 @@ class PowerControlTestCase(test.TestCase):
         self.assertEqual('node a is running',
                          self.power.act(['boot', 'a']))
         self.assertEqual(['boot'], self.guest.calls)
+
+    def test_nothing_is_served_once_stopped(self):
+        self.power.stop()
+        self.assertEqual('the run is ending', self.power.act(['boot', 'a']))
+        self.assertEqual([], self.guest.calls)
+
+    def test_a_guest_dies_with_the_runner(self):
+        """Guests get SIGKILL when the runner dies (no orphan kernels)."""
+        script = ('import subprocess, sys, importlib.util\n'
+                  'spec = importlib.util.spec_from_file_location("r", %r)\n'
+                  'r = importlib.util.module_from_spec(spec)\n'
+                  'spec.loader.exec_module(r)\n'
+                  'p = subprocess.Popen(["sleep", "300"], '
+                  'preexec_fn=r.die_with_runner)\n'
+                  'print(p.pid, flush=True)\n'
+                  'sys.stdin.read()\n' % os.path.join(TOOLS, 'runner.py'))
+        runner = subprocess.Popen([sys.executable, '-c', script],
+                                  stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE)
+        pid = int(runner.stdout.readline())
+        self.assertTrue(pid_alive(pid))
+        runner.kill()
+        runner.wait()
+        deadline = time.monotonic() + 30
+        while pid_alive(pid) and not _zombie(pid):
+            self.assertLess(time.monotonic(), deadline)
+            time.sleep(0.05)
 
     def test_bad_requests_are_answered_not_acted_on(self):
         for words in (['reboot', 'a'], ['boot', 'b'], ['boot'], []):

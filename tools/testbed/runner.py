@@ -232,9 +232,11 @@ def disk_vg_file(run_dir, name, node=None):
 class Console:
     """Streams the guest console to stdout and the log, keeps the tail."""
 
-    def __init__(self, stream, log_path, prefix=''):
+    def __init__(self, stream, log_path, prefix='', echo=None):
+        """``echo(line)``: whether a line also goes to stdout (default all)."""
         self.stream = stream
         self.prefix = prefix
+        self.echo = echo or (lambda line: True)
         self.log = open(log_path, 'a', encoding='utf-8', errors='replace')
         self.tail = collections.deque(maxlen=60)
         self.result = None
@@ -254,8 +256,9 @@ class Console:
             line = raw.decode('utf-8', 'replace').rstrip('\r\n')
             line = line.replace('\r', '')
             now = time.monotonic()
-            sys.stdout.write(self.prefix + line + '\n')
-            sys.stdout.flush()
+            if self.echo(line):
+                sys.stdout.write(self.prefix + line + '\n')
+                sys.stdout.flush()
             self.log.write(line + '\n')
             self.log.flush()
             self.tail.append(line)
@@ -268,8 +271,16 @@ class Console:
         self.log.close()
 
 
-def kill_group(proc):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def die_with_runner():
+    """preexec_fn: the child gets SIGKILL when the runner dies (Linux)."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # DEATHSIG
+
+
+def kill_group(proc, hard=False):
+    """End a guest's process group: SIGTERM first unless ``hard``."""
+    for sig in ((signal.SIGKILL,) if hard
+                else (signal.SIGTERM, signal.SIGKILL)):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -404,8 +415,9 @@ def qemu_command(args, rootfs, run_dir, kernel_dir):
 class SideGuest(object):
     """A node's guest next to the test guest (--layout separate).
 
-    Its console goes to ``console-<node>.log`` (appended across boots) and
-    to stdout with a ``<node>| `` prefix.  :meth:`power_off` is a hard
+    Its console goes to ``console-<node>.log`` (appended across boots);
+    its init's progress lines (``@@``) also to stdout, prefixed
+    ``<node>| ``.  :meth:`power_off` is a hard
     power-off: the kernel's process group is killed, nothing is synced.
     """
 
@@ -429,15 +441,31 @@ class SideGuest(object):
         self.proc = subprocess.Popen(
             self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,
-            cwd=self.run_dir, env=self.env)
-        Console(self.proc.stdout, log, prefix='%s| ' % self.node)
+            cwd=self.run_dir, env=self.env, preexec_fn=die_with_runner)
+        self.console = Console(self.proc.stdout, log,
+                               prefix='%s| ' % self.node,
+                               echo=lambda line: line.startswith('@@'))
         say('node %s booting (boot %d)' % (self.node, self.boots))
 
     def power_off(self):
+        """SIGKILL at once: no exit handler of the guest kernel runs."""
         if self.proc is not None:
-            kill_group(self.proc)
+            kill_group(self.proc, hard=True)
             self.proc = None
             say('node %s powered off' % self.node)
+
+    def died(self):
+        """True once, when the guest ended without being powered off."""
+        if self.proc is None or self.proc.poll() is None:
+            return False
+        say('node %s DIED (exit status %s) without a power-off request; '
+            'last console lines (all: console-%s.log):'
+            % (self.node, self.proc.returncode, self.node))
+        self.console.thread.join(timeout=10)
+        for line in self.console.tail:
+            print('  %s| %s' % (self.node, line), flush=True)
+        self.proc = None
+        return True
 
 
 class PowerControl(object):
@@ -454,17 +482,22 @@ class PowerControl(object):
         self.dir = os.path.join(run_dir, 'ctl')
         self.guests = guests
         self.stopped = threading.Event()
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def start(self):
         self.thread.start()
 
     def stop(self):
-        self.stopped.set()
-        self.thread.join(timeout=10)
+        """No request is served after this returns."""
+        with self.lock:
+            self.stopped.set()
 
     def _watch(self):
         while not self.stopped.wait(0.5):
+            for guest in self.guests.values():
+                with self.lock:
+                    guest.died()
             for name in sorted(os.listdir(self.dir)):
                 if name.endswith('.request'):
                     self._serve(os.path.join(self.dir, name))
@@ -481,6 +514,12 @@ class PowerControl(object):
         os.unlink(path)
 
     def act(self, words):
+        with self.lock:
+            if self.stopped.is_set():
+                return 'the run is ending'
+            return self._act(words)
+
+    def _act(self, words):
         if len(words) != 2 or words[0] not in ('power-off', 'boot') \
                 or words[1] not in self.guests:
             return 'bad request %r (nodes: %s)' % (
@@ -502,7 +541,8 @@ def start_switch(run_dir):
     log = open(os.path.join(run_dir, 'switch.log'), 'wb')
     proc = subprocess.Popen(['uml_switch', '-unix', ctl],
                             stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=die_with_runner)
     log.close()
     deadline = time.monotonic() + 30
     while not os.path.exists(ctl):
@@ -517,21 +557,23 @@ def start_switch(run_dir):
 def boot_separate(args, rootfs, run_dir, env=None):
     """Boot every node's guest on one switch; the test guest's status."""
     switch, ctl = start_switch(run_dir)
-    guests = {node: SideGuest(node, uml_command(args, rootfs, run_dir,
-                                                node, ctl), run_dir, env)
-              for node in sorted(NODE_DISKS) if node != TEST_NODE}
-    power = PowerControl(run_dir, guests)
+    guests, power = {}, None
     try:
+        guests = {node: SideGuest(node, uml_command(args, rootfs, run_dir,
+                                                    node, ctl), run_dir, env)
+                  for node in sorted(NODE_DISKS) if node != TEST_NODE}
+        power = PowerControl(run_dir, guests)
         for guest in guests.values():
             guest.boot()
         power.start()
         return boot(args, uml_command(args, rootfs, run_dir, TEST_NODE, ctl),
                     run_dir, env=env)
     finally:
-        power.stop()
+        if power is not None:
+            power.stop()
         for guest in guests.values():
             guest.power_off()
-        kill_group(switch)
+        kill_group(switch, hard=True)
 
 
 def boot(args, cmd, run_dir, env=None):
@@ -543,7 +585,8 @@ def boot(args, cmd, run_dir, env=None):
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=run_dir, env=env)
+                            start_new_session=True, cwd=run_dir, env=env,
+                            preexec_fn=die_with_runner)
     console = Console(proc.stdout, os.path.join(run_dir, 'console.log'))
     timed_out = False
     try:
@@ -585,7 +628,15 @@ def boot(args, cmd, run_dir, env=None):
     return console.result
 
 
+def _interrupted(signum, _frame):
+    raise KeyboardInterrupt('signal %d' % signum)
+
+
 def main(argv):
+    # A cancelled CI job or tox sends SIGTERM or SIGHUP: clean up as for
+    # Ctrl-C (guests and switch killed), never leave them running.
+    signal.signal(signal.SIGTERM, _interrupted)
+    signal.signal(signal.SIGHUP, _interrupted)
     args = parse_args(argv)
     pytest_args = [guest_path(a) for a in args.pytest_args]
     t0 = time.monotonic()
@@ -593,6 +644,10 @@ def main(argv):
     try:
         rootfs = ensure_rootfs(lock_fd)
         args.backend, uml_env = choose_backend(args, rootfs)
+        if args.layout == 'separate' and args.backend != 'uml':
+            say('--layout separate needs user-mode-linux, which cannot run '
+                'processes on this host')
+            return RC_USAGE
         kernel_dir = None
         if args.backend == 'qemu':
             kernel_dir = build_step(lock_fd, 'build-qemu-kernel.sh')
