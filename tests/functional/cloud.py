@@ -131,7 +131,12 @@ class Attachment(object):
 class Cloud(object):
     """cinderclient with noauth, plus Nova's side of an attachment."""
 
-    def __init__(self, stack):
+    def __init__(self, stack, worker_log=None):
+        """``worker_log``: where the workers on other nodes write stderr.
+
+        (The demo's console shows its narrative only; the tests keep the
+        workers' output with their own.)
+        """
         from cinderclient import client
         from cinderclient.contrib import noauth
         from keystoneauth1 import session
@@ -156,6 +161,7 @@ class Cloud(object):
                                            endpoint=stack_mod.API))
         self.c = client.Client(stack_mod.MICROVERSION, session=sess)
         self._workers = {}
+        self._worker_log = worker_log
 
     def on_node(self, node_key, fn, *args):
         """Run ``fn(*args)`` on compute node ``node_key``.
@@ -167,7 +173,8 @@ class Cloud(object):
             return fn(*args)
         worker = self._workers.get(node_key)
         if worker is None:
-            worker = nodes.NodeProcess(node_key).start()
+            worker = nodes.NodeProcess(
+                node_key, stderr_path=self._worker_log).start()
             self._workers[node_key] = worker
         return worker.call(fn, *args)
 

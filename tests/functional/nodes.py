@@ -69,10 +69,12 @@ class NodeProcess(object):
     """A Python worker process running on testbed node ``node``."""
 
     def __init__(self, node='a', call_timeout=DEFAULT_CALL_TIMEOUT,
-                 env=None):
+                 env=None, stderr_path=None):
+        """``stderr_path``: the worker's stderr goes there, not ours."""
         self.node = testbed.topology().node(node)
         self.call_timeout = call_timeout
         self.env = env
+        self.stderr_path = stderr_path
         self.proc = None
         self._conn_in = self._conn_out = None
         self.info = None
@@ -87,9 +89,17 @@ class NodeProcess(object):
         env.update(self.env or {})
         argv = list(self.node.exec_prefix) + [
             sys.executable, '-m', 'tests.functional.nodes', '--serve']
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env,
-                                     cwd=topo.src)
+        stderr = None
+        if self.stderr_path:
+            stderr = open(self.stderr_path, 'ab')
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE,
+                                         stderr=stderr, env=env,
+                                         cwd=topo.src)
+        finally:
+            if stderr is not None:
+                stderr.close()
         # the worker owns the other ends; we talk through these two pipes
         self._conn_out = multiprocessing.connection.Connection(
             os.dup(self.proc.stdin.fileno()), readable=False)

@@ -127,6 +127,8 @@ class Stack(object):
         self.log_dir = log_dir or os.path.join(topo.artifacts_dir, 'stack')
         self.procs = {}
         self.timings = {}
+        #: per node: the database's time when its volume service started
+        self._volume_started = {}
         self._t0 = time.monotonic()
 
     # -- process handling --------------------------------------------------
@@ -298,6 +300,9 @@ class Stack(object):
         return self._spawn(name, argv, node=node)
 
     def start_volume(self, node):
+        # the database's clock: its rows' updated_at are in it
+        self._volume_started[node] = self._db('SELECT UTC_TIMESTAMP()',
+                                              check=False) or None
         return self._cinder('cinder-volume', node=node, extra=(
             '--config-file', '%s/node-%s.conf' % (ETC, node)))
 
@@ -336,19 +341,34 @@ class Stack(object):
         self.start_volume(node)
         self.wait_volume_up(node)
 
-    def _db(self, query):
-        """A query's rows as text (quietly: readiness polls run it)."""
+    def _db(self, query, check=True):
+        """A query's rows as text.
+
+        A failed query raises unless ``check`` is false (readiness polls,
+        which try again): an empty answer must never stand for "no rows"
+        when the database did not answer.
+        """
         proc = subprocess.run(['mysql', '-N', '-B', 'cinder', '-e', query],
                               capture_output=True, text=True, timeout=60)
         if proc.returncode != 0:
+            if check:
+                raise StackError('mysql failed (%d) on %r: %s' % (
+                    proc.returncode, query, proc.stderr.strip()))
             LOG.debug('mysql failed: %s', proc.stderr.strip())
         return proc.stdout.strip()
 
-    def services_up(self, hosts):
-        """True when every ``hosts`` row reported within the last 40 s."""
-        rows = self._db(
-            "SELECT host FROM services WHERE deleted=0 AND disabled=0 AND "
-            "updated_at > UTC_TIMESTAMP() - INTERVAL 40 SECOND")
+    def services_up(self, hosts, since=None):
+        """True when every ``hosts`` row reported within the last 40 s.
+
+        ``since`` (the database's UTC time, as text): only reports made
+        after it count, so a service's last report before it was killed
+        or powered off does not pass for its restart.
+        """
+        fresh = "updated_at > UTC_TIMESTAMP() - INTERVAL 40 SECOND"
+        if since:
+            fresh += " AND updated_at > '%s'" % since
+        rows = self._db("SELECT host FROM services WHERE deleted=0 AND "
+                        "disabled=0 AND " + fresh, check=False)
         return set(hosts) <= set(rows.split())
 
     def pools(self):
@@ -368,8 +388,10 @@ class Stack(object):
 
     def wait_volume_up(self, node, timeout=600):
         host = '%s@dmclone' % self.topo.node(node).name
-        self._wait(lambda: self.services_up([host]), timeout,
-                   '%s reporting' % host, procs=['volume-' + node])
+        since = self._volume_started.get(node)
+        self._wait(lambda: self.services_up([host], since), timeout,
+                   '%s reporting since its start' % host,
+                   procs=['volume-' + node])
 
     # -- the whole stack ------------------------------------------------------
 

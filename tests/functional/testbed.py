@@ -141,7 +141,8 @@ def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
     :class:`CommandError` (with stdout and stderr) unless ``check=False``.
     """
     argv = [str(c) for c in cmd]
-    prefix = list(topology().node(node).exec_prefix) if node != 'b' else []
+    prefix = (list(topology().node(node).exec_prefix)
+              if node != local_node() else [])
     LOG.info('[node %s] $ %s', node.upper(), ' '.join(argv))
     full_env = None
     if env:
@@ -658,7 +659,7 @@ def _on_kernel(node, action, *args):
     In the one-kernel layout (or for the caller's own node) it is a plain
     call; otherwise a short Python process on that node.
     """
-    if not topology().separate or node == _LOCAL_NODE:
+    if not topology().separate or node == local_node():
         return _ACTIONS[action](*args)
     proc = run([topology().python, '-m', 'tests.functional.testbed', action,
                 json.dumps(args)], node=node, timeout=600)
@@ -703,8 +704,25 @@ def force_cleanup(baseline):
                    sorted(baseline.loops[node]))
 
 
+def saved_lio_targets():
+    """Target IQNs in LIO's saved configurations (restored at a boot)."""
+    iqns = set()
+    for path in ('/etc/target/saveconfig.json',
+                 '/etc/rtslib-fb-target/saveconfig.json'):
+        try:
+            with open(path) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            continue
+        iqns.update(t.get('wwn', '?') for t in saved.get('targets', []))
+    return sorted(iqns)
+
+
 def _kernel_leaks(base_lvs, base_loops):
     problems = []
+    if topology().separate and saved_lio_targets():
+        # what a power cycle of the node would bring back
+        problems.append('saved LIO targets: %s' % saved_lio_targets())
     foreign = {n: u for n, u in dm_devices().items()
                if not u.startswith('LVM-')}
     if foreign:
@@ -738,19 +756,33 @@ def _kernel_cleanup(base_lvs, base_loops):
         run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
     if iscsi_node_records():
         run(['iscsiadm', '-m', 'node', '-o', 'delete'], check=False)
+    if topology().separate and saved_lio_targets():
+        for path in ('/etc/target/saveconfig.json',
+                     '/etc/rtslib-fb-target/saveconfig.json'):
+            run(['rm', '-f', path], check=False)
     if lio_targets() or lio_storage_objects():
         # (one kernel: LIO's configfs is global, node A's view will do)
         run(['targetcli', 'clearconfig', 'confirm=True'],
-            node=_LOCAL_NODE if topology().separate else 'a', check=False)
+            node=local_node() if topology().separate else 'a', check=False)
     for lv in sorted(set(list_lvs()) - set(base_lvs)):
         lvm('lvremove', '-q', '-f', lv, check=False)
     for loop in sorted(loop_devices() - set(base_loops)):
         run(['losetup', '-d', loop], check=False)
 
 
-#: the node whose kernel this process runs in, as far as :func:`run` goes:
-#: it runs commands of node 'b' (the test node) without a prefix.
-_LOCAL_NODE = 'b'
+def local_node():
+    """The node this process runs on, as far as :func:`run` goes.
+
+    Separate kernels: the node whose guest this is (its host name).  One
+    kernel: 'b' (the test node), even in a process in node A's namespace,
+    whose commands for node A still go through its ``exec`` prefix.
+    """
+    hostname = os.uname().nodename
+    if topology().separate and hostname.startswith('node'):
+        return hostname[len('node'):]
+    return 'b'
+
+
 _ACTIONS = {'state': _state, 'leaks': _kernel_leaks,
             'cleanup': _kernel_cleanup}
 
