@@ -93,10 +93,6 @@ def write_pattern(path, seed, length, offset=0):
     return testbed.sha256(data)
 
 
-def read_sha256(path, offset, length):
-    return testbed.sha256_of_device(path, length, offset)
-
-
 def block_digests(path, length, block):
     """sha256 of every ``block`` bytes of the device's first ``length``."""
     return [testbed.sha256(chunk)
@@ -375,7 +371,8 @@ class Cloud(object):
 
     def sha256(self, att, offset, length):
         """sha256 of what the attachment reads there, on its node."""
-        return self.on_node(att.node, read_sha256, att.path, offset, length)
+        return self.on_node(att.node, testbed.sha256_of_device, att.path,
+                            length, offset)
 
     def attachments(self, volume_id):
         return list(self.get(volume_id).attachments)

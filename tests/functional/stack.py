@@ -323,10 +323,7 @@ class Stack(object):
         only notice at its keepalive's end: it goes at once.
         """
         testbed.power_off(node)
-        proc = self.procs.get('volume-' + node)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=60)
+        self.kill_volume(node)
 
     def boot(self, node):
         """Boot ``node`` again; its volume service starts as at boot.

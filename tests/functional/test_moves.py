@@ -214,9 +214,10 @@ def slow_hydration_type(cloud):
     return vt
 
 
-def hydrated_fraction(att):
-    """Hydrated regions / regions of the clone under ``att`` (on node B)."""
-    done, total = testbed.clone_progress(att.path.rsplit('/', 1)[-1])
+def hydrated_fraction(cloud, att):
+    """Hydrated regions / regions of the clone under ``att``, on its node."""
+    done, total = cloud.on_node(att.node, testbed.clone_progress,
+                                att.path.rsplit('/', 1)[-1])
     return done / total
 
 
@@ -240,7 +241,7 @@ def test_source_powered_off_while_hydrating(cloud, stack):
         cloud.detach(att)
 
         att = attached_on(cloud, vol.id, 'b')
-        before = hydrated_fraction(att)
+        before = hydrated_fraction(cloud, att)
         assert before < 0.5, (
             'hydration outran the scenario: %.0f%% copied before node A '
             'was powered off' % (100 * before))
@@ -279,16 +280,15 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
         cloud.detach(att)
 
         att = attached_on(cloud, vol.id, 'a')
-        name = att.path.rsplit('/', 1)[-1]
-        done, total = cloud.on_node('a', testbed.clone_progress, name)
-        assert done < total // 2, (
-            'hydration outran the scenario: %d of %d regions copied'
-            % (done, total))
+        before = hydrated_fraction(cloud, att)
+        assert before < 0.5, (
+            'hydration outran the scenario: %.0f%% copied before node A '
+            'was powered off' % (100 * before))
         # flushed, in a region not copied yet (the copy goes front to back)
         image.write(cloud, att, 93, 960 * MiB, 4 * MiB)
         stack.power_off('a')
         cloud.forget_node('a')
-        LOG.info('node A powered off at %d of %d regions', done, total)
+        LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
 
         stack.boot('a')
         wait_finalized(cloud, vol.id, timeout=1800)
