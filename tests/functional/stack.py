@@ -46,7 +46,7 @@ ETC = '/etc/cinder'
 CONF_DIR = '/src/tools/testbed/stack'
 STATE = '/var/lib/cinder'
 VOLUME_TYPE = 'dmclone'
-NODE_AZ = {'a': 'az-a', 'b': 'az-b'}
+NODE_AZ = {'a': 'az-a', 'b': 'az-b', 'c': 'az-c'}
 MICROVERSION = '3.54'
 
 
@@ -146,8 +146,8 @@ class Stack(object):
         return os.path.join(self.log_dir, '%s.log' % name)
 
     def _spawn(self, name, argv, node='b', user_env=None):
-        if node == 'a':
-            argv = list(self.topo.node('a').exec_prefix) + list(argv)
+        if node != testbed.local_node():
+            argv = list(self.topo.node(node).exec_prefix) + list(argv)
         out = open(self._log(name + '.out'), 'ab')
         env = self._env()
         env.update(user_env or {})
@@ -206,7 +206,7 @@ class Stack(object):
         os.makedirs(self.log_dir, exist_ok=True)
         venv = os.path.dirname(os.path.dirname(self.topo.python))
         for name in ('cinder.conf', 'api.conf', 'node-a.conf',
-                     'node-b.conf'):
+                     'node-b.conf', 'node-c.conf'):
             shutil.copy(os.path.join(CONF_DIR, name), ETC)
         shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
                     ETC)

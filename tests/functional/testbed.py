@@ -55,8 +55,8 @@ def in_testbed():
 
 @dataclasses.dataclass(frozen=True)
 class Node:
-    key: str              # 'a' or 'b'
-    name: str             # 'node-a' / 'node-b' (cinder host names)
+    key: str              # 'a', 'b' or 'c' (separate layout only)
+    name: str             # 'node-a' ... (cinder host names)
     hostname: str
     netns: object         # 'nodeA', or None for the initial namespace
     ip: str
@@ -65,6 +65,8 @@ class Node:
     initiator_iqn: object
     meta_vg: object = None
     target_iqn_prefix: object = None
+    #: off until a test boots it (separate layout: node C)
+    on_demand: bool = False
 
     @property
     def portal(self):
@@ -83,9 +85,11 @@ class Topology:
     artifacts_dir: str
     iscsi_port: int
     layout: str = 'one-kernel'
+    #: every node by key, on-demand ones included
+    nodes: dict = dataclasses.field(default_factory=dict)
 
     def node(self, key):
-        return {'a': self.a, 'b': self.b}[key.lower()[-1]]
+        return self.nodes[key.lower()[-1]]
 
     @property
     def separate(self):
@@ -94,7 +98,11 @@ class Topology:
 
     @property
     def kernels(self):
-        """One node key per kernel: whose view covers each kernel's state."""
+        """One node key per kernel: whose view covers each kernel's state.
+
+        On-demand nodes are not among them: the test that boots one checks
+        it (:func:`snapshot` with ``kernels``).
+        """
         return ('a', 'b') if self.separate else ('b',)
 
 
@@ -114,13 +122,14 @@ def topology():
                 netns=n['netns'], ip=n['ip'], exec_prefix=tuple(n['exec']),
                 vg=n['vg'], initiator_iqn=n['initiator_iqn'],
                 meta_vg=n.get('meta_vg'),
-                target_iqn_prefix=n.get('target_iqn_prefix'))
+                target_iqn_prefix=n.get('target_iqn_prefix'),
+                on_demand=n.get('on_demand', False))
         _TOPOLOGY = Topology(
             raw=raw, a=nodes['a'], b=nodes['b'], lvm_conf=raw['lvm_conf'],
             lvm_system_dir=raw['lvm_system_dir'], python=raw['python'],
             src=raw['src'], artifacts_dir=raw['artifacts_dir'],
             iscsi_port=raw['iscsi_port'],
-            layout=raw.get('layout', 'one-kernel'))
+            layout=raw.get('layout', 'one-kernel'), nodes=nodes)
     return _TOPOLOGY
 
 
@@ -135,7 +144,7 @@ class CommandError(subprocess.CalledProcessError):
 
 
 def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
-    """Run a command on node 'a' or 'b'; return the CompletedProcess.
+    """Run a command on a node ('a', 'b', ...); return the CompletedProcess.
 
     Output is captured as text and logged; a non-zero exit raises
     :class:`CommandError` (with stdout and stderr) unless ``check=False``.
@@ -670,10 +679,14 @@ def _state():
     return sorted(list_lvs()), sorted(loop_devices())
 
 
-def snapshot():
-    """What a test may add and must remove: LVs and loop devices."""
+def snapshot(kernels=None):
+    """What a test may add and must remove: LVs and loop devices.
+
+    On ``kernels`` (node keys), by default :attr:`Topology.kernels`;
+    :func:`leaks` and :func:`force_cleanup` look at the same ones.
+    """
     lvs, loops = {}, {}
-    for node in topology().kernels:
+    for node in kernels or topology().kernels:
         node_lvs, node_loops = _on_kernel(node, 'state')
         lvs[node], loops[node] = frozenset(node_lvs), frozenset(node_loops)
     return Snapshot(lvs=lvs, loops=loops)
@@ -688,7 +701,7 @@ def leaks(baseline):
     ``baseline``.
     """
     problems = []
-    for node in topology().kernels:
+    for node in sorted(baseline.lvs):
         found = _on_kernel(node, 'leaks', sorted(baseline.lvs[node]),
                            sorted(baseline.loops[node]))
         if topology().separate:
@@ -699,7 +712,7 @@ def leaks(baseline):
 
 def force_cleanup(baseline):
     """Best effort, on every kernel: remove whatever :func:`leaks` reports."""
-    for node in topology().kernels:
+    for node in sorted(baseline.lvs):
         _on_kernel(node, 'cleanup', sorted(baseline.lvs[node]),
                    sorted(baseline.loops[node]))
 

@@ -283,3 +283,59 @@ class PowerControlTestCase(test.TestCase):
             self.assertEqual('ok\n', f.read())
         self.assertFalse(os.path.exists(os.path.join(ctl, '1-x.request')))
         self.assertIsNone(self.guest.proc)
+
+
+class GuestCommandTestCase(test.TestCase):
+    """What the runner puts on the guests' kernel command lines."""
+
+    def setUp(self):
+        super().setUp()
+        self.runner = load_runner()
+        self.run_dir = self.useFixture(fixtures.TempDir()).path
+
+    def command(self, *own, node=None):
+        args = self.runner.parse_args(list(own) + ['--', '-k', 'x'])
+        return self.runner.uml_command(args, '/rootfs', self.run_dir, node,
+                                       '/run/switch.ctl')
+
+    def test_kernel_messages_stay_off_the_console_from_the_first(self):
+        for node in ('a', 'b', 'c'):
+            self.assertIn('loglevel=1', self.command('--layout', 'separate',
+                                                     node=node))
+        self.assertIn('loglevel=1', self.command())
+
+    def test_node_c_has_its_own_address_and_disks(self):
+        cmd = self.command('--layout', 'separate', node='c')
+        self.assertIn('testbed.node=c', cmd)
+        self.assertIn('eth0=daemon,52:54:00:dc:00:03,unix,/run/switch.ctl',
+                      cmd)
+        self.assertEqual(
+            ['ubd1=%s/vgs/c/dmc-c.img' % self.run_dir,
+             'ubd2=%s/vgs/c/dmc-c-meta.img' % self.run_dir],
+            [a for a in cmd if a.startswith('ubd')])
+        self.assertEqual(len(set(self.runner.NODE_MAC.values())),
+                         len(self.runner.NODE_MAC))
+
+
+class ModuleTimingsTestCase(test.TestCase):
+    """The functional suites' per-module timings (their terminal summary)."""
+
+    def test_every_phase_counts_for_its_module(self):
+        from tests.functional import fixtures as functional_fixtures
+
+        class Report(object):
+            def __init__(self, nodeid, when, duration):
+                self.nodeid, self.when, self.duration = nodeid, when, duration
+
+        stats = {
+            '': [Report('t/a.py::x', 'setup', 100.0),
+                 Report('t/a.py::x', 'teardown', 1.0),
+                 Report('t/b.py::y', 'setup', 0.5)],
+            'passed': [Report('t/a.py::x', 'call', 10.0),
+                       Report('t/b.py::y', 'call', 20.0)],
+            'failed': [Report('t/b.py::z', 'call', 30.0)],
+            'deselected': [object()],
+        }
+        self.assertEqual(
+            [('t/a.py', (111.0, 1)), ('t/b.py', (50.5, 2))],
+            functional_fixtures.module_timings(stats))

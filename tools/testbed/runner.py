@@ -100,9 +100,15 @@ DISK_VGS = (('dmc-a', 24 * 1024 ** 3), ('dmc-b', 24 * 1024 ** 3),
 NODE_DISKS = {
     'a': (('dmc-a', 24 * 1024 ** 3), ('dmc-a-meta', 1024 ** 3)),
     'b': (('dmc-b', 24 * 1024 ** 3), ('dmc-b-meta', 1024 ** 3)),
+    'c': (('dmc-c', 24 * 1024 ** 3), ('dmc-c-meta', 1024 ** 3)),
 }
-NODE_MAC = {'a': '52:54:00:dc:00:01', 'b': '52:54:00:dc:00:02'}
+NODE_MAC = {'a': '52:54:00:dc:00:01', 'b': '52:54:00:dc:00:02',
+            'c': '52:54:00:dc:00:03'}
 TEST_NODE = 'b'
+#: Nodes that stay off until a test boots them (a power request): the
+#: scenarios that need a third node pay for its kernel, the others do not
+#: share two CPUs with its idle volume service.
+ON_DEMAND = ('c',)
 GUEST_SRC = '/src'
 
 RESULT_RE = re.compile(r'@@TESTBED-RESULT rc=(\d+)')
@@ -366,24 +372,25 @@ def uml_command(args, rootfs, run_dir, node=None, switch=None):
     """The UML command line; ``node``: one node of --layout separate."""
     uml_dir = os.path.join(run_dir, 'uml' if node is None else 'uml-' + node)
     os.makedirs(uml_dir, exist_ok=True)
+    cmd = [shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
+           'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
+           # read-only: the guest writes into a tmpfs overlay (see stage0)
+           'ro', 'init=/sbin/testbed-stage0',
+           'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
+           # only emergencies on the console, from the first line (the
+           # guest's init keeps it so: dmesg -n 1); the whole kernel log
+           # goes to the run's dmesg*.txt
+           'loglevel=1']
     if node is not None:
-        return [
-            shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
-            'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
-            'ro', 'init=/sbin/testbed-stage0',
-            'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
+        return cmd + [
             'umid=testbed-%s' % node, 'uml_dir=%s' % uml_dir,
             'testbed.run=%s' % run_dir, 'testbed.node=%s' % node,
             'eth0=daemon,%s,unix,%s' % (NODE_MAC[node], switch)] + [
             'ubd%d=%s' % (i, disk_vg_file(run_dir, name, node))
             for i, (name, _) in enumerate(NODE_DISKS[node], 1)]
-    return [shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
-            'root=/dev/root', 'rootfstype=hostfs', 'rootflags=%s' % rootfs,
-            # read-only: the guest writes into a tmpfs overlay (see stage0)
-            'ro', 'init=/sbin/testbed-stage0',
-            'con=null', 'con0=null,fd:1', 'ssl=null', 'panic=-1', 'quiet',
-            'umid=testbed', 'uml_dir=%s' % uml_dir,
-            'testbed.run=%s' % run_dir] + [
+    return cmd + [
+        'umid=testbed', 'uml_dir=%s' % uml_dir,
+        'testbed.run=%s' % run_dir] + [
         # ubd0 is the (unused) default; the volume groups start at ubd1
         'ubd%d=%s' % (i, disk_vg_file(run_dir, name))
         for i, (name, _) in enumerate(DISK_VGS, 1) if args.disk_vgs]
@@ -404,8 +411,8 @@ def qemu_command(args, rootfs, run_dir, kernel_dir):
              '-display', 'none', '-monitor', 'none', '-serial', 'stdio',
              '-kernel', os.path.join(kernel_dir, 'vmlinuz'),
              '-initrd', os.path.join(kernel_dir, 'initrd.cpio'),
-             '-append', 'console=ttyS0 panic=-1 quiet testbed.run=%s'
-             % run_dir]
+             '-append', 'console=ttyS0 panic=-1 quiet loglevel=1 '
+             'testbed.run=%s' % run_dir]
             + share('root', rootfs)
             + share('modules', os.path.join(modules, release))
             + share('run', run_dir, readonly=False)
@@ -563,8 +570,9 @@ def boot_separate(args, rootfs, run_dir, env=None):
                                                     node, ctl), run_dir, env)
                   for node in sorted(NODE_DISKS) if node != TEST_NODE}
         power = PowerControl(run_dir, guests)
-        for guest in guests.values():
-            guest.boot()
+        for node, guest in sorted(guests.items()):
+            if node not in ON_DEMAND:
+                guest.boot()
         power.start()
         return boot(args, uml_command(args, rootfs, run_dir, TEST_NODE, ctl),
                     run_dir, env=env)
