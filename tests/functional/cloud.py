@@ -124,6 +124,10 @@ class Attachment(object):
         return self.device['path']
 
 
+#: where the default types place volumes: the nodes that are always up
+HOME_AZS = ','.join(stack_mod.NODE_AZ[k] for k in ('a', 'b'))
+
+
 class Cloud(object):
     """cinderclient with noauth, plus Nova's side of an attachment."""
 
@@ -165,7 +169,7 @@ class Cloud(object):
         Here, unless the node is another kernel (separate layout): then in
         a worker process on it, kept until :meth:`close`.
         """
-        if not self.topo.separate or node_key == 'b':
+        if not self.topo.separate or node_key == testbed.local_node():
             return fn(*args)
         worker = self._workers.get(node_key)
         if worker is None:
@@ -195,8 +199,7 @@ class Cloud(object):
         vt = types[0] if types else self.c.volume_types.create(
             stack_mod.VOLUME_TYPE)
         vt.set_keys({'volume_backend_name': 'dmclone',
-                     'RESKEY:availability_zones': ','.join(
-                         sorted(stack_mod.NODE_AZ.values()))})
+                     'RESKEY:availability_zones': HOME_AZS})
         return vt
 
     def ensure_multiattach_type(self):
@@ -206,8 +209,7 @@ class Cloud(object):
         vt = types[0] if types else self.c.volume_types.create(name)
         vt.set_keys({'volume_backend_name': 'dmclone',
                      'multiattach': '<is> True',
-                     'RESKEY:availability_zones': ','.join(
-                         sorted(stack_mod.NODE_AZ.values()))})
+                     'RESKEY:availability_zones': HOME_AZS})
         return vt
 
     def get(self, volume_id):
@@ -219,7 +221,7 @@ class Cloud(object):
 
     def node_of(self, volume_id):
         host = self.host_of(self.get(volume_id)) or ''
-        for key in ('a', 'b'):
+        for key in sorted(self.topo.nodes):
             if host.startswith(self.topo.node(key).name + '@'):
                 return key
         return None
@@ -252,6 +254,15 @@ class Cloud(object):
                  self.host_of(v), v.availability_zone,
                  time.monotonic() - t0)
         return v
+
+    def retype(self, volume_id, type_name, timeout=600):
+        """Retype within the backend (no migration); back to its status."""
+        status = self.get(volume_id).status
+        self.c.volumes.retype(volume_id, type_name, 'never')
+        self.wait_status(volume_id, status, timeout=timeout)
+        vt = self.get(volume_id).volume_type
+        assert vt == type_name, 'volume %s has type %s after a retype to ' \
+            '%s' % (volume_id, vt, type_name)
 
     def delete(self, volume_id, timeout=600):
         """Delete the volume, first dropping attachments a failure left."""
@@ -340,6 +351,32 @@ class Cloud(object):
                  info.get('driver_volume_type'), device.get('path'))
         return Attachment(att_id, volume_id, node_key, info, device,
                           instance)
+
+    def attach_refused(self, volume_id, node_key, instance, props=None):
+        """Nova attaching ``instance`` on ``node_key``: the refusal's text.
+
+        ``props``: a connector other than the node's.  Fails unless Cinder
+        refuses; an attachment record the refused
+        request left behind is deleted (Nova's cleanup), so the volume
+        keeps exactly the attachments it had.
+        """
+        before = {a.id for a in self.c.attachments.list(
+            search_opts={'volume_id': volume_id})}
+        try:
+            self.c.attachments.create(
+                volume_id, props or self.connector(node_key),
+                instance_id=instance)
+        except Exception as exc:
+            LOG.info('attach of %s on node %s refused: %s', volume_id,
+                     node_key.upper(), exc)
+            return str(exc)
+        finally:
+            for att in self.c.attachments.list(
+                    search_opts={'volume_id': volume_id}):
+                if att.id not in before:
+                    self._forget(att.id)
+        raise AssertionError('attach of %s on node %s was not refused'
+                             % (volume_id, node_key.upper()))
 
     def _forget(self, att_id):
         try:

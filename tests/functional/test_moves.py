@@ -20,11 +20,14 @@ first GiB as 1 MiB blocks, against what was written at each hop; and
 after each finalization the old node keeps nothing of the volume.
 """
 
+import errno
 import logging
+import time
 
 import pytest
 
 from tests.functional import cloud as cloud_mod
+from tests.functional import stack as stack_mod
 from tests.functional import test_fullstack
 from tests.functional import testbed
 
@@ -210,7 +213,7 @@ def slow_hydration_type(cloud):
     vt.set_keys({'volume_backend_name': 'dmclone',
                  'dmclone:hydration_threshold': '1',
                  'dmclone:hydration_batch_size': '1',
-                 'RESKEY:availability_zones': 'az-a,az-b'})
+                 'RESKEY:availability_zones': cloud_mod.HOME_AZS})
     return vt
 
 
@@ -261,6 +264,62 @@ def test_source_powered_off_while_hydrating(cloud, stack):
         cloud.delete(vol.id)
 
 
+def read_error(path, offset, length):
+    """The errno of an O_DIRECT read there, None when it reads."""
+    try:
+        testbed.read_direct(path, offset, length)
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+@pytest.mark.extended
+def test_source_down_past_the_replacement_timeout(cloud, stack):
+    """Node A stays down longer than open-iscsi's replacement timeout.
+
+    Then the kernel gives up on the I/O it queued for node A: node B's
+    reads of regions not copied yet fail (EIO), while what node B holds
+    (copied, or written there) reads.  When node A is back, its service
+    exports again, node B's initiator (which never stops trying) logs in
+    again, those reads work and the copy finishes by itself.
+    """
+    vt = slow_hydration_type(cloud)
+    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    try:
+        att = attached_on(cloud, vol.id, 'a')
+        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+                                    GiB, BLOCK))
+        image.write(cloud, att, 111, 0, 8 * MiB)
+        image.write(cloud, att, 112, 800 * MiB, 4 * MiB)
+        cloud.detach(att)
+
+        att = attached_on(cloud, vol.id, 'b')
+        before = hydrated_fraction(cloud, att)
+        assert before < 0.5, (
+            'hydration outran the scenario: %.0f%% copied' % (100 * before))
+        stack.power_off('a')
+        cloud.forget_node('a')
+        t0 = time.monotonic()
+        image.write(cloud, att, 113, 960 * MiB, 4 * MiB)
+        # blocks until the replacement timeout (120 s) has passed
+        assert read_error(att.path, 800 * MiB, MiB) == errno.EIO
+        LOG.info('read of an uncopied region failed %.0f s after the '
+                 'power-off', time.monotonic() - t0)
+        assert read_error(att.path, 960 * MiB, 4 * MiB) is None
+        assert read_error(att.path, 0, MiB) is None
+
+        stack.boot('a')
+        testbed.wait_until(
+            lambda: read_error(att.path, 800 * MiB, MiB) is None, 600,
+            'node B reading node A\'s regions again')
+        wait_finalized(cloud, vol.id, timeout=1800)
+        image.check(cloud, att)
+        assert kept_on(cloud, 'a', vol.id) == []
+        cloud.detach(att)
+    finally:
+        cloud.delete(vol.id)
+
+
 def test_destination_powered_off_while_hydrating(cloud, stack):
     """Node A loses power while it copies a volume in from node B.
 
@@ -297,5 +356,87 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
         assert kept_on(cloud, 'b', vol.id) == []
         assert kept_on(cloud, 'a', vol.id) == ['LV volume-%s' % vol.id]
         cloud.detach(att)
+    finally:
+        cloud.delete(vol.id)
+
+
+@pytest.fixture
+def node_c(stack, cloud):
+    """A third node for the test: booted, its volume service reporting.
+
+    Its kernel is checked as the others are (nothing of the test left on
+    it), then it is powered off, so the other scenarios do not share two
+    CPUs with its idle service.
+    """
+    stack.boot('c')
+    baseline = testbed.snapshot(kernels=('c',))
+    try:
+        yield 'c'
+        problems = testbed.leaks(baseline)
+        if problems:
+            testbed.force_cleanup(baseline)
+            pytest.fail('test left resources on node C (now force-cleaned):'
+                        '\n  ' + '\n  '.join(problems), pytrace=False)
+    finally:
+        cloud.forget_node('c')
+        stack.power_off('c')
+
+
+def test_volume_moves_on_to_a_third_node(cloud, node_c):
+    """Chain: A to B, then B to C right after it finalized.
+
+    While A to B still hydrates, the instance's live migration on to C
+    is refused clearly (a volume copies from one source at a time) and
+    changes nothing.  A retype to the default type then gives the live
+    clone the default (faster) hydration.  Once finalized on B, the
+    volume moves on to C with every byte, and neither A nor B keeps
+    anything of it.
+    """
+    vt = slow_hydration_type(cloud)
+    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    try:
+        att = attached_on(cloud, vol.id, 'a')
+        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+                                    GiB, BLOCK))
+        image.write(cloud, att, 101, 0, 8 * MiB)
+        cloud.detach(att)
+
+        att = attached_on(cloud, vol.id, 'b')
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
+        refusal = cloud.attach_refused(vol.id, 'c', att.instance)
+        assert 'is moving from' in refusal, refusal
+        # refused while it was hydrating (not after), and nothing changed
+        assert hydrated_fraction(cloud, att) < 1
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
+        assert [a.id for a in cloud.c.attachments.list(
+            search_opts={'volume_id': vol.id})] == [att.id]
+        assert (cloud.get(vol.id).status, cloud.node_of(vol.id)) == (
+            'in-use', 'b')
+        assert kept_on(cloud, 'c', vol.id) == []
+        image.write(cloud, att, 102, GiB - 8 * MiB, 4 * MiB)
+        cloud.retype(vol.id, stack_mod.VOLUME_TYPE)
+        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
+        status = cloud.on_node('b', testbed.dm_status,
+                               att.path.rsplit('/', 1)[-1])
+        assert 'hydration_threshold 64 hydration_batch_size 16' in status, (
+            status)
+        wait_finalized(cloud, vol.id, timeout=1800)
+        image.check(cloud, att)
+        assert kept_on(cloud, 'a', vol.id) == []
+        cloud.detach(att)
+
+        LOG.info('B -> C right after the move to B finalized')
+        att = attached_on(cloud, vol.id, 'c')
+        assert cloud.sha256(att, 0, 8 * MiB) == testbed.sha256(
+            testbed.pattern(101, 8 * MiB))
+        image.write(cloud, att, 103, 512 * MiB, 4 * MiB)
+        wait_finalized(cloud, vol.id, timeout=1800)
+        image.check(cloud, att)
+        assert kept_on(cloud, 'b', vol.id) == []
+        assert kept_on(cloud, 'c', vol.id) == ['LV volume-%s' % vol.id]
+        cloud.detach(att)
+        v = cloud.get(vol.id)
+        assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
+            'available', 'c', 'az-c')
     finally:
         cloud.delete(vol.id)
