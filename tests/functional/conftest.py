@@ -78,6 +78,21 @@ def pytest_collection_modifyitems(config, items):
     fixtures.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
 
 
+def pytest_terminal_summary(terminalreporter):
+    """Per-phase timings: each module's time (setup, tests, teardown).
+
+    A module's first setup includes what its module-scoped fixtures start
+    (the full stack: about two minutes under emulation).
+    """
+    phases = fixtures.module_timings(terminalreporter.stats)
+    if not phases:
+        return
+    terminalreporter.section('time per module')
+    for module, (seconds, tests) in phases:
+        terminalreporter.write_line('%8.1f s  %3d test(s)  %s'
+                                    % (seconds, tests, module))
+
+
 def pytest_report_header(config):
     if testbed.in_testbed():
         return 'testbed: %s' % testbed.TOPOLOGY_PATH

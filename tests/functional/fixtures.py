@@ -91,3 +91,24 @@ def running_cluster():
 def cluster():
     """Both nodes' volume services over one database, for the session."""
     yield from running_cluster()
+
+
+def module_timings(stats):
+    """[(module, (seconds, tests run))], slowest first, from pytest's stats.
+
+    ``stats``: the terminal reporter's reports by outcome; every phase's
+    duration (setup, call, teardown) counts for its test's module.
+    """
+    seconds, tests = {}, {}
+    for reports in stats.values():
+        for report in reports:
+            nodeid = getattr(report, 'nodeid', '')
+            duration = getattr(report, 'duration', None)
+            if not nodeid or duration is None:
+                continue
+            module = nodeid.split('::', 1)[0]
+            seconds[module] = seconds.get(module, 0.0) + duration
+            if getattr(report, 'when', None) == 'call':
+                tests[module] = tests.get(module, 0) + 1
+    return sorted(((m, (seconds[m], tests.get(m, 0))) for m in seconds),
+                  key=lambda item: -item[1][0])

@@ -146,6 +146,9 @@ def finish_on_b(cluster, volume_id, expected, attachment):
     cluster.delete_volume(volume_id)
 
 
+# CI runs its successor on separate kernels:
+#   test_moves.py::test_volume_moves_there_back_and_there_again
+@pytest.mark.extended
 def test_volume_moves_to_the_attaching_node(cluster):
     vid, image = seeded_volume(cluster, 10)
 
@@ -190,6 +193,9 @@ def test_migrate_moves_a_detached_volume(cluster):
     finish_on_b(cluster, vid, image.digest(), attachment)
 
 
+# CI runs its successor on separate kernels:
+#   test_moves.py::test_live_migration_there_and_back_and_a_rollback
+@pytest.mark.extended
 def test_live_migration_commit(cluster):
     vid, image = seeded_volume(cluster, 30)
     att_a, info_a = cluster.attach(vid, 'a')
@@ -257,6 +263,9 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
     finish_on_b(cluster, vid, image.digest(), att_b)
 
 
+# CI runs its successor on separate kernels:
+#   test_moves.py::test_live_migration_there_and_back_and_a_rollback
+@pytest.mark.extended
 def test_failed_live_migration_rolls_back(cluster):
     vid, image = seeded_volume(cluster, 40)
     att_a, info_a = cluster.attach(vid, 'a')
@@ -322,6 +331,10 @@ def test_destination_restart_mid_hydration(cluster):
     finish_on_b(cluster, vid, image.digest(), attachment)
 
 
+# CI runs its successor on separate kernels:
+#   test_moves.py::test_source_powered_off_while_hydrating
+# (a real power-off, not a cleared LIO)
+@pytest.mark.extended
 def test_source_reboot_mid_move(cluster, cleanup):
     """Node A reboots while node B still reads from it.
 
