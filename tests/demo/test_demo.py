@@ -25,6 +25,7 @@ the instance (a cold move this time) and checks the data there.
 
 import hashlib
 import os
+import sys
 import time
 import warnings
 
@@ -71,11 +72,26 @@ def sha_with(path, length, offset, block):
     return h.hexdigest()
 
 
+def stderr_to(path):
+    """From now on, this process's stderr and its children's go to ``path``.
+
+    (Library warnings, such as eventlet's deprecation notice that the
+    privsep daemon os-brick starts prints, belong in the run's log; pytest
+    reports on stdout.)
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stderr.flush()
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def test_demo():
     # The audience wants the narrative: library deprecation warnings
     # (eventlet, imported by os-brick here) stay off the console.
     warnings.simplefilter('ignore')
     topo = testbed.topology()
+    stderr_to(os.path.join(topo.artifacts_dir, 'demo-stderr.log'))
     stack = stack_mod.Stack(topo)
     assert topo.separate, 'the demo runs with tools/testbed/run --layout ' \
         'separate (tools/run-demo.sh)'
