@@ -29,6 +29,7 @@ from oslo_utils import excutils
 from cinder import exception
 from cinder.i18n import _
 from cinder import objects
+from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import exception as dmc_exception
@@ -646,8 +647,31 @@ class Destination(side.Side):
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
 
+    def _name_this_node(self, ctxt, volume, t):
+        """A committed move: the volume record names this node from now on.
+
+        The source records the commit, then points the volume record at
+        this node: two writes.  When the database went away between them
+        (the attach then failed, but the move stands: it hydrates here),
+        the record still names the source, which refuses to retire a copy
+        its record names.  Only a committed move gets here (finalizing:
+        this node holds every byte), so the record follows it.  Returns
+        the volume as the record describes it now.
+        """
+        if volume_utils.extract_host(volume['host'], 'host') in \
+                self.node_names:
+            return volume
+        LOG.warning('Volume %(vol)s was moved here from %(src)s, but its '
+                    'record still names %(src)s (its last step there did '
+                    'not reach the database): it names this node now.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.store.move_volume(ctxt, volume['id'], t.dest_host,
+                               source.host_zone(ctxt, t.dest_host))
+        return objects.Volume.get_by_id(ctxt, volume['id'])
+
     def _retire_source(self, ctxt, volume, t):
         """The clone is gone: log out, retire the source, forget the move."""
+        volume = self._name_this_node(ctxt, volume, t)
         self.clones.disconnect_source(t, volume['provider_auth'])
         self._send_to_source(ctxt, volume, t, peer.RETIRE)
         # The source's export goes from the record before the state does,

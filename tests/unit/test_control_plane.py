@@ -163,3 +163,23 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
                           self.c.attach, self.b)
         self.db_up()
         self.c.assert_rolled_back()
+
+    def test_committed_move_whose_record_still_names_the_source(self):
+        # node-a recorded the commit (hydrating) but not the volume's new
+        # host.  Before: node-a refused every retire ("its record still
+        # names this node"): the move never finished.
+        transition = self.a.store.transition
+
+        def transition_then_db_down(ctxt, t, expected, state):
+            transition(ctxt, t, expected, state)
+            if state == move.HYDRATING:
+                self.db_down(('volume_update',))
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_then_db_down)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.c.settle()
+        self.c.assert_completed()
