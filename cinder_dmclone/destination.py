@@ -29,6 +29,7 @@ from oslo_utils import excutils
 from cinder import exception
 from cinder.i18n import _
 from cinder import objects
+from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import exception as dmc_exception
@@ -101,6 +102,8 @@ class Destination(side.Side):
         #: LV name -> volume id of the moves into this node: an LV is not
         #: always named after its volume (a migrated volume's _name_id).
         self.lv_volumes = {}
+        #: volumes whose prepare runs here now (see drop_stale_prepare).
+        self.building = set()
 
     # -- steps the source asks for ----------------------------------------
 
@@ -110,16 +113,20 @@ class Destination(side.Side):
         The source records the outcome (it holds the volume's lock while
         it waits for this answer): nothing here writes the state.
         """
-        with move.build_lock(volume['id']):
-            # Checked (again) once the lock is ours: while this step
-            # waited, its move may have been given up and a later one
-            # built.
-            t = self.authenticate(volume, step)
-            if t.state != move.PREPARING:
-                raise exception.VolumeBackendAPIException(
-                    data=_('No transfer of volume %s to this node is being '
-                           'prepared.') % volume['id'])
-            return self._build(volume, step, t)
+        self.building.add(volume['id'])
+        try:
+            with move.build_lock(volume['id']):
+                # Checked (again) once the lock is ours: while this step
+                # waited, its move may have been given up and a later one
+                # built.
+                t = self.authenticate(volume, step)
+                if t.state != move.PREPARING:
+                    raise exception.VolumeBackendAPIException(
+                        data=_('No transfer of volume %s to this node is '
+                               'being prepared.') % volume['id'])
+                return self._build(volume, step, t)
+        finally:
+            self.building.discard(volume['id'])
 
     def _build(self, volume, step, t):
         self.lv_volumes[t.lv_name] = volume['id']
@@ -194,6 +201,43 @@ class Destination(side.Side):
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',
                             volume['id'])
+
+    def drop_stale_prepare(self, volume_id, t):
+        """Remove a clone built here for a prepare nobody waits for.
+
+        The source holds the volume's lock from the moment it records a
+        move until it records the outcome.  A clone whose move is still
+        ``preparing`` when that lock is free, and whose prepare no longer
+        runs here, was left by an attempt whose source could not record
+        the outcome (the database went away as this node answered, or
+        the answer never reached it) and could not reach this node to
+        drop it: no instance uses it, and it reads the source for good.
+        Under the lock (never waiting for it), and only if the record
+        still describes that move, the move is marked ``aborted`` (the
+        volume is usable on its source again) and what was built here
+        goes.  The record stays ``aborted``, inert: the source ends it
+        (its next move, delete or restart drops the export it made for
+        the move, which this node cannot).  Returns True if it did.
+        """
+        if volume_id in self.building:
+            return False
+        with move.lock_if_free(volume_id) as locked:
+            if not locked:
+                return False    # the source may be waiting: not stale
+            with move.build_lock(volume_id):
+                current = self.load_any(volume_id)
+                if not (self.is_dest(current) and t.still(current)
+                        and current.state == move.PREPARING):
+                    return False
+                LOG.warning('The move of volume %(vol)s from %(src)s is '
+                            'still preparing, but its source no longer '
+                            'waits for this node: aborting it.',
+                            {'vol': volume_id, 'src': t.source_node})
+                volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+                self.store.transition(self.ctxt(), current,
+                                      (move.PREPARING,), move.ABORTED)
+                self.clones.tear_down(current, volume['provider_auth'])
+                return True
 
     def drop_aborted(self, volume, t):
         """Remove what an aborted move built here, and forget it."""
@@ -603,8 +647,31 @@ class Destination(side.Side):
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
 
+    def _name_this_node(self, ctxt, volume, t):
+        """A committed move: the volume record names this node from now on.
+
+        The source records the commit, then points the volume record at
+        this node: two writes.  When the database went away between them
+        (the attach then failed, but the move stands: it hydrates here),
+        the record still names the source, which refuses to retire a copy
+        its record names.  Only a committed move gets here (finalizing:
+        this node holds every byte), so the record follows it.  Returns
+        the volume as the record describes it now.
+        """
+        if volume_utils.extract_host(volume['host'], 'host') in \
+                self.node_names:
+            return volume
+        LOG.warning('Volume %(vol)s was moved here from %(src)s, but its '
+                    'record still names %(src)s (its last step there did '
+                    'not reach the database): it names this node now.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.store.move_volume(ctxt, volume['id'], t.dest_host,
+                               source.host_zone(ctxt, t.dest_host))
+        return objects.Volume.get_by_id(ctxt, volume['id'])
+
     def _retire_source(self, ctxt, volume, t):
         """The clone is gone: log out, retire the source, forget the move."""
+        volume = self._name_this_node(ctxt, volume, t)
         self.clones.disconnect_source(t, volume['provider_auth'])
         self._send_to_source(ctxt, volume, t, peer.RETIRE)
         # The source's export goes from the record before the state does,

@@ -568,6 +568,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         connector = self._migration_connector(volume, host)
         if connector is None:
             return False, None
+        self.source.end_stale_prepare(volume)
         self.source.refuse_if_moving(
             volume, _('a migration to %s') % connector['host'])
         update = self.create_export(ctxt, volume, connector)
@@ -838,6 +839,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return {}
         self._require_host(connector)
         if not self._is_local_connector(connector):
+            self.source.end_stale_prepare(volume)
             self.source.refuse_if_moving(
                 volume, _('attaching on %s') % connector['host'])
         path = self._ensure_handle(volume)

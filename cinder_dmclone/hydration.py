@@ -267,6 +267,11 @@ class HydrationTracker(object):
             # answer came too late): nothing will ever use this clone.
             self.recovery.resolve_aborted(volume_id, t)
             return
+        if dest.is_dest(t) and t.state == move.PREPARING:
+            # Being built for a source that waits (its lock is held), or
+            # left by one that could not record the outcome.
+            dest.drop_stale_prepare(volume_id, t)
+            return
         if not dest.is_dest(t):
             self._report_orphan(lv_name, volume_id)
             return

@@ -186,6 +186,7 @@ class Source(side.Side):
         dest_node = connector['host']
         self._check_source_size(volume, lv_sectors)
         with move.lock(volume['id']):
+            self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
             dest_host, dest_az = service_host(ctxt, volume, dest_node)
@@ -226,9 +227,12 @@ class Source(side.Side):
                     # The destination may have built (part of) the clone
                     # before failing to answer (a timeout, a restart):
                     # ask it to drop its side while the state still
-                    # describes the move.
-                    self.drop_and_forget_export(volume, connector)
-                    self.give_up(ctxt, volume, t)
+                    # describes the move -- also when the database did
+                    # not let the export be forgotten.
+                    try:
+                        self.drop_and_forget_export(volume, connector)
+                    finally:
+                        self.give_up(ctxt, volume, t)
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
@@ -301,6 +305,7 @@ class Source(side.Side):
         is refused.
         """
         with move.lock(volume['id']):
+            self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume,
                                   _('attaching on %s') % connector['host'])
             return connect(volume, connector)
@@ -352,6 +357,52 @@ class Source(side.Side):
                                          'node': self.node_name})
 
     # -- ending a move that never committed --------------------------------
+
+    def end_stale_prepare(self, volume):
+        """Before an attach or a migration here: end a dead ``preparing``.
+
+        Takes the volume's lock only when the record shows such a move
+        (see :meth:`_give_up_stale_prepare`).
+        """
+        if not self._stale_prepare(volume, self.load(volume['id'])):
+            return
+        with move.lock(volume['id']):
+            self._give_up_stale_prepare(volume)
+
+    def refuse_local_attach(self, volume, action):
+        """Side.refuse_local_attach, once a dead ``preparing`` is ended."""
+        self.end_stale_prepare(volume)
+        super().refuse_local_attach(volume, action)
+
+    def _stale_prepare(self, volume, t):
+        return (t is not None and t.state == move.PREPARING
+                and self.is_source(t) and self.lives_here(volume))
+
+    def _give_up_stale_prepare(self, volume):
+        """Under the volume's lock: give up a move from here left preparing.
+
+        An attempt holds the volume's lock from the moment it records a
+        move until it records the outcome, so a move from here that is
+        still ``preparing`` once the lock is ours again was left by an
+        attempt that could not record how it ended (the database went
+        away while the destination answered, or while the failure was
+        cleaned up).  Nothing uses it: the volume record still names this
+        node, the destination's clone was never handed to an instance.
+        Left in place it would refuse every later attach as "moving"
+        until this service restarts; it is given up instead, as the
+        attempt itself would have done (the destination drops its side).
+        """
+        t = self.load(volume['id'])
+        if not self._stale_prepare(volume, t):
+            return
+        volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        if not self._stale_prepare(volume, t):
+            return
+        LOG.warning('The move of volume %(vol)s to %(dst)s was left '
+                    'preparing by an attempt that could not record its '
+                    'outcome (was the database away?); giving it up.',
+                    {'vol': volume['id'], 'dst': t.dest_node})
+        self.give_up(self.ctxt(), volume, t)
 
     def give_up(self, ctxt, volume, t):
         """End a move that never committed.

@@ -27,6 +27,7 @@ come up.  Logs go to the run directory, which the host keeps.
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -117,6 +118,30 @@ def _http_json(url, timeout=30, headers=None):
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         body = resp.read()
     return json.loads(body) if body else None
+
+
+_ERROR_PREFIX = re.compile(r'^(\S+ \S+ \d+ ERROR \S+)')
+_DATED = re.compile(r'^\d{4}-\d\d-\d\d ')
+
+
+def _error_records(name, lines):
+    """Group a log's ERROR lines into records (see Stack.error_records)."""
+    records, key, bare = [], None, False
+    for line in lines:
+        match = _ERROR_PREFIX.match(line)
+        if match:
+            if match.group(1) != key:
+                records.append((name, []))
+            key, bare = match.group(1), False
+            records[-1][1].append(line)
+        elif bare and line and not _DATED.match(line):
+            records[-1][1].append(line)
+        elif 'Traceback' in line or ' ERROR ' in line:
+            records.append((name, [line]))
+            key, bare = None, True
+        else:
+            key, bare = None, False
+    return records
 
 
 class Stack(object):
@@ -417,6 +442,122 @@ class Stack(object):
                    'cinder-api listening', procs=['cinder-api'])
         self._wait(self.pools_ready, 600, 'both nodes\' pools listed',
                    procs=['cinder-api', 'cinder-scheduler'])
+
+    # -- the control plane going away and coming back ------------------------
+
+    def _kill_group(self, name):
+        """Kill ``name``'s process group at once, as a crash would."""
+        proc = self.procs.get(name)
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        LOG.info('%s killed (process group %d)', name, proc.pid)
+
+    def stop_rabbitmq(self):
+        """The broker dies: every connection to it breaks, queues go.
+
+        (The services' queues are not durable: what they held is lost.)
+        """
+        self._kill_group('rabbitmq')
+        self._wait(lambda: not _port_open(API_IP, 5672), 120,
+                   'RabbitMQ gone')
+
+    def restart_rabbitmq(self):
+        """Kill the broker and start it again; wait until it serves."""
+        self.stop_rabbitmq()
+        self.start_rabbitmq()
+        self._wait(lambda: _port_open(API_IP, 5672), 900,
+                   'RabbitMQ listening again', procs=['rabbitmq'])
+
+    @staticmethod
+    def rpc_consumers(queue):
+        """Consumers of a queue on the broker; 0 if it is not there."""
+        import kombu
+        try:
+            with kombu.Connection('amqp://guest:guest@%s:5672//' % API_IP,
+                                  connect_timeout=5) as conn:
+                _name, _count, consumers = conn.default_channel \
+                    .queue_declare(queue=queue, passive=True)
+            return consumers
+        except Exception as exc:
+            LOG.debug('queue %s: %s', queue, exc)
+            return 0
+
+    def wait_rpc_servers(self, hosts, timeout=300):
+        """Until the volume services of ``hosts`` consume again.
+
+        oslo.messaging declares a service's queues again when it has
+        reconnected: ``cinder-volume.<host>@dmclone`` is its own.
+        """
+        queues = ['cinder-volume.%s@dmclone' % h for h in hosts]
+        self._wait(lambda: all(self.rpc_consumers(q) for q in queues),
+                   timeout, 'volume services consuming %s' % queues)
+
+    def stop_mariadb(self):
+        """The database dies (its files stay, as on a real server)."""
+        self._kill_group('mariadb')
+        self._wait(lambda: not _port_open(API_IP, 3306), 120,
+                   'MariaDB gone')
+
+    def restart_mariadb(self):
+        """Kill MariaDB and start it over the same data; wait for it.
+
+        Unlike :meth:`start_mariadb`, the data directory is kept: the
+        cinder database must come back as it was (the testbed's
+        ``innodb_flush_log_at_trx_commit = 2`` loses no commit when the
+        server process dies).
+        """
+        self.stop_mariadb()
+        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'])
+        self._wait(lambda: self.mariadb_ready() and self._db(
+            'SELECT COUNT(*) FROM services', check=False).isdigit(), 600,
+            'MariaDB answering again', procs=['mariadb'])
+
+    def db_now(self):
+        """The database's UTC time, as text (see services_up)."""
+        return self._db('SELECT UTC_TIMESTAMP()')
+
+    def pause_volume(self, node):
+        """Freeze ``node``'s cinder-volume (SIGSTOP), wherever it is.
+
+        Its RPC workers stop where they are, mid-step, as a service that
+        is merely slow would.  Only a service whose processes are local
+        (node B; node A in the one-kernel layout).
+        """
+        self._signal_volume(node, signal.SIGSTOP)
+
+    def resume_volume(self, node):
+        self._signal_volume(node, signal.SIGCONT)
+
+    def _signal_volume(self, node, sig):
+        if node == 'a' and self.topo.separate:
+            raise StackError('node A\'s service runs in its own kernel')
+        proc = self.procs['volume-' + node]
+        os.killpg(proc.pid, sig)
+        LOG.info('volume-%s sent signal %d', node, sig)
+
+    def log_marks(self):
+        """Where each cinder service log ends now (see error_records)."""
+        return {name: os.path.getsize(os.path.join(self.log_dir, name))
+                for name in os.listdir(self.log_dir)
+                if name.startswith(('volume-', 'cinder-'))}
+
+    def error_records(self, marks):
+        """ERROR records written since ``marks``: (log, [lines]).
+
+        A record is one logged message with its traceback: oslo.log
+        repeats the same time, pid and logger on each of its lines.  A
+        bare traceback on a service's stdout is one record too.
+        """
+        records = []
+        for name in sorted(self.log_marks()):
+            with open(os.path.join(self.log_dir, name),
+                      errors='replace') as f:
+                f.seek(marks.get(name, 0))
+                lines = f.read().splitlines()
+            records += _error_records(name, lines)
+        return records
 
     def stop(self):
         for name in reversed(list(self.procs)):

@@ -276,6 +276,7 @@ class Node(object):
         if connector['host'] == self.name:
             self.ensure_handle()
             return {}
+        self.source.end_stale_prepare(volume)
         self.source.refuse_if_moving(volume, 'attaching on %s'
                                      % connector['host'])
         update = self.target.create_export(ctxt, volume, self.ensure_handle())
@@ -325,6 +326,7 @@ class Node(object):
     def migrate_volume(self, volume, node):
         """DMCloneVolumeDriver.migrate_volume to ``node`` (a Node)."""
         connector = {'host': node.name, 'initiator': node.props['initiator']}
+        self.source.end_stale_prepare(volume)
         self.source.refuse_if_moving(volume, 'a migration to %s' % node.name)
         self._save(volume, self.create_export(self.cluster.ctxt, volume,
                                               connector))

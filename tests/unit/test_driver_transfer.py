@@ -121,6 +121,7 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.assertEqual((True, None), self.drv.migrate_volume(
             self.ctxt, self.volume, self._dest()))
         connector = {'host': 'node-b', 'initiator': REMOTE['initiator']}
+        self.source.end_stale_prepare.assert_called_once_with(self.volume)
         self.source.refuse_if_moving.assert_called_once_with(
             self.volume, 'a migration to node-b')
         export.assert_called_once_with(self.ctxt, self.volume, connector)
@@ -338,6 +339,19 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.source.refuse_if_moving.assert_called_once_with(
             self.volume, 'attaching on node-b')
         target.assert_not_called()
+
+    def test_remote_export_ends_a_dead_prepare_first(self):
+        # (Left by an attempt that could not record its outcome: see
+        # test_control_plane.)
+        calls = self.source.mock_calls
+        self.mock_object(self.drv.target_driver, 'create_export',
+                         return_value={'location': 'loc', 'auth': None})
+        self.drv.create_export(self.ctxt, self.volume, REMOTE)
+        self.assertEqual(
+            [mock.call.end_stale_prepare(self.volume),
+             mock.call.refuse_if_moving(self.volume, 'attaching on node-b')],
+            [c for c in calls if c[0] in ('end_stale_prepare',
+                                          'refuse_if_moving')])
 
     def test_local_export_does_not_ask(self):
         self.assertEqual({}, self.drv.create_export(self.ctxt, self.volume,

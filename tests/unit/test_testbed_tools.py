@@ -339,3 +339,27 @@ class ModuleTimingsTestCase(test.TestCase):
         self.assertEqual(
             [('t/a.py', (111.0, 1)), ('t/b.py', (50.5, 2))],
             functional_fixtures.module_timings(stats))
+
+
+class ErrorRecordsTestCase(test.TestCase):
+    """Stack.error_records: a logged error and its traceback are one."""
+
+    def test_records(self):
+        from tests.functional import stack
+        prefix = '2026-11-26 01:49:22.716 1234 '
+        lines = [
+            prefix + 'INFO cinder.x [-] fine',
+            prefix + 'ERROR impl_rabbit [-] AMQP server is unreachable',
+            prefix + 'ERROR cinder.service [-] model server went away',
+            prefix + 'ERROR cinder.service Traceback (most recent call):',
+            prefix + 'ERROR cinder.service DBConnectionError: (2003)',
+            prefix + 'WARNING cinder.x [-] w',
+            'Traceback (most recent call last):',
+            '  File "x", line 1',
+            'ValueError: boom',
+            prefix + 'INFO cinder.x [-] fine',
+        ]
+        records = stack._error_records('volume-a.log', lines)
+        self.assertEqual([lines[1:2], lines[2:5], lines[6:9]],
+                         [r[1] for r in records])
+        self.assertEqual({'volume-a.log'}, {r[0] for r in records})

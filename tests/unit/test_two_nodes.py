@@ -2495,16 +2495,23 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.assertEqual([VOLUME_ID], taken)
 
     def test_local_attach_on_the_source_waits_and_is_refused(self):
-        self.saved()
+        # The move being prepared holds the lock; once it is ours, the
+        # move has been recorded (a 'preparing' one left after the lock
+        # was free is ended instead: test_control_plane).
+        t = self.saved()
         taken = []
         locking = move.lock
-        self.mock_object(move, 'lock', side_effect=lambda vid: (
-            taken.append(vid), locking(vid))[1])
+
+        def lock(vid):
+            taken.append(vid)
+            self.c.set_state(t, move.HYDRATING)
+            return locking(vid)
+        self.mock_object(move, 'lock', side_effect=lock)
         exc = self.assertRaises(move.MoveInProgress,
                                 self.a.source.refuse_local_attach,
                                 self.volume(), 'attaching it here')
         self.assertIn('attaching it here is possible once', str(exc))
-        self.assertEqual([VOLUME_ID], taken)
+        self.assertEqual(VOLUME_ID, taken[-1])
 
     def test_local_attach_on_the_destination_while_it_builds_is_refused(self):
         self.saved()

@@ -1,0 +1,185 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""A move while the database or the message bus goes away and comes back.
+
+Over the two-node model (tests.unit.cluster): the database stops answering
+at a chosen point of a move (every call raises oslo.db's
+DBConnectionError, as while MariaDB restarts), then answers again.  No
+move may stay stuck, and no byte may be lost.
+"""
+
+from oslo_db import exception as db_exc
+import oslo_messaging
+
+from cinder import exception
+
+from cinder_dmclone import move
+from tests.unit.cluster import HANDLE
+from tests.unit.cluster import META
+from tests.unit.cluster import VOLUME_ID
+from tests.unit import test_two_nodes
+
+DB_OPS = ('volume_admin_metadata_get', 'volume_admin_metadata_update',
+          'volume_admin_metadata_delete', 'volume_update')
+
+
+class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
+
+    def db_down(self, ops=DB_OPS):
+        for op in ops:
+            self.c.db.fail_on[op] = db_exc.DBConnectionError(
+                "(2003, \"Can't connect to MySQL server\")")
+
+    def db_up(self):
+        self.c.db.fail_on.clear()
+
+    def db_down_once_built(self, ops=DB_OPS, fail=None):
+        """The database goes away as node-b answers the prepare.
+
+        With ``fail``, node-b's answer is that error instead.
+        """
+        prepare = self.b.destination.prepare
+
+        def prepare_then_db_down(volume, step):
+            self.b.destination.prepare = prepare     # (once)
+            path = prepare(volume, step)
+            self.db_down(ops)
+            if fail is not None:
+                raise fail
+            return path
+        self.b.destination.prepare = prepare_then_db_down
+
+    def failed_attach_while_db_down(self):
+        """An attach on node-b whose outcome node-a could not record."""
+        self.db_down_once_built()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        # (node-a could record nothing: the move is still 'preparing',
+        # node-b's clone built and reading node-a.)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_retried_attach_moves_a_volume_left_preparing(self):
+        # Before: every later attach (and a local one on node-a) was
+        # refused as "moving" until node-a's service restarted.
+        self.failed_attach_while_db_down()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_local_attach_ends_a_move_left_preparing(self):
+        self.failed_attach_while_db_down()
+        att, info = self.c.attach(self.a)
+        self.assertEqual('local', info['driver_volume_type'])
+        self.c.attachments.remove(att)
+        self.c.assert_rolled_back()
+
+    def test_destination_drops_a_clone_nobody_waits_for(self):
+        # Before: node-b kept the clone (hydrating from node-a, with an
+        # iSCSI session) for good, and the record stayed 'preparing'.
+        self.failed_attach_while_db_down()
+        self.c.settle()
+        # (Kept 'aborted', inert, for node-a to end: see the next test.)
+        self.c.assert_rolled_back(aborted_ok=True)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.log.warning.assert_called()
+
+    def test_a_move_aborted_by_its_destination_moves_again(self):
+        self.failed_attach_while_db_down()
+        self.c.settle()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_source_restart_ends_a_move_its_destination_aborted(self):
+        # node-a died before it could drop the export made for the move
+        # (its ACL admits node-b): its restart still finds the move.
+        self.c.crash_at(self.a.store, 'transition', 'before',
+                        lambda ctxt, t, expected, state:
+                        state == move.HYDRATING)
+        self.c.restart_before_timeout = False
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          self.c.attach, self.b)
+        self.c.settle()
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertEqual({}, self.b.dm.devices)
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+
+    def test_no_clone_dropped_while_its_source_waits(self):
+        # The source holds the volume's lock while it waits for node-b's
+        # answer: a tick meanwhile leaves the clone alone.
+        ticks = []
+        prepare = self.b.destination.prepare
+
+        def prepare_then_tick(volume, step):
+            path = prepare(volume, step)
+            # (node-a's service holds the lock: busy for node-b's.)
+            lock = 'dmclone-%s' % VOLUME_ID
+            self.c.held.discard(lock)
+            self.c.busy.add(lock)
+            self.c.tick(self.b)
+            self.c.busy.discard(lock)
+            self.c.held.add(lock)
+            ticks.append(self.c.transfer().state)
+            return path
+        self.b.destination.prepare = prepare_then_tick
+        self.c.attach(self.b)
+        self.assertEqual([move.PREPARING], ticks)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_no_clone_dropped_while_it_is_built(self):
+        # A prepare still building here (its source gave up waiting) is
+        # not a stale clone yet: its own check removes it when it ends.
+        t = self.saved()
+        self.b.destination.building.add(VOLUME_ID)
+        self.b.dest.create_volumes(t, 1)
+        self.assertFalse(self.b.destination.drop_stale_prepare(VOLUME_ID, t))
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+
+    def test_failed_prepare_is_given_up_although_its_export_stays_named(self):
+        # node-b fails, and the database refuses to forget node-a's export
+        # (volume_update): the destination is still asked to drop its
+        # side and the move is cleared.  Before: the clean-up stopped at
+        # the first database error and left the move 'preparing'.
+        self.db_down_once_built(
+            ops=('volume_update',),
+            fail=exception.VolumeBackendAPIException(data='boom'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.c.assert_rolled_back()
+
+    def test_committed_move_whose_record_still_names_the_source(self):
+        # node-a recorded the commit (hydrating) but not the volume's new
+        # host.  Before: node-a refused every retire ("its record still
+        # names this node"): the move never finished.
+        transition = self.a.store.transition
+
+        def transition_then_db_down(ctxt, t, expected, state):
+            transition(ctxt, t, expected, state)
+            if state == move.HYDRATING:
+                self.db_down(('volume_update',))
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_then_db_down)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.c.settle()
+        self.c.assert_completed()
