@@ -508,6 +508,9 @@ class Destination(side.Side):
             self.raise_moving(volume, t, _('an extend (the live migration '
                                            'is not decided yet)'),
                               percent='0.0')
+        if t is not None and t.state == move.SOURCE_LOST:
+            self.raise_moving(volume, t, _('an extend (its lost source is '
+                                           'being abandoned)'))
 
     def extend(self, volume):
         """Grow the table of a clone after its LV grew; False if none."""
@@ -623,6 +626,11 @@ class Destination(side.Side):
                     return
                 t = self.load(volume_id)
                 if not self.is_dest(t):
+                    self.pending_finalize.discard(volume_id)
+                    return
+                if t.state == move.SOURCE_LOST:
+                    # (Its clone went fully hydrated as the operator began
+                    # to abandon its source: the command ends it.)
                     self.pending_finalize.discard(volume_id)
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)

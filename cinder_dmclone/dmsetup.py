@@ -193,6 +193,13 @@ def clone_segment(start, length, metadata_dev, dest_dev, source_dev,
     return Segment(start, length, 'clone', tuple(args))
 
 
+def error_segment(start, length):
+    """An ``error`` segment: every I/O to these sectors fails (EIO)."""
+    _positive_int(start, 'start', allow_zero=True)
+    _positive_int(length, 'length')
+    return Segment(start, length, 'error')
+
+
 def format_table(segments):
     """Join segments into a table, checking they tile the device from 0."""
     segments = list(segments)
@@ -558,3 +565,122 @@ def device_path(name):
 def parse_sectors(text):
     """Parse ``blockdev --getsz`` output: a size in 512-byte sectors."""
     return _parse_int(text.strip(), text, 'device size')
+
+
+# --------------------------------------------------------------------------
+# Regions a clone never copied
+# --------------------------------------------------------------------------
+
+def region_count(length, region_size):
+    """Regions of a clone of ``length`` sectors (the last may be short)."""
+    _positive_int(length, 'length')
+    validate_region_size(region_size)
+    return -(-length // region_size)
+
+
+def runs(regions, count):
+    """Maximal runs of consecutive region numbers: [(first, end)).
+
+    ``regions`` are region numbers below ``count``, in any order; each
+    run is ``(first, end)`` with ``end`` exclusive, sorted.
+    """
+    result = []
+    for region in sorted(set(regions)):
+        if not 0 <= region < count:
+            raise exception.InvalidTable(
+                reason='region %r outside 0..%d' % (region, count - 1))
+        if result and result[-1][1] == region:
+            result[-1] = (result[-1][0], region + 1)
+        else:
+            result.append((region, region + 1))
+    return result
+
+
+def region_sectors_range(first, end, length, region_size):
+    """(start, length) in sectors of regions [first, end) of a clone.
+
+    The last region of a clone whose length is not a multiple of the
+    region size is short: the range stops at the clone's end.
+    """
+    start = first * region_size
+    return start, min(end * region_size, length) - start
+
+
+def uncopied_ranges(uncopied, length, region_size):
+    """Byte ranges ``[(offset, length)]`` of the regions never copied."""
+    count = region_count(length, region_size)
+    return [tuple(x * SECTOR_SIZE for x in region_sectors_range(
+        first, end, length, region_size))
+        for first, end in runs(uncopied, count)]
+
+
+def fencing_table(uncopied, length, region_size, dest_dev, total=None):
+    """The table that keeps a clone's uncopied regions out of reach.
+
+    Regions never copied map to ``error``, the others linearly to the
+    destination device at the same offset; ``total`` (the destination's
+    length, when it was extended past the clone) maps the tail linearly
+    too.  While this table is live nothing can read or write the
+    uncopied regions, so they can be zeroed underneath, and the rest of
+    the volume stays usable.
+    """
+    count = region_count(length, region_size)
+    segments = []
+    position = 0
+    for first, end in runs(uncopied, count):
+        start, size = region_sectors_range(first, end, length, region_size)
+        if start > position:
+            segments.append(linear_segment(position, start - position,
+                                           dest_dev, position))
+        segments.append(error_segment(start, size))
+        position = start + size
+    total = length if total is None else total
+    if total < length:
+        raise exception.InvalidTable(
+            reason='destination of %d sectors is shorter than the clone '
+                   '(%d)' % (total, length))
+    if total > position:
+        segments.append(linear_segment(position, total - position,
+                                       dest_dev, position))
+    format_table(segments)
+    return segments
+
+
+_UNITS = ((1 << 40, 'T'), (1 << 30, 'G'), (1 << 20, 'M'), (1 << 10, 'K'))
+
+
+def size_token(value):
+    """Bytes in the largest unit that divides them exactly: '64K', '3M'."""
+    for unit, suffix in _UNITS:
+        if value and value % unit == 0:
+            return '%d%s' % (value // unit, suffix)
+    return str(value)
+
+
+def ranges_text(ranges, limit=None, more='...+%d more'):
+    """Byte ranges as ``offset+length`` tokens, e.g. ``0+8M,12M+64K``.
+
+    With ``limit``, as many whole ranges as fit in ``limit`` characters
+    together with the marker (``more % <ranges left out>``) that says
+    some were left out.
+    """
+    tokens = ['%s+%s' % (size_token(offset), size_token(size))
+              for offset, size in ranges]
+    text = ','.join(tokens)
+    if limit is None or len(text) <= limit:
+        return text
+    kept = []
+    for i, token in enumerate(tokens):
+        candidate = ','.join(kept + [token, more % (len(tokens) - i - 1)])
+        if len(candidate) > limit:
+            break
+        kept.append(token)
+    return ','.join(kept + [more % (len(tokens) - len(kept))])
+
+
+def parse_size_token(token):
+    """The bytes of a :func:`size_token` ('64K' -> 65536)."""
+    for unit, suffix in _UNITS:
+        if token.endswith(suffix):
+            return int(token[:-1]) * unit
+    return int(token)

@@ -276,6 +276,12 @@ class HydrationTracker(object):
             self._report_orphan(lv_name, volume_id)
             return
         self.orphans.discard(lv_name)
+        if t.state == move.SOURCE_LOST:
+            # An operator ends this move (cinder-dmclone move
+            # abandon-source): no progress, no commit, no finalization.
+            self.progress.pop(volume_id, None)
+            self.stalled.discard(volume_id)
+            return
         if status.failed:
             LOG.error('Clone of volume %(vol)s reports %(st)s: check the '
                       'metadata LV and the path to %(src)s.',

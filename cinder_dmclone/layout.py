@@ -73,6 +73,23 @@ def handle_name(vg_name, lv_name):
         validate_lv_name(lv_name)))
 
 
+#: the stand-in for a lost source (see lost_source_name)
+LOST_SOURCE_PREFIX = 'dmcgone-'
+
+
+def lost_source_name(vg_name, lv_name):
+    """The ``error`` device that stands in for a move's lost source.
+
+    ``cinder-dmclone move abandon-source`` puts it under the clone in
+    place of the source's iSCSI disk for as long as it runs (see
+    :mod:`cinder_dmclone.lost_source`); never a handle, so that nothing
+    takes it for a volume.
+    """
+    return dmsetup.validate_name('%s%s-%s' % (
+        LOST_SOURCE_PREFIX, validate_vg_name(vg_name).replace('-', '--'),
+        validate_lv_name(lv_name)))
+
+
 def handle_uuid(vg_name, lv_name):
     """The dm UUID of a handle: tools tell ours from LVM's (``LVM-``)."""
     return HANDLE_UUID_PREFIX + handle_name(vg_name, lv_name)

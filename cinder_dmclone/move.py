@@ -20,27 +20,35 @@ or writes it, and every change of state is a compare-and-set made under
 the volume's lock (:func:`lock`).  Each step of a move is idempotent, so a
 service that crashed anywhere resumes by running the next step again:
 
-=============  ===========================================================
-state          meaning, and what recovery on the destination does
-=============  ===========================================================
-``preparing``  the source asked the destination to build the clone; it
-               may be half built.  Recovery rolls the destination back
-               (never reuses a metadata LV that may not be initialised).
-``cloned``     the clone serves I/O on the destination, hydration is off
-               because the source may still have an attachment (live
-               migration).  Recovery rebuilds the clone, hydration off.
-``hydrating``  the move is committed; the clone copies in the background.
-               Recovery rebuilds the clone with hydration on.
-``finalizing`` hydration finished; the handle is (being) swapped to a
-               linear table and the source cleaned up.  Recovery runs
-               the finalisation again.
-``aborted``    the source gave the move up while the destination could
-               not be reached to drop its side (it died mid-prepare, or
-               never answered).  The volume stays, usable, on the
-               source; nothing treats it as moving.  The destination's
-               recovery (or its monitor) removes what it built and
-               clears the state; the source's restart asks it again.
-=============  ===========================================================
+=================  ===========================================================
+state              meaning, and what recovery on the destination does
+=================  ===========================================================
+``preparing``      the source asked the destination to build the clone; it
+                   may be half built.  Recovery rolls the destination back
+                   (never reuses a metadata LV that may not be initialised).
+``cloned``         the clone serves I/O on the destination, hydration is off
+                   because the source may still have an attachment (live
+                   migration).  Recovery rebuilds the clone, hydration off.
+``hydrating``      the move is committed; the clone copies in the background.
+                   Recovery rebuilds the clone with hydration on.
+``finalizing``     hydration finished; the handle is (being) swapped to a
+                   linear table and the source cleaned up.  Recovery runs
+                   the finalisation again.
+``aborted``        the source gave the move up while the destination could
+                   not be reached to drop its side (it died mid-prepare, or
+                   never answered).  The volume stays, usable, on the
+                   source; nothing treats it as moving.  The destination's
+                   recovery (or its monitor) removes what it built and
+                   clears the state; the source's restart asks it again.
+``source_lost``    an operator ends the move on the destination because
+                   its source is lost for good (``cinder-dmclone move
+                   abandon-source``, :mod:`cinder_dmclone.lost_source`):
+                   the regions never copied are zeroed and the clone
+                   replaced.  Neither node's service acts on it (recovery
+                   logs it); running the command again finishes it.  It
+                   ends with the move cleared, the volume in ``error`` and
+                   the loss recorded (:data:`LOSS_KEYS`).
+=================  ===========================================================
 
 (Cinder's own "volume transfer" hands a volume to another project; this
 driver's moves are unrelated to it.  The persisted keys and the options
@@ -71,7 +79,8 @@ CLONED = 'cloned'
 HYDRATING = 'hydrating'
 FINALIZING = 'finalizing'
 ABORTED = 'aborted'
-STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED)
+SOURCE_LOST = 'source_lost'
+STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED, SOURCE_LOST)
 
 KEY_PREFIX = 'dmclone_'
 #: bytes of randomness in a move's secret (hex encoded in the record).
@@ -79,6 +88,16 @@ SECRET_BYTES = 16
 PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
                  'eta_seconds', 'stalled_seconds', 'stale_source_attachment',
                  'awaiting_source')
+#: What a move ended over a lost source leaves in the record (they stay
+#: after the move is cleared, until an operator removes them): the lost
+#: node, when, how many regions and bytes were never copied, their byte
+#: ranges (``offset+length``, cut to fit Cinder's 255 characters), the
+#: file with all of them, and what the lost node still holds.
+LOSS_KEYS = ('lost_source', 'lost_at', 'lost_regions', 'lost_bytes',
+             'lost_ranges', 'lost_ranges_file', 'lost_source_lv',
+             'lost_source_target')
+#: Cinder's limit on an admin metadata value.
+VALUE_LIMIT = 255
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -453,6 +472,31 @@ class Store(object):
             ctxt, volume_id,
             {KEY_PREFIX + k: v for k, v in progress.as_dict().items()},
             False)
+
+    def record_loss(self, ctxt, volume_id, loss):
+        """Record what a move over a lost source could not copy.
+
+        ``loss`` maps :data:`LOSS_KEYS` (without the prefix) to strings
+        of at most :data:`VALUE_LIMIT` characters.  Written under the
+        volume's lock by the move's end (:mod:`cinder_dmclone.lost_source`)
+        and kept after the move is cleared.
+        """
+        unknown = set(loss) - set(LOSS_KEYS)
+        long_values = [k for k, v in loss.items()
+                       if len(str(v)) > VALUE_LIMIT]
+        if unknown or long_values:
+            raise ValueError('bad loss record: unknown %s, too long %s'
+                             % (sorted(unknown), sorted(long_values)))
+        self.db.volume_admin_metadata_update(
+            ctxt, volume_id,
+            {KEY_PREFIX + k: str(v) for k, v in loss.items()}, False)
+
+    @staticmethod
+    def loss_of(metadata):
+        """The loss recorded in admin ``metadata``: {key: value}, or {}."""
+        metadata = metadata or {}
+        return {k: metadata[KEY_PREFIX + k] for k in LOSS_KEYS
+                if KEY_PREFIX + k in metadata}
 
     def clear(self, ctxt, volume_id, t=None):
         """Forget the move; with ``t``, only if it is still that one.

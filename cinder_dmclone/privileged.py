@@ -26,7 +26,12 @@ Here are:
   opener of a device from an instance's and to see which nodes an
   export admits;
 * :func:`list_lvs`: the ``lvs`` of the operator command
-  ``cinder-dmclone`` (which runs as root itself, without rootwrap).
+  ``cinder-dmclone`` (which runs as root itself, without rootwrap);
+* :func:`probe_regions`, :func:`zero_ranges`,
+  :func:`iscsi_session_states`: not commands either, the direct I/O and
+  sysfs reads of ``cinder-dmclone move abandon-source`` (root itself;
+  the volume service never runs them, so no rootwrap filter admits
+  them).
 
 The driver's LVM commands go through Cinder's
 ``cinder.brick.local_dev.lvm``, LIO through Cinder's target helper, the
@@ -46,10 +51,14 @@ subclass its exit status and one exact line of its output identify
 """
 
 import dataclasses
+import errno
+import fcntl
 import glob
+import mmap
 import os
 import re
 import stat
+import struct
 
 from oslo_concurrency import processutils
 from oslo_log import log as logging
@@ -276,6 +285,34 @@ class DMSetup(object):
         except exception.DMSetupCommandFailed:
             LOG.warning('Could not clear the inactive table of %s.', name)
 
+    def swap(self, name, segments, check=None):
+        """Swap the table of a live device under an explicit suspend.
+
+        ``suspend`` (in-flight I/O completes, new I/O waits), then
+        ``load``, then ``resume``: unlike :meth:`reload`, the old table's
+        postsuspend has run before the new table is built, which a clone
+        needs when the new table reads the same metadata (dm-clone
+        commits its metadata at postsuspend, and reads it when a table is
+        constructed).  ``check()``, if given, runs while the device is
+        suspended; when it returns False the old table resumes unchanged
+        and swap returns False.  Any failure resumes the old table.
+        """
+        self.suspend(name)
+        try:
+            if check is not None and not check():
+                self.resume(name)
+                return False
+            self.load(name, segments)
+            self.resume(name)
+        except BaseException:
+            self._clear_inactive(name)
+            try:
+                self.resume(name)
+            except exception.DMSetupCommandFailed:
+                LOG.warning('Could not resume %s with its old table.', name)
+            raise
+        return True
+
     def message(self, name, *words):
         """Send a target message, e.g. ``('hydration_batch_size', 16)``."""
         words = dmsetup.validate_message(*words)
@@ -458,6 +495,87 @@ def _device_key(path):
     if stat.S_ISBLK(st.st_mode):
         return ('block', st.st_rdev)
     return ('file', st.st_dev, st.st_ino)
+
+
+# --------------------------------------------------------------------------
+# Direct I/O of the operator command (it runs as root itself)
+# --------------------------------------------------------------------------
+
+#: bytes read to probe a region: a multiple of every logical block size
+#: (512 and 4096), and no bigger than the smallest region (4 KiB).
+PROBE_BYTES = 4096
+#: ioctl BLKZEROOUT: zero a byte range of a block device (the kernel
+#: uses the device's write-zeroes command, or writes zero pages).
+BLKZEROOUT = 0x127f
+
+
+def probe_regions(path, region_bytes, count, probe_bytes=PROBE_BYTES):
+    """The regions of a device whose first block cannot be read (EIO).
+
+    One ``O_DIRECT`` read of ``probe_bytes`` at the start of each of the
+    ``count`` regions of ``region_bytes``, past the page cache so that
+    nothing cached answers.  Over a clone whose source is an
+    ``error`` device, the regions that fail are exactly those never
+    copied (dm-clone sends a read of an unhydrated region to the source,
+    and a read never hydrates).  Any other error is raised.
+    """
+    failed = []
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, probe_bytes)
+    try:
+        for region in range(count):
+            try:
+                with memoryview(buf) as view:
+                    os.preadv(fd, [view], region * region_bytes)
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                failed.append(region)
+    finally:
+        buf.close()
+        os.close(fd)
+    return failed
+
+
+def zero_ranges(path, ranges):
+    """Zero the byte ranges ``[(offset, length)]`` of a block device.
+
+    ``BLKZEROOUT`` per range, then an ``fsync`` so that the zeroes are
+    on the device (not in a volatile cache) when this returns.
+    """
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        for offset, length in ranges:
+            if offset % 512 or length % 512 or length <= 0:
+                raise ValueError('unaligned range %d+%d' % (offset, length))
+            fcntl.ioctl(fd, BLKZEROOUT, struct.pack('=QQ', offset, length))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+#: open-iscsi's sessions: <here>/session<n>/{targetname,state}
+ISCSI_SESSIONS = '/sys/class/iscsi_session'
+
+
+def iscsi_session_states(target_iqn, root=ISCSI_SESSIONS):
+    """{session: state} of this node's iSCSI sessions to ``target_iqn``.
+
+    Read from sysfs: ``LOGGED_IN`` while the target answers, ``FAILED``
+    while the initiator tries to reach it again.  Empty: no session.
+    """
+    states = {}
+    for session in sorted(glob.glob(os.path.join(root, 'session*'))):
+        try:
+            with open(os.path.join(session, 'targetname')) as f:
+                name = f.read().strip()
+            if name != target_iqn:
+                continue
+            with open(os.path.join(session, 'state')) as f:
+                states[os.path.basename(session)] = f.read().strip()
+        except OSError:
+            continue
+    return states
 
 
 # --------------------------------------------------------------------------

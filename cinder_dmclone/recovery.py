@@ -62,6 +62,10 @@ REPORT_DELETED = 'report interrupted delete'
 #: it has not copied from here, until it retires this copy.  A reboot took
 #: LIO's targets and the handle: rebuild the handle, restore the export.
 REEXPORT = 'export again'
+#: Destination, ``source_lost``: an operator is ending the move over its
+#: lost source (cinder_dmclone.lost_source); only that command finishes
+#: it: report, touch nothing.
+AWAIT_OPERATOR = 'await operator'
 #: The states in which the destination of a move still reads the source.
 READS_SOURCE = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
@@ -103,6 +107,8 @@ def plan(t, facts):
         return Action(REEXPORT if t.state in READS_SOURCE else NOTHING)
     if not facts.dest_here:
         return Action(NOTHING)
+    if t.state == move.SOURCE_LOST:
+        return Action(AWAIT_OPERATOR)
     if t.state == move.ABORTED:
         return Action(DROP_ABORTED)
     if t.state == move.PREPARING:
@@ -148,7 +154,9 @@ def volumes_touching(ctxt, host, node_names):
 def volumes_naming(ctxt, key, node_names):
     """Volumes whose move names one of ``node_names`` as ``key``.
 
-    ``key`` is ``source_node`` or ``dest_node``.  A candidate list:
+    ``key`` is ``source_node``, ``dest_node`` (or ``lost_source``, the
+    node a move was abandoned over: see Recovery.report_lost_copies).  A
+    candidate list:
     Cinder's ``metadata`` filter matches user metadata too, so the
     caller reads the move itself before acting on it.
     """
@@ -207,6 +215,45 @@ class Recovery(object):
                 LOG.warning('Metadata LV %s matches no transfer into this '
                             'node; left in place for an operator to check.',
                             name)
+
+    def report_lost_copies(self, volumes):
+        """At start: old copies here of moves abandoned as lost.
+
+        This node was the source of a move an operator ended because the
+        node was taken for lost (``cinder-dmclone move abandon-source``);
+        the volume lives on its destination now, with the regions never
+        copied zeroed, and nothing describes the copy left here.  It is
+        never used, exported or removed automatically (it may hold the
+        only copy of those regions): said once per start while its LV is
+        here, for an operator to remove by hand.
+        """
+        try:
+            for volume in volumes:
+                self._report_lost_copy(volume)
+        except Exception:
+            LOG.warning('Could not look for old copies of abandoned moves.',
+                        exc_info=True)
+
+    def _report_lost_copy(self, volume):
+        loss = move.Store.loss_of(volume.admin_metadata)
+        if loss.get('lost_source') not in self.source.node_names \
+                or self.source.lives_here(volume):
+            return
+        lv = loss.get('lost_source_lv')
+        if not lv or self.source.wiper.vg.get_volume(lv) is None:
+            return
+        LOG.warning('Volume %(vol)s moved away from this node and its '
+                    'move was abandoned at %(at)s as if this node were '
+                    'lost (%(n)s regions never copied, listed on its '
+                    'destination in %(file)s). Its old copy is still '
+                    'here, unused: LV %(lv)s (not wiped) and maybe the '
+                    'iSCSI target %(target)s in LIO\'s saved '
+                    'configuration. Copy back what is needed, then '
+                    'remove them by hand (see the operations guide).',
+                    {'vol': volume.id, 'at': loss.get('lost_at'),
+                     'n': loss.get('lost_regions'),
+                     'file': loss.get('lost_ranges_file'), 'lv': lv,
+                     'target': loss.get('lost_source_target')})
 
     def resolve_aborted(self, volume_id, t):
         """The monitor found move ``t`` aborted: act if it still is.
@@ -347,6 +394,12 @@ class Recovery(object):
             dest.clones.tear_down(t, volume.provider_auth)
         elif action.name == FINALIZE:
             dest.pending_finalize.add(volume.id)
+        elif action.name == AWAIT_OPERATOR:
+            LOG.warning('The move of volume %(vol)s is being abandoned over '
+                        'its lost source %(src)s; run "cinder-dmclone move '
+                        'abandon-source %(vol)s" on this node again to '
+                        'finish it.', {'vol': volume.id,
+                                       'src': t.source_node})
         elif action.name == REPORT_DELETED:
             LOG.warning('Volume %s has no LV here any more: its delete was '
                         'interrupted; delete it again.', volume.id)

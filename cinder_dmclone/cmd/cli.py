@@ -18,6 +18,8 @@ One command with subcommands, as OpenStack's own command lines are::
     cinder-dmclone handle list     the volume handles
     cinder-dmclone move list       the moves into this node, with progress
     cinder-dmclone leftover list   what a crash or a stopped service left
+    cinder-dmclone move abandon-source VOLUME
+                                   end a move whose source is lost for good
 
 Every command takes cliff's output options (``-f table|json|yaml|value``,
 ``csv`` for the lists, ``shell`` for ``status``; ``-c COLUMN``).  Tables
@@ -46,6 +48,7 @@ as a deprecated alias of ``cinder-dmclone status``.
 
 import importlib.metadata
 import logging
+import os
 import sys
 import traceback
 
@@ -55,7 +58,9 @@ from cliff import commandmanager
 from cliff import lister
 from cliff import show
 
+from cinder_dmclone.cmd import abandon
 from cinder_dmclone.cmd import status
+from cinder_dmclone import dmsetup
 
 NAME = 'cinder-dmclone'
 NAMESPACE = 'cinder_dmclone.cli'
@@ -352,8 +357,103 @@ class LeftoverList(NodeLister):
         }
 
 
+#: lines of ranges a table shows (json, yaml and value give them all)
+RANGE_LINES = 20
+
+
+def _ranges_text(outcome):
+    tokens = [dmsetup.ranges_text([r]) for r in outcome.ranges]
+    if len(tokens) > RANGE_LINES:
+        tokens = tokens[:RANGE_LINES] + [
+            '... %d more (see ranges_file)' % (len(tokens) - RANGE_LINES)]
+    return '\n'.join(tokens) or 'none'
+
+
+class MoveAbandonSource(ExitStatus, show.ShowOne):
+    """End a move whose source node is lost for good (run on its destination).
+
+    The regions never copied from the source are found, zeroed and listed;
+    the clone is replaced by a plain mapping of the volume's LV here, the
+    volume goes to status "error", and its admin metadata records the loss
+    (dmclone_lost_*). Refused, changing nothing, unless the move is this
+    node's and cloned or hydrating, and the source's volume service is
+    reported down with no iSCSI session to it logged in. Safe to run
+    again after a failure: it finishes what it started. What the lost node
+    still holds (the volume's old LV, not wiped, and its iSCSI target) is
+    listed under left_on_source, for an operator to remove by hand if the
+    node ever comes back.
+    """
+
+    command_name = 'move abandon-source'
+
+    def get_parser(self, prog_name):
+        parser = super().get_parser(prog_name)
+        parser.add_argument('volume_id', metavar='VOLUME_ID',
+                            help='The volume whose move into this node lost '
+                                 'its source.')
+        parser.add_argument(
+            '--config-file', action='append', metavar='PATH',
+            help='cinder.conf of this node\'s volume service (repeatable, '
+                 'in the order the service reads them; default: %s): the '
+                 'database, the coordination backend, the backend section '
+                 'and the state_path (the list of lost ranges goes to '
+                 '<state_path>/dmclone/).' % abandon.DEFAULT_CONFIG)
+        parser.add_argument(
+            '--backend', metavar='SECTION',
+            help='The backend section of this driver (default: the one '
+                 'enabled backend whose volume_driver is this driver).')
+        parser.add_argument(
+            '--force', action='store_true',
+            help='DANGEROUS: abandon the source even though its volume '
+                 'service reports up or its iSCSI session is logged in. '
+                 'Every region not copied yet is then zeroed although the '
+                 'source may still hold it, and a source that is alive '
+                 'keeps exporting its stale copy.')
+        return parser
+
+    def take_action(self, parsed_args):
+        hooks = getattr(self.app, 'node_hooks', None) or {}
+        factory = hooks.get('lost_source')
+        if factory is None:
+            if os.geteuid() != 0:
+                raise status.UsageError(
+                    'run as root: the command reads and writes the volume\'s '
+                    'devices directly')
+            factory = abandon.from_config
+        command, close = factory(parsed_args)
+        try:
+            outcome = command.run(parsed_args.volume_id,
+                                  force=parsed_args.force)
+        finally:
+            close()
+        left = outcome.left_on_source
+        fields = (
+            ('volume_id', outcome.volume_id),
+            ('status', outcome.status),
+            ('source_node', outcome.source_node),
+            ('uncopied_regions', Shown(
+                outcome.uncopied_regions, '%d of %d (%s)' % (
+                    outcome.uncopied_regions, outcome.total_regions,
+                    status.size_text(outcome.uncopied_bytes)))),
+            ('total_regions', outcome.total_regions),
+            ('region_bytes', outcome.region_bytes),
+            ('uncopied_bytes', outcome.uncopied_bytes),
+            ('uncopied_ranges', Shown(
+                [{'offset': o, 'length': n} for o, n in outcome.ranges],
+                _ranges_text(outcome))),
+            ('ranges_file', outcome.ranges_file),
+            ('left_on_source', Shown(left, (
+                'on %s, if it ever comes back: LV %s (not wiped) and iSCSI '
+                'target %s (%s); nothing describes them any more: remove '
+                'them by hand' % (left['node'], left['lv'],
+                                  left['target_iqn'],
+                                  left['target_portal'])))),
+        )
+        return tuple(zip(*fields))
+
+
 #: the commands, as setup.cfg registers them in NAMESPACE
-COMMANDS = (Status, HandleList, MoveList, LeftoverList)
+COMMANDS = (Status, HandleList, MoveList, LeftoverList, MoveAbandonSource)
 
 
 # --------------------------------------------------------------------------

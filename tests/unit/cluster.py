@@ -162,6 +162,8 @@ class Node(object):
         meta_lvs = [lv['name'] for lv in self.vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
+        self.moves.recovery.report_lost_copies(recovery.volumes_naming(
+            self.cluster.ctxt, 'lost_source', {self.name}))
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
@@ -543,6 +545,7 @@ class Cluster(object):
             availability_zone=rec['availability_zone'],
             provider_location=rec['provider_location'],
             provider_auth=rec['provider_auth'],
+            status=rec.get('status', 'available'),
             multiattach=self.multiattach,
             volume_admin_metadata=[{'key': k, 'value': v}
                                    for k, v in md.items()])

@@ -135,6 +135,17 @@ class FakeDMSetup(object):
         self.load(name, segments)
         self.resume(name)
 
+    def swap(self, name, segments, check=None):
+        """As the real DMSetup.swap: suspend, check, load, resume."""
+        self._call('swap', name)
+        self.suspend(name)
+        if check is not None and not check():
+            self.resume(name)
+            return False
+        self.load(name, segments)
+        self.resume(name)
+        return True
+
     def remove(self, name, retry=True):
         self._call('remove', name)
         if self.openers.get(name) and name in self.devices:

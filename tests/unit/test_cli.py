@@ -84,7 +84,8 @@ class CommandTreeTestCase(CLITestCase):
         # A source tree on PYTHONPATH: nothing registered, COMMANDS added.
         manager = cli.CommandManager('cinder_dmclone.test.nothing')
         self.assertEqual({'status', 'handle list', 'move list',
-                          'leftover list'}, {name for name, _ep in manager})
+                          'leftover list', 'move abandon-source'},
+                         {name for name, _ep in manager})
         self.assertIs(cli.MoveList,
                       manager.find_command(['move', 'list'])[0])
 

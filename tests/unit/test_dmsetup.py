@@ -396,3 +396,76 @@ class StatusTestCase(test.TestCase):
         for text in ('lots\n', '', '-8\n', '8 8\n'):
             self.assertRaises(exception.DMStatusParseError,
                               dmsetup.parse_sectors, text)
+
+
+class UncopiedTestCase(test.TestCase):
+    """The regions a clone never copied, their ranges and fencing."""
+
+    def test_error_segment(self):
+        self.assertEqual('8 16 error', str(dmsetup.error_segment(8, 16)))
+        self.assertRaises(exception.InvalidTable, dmsetup.error_segment,
+                          0, 0)
+
+    def test_region_count_rounds_up(self):
+        self.assertEqual(2, dmsetup.region_count(129, 128))
+        self.assertEqual(1, dmsetup.region_count(128, 128))
+        self.assertRaises(exception.InvalidTable, dmsetup.region_count,
+                          128, 100)
+
+    def test_runs(self):
+        self.assertEqual([(0, 2), (5, 6), (7, 10)],
+                         dmsetup.runs([9, 0, 7, 1, 5, 8, 8], 10))
+        self.assertEqual([], dmsetup.runs([], 10))
+        self.assertRaises(exception.InvalidTable, dmsetup.runs, [10], 10)
+        self.assertRaises(exception.InvalidTable, dmsetup.runs, [-1], 10)
+
+    def test_uncopied_ranges_in_bytes_last_region_short(self):
+        # 3 regions of 64 KiB, the last one 32 KiB long
+        self.assertEqual([(0, 65536), (131072, 32768)],
+                         dmsetup.uncopied_ranges([0, 2], 320, 128))
+
+    def test_fencing_table(self):
+        table = dmsetup.fencing_table([1, 2, 5], 8 * 128, 128, '/dev/v/l')
+        self.assertEqual(['0 128 linear /dev/v/l 0',
+                          '128 256 error',
+                          '384 256 linear /dev/v/l 384',
+                          '640 128 error',
+                          '768 256 linear /dev/v/l 768'],
+                         [str(s) for s in table])
+
+    def test_fencing_table_edges(self):
+        self.assertEqual(['0 1024 error'], [str(s) for s in (
+            dmsetup.fencing_table(range(8), 1024, 128, '/dev/v/l'))])
+        self.assertEqual(['0 1024 linear /dev/v/l 0'], [str(s) for s in (
+            dmsetup.fencing_table([], 1024, 128, '/dev/v/l'))])
+        # an extended LV keeps its tail mapped; the short last region
+        self.assertEqual(['0 128 linear /dev/v/l 0', '128 72 error',
+                          '200 800 linear /dev/v/l 200'],
+                         [str(s) for s in dmsetup.fencing_table(
+                             [1], 200, 128, '/dev/v/l', total=1000)])
+        self.assertRaises(exception.InvalidTable, dmsetup.fencing_table,
+                          [1], 200, 128, '/dev/v/l', total=100)
+
+    def test_size_tokens(self):
+        for value, token in ((0, '0'), (512, '512'), (65536, '64K'),
+                             (3 << 20, '3M'), (1 << 30, '1G'),
+                             ((1 << 30) + 65536, '1048640K'),
+                             (2 << 40, '2T')):
+            self.assertEqual(token, dmsetup.size_token(value))
+            self.assertEqual(value, dmsetup.parse_size_token(token))
+
+    def test_ranges_text(self):
+        self.assertEqual('0+8M,12M+1012M', dmsetup.ranges_text(
+            [(0, 8 << 20), (12 << 20, 1012 << 20)]))
+        self.assertEqual('', dmsetup.ranges_text([]))
+
+    def test_ranges_text_cut_to_a_limit(self):
+        ranges = [(i << 20, 64 << 10) for i in range(0, 2000, 2)]
+        text = dmsetup.ranges_text(ranges, 255)
+        self.assertLessEqual(len(text), 255)
+        self.assertGreater(len(text), 230)
+        kept = text.split(',')[:-1]
+        self.assertEqual(text.split(',')[-1],
+                         '...+%d more' % (len(ranges) - len(kept)))
+        self.assertEqual(dmsetup.ranges_text(ranges[:len(kept)]),
+                         ','.join(kept))

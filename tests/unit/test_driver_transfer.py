@@ -899,7 +899,10 @@ class WiringTestCase(test_driver.DriverTestBase):
             [('dmclone_dest_node', 'node-a'),
              ('dmclone_dest_node', 'node-a.example.org'),
              ('dmclone_source_node', 'node-a'),
-             ('dmclone_source_node', 'node-a.example.org')],
+             ('dmclone_source_node', 'node-a.example.org'),
+             # (old copies of moves abandoned as lost: reported)
+             ('dmclone_lost_source', 'node-a'),
+             ('dmclone_lost_source', 'node-a.example.org')],
             [tuple(c.kwargs['filters']['metadata'].items())[0]
              for c in get_all.call_args_list])
         get.assert_not_called()

@@ -866,3 +866,107 @@ class LioAclsTestCase(test.TestCase):
     @ddt.data('', '.', '..', '../iqn.x', 'iqn.x/tpgt_1')
     def test_not_a_target_name(self, name):
         self.assertRaises(ValueError, self.acls, name)
+
+
+class SwapTestCase(test.TestCase):
+    """DMSetup.swap: suspend, then load and resume (or resume only)."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=('', ''))
+        self.dm = privileged.DMSetup(execute=self.execute)
+
+    def _commands(self):
+        return [c[0][2:4] for c in self.execute.call_args_list]
+
+    def test_suspend_load_resume(self):
+        self.assertTrue(self.dm.swap('h', [dmsetup.error_segment(0, 8)]))
+        self.assertEqual([('dmsetup', 'suspend'), ('dmsetup', 'load'),
+                          ('dmsetup', 'resume')], self._commands())
+        self.assertEqual('0 8 error\n',
+                         self.execute.call_args_list[1][1]['process_input'])
+
+    def test_check_runs_while_suspended(self):
+        seen = []
+
+        def check():
+            seen.append(self._commands())
+            return False
+        self.assertFalse(self.dm.swap('h', [dmsetup.error_segment(0, 8)],
+                                      check=check))
+        self.assertEqual([[('dmsetup', 'suspend')]], seen)
+        self.assertEqual([('dmsetup', 'suspend'), ('dmsetup', 'resume')],
+                         self._commands())
+
+    def test_a_refused_table_resumes_the_old_one(self):
+        def execute(*cmd, **kwargs):
+            if cmd[3] == 'load':
+                raise processutils.ProcessExecutionError(
+                    exit_code=1, stderr='device-mapper: reload ioctl failed')
+            return '', ''
+        self.execute.side_effect = execute
+        self.assertRaises(exception.DMSetupCommandFailed, self.dm.swap, 'h',
+                          [dmsetup.error_segment(0, 8)])
+        self.assertEqual([('dmsetup', 'suspend'), ('dmsetup', 'load'),
+                          ('dmsetup', 'clear'), ('dmsetup', 'resume')],
+                         self._commands())
+
+
+class ProbeAndZeroTestCase(test.TestCase):
+
+    def test_probe_reports_the_regions_that_fail_with_eio(self):
+        import errno
+        offsets = []
+
+        def preadv(fd, bufs, offset):
+            offsets.append(offset)
+            if offset // 65536 in (1, 3):
+                raise OSError(errno.EIO, 'Input/output error')
+            return 4096
+        self.mock_object(privileged.os, 'open', return_value=7)
+        self.mock_object(privileged.os, 'close')
+        self.mock_object(privileged.os, 'preadv', side_effect=preadv)
+        self.assertEqual([1, 3], privileged.probe_regions('/dev/x', 65536,
+                                                          5))
+        self.assertEqual([0, 65536, 131072, 196608, 262144], offsets)
+        privileged.os.open.assert_called_once_with(
+            '/dev/x', os.O_RDONLY | os.O_DIRECT)
+
+    def test_probe_raises_other_errors(self):
+        import errno
+        self.mock_object(privileged.os, 'open', return_value=7)
+        self.mock_object(privileged.os, 'close')
+        self.mock_object(privileged.os, 'preadv',
+                         side_effect=OSError(errno.EINVAL, 'bad'))
+        self.assertRaises(OSError, privileged.probe_regions, '/dev/x',
+                          65536, 2)
+        privileged.os.close.assert_called_once_with(7)
+
+    def test_zero_ranges(self):
+        import struct
+        self.mock_object(privileged.os, 'open', return_value=7)
+        self.mock_object(privileged.os, 'close')
+        fsync = self.mock_object(privileged.os, 'fsync')
+        ioctl = self.mock_object(privileged.fcntl, 'ioctl')
+        privileged.zero_ranges('/dev/x', [(0, 65536), (1 << 20, 4096)])
+        self.assertEqual(
+            [mock.call(7, 0x127f, struct.pack('=QQ', 0, 65536)),
+             mock.call(7, 0x127f, struct.pack('=QQ', 1 << 20, 4096))],
+            ioctl.call_args_list)
+        fsync.assert_called_once_with(7)
+        self.assertRaises(ValueError, privileged.zero_ranges, '/dev/x',
+                          [(100, 512)])
+
+    def test_iscsi_session_states(self):
+        root = self.useFixture(fixtures.TempDir()).path
+        for name, iqn, state in (('session1', 'iqn.x:a', 'FAILED'),
+                                 ('session2', 'iqn.x:b', 'LOGGED_IN'),
+                                 ('session3', 'iqn.x:a', 'LOGGED_IN')):
+            os.makedirs(os.path.join(root, name))
+            for leaf, text in (('targetname', iqn), ('state', state)):
+                with open(os.path.join(root, name, leaf), 'w') as f:
+                    f.write(text + '\n')
+        self.assertEqual({'session1': 'FAILED', 'session3': 'LOGGED_IN'},
+                         privileged.iscsi_session_states('iqn.x:a', root))
+        self.assertEqual({}, privileged.iscsi_session_states('iqn.x:c',
+                                                             root))

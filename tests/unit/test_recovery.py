@@ -99,6 +99,11 @@ SOURCE_AWAY_CASES = [
     case('source of a move that never moved: %s' % state, state,
          F(**AWAY), A(recovery.NOTHING))
     for state in (move.PREPARING, move.ABORTED)
+] + [
+    # A lost source that comes back while an operator abandons it: its
+    # copy is stale the moment the abandon began; never export it again.
+    case('source of a move abandoned over it', move.SOURCE_LOST,
+         F(**AWAY), A(recovery.NOTHING)),
 ]
 
 # -- on the destination ------------------------------------------------------
@@ -193,6 +198,16 @@ DEST_CASES = [
     case('finalizing, data LV gone, metadata left', move.FINALIZING,
          F(has_data=False, needs_rebuild=True, **DEST),
          A(recovery.REPORT_DELETED)),
+
+    # source_lost: an operator is abandoning the lost source; only the
+    # command finishes it (no rebuild over the lost source, no rollback,
+    # no finalization over regions never copied).
+    case('source lost, clone still loaded', move.SOURCE_LOST, F(**DEST),
+         A(recovery.AWAIT_OPERATOR)),
+    case('source lost, clone lost with a reboot', move.SOURCE_LOST,
+         F(needs_rebuild=True, **DEST), A(recovery.AWAIT_OPERATOR)),
+    case('source lost, metadata already removed', move.SOURCE_LOST,
+         F(needs_rebuild=False, **DEST), A(recovery.AWAIT_OPERATOR)),
 ]
 
 ALL_CASES = SOURCE_CASES + SOURCE_AWAY_CASES + NOT_OURS_CASES + DEST_CASES
@@ -220,7 +235,8 @@ class PlanTestCase(test.TestCase):
                           recovery.DROP_ABORTED, recovery.TEAR_DOWN,
                           recovery.ROLL_BACK, recovery.REBUILD,
                           recovery.FINALIZE, recovery.REPORT_DELETED,
-                          recovery.REEXPORT}, names)
+                          recovery.REEXPORT, recovery.AWAIT_OPERATOR},
+                         names)
 
     def test_defaults(self):
         self.assertEqual(A(recovery.NOTHING, hydrate=False, commit=False,

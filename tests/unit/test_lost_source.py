@@ -1,0 +1,633 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Abandoning a move's lost source, in the two-node model.
+
+Node A (the source) is powered off for good while node B hydrates; the
+operator runs ``cinder-dmclone move abandon-source`` on node B
+(:class:`cinder_dmclone.lost_source.LostSource`).  The fakes check what
+must never happen besides the cluster's own invariants: a region read to
+find what was never copied over anything but the ``error`` stand-in, a
+region zeroed while any table could reach it, a linear handle over an LV
+whose uncopied regions are not zeroed yet.
+"""
+
+import json
+import os
+
+import ddt
+import fixtures
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import hydration
+from cinder_dmclone import layout
+from cinder_dmclone import lost_source
+from cinder_dmclone import move
+from cinder_dmclone import recovery
+from cinder_dmclone import source
+from tests.unit import cluster as cl
+
+GONE = layout.lost_source_name(cl.VG, cl.LV)
+GONE_PATH = dmsetup.device_path(GONE)
+META_PATH = '/dev/%s/%s' % (cl.VG, cl.META)
+REGIONS = cl.SECTORS // cl.REGION
+REGION_BYTES = cl.REGION * 512
+LINEAR = [dmsetup.linear_segment(0, cl.SECTORS, cl.LV_PATH)]
+
+
+class Crash(cl.Crash):
+    pass
+
+
+class Harness(object):
+    """A volume hydrating from node A to node B, node A then lost.
+
+    ``hydrated`` is the set of regions node B's clone holds (the fake
+    clone's count follows it).  The probe, the zeroing and the status
+    update of the command are this harness's, and check the invariants.
+    """
+
+    def __init__(self, test, hydrated=range(100), reboot=False):
+        self.test = test
+        self.c = cl.Cluster(test, reboot=reboot)
+        self.c.attach(self.c.b)
+        self.t = self.c.transfer()
+        assert self.t.state == move.HYDRATING, self.t
+        self.set_hydrated(hydrated)
+        self.state_dir = test.useFixture(fixtures.TempDir()).path
+        self.sessions = {'session1': 'FAILED'}
+        self.zeroed = []
+        self.probes = 0
+        #: called after each probe (a write racing the scan)
+        self.after_probe = None
+        #: regions of LV the probe finds unreadable besides the uncopied
+        self.unreadable = set()
+        self.crash_in = None
+        self.b.dm.sizes[GONE_PATH] = cl.SECTORS
+        self._check_table = self.b.dm.check_table
+        self.b.dm.check_table = self.check_table
+        hydrate = self.b.dm.hydrate
+        # (The fake copies whatever its source; a lost one gives nothing.)
+        self.b.dm.hydrate = lambda name, regions=None: (
+            self.b.dm.status(name)[0].clone.hydrated_regions if self.a.down
+            else hydrate(name, regions))
+
+    @property
+    def a(self):
+        return self.c.a
+
+    @property
+    def b(self):
+        return self.c.b
+
+    def set_hydrated(self, regions):
+        self.hydrated = set(regions)
+        self.c.b.dm.meta_hydrated[META_PATH] = len(self.hydrated)
+
+    def uncopied(self):
+        return sorted(set(range(REGIONS)) - self.hydrated)
+
+    def lose_a(self):
+        """Node A loses power for good: its service and kernel are gone."""
+        self.a.reboot()
+        self.a.down = True
+        self.a.service_up = False
+
+    # -- the command's hooks ------------------------------------------------
+
+    def command(self, **kwargs):
+        return lost_source.LostSource(
+            {'node-b'}, self.b.store, self.b.dest, self.state_dir,
+            load_volume=lambda ctxt, vid: self.c.volume(vid),
+            service_is_up=source.service_is_up,
+            session_states=lambda iqn: dict(self.sessions),
+            probe=self.probe, zero=self.zero, set_status=self.set_status,
+            clock=lambda: 1764115200.0, **kwargs)
+
+    def run(self, force=False):
+        return self.command().run(cl.VOLUME_ID, force=force)
+
+    def _crash(self, where):
+        if self.crash_in == where:
+            self.crash_in = None
+            raise Crash(where)
+
+    def probe(self, path, region_bytes, count):
+        self._crash('probe')
+        t = self.test
+        t.assertEqual((cl.HANDLE_PATH, REGION_BYTES, REGIONS),
+                      (path, region_bytes, count))
+        clone = [s for s in self.b.dm.devices[cl.HANDLE]
+                 if s.target == 'clone']
+        # Only a read over the error stand-in tells what was copied; over
+        # the source it would fetch the region.
+        t.assertEqual(GONE_PATH, clone[0].args[2])
+        t.assertIn('no_hydration', clone[0].args)
+        self.probes += 1
+        found = sorted((set(range(count)) - self.hydrated) | self.unreadable)
+        if self.after_probe is not None:
+            self.after_probe()
+        return found
+
+    def zero(self, path, ranges):
+        self._crash('zero')
+        self.test.assertEqual(cl.LV_PATH, path)
+        for offset, length in ranges:
+            self._assert_fenced(offset // 512, length // 512)
+        self.zeroed.extend(ranges)
+        zeroed_regions = {(o + i) // REGION_BYTES for o, n in self.zeroed
+                          for i in range(0, n, REGION_BYTES)}
+        if zeroed_regions >= set(self.uncopied()):
+            self.b.vg.lvs[cl.LV]['complete'] = True
+
+    def _assert_fenced(self, start, length):
+        """Nothing maps these sectors but an ``error`` segment."""
+        for name, segments in self.b.dm.devices.items():
+            for seg in segments:
+                if seg.target == 'error' or seg.end <= start \
+                        or seg.start >= start + length:
+                    continue
+                if cl.LV_PATH in seg.args:
+                    self.c.violation('zeroed sectors %d+%d while %s maps '
+                                     'them: %s' % (start, length, name, seg))
+
+    def set_status(self, ctxt, volume, status, expected):
+        self._crash('set_status')
+        rec = self.c.db.volumes[volume['id']]
+        if rec.get('status', 'available') not in expected:
+            return False
+        rec['status'] = status
+        return True
+
+    def check_table(self, name, segments):
+        """A table with error segments must fence exactly the uncopied."""
+        if not any(s.target == 'error' for s in segments):
+            self._check_table(name, segments)
+            return
+        if name != cl.HANDLE:
+            return      # the stand-in itself
+        fenced = set()
+        for seg in segments:
+            if seg.target == 'error':
+                fenced |= set(range(seg.start // cl.REGION,
+                                    -(-seg.end // cl.REGION)))
+        if fenced != set(self.uncopied()):
+            self.c.violation('fencing table maps %d regions to error, %d '
+                             'were never copied' % (len(fenced),
+                                                    len(self.uncopied())))
+
+    # -- checks -------------------------------------------------------------
+
+    def expected_ranges(self):
+        return dmsetup.uncopied_ranges(self.uncopied(), cl.SECTORS,
+                                       cl.REGION)
+
+    def assert_abandoned(self, outcome=None):
+        t = self.test
+        c = self.c
+        t.assertEqual([], c.violations)
+        t.assertNotIn('dmclone_state', c.transfer_keys())
+        rec = c.db.volumes[cl.VOLUME_ID]
+        t.assertEqual(('error', None, self.b.host),
+                      (rec['status'], rec['provider_location'], rec['host']))
+        ranges = self.expected_ranges()
+        md = c.db.admin_metadata[cl.VOLUME_ID]
+        path = os.path.join(self.state_dir, 'lost-%s.json' % cl.VOLUME_ID)
+        recorded = {k: v for k, v in md.items()
+                    if k.startswith('dmclone_lost')}
+        expected = {
+            'dmclone_lost_source': 'node-a',
+            'dmclone_lost_at': '2025-11-26T00:00:00Z',
+            'dmclone_lost_regions': str(len(self.uncopied())),
+            'dmclone_lost_bytes': str(len(self.uncopied()) * REGION_BYTES),
+            'dmclone_lost_ranges': dmsetup.ranges_text(ranges, 255),
+            'dmclone_lost_ranges_file': path,
+            'dmclone_lost_source_lv': cl.LV,
+            'dmclone_lost_source_target': '10.0.0.1:3260 %s'
+                                          % cl.FakeTargetIQN}
+        t.assertEqual(expected, recorded)
+        t.assertLessEqual(len(md['dmclone_lost_ranges']), 255)
+        with open(path) as f:
+            t.assertEqual([list(r) for r in ranges], json.load(f)['ranges'])
+        # node B: the whole LV mapped linearly, nothing else left
+        t.assertEqual({cl.HANDLE: LINEAR}, self.b.dm.devices)
+        t.assertEqual([cl.LV], list(self.b.vg.lvs))
+        t.assertEqual({}, self.b.connector.sessions)
+        t.assertEqual(_regions(ranges), _regions(self.zeroed))
+        # node A's copy is left as it was: never wiped, never deleted
+        t.assertEqual([cl.LV], list(self.a.vg.lvs))
+        t.assertEqual([], self.a.wiped)
+        if outcome is not None:
+            t.assertEqual(
+                (cl.VOLUME_ID, 'error', 'node-a', REGION_BYTES, REGIONS,
+                 len(self.uncopied()), ranges, path),
+                (outcome.volume_id, outcome.status, outcome.source_node,
+                 outcome.region_bytes, outcome.total_regions,
+                 outcome.uncopied_regions, outcome.ranges,
+                 outcome.ranges_file))
+            t.assertEqual({'node': 'node-a', 'host': self.a.host,
+                           'lv': cl.LV, 'target_iqn': cl.FakeTargetIQN,
+                           'target_portal': '10.0.0.1:3260'},
+                          outcome.left_on_source)
+
+
+def _regions(ranges):
+    return {(o + i) // REGION_BYTES for o, n in ranges
+            for i in range(0, n, REGION_BYTES)}
+
+
+class AbandonTestCase(test.TestCase):
+
+    def test_front_to_back_hydration_half_copied(self):
+        h = Harness(self, hydrated=range(REGIONS // 2 - 3))
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        self.assertEqual([(REGION_BYTES * (REGIONS // 2 - 3),
+                           REGION_BYTES * (REGIONS // 2 + 3))],
+                         h.expected_ranges())
+
+    def test_scattered_writes_and_copies(self):
+        # Hydrated front to back, plus whole-region writes of the
+        # instance here and there: every run of uncopied regions is found.
+        hydrated = set(range(40)) | {100, 101, 7000, REGIONS - 1}
+        h = Harness(self, hydrated=hydrated)
+        h.lose_a()
+        outcome = h.run()
+        h.assert_abandoned(outcome)
+        self.assertEqual([(40, 100), (102, 7000), (7001, REGIONS - 1)],
+                         [(o // REGION_BYTES, (o + n) // REGION_BYTES)
+                          for o, n in outcome.ranges])
+
+    def test_nothing_copied_yet(self):
+        h = Harness(self, hydrated=())
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        self.assertEqual([(0, cl.SECTORS * 512)], h.expected_ranges())
+
+    def test_a_node_b_reboot_first(self):
+        # Node B rebooted after node A was lost: its start could not
+        # rebuild the clone (no source), the handle is gone; the command
+        # builds the clone over the stand-in from the metadata LV.
+        h = Harness(self, hydrated=range(300), reboot=True)
+        h.lose_a()
+        h.c.restart(h.b)
+        self.assertFalse(h.b.dm.exists(cl.HANDLE))
+        self.assertIn(cl.VOLUME_ID, h.b.moves.recovery.pending_rebuild)
+        h.assert_abandoned(h.run())
+        # and the monitor forgets the rebuild it was waiting for
+        h.c.tick(h.b)
+        self.assertEqual({}, h.b.moves.recovery.pending_rebuild)
+
+    def test_an_extended_volume_keeps_its_tail(self):
+        # Extended during hydration: the clone covers the old length,
+        # the tail is mapped linearly and was never the source's.
+        h = Harness(self, hydrated=range(10))
+        h.b.vg.extend_volume(cl.LV, '2g')
+        h.b.destination.extend(h.c.volume())
+        h.lose_a()
+        outcome = h.run()
+        self.assertEqual([], h.c.violations)
+        self.assertEqual(
+            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
+                                                cl.LV_PATH)]},
+            h.b.dm.devices)
+        self.assertEqual(h.expected_ranges(), outcome.ranges)
+        self.assertEqual(_regions(outcome.ranges), _regions(h.zeroed))
+
+    def test_a_cloned_move_too(self):
+        # A live migration whose source was lost before the switch-over:
+        # hydration off, only the regions written here are on node B.
+        h = Harness(self, hydrated=())
+        h.c.set_state(h.t, move.CLONED)
+        h.set_hydrated({5, 6, 9})
+        h.lose_a()
+        h.assert_abandoned(h.run())
+
+    def test_a_write_during_the_scan_makes_it_scan_again(self):
+        h = Harness(self, hydrated=range(50))
+
+        def write_once():
+            h.after_probe = None
+            h.set_hydrated(h.hydrated | {60})   # a whole-region write
+        h.after_probe = write_once
+        h.lose_a()
+        outcome = h.run()
+        self.assertEqual(2, h.probes)
+        h.assert_abandoned(outcome)
+        self.assertNotIn(60, _regions(outcome.ranges))
+
+    def test_writes_racing_every_scan_zero_nothing(self):
+        h = Harness(self, hydrated=range(50))
+        written = iter(range(1000, 2000))
+
+        def write():
+            h.set_hydrated(h.hydrated | {next(written)})
+        h.after_probe = write
+        h.lose_a()
+        self.assertRaises(lost_source.ScanRaced, h.run)
+        self.assertEqual(lost_source.LostSource.ATTEMPTS, h.probes)
+        self.assertEqual([], h.zeroed)
+        self.assertEqual([], h.c.violations)
+        # the clone still serves what it has, over the stand-in
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.assertIsNotNone(h.b.vg.get_volume(cl.META))
+        # once the instance stops, the command finishes
+        h.after_probe = None
+        h.assert_abandoned(h.run())
+
+    def test_an_unreadable_copied_region_zeroes_nothing(self):
+        h = Harness(self, hydrated=range(50))
+        h.unreadable = {10}
+        h.lose_a()
+        self.assertRaises(lost_source.ScanInconsistent, h.run)
+        self.assertEqual([], h.zeroed)
+        self.assertEqual([], h.c.violations)
+        self.assertIsNotNone(h.b.vg.get_volume(cl.META))
+        h.unreadable = set()
+        h.assert_abandoned(h.run())
+
+    def test_the_output_says_what_is_left_on_the_source(self):
+        h = Harness(self)
+        h.lose_a()
+        outcome = h.run()
+        self.assertEqual(len(h.uncopied()) * REGION_BYTES,
+                         outcome.uncopied_bytes)
+        h.assert_abandoned(outcome)
+
+    def test_many_ranges_are_cut_in_the_record(self):
+        # every other region copied: 8191 ranges
+        h = Harness(self, hydrated=range(0, REGIONS, 2))
+        h.lose_a()
+        outcome = h.run()
+        h.assert_abandoned(outcome)
+        text = h.c.db.admin_metadata[cl.VOLUME_ID]['dmclone_lost_ranges']
+        self.assertLessEqual(len(text), 255)
+        self.assertRegex(text, r',\.\.\.\+\d+ more$')
+        self.assertEqual(REGIONS // 2, len(outcome.ranges))
+
+
+@ddt.ddt
+class RefusalTestCase(test.TestCase):
+    """Refusals change nothing: the record, the kernel, the database."""
+
+    def setUp(self):
+        super().setUp()
+        self.h = Harness(self)
+        self.h.lose_a()
+
+    def snapshot(self):
+        c = self.h.c
+        return (dict(c.db.admin_metadata.get(cl.VOLUME_ID, {})),
+                dict(c.db.volumes[cl.VOLUME_ID]),
+                {k: list(v) for k, v in self.h.b.dm.devices.items()},
+                dict(self.h.b.connector.sessions), sorted(self.h.b.vg.lvs))
+
+    def assert_refused(self, text, force=False, volume_id=cl.VOLUME_ID):
+        before = self.snapshot()
+        exc = self.assertRaises(lost_source.Refused,
+                                self.h.command().run, volume_id, force)
+        self.assertIn(text, str(exc))
+        self.assertEqual(before, self.snapshot())
+        self.assertEqual([], self.h.zeroed)
+        self.assertEqual(0, self.h.probes)
+        return exc
+
+    def test_no_such_volume(self):
+        self.assert_refused('no such volume', volume_id='nonexistent')
+
+    def test_no_move(self):
+        self.h.c.db.admin_metadata[cl.VOLUME_ID] = {}
+        self.assert_refused('no move of it is recorded')
+
+    def test_aborted(self):
+        self.h.c.set_state(self.h.t, move.ABORTED)
+        self.assert_refused('no move of it is recorded')
+
+    def test_another_destination(self):
+        cmd = self.h.command()
+        cmd.node_names = frozenset({'node-c'})
+        self.assertRaisesRegex(lost_source.Refused,
+                               'moves to node-b, not to this node \\(node-c',
+                               cmd.run, cl.VOLUME_ID)
+
+    def test_preparing(self):
+        self.h.c.set_state(self.h.t, move.PREPARING)
+        self.assert_refused('still being prepared')
+
+    def test_finalizing_uses_the_unmanage_path(self):
+        self.h.c.set_state(self.h.t, move.FINALIZING)
+        exc = self.assert_refused('its hydration finished')
+        self.assertIn('unmanage', str(exc))
+
+    @ddt.data('attaching', 'detaching', 'deleting', 'maintenance')
+    def test_volume_busy(self, status):
+        self.h.c.db.volumes[cl.VOLUME_ID]['status'] = status
+        self.assert_refused('its status is %s' % status)
+
+    def test_source_service_up(self):
+        self.h.a.service_up = True
+        exc = self.assert_refused('still reports up')
+        self.assertIn('--force', str(exc))
+
+    def test_source_session_logged_in(self):
+        self.h.sessions = {'session7': 'LOGGED_IN'}
+        self.assert_refused('session7')
+
+    def test_force_overrides_both(self):
+        self.h.a.service_up = True
+        self.h.sessions = {'session7': 'LOGGED_IN'}
+        self.h.assert_abandoned(self.h.command().run(cl.VOLUME_ID,
+                                                     force=True))
+
+    def test_no_metadata_lv(self):
+        # (Its data on this node cannot be told apart: never zero blind.)
+        self.h.b.dm.remove(cl.HANDLE)
+        del self.h.b.vg.lvs[cl.META]
+        self.assert_refused('metadata LV %s is not on this node' % cl.META)
+
+    def test_fully_hydrated(self):
+        self.h.set_hydrated(range(REGIONS))
+        self.assert_refused('fully hydrated')
+
+
+#: every step of the command, and a test-chosen call of it to crash in
+STEPS = [
+    ('store', 'transition', None),
+    ('dm', 'create', lambda name, *a, **k: name == GONE),
+    ('dm', 'swap', lambda name, segs, **k: not any(
+        s.target == 'error' for s in segs)),
+    ('dest', 'disconnect_source', None),
+    ('harness', 'probe', None),
+    ('dm', 'swap', lambda name, segs, **k: any(
+        s.target == 'error' for s in segs)),
+    ('store', 'record_loss', None),
+    ('harness', 'zero', None),
+    ('dest', 'remove_metadata', None),
+    ('dm', 'reload', None),
+    ('dm', 'remove', lambda name, *a, **k: name == GONE),
+    ('store', 'forget_source_export', None),
+    ('harness', 'set_status', None),
+    ('store', 'clear', None),
+]
+CRASHES = [(i, when, reboot) for i in range(len(STEPS))
+           for when in ('before', 'after') for reboot in (False, True)
+           if not (STEPS[i][0] == 'harness' and when == 'after')]
+
+
+@ddt.ddt
+class CrashTestCase(test.TestCase):
+    """A crash at any step: running the command again finishes the job.
+
+    Node B's service restarts (or node B reboots) in between; neither
+    its recovery nor its monitor touch the move meanwhile.
+    """
+
+    @ddt.data(*CRASHES)
+    @ddt.unpack
+    def test_crash_then_run_again(self, step, when, reboot):
+        h = Harness(self, hydrated=set(range(200)) | {5000}, reboot=reboot)
+        h.lose_a()
+        owner, attr, match = STEPS[step]
+        if owner == 'harness':
+            h.crash_in = attr
+            fired = None
+        else:
+            obj = {'store': h.b.store, 'dm': h.b.dm, 'dest': h.b.dest}[owner]
+            fired = h.c.crash_at(obj, attr, when, match)
+        self.assertRaises(cl.Crash, h.run)
+        if fired is not None:
+            self.assertTrue(fired['fired'])
+        self.assertEqual([], h.c.violations)
+        h.c.restart(h.b)
+        h.c.settle()
+        self.assertEqual([], h.c.violations)
+        if h.c.transfer() is not None:
+            # the service left it alone, and waits for the operator
+            self.assertIn(h.c.transfer().state,
+                          (move.HYDRATING, move.SOURCE_LOST))
+            h.assert_abandoned(h.run())
+        else:
+            # (it crashed after clearing the move: already done)
+            h.assert_abandoned()
+
+
+class ServicesTestCase(test.TestCase):
+    """Neither node's service fights the abandon, before or after."""
+
+    def test_monitor_leaves_a_move_being_abandoned_alone(self):
+        h = Harness(self, hydrated=range(REGIONS - 5))
+        h.lose_a()
+        h.crash_in = 'zero'
+        self.assertRaises(Crash, h.run)
+        # (the handle now maps the 5 uncopied regions to error; put a
+        # fully hydrated clone back to tempt the monitor to finalize)
+        h.b.dm.devices.pop(cl.HANDLE)
+        h.b.dm.sizes[GONE_PATH] = cl.SECTORS
+        h.b.dest.build_clone(h.t, GONE_PATH, hydrate=False)
+        h.set_hydrated(range(REGIONS))
+        report = h.b.monitor.tick()
+        self.assertEqual((1, 1, []), (report.seen, report.handled,
+                                      report.failed))
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.assertNotIn('dmclone_percent', h.c.transfer_keys())
+        self.assertEqual(set(), h.b.destination.pending_finalize)
+        self.assertEqual({}, h.b.tracker.progress)
+        h.b.destination.finalize(cl.VOLUME_ID)
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.assertEqual(set(), h.b.destination.pending_finalize)
+
+    def test_recovery_on_the_destination_waits_for_the_operator(self):
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.crash_in = 'probe'
+        self.assertRaises(Crash, h.run)
+        connects = len(h.b.connector.calls)
+        log = self.mock_object(recovery.LOG, 'warning')
+        h.c.restart(h.b)
+        h.c.settle()
+        # no rebuild over the lost source, no rollback, no finalization
+        self.assertEqual(connects, len(h.b.connector.calls))
+        self.assertFalse(h.b.dm.exists(cl.HANDLE))
+        self.assertIsNotNone(h.b.vg.get_volume(cl.META))
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.assertTrue(any('abandon-source' in c[0][0]
+                            for c in log.call_args_list))
+        h.assert_abandoned(h.run())
+
+    def test_extend_is_refused_while_it_runs(self):
+        h = Harness(self)
+        h.lose_a()
+        h.crash_in = 'zero'
+        self.assertRaises(Crash, h.run)
+        self.assertRaises(move.MoveInProgress,
+                          h.b.destination.refuse_extend_while_undecided,
+                          h.c.volume())
+
+    def test_the_source_back_during_the_abandon_exports_nothing(self):
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.crash_in = 'zero'
+        self.assertRaises(Crash, h.run)
+        self._source_comes_back(h)
+        h.assert_abandoned(h.run())
+        self._source_comes_back(h)
+
+    def test_the_source_back_after_the_abandon_exports_nothing(self):
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        log = self.mock_object(recovery.LOG, 'warning')
+        self._source_comes_back(h)
+        # its start says what it still holds, for an operator
+        said = [c[0][1] for c in log.call_args_list
+                if 'move was abandoned' in c[0][0]]
+        self.assertEqual(1, len(said))
+        self.assertEqual((cl.VOLUME_ID, cl.LV), (said[0]['vol'],
+                                                 said[0]['lv']))
+        h.assert_abandoned()
+        # once an operator removed the copy, the start says nothing
+        h.a.vg.delete(cl.LV)
+        log.reset_mock()
+        h.a.restart()
+        h.a.recover()
+        self.assertEqual([], [c for c in log.call_args_list
+                              if 'move was abandoned' in c[0][0]])
+
+    def _source_comes_back(self, h):
+        """Node A boots: its service starts, recovers, its monitor ticks."""
+        a = h.a
+        a.down = False
+        a.service_up = True
+        a.restart()
+        a.recover()
+        h.c.settle()
+        # nothing exported, no handle over its stale copy, nothing wiped
+        self.assertEqual({}, a.target.exports)
+        self.assertEqual({}, a.dm.devices)
+        self.assertEqual([cl.LV], list(a.vg.lvs))
+        self.assertEqual([], a.wiped)
+        self.assertEqual(h.b.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        self.assertEqual([], h.c.violations)
+
+    def test_tracker_state_is_dropped(self):
+        h = Harness(self)
+        h.b.monitor.tick()
+        self.assertIn(cl.VOLUME_ID, h.b.tracker.progress)
+        h.lose_a()
+        h.crash_in = 'probe'
+        self.assertRaises(Crash, h.run)
+        h.b.tracker.on_status(cl.LV, h.b.dm.status(cl.HANDLE)[0].clone,
+                              hydration.Progress(1, 2, 3))
+        self.assertNotIn(cl.VOLUME_ID, h.b.tracker.progress)
+        self.assertEqual({}, h.b.tracker.progress_report())
