@@ -180,7 +180,14 @@ class Clones(object):
         self.dm.message(name, 'hydration_batch_size', batch_size)
 
     def extend(self, t):
-        """Reload the table after the data LV grew: clone + linear tail."""
+        """Reload the table after the data LV grew: clone + linear tail.
+
+        Under an explicit suspend (:meth:`DMSetup.swap`), never a plain
+        reload: the new clone table reads the metadata when it is built,
+        and the live one commits its last hydrated regions only when it
+        is suspended.  Built earlier, the new table would copy those
+        regions again from the source, over the instance's newer writes.
+        """
         name = self.handle_name(t)
         current = self.dm.table(name)
         clone = [s for s in current if s.target == 'clone']
@@ -193,7 +200,7 @@ class Clones(object):
             hydrate=bool(status and status.hydration_enabled),
             threshold=args.core_args.get('hydration_threshold'),
             batch_size=args.core_args.get('hydration_batch_size'))
-        self.dm.reload(name, table)
+        self.dm.swap(name, table)
         return True
 
     # -- finish ---------------------------------------------------------

@@ -113,7 +113,30 @@ class FakeDMSetup(object):
         self._call('load', name)
         self._require(name)
         self._check(name, segments)
+        self._refuse_stale_clone_metadata(name, segments)
         self._inactive = (name, list(segments))
+
+    def _refuse_stale_clone_metadata(self, name, segments):
+        """The kernel's trap, made loud: a clone table built too early.
+
+        dm-clone reads its metadata (which regions are hydrated) when a
+        table is constructed, and the live table commits what it changed
+        since its last commit only when it is suspended.  A new clone
+        table over the same metadata loaded while the old one still runs
+        starts from a stale bitmap: regions hydrated (or written) in
+        between would be copied again from the source over newer data.
+        """
+        live = self._clone(name)
+        if live is None or name in self.suspended:
+            return
+        meta = dmsetup.parse_clone_table(live).metadata_dev
+        for seg in segments:
+            if (seg.target == 'clone' and
+                    dmsetup.parse_clone_table(seg).metadata_dev == meta):
+                raise AssertionError(
+                    'clone table of %s loaded while its live clone over '
+                    'the same metadata runs: the new table would start '
+                    'from uncommitted metadata' % name)
 
     def suspend(self, name, flush=True):
         self._call('suspend', name)
