@@ -432,3 +432,11 @@ class Cloud(object):
                                  % (' '.join(args), proc.returncode,
                                     proc.stderr[-3000:]))
         return json.loads(proc.stdout) if proc.stdout.strip() else None
+
+
+def opened(stack):
+    """A :class:`Cloud` of ``stack`` with the default type, for a fixture."""
+    c = Cloud(stack)
+    c.ensure_volume_type()
+    yield c
+    c.close()

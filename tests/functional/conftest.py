@@ -47,8 +47,10 @@ import os
 
 import pytest
 
+from tests.functional import cloud as cloud_mod
 from tests.functional import fixtures
 from tests.functional import nodes
+from tests.functional import stack as stack_mod
 from tests.functional import testbed
 
 NOT_IN_TESTBED = (
@@ -134,6 +136,34 @@ def cleanup():
     c = Cleanup()
     yield c
     c.run()
+
+
+@pytest.fixture(scope='session')
+def stack():
+    """The full stack, one per session (test_fullstack.py has its own).
+
+    The separate-kernel scenarios of several modules share it: each
+    module starting its own cost two minutes of CI.
+    """
+    yield from stack_mod.running()
+
+
+@pytest.fixture(scope='session')
+def cloud(stack):
+    yield from cloud_mod.opened(stack)
+
+
+@pytest.fixture(autouse=True)
+def services_running(request):
+    """Before and after a test of the stack: nodes up, services running."""
+    if 'stack' not in request.fixturenames:
+        yield
+        return
+    s = request.getfixturevalue('stack')
+    c = request.getfixturevalue('cloud')
+    stack_mod.keep_running(s, c)
+    yield
+    stack_mod.keep_running(s, c)
 
 
 @pytest.fixture(autouse=True)

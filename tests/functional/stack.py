@@ -581,3 +581,41 @@ class Stack(object):
                 found += ['%s: %s' % (name, line.rstrip()) for line in f
                           if ' ERROR ' in line or 'Traceback' in line]
         return found
+
+
+def running():
+    """A started :class:`Stack` for a fixture to yield; stopped after.
+
+    The cinder services' ERROR lines are logged when it stops (expected
+    for refusal scenarios; for the record otherwise).
+    """
+    s = Stack(testbed.topology())
+    try:
+        s.start()
+    except BaseException:
+        s.stop()
+        raise
+    LOG.info('stack up: %s', s.timings)
+    yield s
+    errors = s.errors_in_logs()
+    if errors:
+        LOG.warning('ERROR lines in the service logs (expected for the '
+                    'refusal scenarios):\n%s', '\n'.join(errors[-60:]))
+    s.stop()
+
+
+def keep_running(s, cloud):
+    """Boot a node a scenario left powered off; restart dead services.
+
+    (A scenario that fails between a power-off and the boot, or after it
+    killed a volume service, must not fail every later test.)
+    """
+    if s.topo.separate and not testbed.answers('a'):
+        LOG.warning('node A is down: booting it')
+        cloud.forget_node('a')
+        s.boot('a')
+    for key in ('a', 'b'):
+        if not s.alive('volume-' + key):
+            LOG.warning('volume-%s is not running: starting it', key)
+            s.start_volume(key)
+            s.wait_volume_up(key)

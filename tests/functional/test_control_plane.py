@@ -38,11 +38,8 @@ from tests.functional import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
-# The stack and the cloud of test_fullstack.py, one per module, and
-# test_moves.py's clean-up of nodes and volume services.
-stack = test_moves.stack
-cloud = test_moves.cloud
-nodes_running = test_moves.nodes_running
+# The stack and the cloud: conftest.py's, one per session, with its
+# clean-up of nodes and volume services (services_running).
 
 LOG = logging.getLogger('control-plane')
 MiB = testbed.MiB
@@ -60,10 +57,10 @@ DATABASE_DOWN = ('dbconnectionerror', "can't connect to mysql",
 
 
 @pytest.fixture(autouse=True)
-def control_plane_running(request, nodes_running):
+def control_plane_running(request, services_running):
     """Whatever a scenario did, the control plane runs after it.
 
-    (Torn down before nodes_running, which needs the database.)
+    (Torn down before services_running, which needs the database.)
     """
     yield
     if 'stack' not in request.fixturenames:

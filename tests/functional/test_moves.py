@@ -33,9 +33,7 @@ from tests.functional import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
-# The stack and the cloud of test_fullstack.py, one per module.
-stack = test_fullstack.stack
-cloud = test_fullstack.cloud
+# The stack and the cloud: conftest.py's, one per session.
 wait_finalized = test_fullstack.wait_finalized
 
 
@@ -43,28 +41,6 @@ LOG = logging.getLogger('moves')
 MiB = testbed.MiB
 GiB = 1024 * MiB
 BLOCK = MiB
-
-
-@pytest.fixture(autouse=True)
-def nodes_running(request):
-    """Boot node A and restart services a failed scenario left down.
-
-    (Without it, one power-off scenario failing between the power-off and
-    the boot would fail every later test at its leak check.)
-    """
-    yield
-    if 'stack' not in request.fixturenames:
-        return
-    s = request.getfixturevalue('stack')
-    c = request.getfixturevalue('cloud')
-    if not testbed.answers('a'):
-        LOG.warning('node A is down after the test: booting it')
-        c.forget_node('a')
-        s.boot('a')
-    for key in ('a', 'b'):
-        if not s.alive('volume-' + key):
-            s.start_volume(key)
-            s.wait_volume_up(key)
 
 
 class Image(object):

@@ -36,16 +36,14 @@ import time
 import pytest
 
 from tests.functional import stack as stack_mod
-from tests.functional import test_fullstack
 from tests.functional import test_moves
 from tests.functional import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
-stack = test_fullstack.stack
-cloud = test_fullstack.cloud
-# (boots node A again, and restarts services, if the test failed midway)
-nodes_running = test_moves.nodes_running
+# The stack and the cloud: conftest.py's, one per session (its
+# services_running boots node A again, and restarts services, if the test
+# failed midway).
 
 LOG = logging.getLogger('source-lost')
 MiB = testbed.MiB
