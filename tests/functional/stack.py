@@ -144,6 +144,42 @@ def _error_records(name, lines):
     return records
 
 
+def end_group(proc, grace=60):
+    """Stop ``proc``'s process group: SIGTERM, SIGKILL what is left.
+
+    Returns once no process of the group is left (or ``grace`` seconds
+    after the SIGTERM, when the rest is killed).  Waiting for the leader
+    is not enough: ``rabbitmq-server``'s wrapper exits at once while the
+    broker shuts down at its pace, holding its ports, and the next
+    stack's broker then fails to start while the old one answers.
+    """
+    pgid = proc.pid
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+        if _group_left(proc, grace):
+            LOG.warning('process group %d outlived its SIGTERM by %d s: '
+                        'killing it', pgid, grace)
+            os.killpg(pgid, signal.SIGKILL)
+            _group_left(proc, 30)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+def _group_left(proc, timeout):
+    """True while ``proc``'s group has a process after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc.poll()                   # reap the leader: a zombie is a member
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.2)
+
+
 class Stack(object):
     """The control plane of the testbed: start, watch, stop."""
 
@@ -561,14 +597,7 @@ class Stack(object):
 
     def stop(self):
         for name in reversed(list(self.procs)):
-            proc = self.procs[name]
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=60)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=30)
+            end_group(self.procs[name])
         self.procs.clear()
 
     def errors_in_logs(self):

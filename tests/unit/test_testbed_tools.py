@@ -363,3 +363,41 @@ class ErrorRecordsTestCase(test.TestCase):
         self.assertEqual([lines[1:2], lines[2:5], lines[6:9]],
                          [r[1] for r in records])
         self.assertEqual({'volume-a.log'}, {r[0] for r in records})
+
+
+class EndGroupTestCase(test.TestCase):
+    """Stack.stop ends whole process groups, not only their leaders."""
+
+    def _group(self, script):
+        proc = subprocess.Popen(['sh', '-c', script],
+                                start_new_session=True)
+        self.addCleanup(self._kill, proc.pid)
+        time.sleep(0.3)
+        return proc
+
+    @staticmethod
+    def _kill(pgid):
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def assertGone(self, pgid):
+        self.assertRaises(ProcessLookupError, os.killpg, pgid, 0)
+
+    def test_members_that_outlive_the_leader_are_waited_for(self):
+        from tests.functional import stack
+        # the leader exits at SIGTERM; its child takes a second longer
+        proc = self._group('(trap "sleep 1; exit 0" TERM; '
+                           'while :; do sleep 0.1; done) & '
+                           'trap "exit 0" TERM; wait')
+        stack.end_group(proc, grace=30)
+        self.assertGone(proc.pid)
+
+    def test_members_ignoring_sigterm_are_killed(self):
+        from tests.functional import stack
+        proc = self._group('trap "" TERM; sleep 300 & sleep 300')
+        t0 = time.monotonic()
+        stack.end_group(proc, grace=1)
+        self.assertGone(proc.pid)
+        self.assertLess(time.monotonic() - t0, 20)
