@@ -631,3 +631,56 @@ class ServicesTestCase(test.TestCase):
                               hydration.Progress(1, 2, 3))
         self.assertNotIn(cl.VOLUME_ID, h.b.tracker.progress)
         self.assertEqual({}, h.b.tracker.progress_report())
+
+
+class ReviewTestCase(test.TestCase):
+    """Findings of the review of 2026-11-26 (branch rev)."""
+
+    def test_a_move_back_to_the_returned_source_keeps_its_old_copy(self):
+        # The abandon leaves node A's old copy, the only copy of the
+        # regions node B never got, "never used, exported or removed
+        # automatically" (Recovery.report_lost_copies).  Node A comes
+        # back; the operator puts the volume back in service; its owner
+        # attaches it to an instance on node A: the volume moves B -> A,
+        # and node A's prepare tears down "leftovers" named like the
+        # volume's LV -- the old copy -- before it builds the clone.
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        a = h.a
+        a.down = False
+        a.service_up = True
+        a.restart()
+        a.recover()
+        h.c.settle()
+        self.assertEqual([cl.LV], list(a.vg.lvs))
+        self.assertEqual([], a.wiped)
+        # The operator: status back to available, the old attachment gone.
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'available'
+        for att in list(h.c.attachments):
+            h.c.detach(att)
+        try:
+            h.c.attach(a)
+        except Exception:
+            pass        # refusing the move would be the fix
+        self.assertEqual([], a.wiped,
+                         'node A wiped its old copy of the volume, which '
+                         'held the only copy of the regions never copied')
+
+    def test_a_delete_while_the_source_is_lost_can_still_be_ended(self):
+        # The owner deletes the volume while node A is lost (before, or
+        # between two runs of, the command): node B tears its side down,
+        # then cannot retire A's copy; the record stays.  Neither a
+        # second delete nor the command can end the move then.
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        for att in list(h.c.attachments):
+            h.c.attachments.remove(att)
+        self.assertRaises(Exception, h.c.delete)
+        self.assertRaises(Exception, h.c.delete)       # the retry
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'error'  # reset-state
+        try:
+            h.run()
+        except Exception as exc:
+            self.fail('the move cannot be ended: %r; record %s'
+                      % (exc, h.c.transfer_keys()))
