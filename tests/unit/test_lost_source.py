@@ -27,6 +27,7 @@ import os
 import ddt
 import fixtures
 
+from cinder import exception
 from cinder.tests.unit import test
 
 from cinder_dmclone import dmsetup
@@ -684,3 +685,123 @@ class ReviewTestCase(test.TestCase):
         except Exception as exc:
             self.fail('the move cannot be ended: %r; record %s'
                       % (exc, h.c.transfer_keys()))
+
+
+class LostCopyTestCase(test.TestCase):
+    """Node A, back after the abandon, holds the volume's old copy.
+
+    No move of the volume to node A (an attach there, a migration) may
+    replace it: each is refused, naming it, until an operator removed it;
+    then moves there work again.
+    """
+
+    def setUp(self):
+        super().setUp()
+        h = self.h = Harness(self, reboot=True)
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        a = h.a
+        a.down = False
+        a.service_up = True
+        a.restart()
+        a.recover()
+        h.c.settle()
+        # The operator: status back to available, the old attachment gone.
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'available'
+        for att in list(h.c.attachments):
+            h.c.detach(att)
+
+    def assert_refused(self, exc):
+        h = self.h
+        for text in ('cannot move to node node-a', 'LV %s' % cl.LV,
+                     'remove it by hand', 'operations guide'):
+            self.assertIn(text, str(exc))
+        self.assertEqual([], h.c.violations)
+        # node A: its old copy as it was, nothing built, nothing wiped
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.assertEqual({}, h.a.dm.devices)
+        self.assertEqual({}, h.a.connector.sessions)
+        # node B: the volume stays, usable, its export made for the move
+        # gone, no move recorded
+        h.c.assert_no_transfer()
+        rec = h.c.db.volumes[cl.VOLUME_ID]
+        self.assertEqual((h.b.host, None), (rec['host'],
+                                            rec['provider_location']))
+        self.assertEqual({cl.HANDLE: LINEAR}, h.b.dm.devices)
+        self.assertEqual([cl.LV], list(h.b.vg.lvs))
+        self.assertEqual({}, h.b.target.exports)
+        # the loss record stays
+        self.assertEqual(cl.LV, h.c.db.admin_metadata[cl.VOLUME_ID][
+            'dmclone_lost_source_lv'])
+
+    def assert_moved_to_a(self):
+        h = self.h
+        h.c.settle()
+        self.assertEqual([], h.c.violations)
+        h.c.assert_no_transfer()
+        self.assertEqual(h.a.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertTrue(h.a.vg.lvs[cl.LV]['complete'])
+        self.assertEqual({cl.HANDLE: LINEAR}, h.a.dm.devices)
+        self.assertEqual({}, h.b.vg.lvs)
+        self.assertTrue(any('/%s-dmcwipe-' % cl.LV in p for p in h.b.wiped))
+
+    def test_an_attach_on_a_is_refused(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.attach, self.h.a)
+        self.assert_refused(exc)
+        self.assertEqual([], self.h.c.attachments)
+
+    def test_a_migration_to_a_is_refused(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.migrate, self.h.a)
+        self.assert_refused(exc)
+
+    def test_an_attach_on_a_once_the_old_copy_is_removed(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        h.c.attach(h.a)
+        self.assertEqual(move.HYDRATING, h.c.transfer().state)
+        self.assert_moved_to_a()
+
+    def test_a_migration_to_a_once_the_old_copy_is_removed(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        self.assertTrue(h.c.migrate(h.a))
+        self.assert_moved_to_a()
+
+    def test_an_abort_node_a_did_not_answer_keeps_the_old_copy(self):
+        # Node A's service dies as it is asked to abort the refused move:
+        # its recovery finds the move still preparing, then the monitor
+        # finds it aborted; neither removes the old copy.
+        h = self.h
+        fired = h.c.crash_at(h.a.destination, 'abort')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          h.c.attach, h.a)
+        self.assertTrue(fired['fired'])
+        self.assertEqual(move.ABORTED, h.c.transfer().state)
+        h.c.settle()
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        # (nothing on node A describes the aborted move: its next start
+        # drops it)
+        h.c.restart(h.a)
+        h.c.assert_no_transfer()
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.assertEqual([], h.c.violations)
+
+    def test_a_half_built_move_here_is_still_torn_down(self):
+        # Once the old copy is gone, a move to node A that dies half
+        # built leaves nothing on node A: its LV is the move's own.
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        h.c.crash_at(h.a.dest, 'build_clone')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          h.c.attach, h.a)
+        h.c.settle()
+        h.c.assert_no_transfer(aborted_ok=True)
+        self.assertEqual({}, h.a.vg.lvs)
+        self.assertEqual(h.b.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        self.assertEqual([], h.c.violations)
