@@ -604,7 +604,19 @@ class Destination(side.Side):
             if not self.is_dest(t):
                 return False
             self.tear_down(volume, t)
-            self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+            try:
+                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    LOG.error('Volume %(vol)s: its side here is removed, '
+                              'but its source %(src)s did not retire its '
+                              'old copy; the move stays recorded and the '
+                              'delete fails. If %(src)s is lost for good, '
+                              'run "cinder-dmclone move abandon-source '
+                              '%(vol)s" on this node (with the volume in '
+                              'error: cinder reset-state), then delete it '
+                              'again.', {'vol': volume['id'],
+                                         'src': t.source_node})
             self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])
