@@ -268,16 +268,17 @@ class Clones(object):
         if self.meta_vg.get_volume(meta_name) is not None:
             self.meta_vg.delete(meta_name)
 
-    def tear_down(self, t, provider_auth):
+    def tear_down(self, t, provider_auth, keep_data=False):
         """Remove everything the transfer built here (a rollback).
 
         The data LV goes (to be wiped) before the metadata LV: while a
         metadata LV is there nothing maps the partly hydrated data LV on
         its own (the driver's guard), so a crash in between never exposes
-        it.
+        it.  With ``keep_data`` the data LV stays: it is not the
+        transfer's (see Destination.tear_down).
         """
         self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
-        if self.has_data(t):
+        if self.has_data(t) and not keep_data:
             self.discard(t.lv_name)
         self.remove_metadata(t)

@@ -33,6 +33,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import side
@@ -124,9 +125,70 @@ class Destination(side.Side):
                     raise exception.VolumeBackendAPIException(
                         data=_('No transfer of volume %s to this node is '
                                'being prepared.') % volume['id'])
+                self.refuse_if_lost_copy(volume, t)
                 return self._build(volume, step, t)
         finally:
             self.building.discard(volume['id'])
+
+    def lost_copy(self, volume_id):
+        """The old LV an abandoned move of the volume left here, or None.
+
+        This node was the source of a move ended as if it were lost
+        (:mod:`cinder_dmclone.lost_source`): the LV the record names may
+        hold the only copy of the regions never copied, and nothing but
+        an operator may remove it.  It is that old copy while it is here
+        with no metadata LV beside it: a build here creates the metadata
+        LV before the data LV and a teardown removes it after, so a data
+        LV a build made always has one (until a finalization, which no
+        move in ``preparing`` or ``aborted`` reaches).
+        """
+        loss = self.store.loss(self.ctxt(), volume_id)
+        lv = loss.get('lost_source_lv')
+        if loss.get('lost_source') not in self.node_names or not lv:
+            return None
+        if self.clones.vg.get_volume(lv) is None or \
+                self.clones.meta_vg.get_volume(
+                    layout.metadata_lv_name(lv)) is not None:
+            return None
+        return lv
+
+    def refuse_if_lost_copy(self, volume, t):
+        """Refuse a move here while this node holds its old copy.
+
+        Checked before the build removes anything: the build's first
+        step tears down what an earlier attempt left, which would wipe
+        the old copy.  LostCopyHere names it and says what to do.
+        """
+        lv = self.lost_copy(volume['id'])
+        if lv is None:
+            return
+        loss = self.store.loss(self.ctxt(), volume['id'])
+        LOG.error('Refusing to take volume %(vol)s from %(src)s: this node '
+                  'still holds LV %(lv)s, its old copy from a move '
+                  'abandoned as lost; copy what is needed from it and '
+                  'remove it by hand first.',
+                  {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
+        raise dmc_exception.LostCopyHere(
+            volume=volume['id'], node=self.node_name, lv=lv,
+            at=loss.get('lost_at'), file=loss.get('lost_ranges_file'))
+
+    def tear_down(self, volume, t):
+        """Remove what move ``t`` built here; never an abandoned old copy.
+
+        A move that was refused because this node holds the volume's old
+        copy (:meth:`refuse_if_lost_copy`) is given up by its source,
+        which asks this node to abort it: its data LV, named like that
+        copy, was never built here and stays.  A move past ``preparing``
+        was built (the check passed), so its data LV is its own.
+        """
+        keep = (t.state in (move.PREPARING, move.ABORTED)
+                and self.lost_copy(volume['id']) == t.lv_name)
+        if keep:
+            LOG.warning('Keeping LV %(lv)s while removing what the move of '
+                        'volume %(vol)s built here: it is the old copy of '
+                        'an abandoned move, for an operator to remove.',
+                        {'lv': t.lv_name, 'vol': volume['id']})
+        self.clones.tear_down(t, volume['provider_auth'], keep_data=keep)
 
     def _build(self, volume, step, t):
         self.lv_volumes[t.lv_name] = volume['id']
@@ -138,7 +200,7 @@ class Destination(side.Side):
             # Anything here is left from an earlier attempt that was given
             # up (the source timed out and cleared its state): never reuse
             # a clone or metadata LV whose regions may hold stale data.
-            clones.tear_down(t, volume['provider_auth'])
+            self.tear_down(volume, t)
             clones.check_space(t, size_gb, self.node_name)
             clones.create_volumes(t, size_gb)
             path = clones.connect_source(t, volume['provider_auth'])
@@ -147,7 +209,7 @@ class Destination(side.Side):
             with excutils.save_and_reraise_exception():
                 LOG.exception('Building the clone of volume %s failed; '
                               'removing what was built.', volume['id'])
-                clones.tear_down(t, volume['provider_auth'])
+                self.tear_down(volume, t)
         self._refuse_if_given_up(volume, t)
         LOG.info('Clone of volume %(vol)s built over %(src)s (hydration '
                  '%(h)s).', {'vol': volume['id'], 'src': t.source_node,
@@ -178,7 +240,7 @@ class Destination(side.Side):
                 and self.is_dest(current):
             self.drop_aborted(volume, current)
         else:
-            self.clones.tear_down(t, volume['provider_auth'])
+            self.tear_down(volume, t)
         raise exception.VolumeBackendAPIException(
             data=_('The move of volume %s was given up by its source '
                    'while the clone was built here; nothing was kept.')
@@ -196,7 +258,7 @@ class Destination(side.Side):
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
             if t is not None and t.authentic(step.get('secret')):
-                self.clones.tear_down(t, volume['provider_auth'])
+                self.tear_down(volume, t)
             else:
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',
@@ -236,7 +298,7 @@ class Destination(side.Side):
                 volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
                 self.store.transition(self.ctxt(), current,
                                       (move.PREPARING,), move.ABORTED)
-                self.clones.tear_down(current, volume['provider_auth'])
+                self.tear_down(volume, current)
                 return True
 
     def drop_aborted(self, volume, t):
@@ -244,7 +306,7 @@ class Destination(side.Side):
         LOG.warning('Transfer of volume %(vol)s from %(src)s was aborted; '
                     'removing what was built here.',
                     {'vol': volume['id'], 'src': t.source_node})
-        self.clones.tear_down(t, volume['provider_auth'])
+        self.tear_down(volume, t)
         self.store.clear(self.ctxt(), volume['id'], t)
 
     # -- the live migration's outcome ---------------------------------------
@@ -445,7 +507,7 @@ class Destination(side.Side):
         LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
-        self.clones.tear_down(t, volume['provider_auth'])
+        self.tear_down(volume, t)
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                source.host_zone(ctxt, t.source_host))
         try:
@@ -541,8 +603,20 @@ class Destination(side.Side):
             t = self.load(volume['id'])
             if not self.is_dest(t):
                 return False
-            self.clones.tear_down(t, volume['provider_auth'])
-            self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+            self.tear_down(volume, t)
+            try:
+                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    LOG.error('Volume %(vol)s: its side here is removed, '
+                              'but its source %(src)s did not retire its '
+                              'old copy; the move stays recorded and the '
+                              'delete fails. If %(src)s is lost for good, '
+                              'run "cinder-dmclone move abandon-source '
+                              '%(vol)s" on this node (with the volume in '
+                              'error: cinder reset-state), then delete it '
+                              'again.', {'vol': volume['id'],
+                                         'src': t.source_node})
             self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])

@@ -135,3 +135,24 @@ class SourceUnreachable(exception.VolumeBackendAPIException):
 
     message = _("Cannot reach the export of volume %(volume)s on node "
                 "%(node)s: %(reason)s")
+
+
+class LostCopyHere(exception.VolumeBackendAPIException):
+    """A node still holds the old copy of an abandoned move of the volume.
+
+    Its move away from that node was ended as if the node were lost
+    (``cinder-dmclone move abandon-source``); the old LV left there may
+    hold the only copy of the regions never copied.  A move of the volume
+    back to that node would replace (and wipe) it: refused until an
+    operator removed it by hand.
+    """
+
+    message = _("Volume %(volume)s cannot move to node %(node)s: that node "
+                "still holds LV %(lv)s, the old copy left there when the "
+                "volume's move away from %(node)s was abandoned as lost "
+                "(%(at)s). It may hold the only copy of the regions never "
+                "copied (admin metadata dmclone_lost_ranges; all of them in "
+                "%(file)s on the node the volume moved to). Copy what is "
+                "needed from it, remove it by hand on %(node)s (see \"If "
+                "the lost node comes back\" in the operations guide), then "
+                "try again.")

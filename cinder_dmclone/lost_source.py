@@ -47,6 +47,13 @@ crash anywhere finishes the job:
 9. map the whole LV linearly, remove the ``error`` device, forget the
    source's export, set the volume to ``error`` and clear the move.
 
+A delete of the volume while its source is lost (before the command, or
+after a run cut short) removes this node's side, then cannot retire the
+source's copy and fails, keeping the move: the command then finds the
+data LV gone, finishes that teardown instead of steps 3 to 8, records
+the whole volume as lost and ends the move as in step 9, so that the
+next delete deletes the volume.
+
 What the lost node still holds (its copy of the volume, not wiped, and
 the iSCSI target that exported it) is named in the record and the output:
 if the node ever comes back, its service leaves them alone (nothing
@@ -227,7 +234,7 @@ class LostSource(object):
                                   'ok': ', '.join(SETTLED)})
         if t.state == move.SOURCE_LOST:
             return      # started before: finish it, whatever the source
-        if not self.clones.has_metadata(t):
+        if self.clones.has_data(t) and not self.clones.has_metadata(t):
             refuse(_('the clone\'s metadata LV %s is not on this node, so '
                      'which regions were copied cannot be told; check '
                      'the node with "cinder-dmclone status"')
@@ -269,7 +276,9 @@ class LostSource(object):
     # -- the steps ------------------------------------------------------------
 
     def _finish(self, ctxt, volume, t):
-        if self.clones.has_metadata(t):
+        if not self.clones.has_data(t):
+            self._end_without_data(ctxt, volume, t)
+        elif self.clones.has_metadata(t):
             self._stand_in_for_source(volume, t)
             uncopied = self._scan(t)
             ranges = dmsetup.uncopied_ranges(uncopied, t.clone_sectors,
@@ -283,7 +292,8 @@ class LostSource(object):
                          'src': t.source_node, 'path': path})
             self.zero(self.clones.lv_path(t), ranges)
             self.clones.remove_metadata(t)
-        self._map_linear(t)
+        if self.clones.has_data(t):
+            self._map_linear(t)
         self.dm.remove(self._stand_in_name(t))
         self.clones.disconnect_source(t, volume['provider_auth'])
         self.store.forget_source_export(ctxt, volume['id'])
@@ -301,6 +311,28 @@ class LostSource(object):
                                  'path': outcome.ranges_file,
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
         return outcome
+
+    def _end_without_data(self, ctxt, volume, t):
+        """This node's side is gone already: finish its teardown.
+
+        A delete of the volume removes the handle, the session, the data
+        LV and then the metadata LV here, then asks the source to retire
+        its copy: with the source lost that fails, the move stays
+        recorded and every retry of the delete fails the same way.
+        Nothing of the volume is left here to scan or zero: what a cut
+        short teardown left goes, and the whole volume is recorded as
+        lost, with what the lost node still holds.
+        """
+        self.dm.remove(self.clones.handle_name(t))
+        self.clones.remove_metadata(t)
+        count = dmsetup.region_count(t.clone_sectors, t.region_sectors)
+        ranges = dmsetup.uncopied_ranges(range(count), t.clone_sectors,
+                                         t.region_sectors)
+        path = self._record(ctxt, volume, t, ranges, count)
+        LOG.warning('Volume %(vol)s: its LV %(lv)s is no longer on this '
+                    'node (a delete removed it), nothing of it is left '
+                    'here; recorded as lost whole (%(path)s).',
+                    {'vol': volume['id'], 'lv': t.lv_name, 'path': path})
 
     def _stand_in_name(self, t):
         return layout.lost_source_name(self.clones.vg.vg_name, t.lv_name)

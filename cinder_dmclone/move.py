@@ -491,6 +491,11 @@ class Store(object):
             ctxt, volume_id,
             {KEY_PREFIX + k: str(v) for k, v in loss.items()}, False)
 
+    def loss(self, ctxt, volume_id):
+        """The loss recorded for ``volume_id`` (see :meth:`loss_of`)."""
+        return self.loss_of(self.db.volume_admin_metadata_get(ctxt,
+                                                              volume_id))
+
     @staticmethod
     def loss_of(metadata):
         """The loss recorded in admin ``metadata``: {key: value}, or {}."""

@@ -391,7 +391,7 @@ class Recovery(object):
         elif action.name == TEAR_DOWN:
             LOG.warning('Transfer of volume %s was half built; rolling '
                         'back this node.', volume.id)
-            dest.clones.tear_down(t, volume.provider_auth)
+            dest.tear_down(volume, t)
         elif action.name == FINALIZE:
             dest.pending_finalize.add(volume.id)
         elif action.name == AWAIT_OPERATOR:

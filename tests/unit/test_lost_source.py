@@ -26,9 +26,12 @@ import os
 
 import ddt
 import fixtures
+import oslo_messaging
 
+from cinder import exception
 from cinder.tests.unit import test
 
+from cinder_dmclone import destination
 from cinder_dmclone import dmsetup
 from cinder_dmclone import hydration
 from cinder_dmclone import layout
@@ -631,3 +634,327 @@ class ServicesTestCase(test.TestCase):
                               hydration.Progress(1, 2, 3))
         self.assertNotIn(cl.VOLUME_ID, h.b.tracker.progress)
         self.assertEqual({}, h.b.tracker.progress_report())
+
+
+class ReviewTestCase(test.TestCase):
+    """Findings of the review of 2026-11-26 (branch rev)."""
+
+    def test_a_move_back_to_the_returned_source_keeps_its_old_copy(self):
+        # The abandon leaves node A's old copy, the only copy of the
+        # regions node B never got, "never used, exported or removed
+        # automatically" (Recovery.report_lost_copies).  Node A comes
+        # back; the operator puts the volume back in service; its owner
+        # attaches it to an instance on node A: the volume moves B -> A,
+        # and node A's prepare tears down "leftovers" named like the
+        # volume's LV -- the old copy -- before it builds the clone.
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        a = h.a
+        a.down = False
+        a.service_up = True
+        a.restart()
+        a.recover()
+        h.c.settle()
+        self.assertEqual([cl.LV], list(a.vg.lvs))
+        self.assertEqual([], a.wiped)
+        # The operator: status back to available, the old attachment gone.
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'available'
+        for att in list(h.c.attachments):
+            h.c.detach(att)
+        try:
+            h.c.attach(a)
+        except Exception:
+            pass        # refusing the move would be the fix
+        self.assertEqual([], a.wiped,
+                         'node A wiped its old copy of the volume, which '
+                         'held the only copy of the regions never copied')
+
+    def test_a_delete_while_the_source_is_lost_can_still_be_ended(self):
+        # The owner deletes the volume while node A is lost (before, or
+        # between two runs of, the command): node B tears its side down,
+        # then cannot retire A's copy; the record stays.  Neither a
+        # second delete nor the command can end the move then.
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        for att in list(h.c.attachments):
+            h.c.attachments.remove(att)
+        self.assertRaises(exception.VolumeBackendAPIException, h.c.delete)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          h.c.delete)       # the retry
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'error'  # reset-state
+        try:
+            h.run()
+        except Exception as exc:
+            self.fail('the move cannot be ended: %r; record %s'
+                      % (exc, h.c.transfer_keys()))
+
+
+class LostCopyTestCase(test.TestCase):
+    """Node A, back after the abandon, holds the volume's old copy.
+
+    No move of the volume to node A (an attach there, a migration) may
+    replace it: each is refused, naming it, until an operator removed it;
+    then moves there work again.
+    """
+
+    def setUp(self):
+        super().setUp()
+        h = self.h = Harness(self, reboot=True)
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        a = h.a
+        a.down = False
+        a.service_up = True
+        a.restart()
+        a.recover()
+        h.c.settle()
+        # The operator: status back to available, the old attachment gone.
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'available'
+        for att in list(h.c.attachments):
+            h.c.detach(att)
+
+    def assert_refused(self, exc):
+        h = self.h
+        for text in ('cannot move to node node-a', 'LV %s' % cl.LV,
+                     'remove it by hand', 'operations guide'):
+            self.assertIn(text, str(exc))
+        self.assertEqual([], h.c.violations)
+        # node A: its old copy as it was, nothing built, nothing wiped
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.assertEqual({}, h.a.dm.devices)
+        self.assertEqual({}, h.a.connector.sessions)
+        # node B: the volume stays, usable, its export made for the move
+        # gone, no move recorded
+        h.c.assert_no_transfer()
+        rec = h.c.db.volumes[cl.VOLUME_ID]
+        self.assertEqual((h.b.host, None), (rec['host'],
+                                            rec['provider_location']))
+        self.assertEqual({cl.HANDLE: LINEAR}, h.b.dm.devices)
+        self.assertEqual([cl.LV], list(h.b.vg.lvs))
+        self.assertEqual({}, h.b.target.exports)
+        # the loss record stays
+        self.assertEqual(cl.LV, h.c.db.admin_metadata[cl.VOLUME_ID][
+            'dmclone_lost_source_lv'])
+
+    def assert_moved_to_a(self):
+        h = self.h
+        h.c.settle()
+        self.assertEqual([], h.c.violations)
+        h.c.assert_no_transfer()
+        self.assertEqual(h.a.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertTrue(h.a.vg.lvs[cl.LV]['complete'])
+        self.assertEqual({cl.HANDLE: LINEAR}, h.a.dm.devices)
+        self.assertEqual({}, h.b.vg.lvs)
+        self.assertTrue(any('/%s-dmcwipe-' % cl.LV in p for p in h.b.wiped))
+
+    def test_an_attach_on_a_is_refused(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.attach, self.h.a)
+        self.assert_refused(exc)
+        self.assertEqual([], self.h.c.attachments)
+
+    def test_a_migration_to_a_is_refused(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.migrate, self.h.a)
+        self.assert_refused(exc)
+
+    def test_an_attach_on_a_once_the_old_copy_is_removed(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        h.c.attach(h.a)
+        self.assertEqual(move.HYDRATING, h.c.transfer().state)
+        self.assert_moved_to_a()
+
+    def test_a_migration_to_a_once_the_old_copy_is_removed(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        self.assertTrue(h.c.migrate(h.a))
+        self.assert_moved_to_a()
+
+    def test_an_abort_node_a_did_not_answer_keeps_the_old_copy(self):
+        # Node A's service dies as it is asked to abort the refused move:
+        # its recovery finds the move still preparing, then the monitor
+        # finds it aborted; neither removes the old copy.
+        h = self.h
+        fired = h.c.crash_at(h.a.destination, 'abort')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          h.c.attach, h.a)
+        self.assertTrue(fired['fired'])
+        self.assertEqual(move.ABORTED, h.c.transfer().state)
+        h.c.settle()
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        # (nothing on node A describes the aborted move: its next start
+        # drops it)
+        h.c.restart(h.a)
+        h.c.assert_no_transfer()
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.assertEqual([], h.c.violations)
+
+    def test_a_half_built_move_here_is_still_torn_down(self):
+        # Once the old copy is gone, a move to node A that dies half
+        # built leaves nothing on node A: its LV is the move's own.
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        h.c.crash_at(h.a.dest, 'build_clone')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          h.c.attach, h.a)
+        h.c.settle()
+        h.c.assert_no_transfer(aborted_ok=True)
+        self.assertEqual({}, h.a.vg.lvs)
+        self.assertEqual(h.b.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        self.assertEqual([], h.c.violations)
+
+
+#: the steps of the command over a move whose data LV a delete removed
+DELETED_STEPS = [
+    ('store', 'transition', None),
+    ('dest', 'remove_metadata', None),
+    ('store', 'record_loss', None),
+    ('dm', 'remove', lambda name, *a, **k: name == GONE),
+    ('dest', 'disconnect_source', None),
+    ('store', 'forget_source_export', None),
+    ('harness', 'set_status', None),
+    ('store', 'clear', None),
+]
+DELETED_CRASHES = [(i, when) for i in range(len(DELETED_STEPS))
+                   for when in ('before', 'after')
+                   if not (DELETED_STEPS[i][0] == 'harness'
+                           and when == 'after')]
+
+
+@ddt.ddt
+class DeletedWhileLostTestCase(test.TestCase):
+    """A delete while the source is lost tears node B's side down first.
+
+    Its request to retire the source's copy then fails: the move stays,
+    and the delete fails at every retry.  The command ends the move (the
+    volume's data is gone from node B already); the next delete deletes.
+    """
+
+    def delete_fails(self, h):
+        for att in list(h.c.attachments):
+            h.c.attachments.remove(att)
+        self.assertRaises(exception.VolumeBackendAPIException, h.c.delete)
+        self.assertIsNotNone(h.c.transfer())
+        self.assertIsNone(h.b.vg.get_volume(cl.LV))
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'error'  # reset-state
+
+    def assert_ended(self, h, outcome=None):
+        c = h.c
+        self.assertEqual([], c.violations)
+        c.assert_no_transfer()
+        rec = c.db.volumes[cl.VOLUME_ID]
+        self.assertEqual(('error', None, h.b.host),
+                         (rec['status'], rec['provider_location'],
+                          rec['host']))
+        # nothing of the volume is left on node B
+        self.assertEqual({}, h.b.dm.devices)
+        self.assertEqual({}, h.b.vg.lvs)
+        self.assertEqual({}, h.b.connector.sessions)
+        self.assertEqual([], h.zeroed)
+        # the whole volume is recorded as lost, and what node A holds
+        md = c.db.admin_metadata[cl.VOLUME_ID]
+        self.assertEqual(
+            ('node-a', str(REGIONS), str(cl.SECTORS * 512), cl.LV),
+            (md['dmclone_lost_source'], md['dmclone_lost_regions'],
+             md['dmclone_lost_bytes'], md['dmclone_lost_source_lv']))
+        # node A's copy is left as it was
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        if outcome is not None:
+            self.assertEqual((REGIONS, [(0, cl.SECTORS * 512)], 'error'),
+                             (outcome.uncopied_regions, outcome.ranges,
+                              outcome.status))
+            self.assertEqual(cl.LV, outcome.left_on_source['lv'])
+        # and the volume can be deleted now
+        c.delete()
+        c.assert_no_transfer()
+        self.assertEqual({}, h.b.vg.lvs)
+        self.assertEqual({}, h.b.dm.devices)
+
+    def test_delete_before_the_command(self):
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        log = self.mock_object(lost_source.LOG, 'warning')
+        self.delete_fails(h)
+        self.assert_ended(h, h.run())
+        self.assertTrue(any('a delete removed it' in c[0][0]
+                            for c in log.call_args_list))
+
+    def test_the_delete_says_what_to_do(self):
+        h = Harness(self)
+        h.lose_a()
+        log = self.mock_object(destination.LOG, 'error')
+        self.delete_fails(h)
+        text = log.call_args[0][0] % log.call_args[0][1]
+        self.assertIn('cinder-dmclone move abandon-source %s'
+                      % cl.VOLUME_ID, text)
+
+    def test_delete_after_a_crashed_run(self):
+        # The command crashed before zeroing (the fencing table live over
+        # the error stand-in, state source_lost); then the delete.
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        h.crash_in = 'zero'
+        self.assertRaises(Crash, h.run)
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.delete_fails(h)
+        self.assertTrue(h.b.dm.exists(GONE))
+        self.assert_ended(h, h.run())
+
+    def test_a_delete_cut_short_between_its_lvs(self):
+        # The delete's teardown died after the data LV went, before the
+        # metadata LV did: node B restarts; the command removes the rest.
+        h = Harness(self)
+        h.lose_a()
+        for att in list(h.c.attachments):
+            h.c.attachments.remove(att)
+        h.c.crash_at(h.b.dest, 'remove_metadata')
+        self.assertRaises(oslo_messaging.MessagingTimeout, h.c.delete)
+        self.assertIsNone(h.b.vg.get_volume(cl.LV))
+        self.assertIsNotNone(h.b.vg.get_volume(cl.META))
+        h.c.db.volumes[cl.VOLUME_ID]['status'] = 'error'
+        self.assert_ended(h, h.run())
+
+    def test_refused_while_the_source_reports_up(self):
+        h = Harness(self)
+        h.lose_a()
+        self.delete_fails(h)
+        h.a.service_up = True
+        self.assertRaisesRegex(lost_source.Refused, 'still reports up',
+                               h.run)
+        self.assertEqual(move.HYDRATING, h.c.transfer().state)
+
+    @ddt.data(*DELETED_CRASHES)
+    @ddt.unpack
+    def test_crash_then_run_again(self, step, when):
+        h = Harness(self, reboot=True)
+        h.lose_a()
+        self.delete_fails(h)
+        if step >= 1:
+            # (a teardown cut short: the metadata LV is still there)
+            h.b.vg.add(cl.META, '8m')
+        owner, attr, match = DELETED_STEPS[step]
+        if owner == 'harness':
+            h.crash_in = attr
+            fired = None
+        else:
+            obj = {'store': h.b.store, 'dm': h.b.dm, 'dest': h.b.dest}[owner]
+            fired = h.c.crash_at(obj, attr, when, match)
+        self.assertRaises(cl.Crash, h.run)
+        if fired is not None:
+            self.assertTrue(fired['fired'])
+        h.c.restart(h.b)
+        h.c.settle()
+        self.assertEqual([], h.c.violations)
+        if h.c.transfer() is not None:
+            self.assertIn(h.c.transfer().state,
+                          (move.HYDRATING, move.SOURCE_LOST))
+            self.assert_ended(h, h.run())
+        else:
+            self.assert_ended(h)

@@ -391,10 +391,10 @@ class RunTestCase(test.TestCase):
 
     def test_tear_down(self):
         self._run(A(recovery.TEAR_DOWN))
-        self.dest.clones.tear_down.assert_called_once_with(self.t,
-                                                           'CHAP u p')
+        # (Destination.tear_down: it keeps an abandoned move's old copy.)
+        self.dest.tear_down.assert_called_once_with(self.volume, self.t)
         # The record is the source's: never cleared here.
-        self.assertEqual(['clones.tear_down'], self._called())
+        self.assertEqual(['tear_down'], self._called())
 
     def test_finalize(self):
         self._run(A(recovery.FINALIZE))
