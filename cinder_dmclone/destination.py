@@ -205,13 +205,17 @@ class Destination(side.Side):
     def drop_stale_prepare(self, volume_id, t):
         """Remove a clone built here for a prepare nobody waits for.
 
-        The source holds the volume's lock from the moment it records a
-        move until it records the outcome.  A clone whose move is still
-        ``preparing`` when that lock is free, and whose prepare no longer
-        runs here, was left by an attempt whose source could not record
-        the outcome (the database went away as this node answered, or
-        the answer never reached it) and could not reach this node to
-        drop it: no instance uses it, and it reads the source for good.
+        A clone whose move is still ``preparing`` longer than any attempt
+        lasts (:meth:`~cinder_dmclone.side.Side.prepare_outlived`: the
+        source waits at most the transfer timeout for this node's answer,
+        then records the outcome), whose lock is free and whose prepare
+        no longer runs here, was left by an attempt whose source could
+        not record the outcome (the database went away as this node
+        answered, or the answer never reached it) and could not reach
+        this node to drop it: no instance uses it, and it reads the
+        source for good.  The lock alone proves nothing: with per-node
+        locks, or a lost lease of the coordination backend, it is free
+        while the source records the commit.
         Under the lock (never waiting for it), and only if the record
         still describes that move, the move is marked ``aborted`` (the
         volume is usable on its source again) and what was built here
@@ -227,7 +231,8 @@ class Destination(side.Side):
             with move.build_lock(volume_id):
                 current = self.load_any(volume_id)
                 if not (self.is_dest(current) and t.still(current)
-                        and current.state == move.PREPARING):
+                        and current.state == move.PREPARING
+                        and self.prepare_outlived(current)):
                     return False
                 LOG.warning('The move of volume %(vol)s from %(src)s is '
                             'still preparing, but its source no longer '

@@ -71,16 +71,35 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
 
+    def outlive_the_prepare(self):
+        """Let more time pass than a prepare's source may still write."""
+        self.c.now += self.a.source.stale_prepare_after() + 1
+
     def test_retried_attach_moves_a_volume_left_preparing(self):
         # Before: every later attach (and a local one on node-a) was
         # refused as "moving" until node-a's service restarted.
         self.failed_attach_while_db_down()
+        self.outlive_the_prepare()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_attach_right_after_is_refused_as_moving(self):
+        # The lock alone does not prove the attempt dead (per-node locks,
+        # a lost lease): a young 'preparing' is left alone.
+        self.failed_attach_while_db_down()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.outlive_the_prepare()
         self.c.attach(self.b)
         self.c.settle()
         self.c.assert_completed()
 
     def test_local_attach_ends_a_move_left_preparing(self):
         self.failed_attach_while_db_down()
+        self.outlive_the_prepare()
         att, info = self.c.attach(self.a)
         self.assertEqual('local', info['driver_volume_type'])
         self.c.attachments.remove(att)
@@ -95,6 +114,61 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.assert_rolled_back(aborted_ok=True)
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.log.warning.assert_called()
+
+    def test_young_prepare_is_not_dropped_on_a_free_lock(self):
+        # Before: the first tick of node-b's monitor, the lock free,
+        # aborted the move and tore the clone down at once.
+        self.failed_attach_while_db_down()
+        self.c.tick(self.b)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+
+    def test_per_node_locks_never_drop_a_clone_being_committed(self):
+        # node-b's monitor does not see node-a's lock (per-node locks, or
+        # a lost etcd lease) and ticks after node-a read 'preparing' and
+        # before it records the commit.  Before: node-b aborted the move
+        # and removed the clone, then node-a recorded it hydrating and
+        # pointed the volume at node-b: the data was orphaned.
+        load = self.a.store.load
+        transition = self.a.store.transition
+        lock = 'dmclone-%s' % VOLUME_ID
+        inside = []
+
+        def transition_watched(ctxt, t, expected, state):
+            inside.append(state)
+            try:
+                return transition(ctxt, t, expected, state)
+            finally:
+                inside.pop()
+
+        def load_then_tick(ctxt, volume_id):
+            current = load(ctxt, volume_id)
+            if inside and inside[-1] == move.HYDRATING:
+                self.c.held.discard(lock)
+                self.c.tick(self.b)
+                self.c.held.add(lock)
+            return current
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_watched)
+        self.mock_object(self.a.store, 'load', side_effect=load_then_tick)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_undated_prepare_is_left_alone_and_reported(self):
+        # A 'preparing' written by an older release has no start time:
+        # nothing tells how old it is, so nobody acts on it.
+        self.failed_attach_while_db_down()
+        self.c.db.volume_admin_metadata_delete(
+            self.c.ctxt, VOLUME_ID, 'dmclone_prepared_at')
+        self.outlive_the_prepare()
+        self.c.settle()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertIn('no start time',
+                      ' '.join(str(c) for c in self.log.warning.mock_calls))
 
     def test_a_move_aborted_by_its_destination_moves_again(self):
         self.failed_attach_while_db_down()
@@ -112,6 +186,7 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.restart_before_timeout = False
         self.assertRaises(oslo_messaging.MessagingTimeout,
                           self.c.attach, self.b)
+        self.outlive_the_prepare()
         self.c.settle()
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.assertEqual({}, self.b.dm.devices)
