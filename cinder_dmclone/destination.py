@@ -191,11 +191,25 @@ class Destination(side.Side):
         is ours: the abort may have waited for a build, and meanwhile the
         move been given up for good and a later move of the volume built
         here.  (A move is aborted only by the source that gave it up, so
-        its secret alone tells it apart.)
+        its secret alone tells it apart.)  Refused for a committed move
+        (hydrating, finalizing): its clone holds an instance's writes,
+        and the source may still believe it never moved (a record still
+        naming it after a lost database write).
         """
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
             if t is not None and t.authentic(step.get('secret')):
+                if t.state not in (move.PREPARING, move.CLONED,
+                                   move.ABORTED):
+                    LOG.error('Refusing to abort the move of volume %(vol)s '
+                              'from %(src)s: it is committed (%(state)s) '
+                              'and its clone here is the volume.',
+                              {'vol': volume['id'], 'src': t.source_node,
+                               'state': t.state})
+                    raise exception.VolumeBackendAPIException(
+                        data=_('The move of volume %(vol)s is committed '
+                               '(%(state)s): it is not aborted.')
+                        % {'vol': volume['id'], 'state': t.state})
                 self.clones.tear_down(t, volume['provider_auth'])
             else:
                 LOG.warning('Abort of an earlier move of volume %s ignored: '

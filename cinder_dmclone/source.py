@@ -419,7 +419,9 @@ class Source(side.Side):
         if self._abort_peer(ctxt, volume, t):
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != move.ABORTED:
-            self.store.transition(ctxt, t, move.STATES, move.ABORTED)
+            # (Never a committed move: MoveStateConflict then.)
+            self.store.transition(ctxt, t, (move.PREPARING, move.CLONED),
+                                  move.ABORTED)
             LOG.warning('Transfer of volume %(vol)s to %(dst)s aborted; '
                         '%(dst)s removes what it built when its service '
                         'is back.', {'vol': volume['id'],

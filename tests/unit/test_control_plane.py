@@ -239,10 +239,8 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.db_up()
         self.c.assert_rolled_back()
 
-    def test_committed_move_whose_record_still_names_the_source(self):
-        # node-a recorded the commit (hydrating) but not the volume's new
-        # host.  Before: node-a refused every retire ("its record still
-        # names this node"): the move never finished.
+    def commit_without_the_volume_record(self):
+        """node-a records the commit, the database refuses the new host."""
         transition = self.a.store.transition
 
         def transition_then_db_down(ctxt, t, expected, state):
@@ -256,5 +254,30 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.db_up()
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_committed_move_whose_record_still_names_the_source(self):
+        # node-a recorded the commit (hydrating) but not the volume's new
+        # host.  Before: node-a refused every retire ("its record still
+        # names this node"): the move never finished.
+        self.commit_without_the_volume_record()
         self.c.settle()
         self.c.assert_completed()
+
+    def test_source_restart_leaves_a_committed_move_to_its_destination(self):
+        # Before: node-a's recovery saw a record naming it and abandoned
+        # the move: node-b tore down the clone an instance writes to.
+        self.commit_without_the_volume_record()
+        self.c.restart(self.a)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_destination_refuses_to_abort_a_committed_move(self):
+        self.commit_without_the_volume_record()
+        t = self.c.transfer()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.b.destination.abort, self.volume(),
+                          {'op': 'abort', 'secret': t.secret})
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
