@@ -518,8 +518,10 @@ class Destination(side.Side):
         whose LV has the old size: the volume record would then claim a
         size its LV does not have.  In ``preparing`` the destination
         builds a clone of the old size.  Once the move is committed the
-        destination's LV is the volume, and an extend is mapped linearly
-        past the clone.  The check waits for a move being set up.
+        destination's LV is the volume, and an extend there is mapped
+        linearly past the clone; an extend reaching the source (its
+        record not yet repointed) is refused.  The check waits for a move
+        being set up.
         """
         with move.lock(volume['id']):
             t = self.load(volume['id'])
@@ -527,6 +529,13 @@ class Destination(side.Side):
             self.raise_moving(volume, t, _('an extend (the live migration '
                                            'is not decided yet)'),
                               percent='0.0')
+        if t is not None and t.state in (move.HYDRATING, move.FINALIZING) \
+                and self.is_source(t):
+            # (Routed here by a record that still names the source after
+            # a lost database write: the LV here is no longer the volume.
+            # The destination names itself when it finalizes.)
+            self.raise_moving(volume, t, _('an extend (its record names '
+                                           'the node it left)'))
         if t is not None and t.state == move.SOURCE_LOST:
             self.raise_moving(volume, t, _('an extend (its lost source is '
                                            'being abandoned)'))
@@ -682,11 +691,24 @@ class Destination(side.Side):
         (the attach then failed, but the move stands: it hydrates here),
         the record still names the source, which refuses to retire a copy
         its record names.  Only a committed move gets here (finalizing:
-        this node holds every byte), so the record follows it.  Returns
-        the volume as the record describes it now.
+        this node holds every byte), so the record follows it -- only
+        from the move's source: a record naming any other node was
+        changed by someone else (an operator, another service), and is
+        reported, not overwritten.  Returns the volume as the record
+        describes it now.
         """
         if volume_utils.extract_host(volume['host'], 'host') in \
                 self.node_names:
+            return volume
+        if volume_utils.extract_host(volume['host'], 'backend') != \
+                volume_utils.extract_host(t.source_host, 'backend'):
+            LOG.error('Volume %(vol)s was moved here from %(src)s, but its '
+                      'record names %(host)s, neither node of the move: it '
+                      'is left as it is. The copy here is complete: check '
+                      'which node the volume should live on and correct '
+                      'its host by hand.',
+                      {'vol': volume['id'], 'src': t.source_node,
+                       'host': volume['host']})
             return volume
         LOG.warning('Volume %(vol)s was moved here from %(src)s, but its '
                     'record still names %(src)s (its last step there did '

@@ -273,6 +273,29 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def test_extend_on_the_source_of_a_committed_move_is_refused(self):
+        # Cinder routes the extend to the host the record names: node-a,
+        # whose LV is no longer the volume.  Before: node-a grew its old
+        # copy, node-b's clone kept the old size.
+        self.commit_without_the_volume_record()
+        self.assertRaises(move.MoveInProgress,
+                          self.a.destination.refuse_extend_while_undecided,
+                          self.volume())
+        # (On node-b, the volume's home once the record follows, it is
+        # allowed.)
+        self.b.destination.refuse_extend_while_undecided(self.volume())
+
+    def test_finalize_leaves_a_record_naming_a_third_node(self):
+        # Only a record still naming the move's source is repointed.
+        self.commit_without_the_volume_record()
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID,
+                                {'host': 'node-c@dmclone#dmclone'})
+        self.c.settle()
+        self.assertEqual('node-c@dmclone#dmclone',
+                         self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn('node-c',
+                      ' '.join(str(c) for c in self.log.error.mock_calls))
+
     def test_destination_refuses_to_abort_a_committed_move(self):
         self.commit_without_the_volume_record()
         t = self.c.transfer()

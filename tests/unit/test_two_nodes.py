@@ -2405,7 +2405,10 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                           self.volume())
         self.c.detach(src)
         self.b.destination.refuse_extend_while_undecided(self.volume())
-        self.a.destination.refuse_extend_while_undecided(self.volume())
+        # (node-a's LV is no longer the volume once the move committed.)
+        self.assertRaises(move.MoveInProgress,
+                          self.a.destination.refuse_extend_while_undecided,
+                          self.volume())
 
     def test_no_extend_on_the_source_while_the_move_is_prepared(self):
         # The destination builds a clone of the old size meanwhile.
