@@ -253,11 +253,25 @@ class Destination(side.Side):
         is ours: the abort may have waited for a build, and meanwhile the
         move been given up for good and a later move of the volume built
         here.  (A move is aborted only by the source that gave it up, so
-        its secret alone tells it apart.)
+        its secret alone tells it apart.)  Refused for a committed move
+        (hydrating, finalizing): its clone holds an instance's writes,
+        and the source may still believe it never moved (a record still
+        naming it after a lost database write).
         """
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
             if t is not None and t.authentic(step.get('secret')):
+                if t.state not in (move.PREPARING, move.CLONED,
+                                   move.ABORTED):
+                    LOG.error('Refusing to abort the move of volume %(vol)s '
+                              'from %(src)s: it is committed (%(state)s) '
+                              'and its clone here is the volume.',
+                              {'vol': volume['id'], 'src': t.source_node,
+                               'state': t.state})
+                    raise exception.VolumeBackendAPIException(
+                        data=_('The move of volume %(vol)s is committed '
+                               '(%(state)s): it is not aborted.')
+                        % {'vol': volume['id'], 'state': t.state})
                 self.tear_down(volume, t)
             else:
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
@@ -267,13 +281,17 @@ class Destination(side.Side):
     def drop_stale_prepare(self, volume_id, t):
         """Remove a clone built here for a prepare nobody waits for.
 
-        The source holds the volume's lock from the moment it records a
-        move until it records the outcome.  A clone whose move is still
-        ``preparing`` when that lock is free, and whose prepare no longer
-        runs here, was left by an attempt whose source could not record
-        the outcome (the database went away as this node answered, or
-        the answer never reached it) and could not reach this node to
-        drop it: no instance uses it, and it reads the source for good.
+        A clone whose move is still ``preparing`` longer than any attempt
+        lasts (:meth:`~cinder_dmclone.side.Side.prepare_outlived`: the
+        source waits at most the transfer timeout for this node's answer,
+        then records the outcome), whose lock is free and whose prepare
+        no longer runs here, was left by an attempt whose source could
+        not record the outcome (the database went away as this node
+        answered, or the answer never reached it) and could not reach
+        this node to drop it: no instance uses it, and it reads the
+        source for good.  The lock alone proves nothing: with per-node
+        locks, or a lost lease of the coordination backend, it is free
+        while the source records the commit.
         Under the lock (never waiting for it), and only if the record
         still describes that move, the move is marked ``aborted`` (the
         volume is usable on its source again) and what was built here
@@ -289,7 +307,8 @@ class Destination(side.Side):
             with move.build_lock(volume_id):
                 current = self.load_any(volume_id)
                 if not (self.is_dest(current) and t.still(current)
-                        and current.state == move.PREPARING):
+                        and current.state == move.PREPARING
+                        and self.prepare_outlived(current)):
                     return False
                 LOG.warning('The move of volume %(vol)s from %(src)s is '
                             'still preparing, but its source no longer '
@@ -561,8 +580,10 @@ class Destination(side.Side):
         whose LV has the old size: the volume record would then claim a
         size its LV does not have.  In ``preparing`` the destination
         builds a clone of the old size.  Once the move is committed the
-        destination's LV is the volume, and an extend is mapped linearly
-        past the clone.  The check waits for a move being set up.
+        destination's LV is the volume, and an extend there is mapped
+        linearly past the clone; an extend reaching the source (its
+        record not yet repointed) is refused.  The check waits for a move
+        being set up.
         """
         with move.lock(volume['id']):
             t = self.load(volume['id'])
@@ -570,6 +591,13 @@ class Destination(side.Side):
             self.raise_moving(volume, t, _('an extend (the live migration '
                                            'is not decided yet)'),
                               percent='0.0')
+        if t is not None and t.state in (move.HYDRATING, move.FINALIZING) \
+                and self.is_source(t):
+            # (Routed here by a record that still names the source after
+            # a lost database write: the LV here is no longer the volume.
+            # The destination names itself when it finalizes.)
+            self.raise_moving(volume, t, _('an extend (its record names '
+                                           'the node it left)'))
         if t is not None and t.state == move.SOURCE_LOST:
             self.raise_moving(volume, t, _('an extend (its lost source is '
                                            'being abandoned)'))
@@ -737,11 +765,24 @@ class Destination(side.Side):
         (the attach then failed, but the move stands: it hydrates here),
         the record still names the source, which refuses to retire a copy
         its record names.  Only a committed move gets here (finalizing:
-        this node holds every byte), so the record follows it.  Returns
-        the volume as the record describes it now.
+        this node holds every byte), so the record follows it -- only
+        from the move's source: a record naming any other node was
+        changed by someone else (an operator, another service), and is
+        reported, not overwritten.  Returns the volume as the record
+        describes it now.
         """
         if volume_utils.extract_host(volume['host'], 'host') in \
                 self.node_names:
+            return volume
+        if volume_utils.extract_host(volume['host'], 'backend') != \
+                volume_utils.extract_host(t.source_host, 'backend'):
+            LOG.error('Volume %(vol)s was moved here from %(src)s, but its '
+                      'record names %(host)s, neither node of the move: it '
+                      'is left as it is. The copy here is complete: check '
+                      'which node the volume should live on and correct '
+                      'its host by hand.',
+                      {'vol': volume['id'], 'src': t.source_node,
+                       'host': volume['host']})
             return volume
         LOG.warning('Volume %(vol)s was moved here from %(src)s, but its '
                     'record still names %(src)s (its last step there did '

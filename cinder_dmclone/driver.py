@@ -27,6 +27,7 @@ itself (beyond Cinder's LVM helper and os-brick) in
 """
 
 import ipaddress
+import urllib.parse
 
 from oslo_concurrency import processutils
 from oslo_config import cfg
@@ -162,6 +163,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     # ------------------------------------------------------------------
 
     def do_setup(self, context):
+        self._check_coordination()
         super().do_setup(context)
         self._region_sectors()
 
@@ -171,8 +173,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         Checked here so an operator sees one clear message at service start
         instead of a failure at the first transfer: the region size, the
         target helper (LIO), the volume group (Cinder's own checks), the
-        metadata volume group, and device-mapper with the ``clone`` target.
+        metadata volume group, device-mapper with the ``clone`` target, and
+        a coordination backend shared by the nodes.
         """
+        self._check_coordination()
         self._region_sectors()
         self._check_target_helper()
         super().check_for_setup_error()
@@ -181,6 +185,23 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._recover_transfers()
         self.wiper.resume()
         self._start_monitor()
+
+    #: tooz backends whose locks hold on one node only.
+    NODE_LOCAL_COORDINATION = ('', 'file', 'ipc', 'zake')
+
+    @classmethod
+    def _check_coordination(cls):
+        """Refuse a coordination backend whose locks are per node.
+
+        A move's steps on its two nodes are serialised by the volume's
+        coordination lock (:func:`cinder_dmclone.move.lock`): with
+        Cinder's default ``file://$state_path`` each node locks alone.
+        """
+        url = CONF.coordination.backend_url or ''
+        scheme = urllib.parse.urlsplit(url).scheme.partition('+')[0]
+        if scheme.lower() in cls.NODE_LOCAL_COORDINATION:
+            raise dmc_exception.NodeLocalCoordination(
+                option='[coordination] backend_url', value=url)
 
     def _region_sectors(self):
         size_kb = self.configuration.dmclone_region_size

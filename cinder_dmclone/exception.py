@@ -156,3 +156,24 @@ class LostCopyHere(exception.VolumeBackendAPIException):
                 "needed from it, remove it by hand on %(node)s (see \"If "
                 "the lost node comes back\" in the operations guide), then "
                 "try again.")
+
+
+class NodeLocalCoordination(exception.InvalidConfigurationValue):
+    """The coordination backend's locks hold on one node only.
+
+    Every step of a move runs under the volume's coordination lock, taken
+    by the volume services of both nodes: with Cinder's default
+    ``file://`` backend (or another node-local one) each node has its own
+    lock, and a destination may tear down a clone its source is about to
+    commit.
+    """
+
+    message = _("[coordination] backend_url = %(value)r keeps locks on "
+                "this node only. The volume services of all nodes of this "
+                "backend must share one coordination backend (etcd3, "
+                "Redis, ZooKeeper...): the two nodes of a move serialise "
+                "their steps with its lock, and with per-node locks a "
+                "destination can remove a clone its source is committing, "
+                "losing the volume's data. Set the same shared "
+                "backend_url in the [coordination] section of cinder.conf "
+                "on every node.")

@@ -268,8 +268,9 @@ class HydrationTracker(object):
             self.recovery.resolve_aborted(volume_id, t)
             return
         if dest.is_dest(t) and t.state == move.PREPARING:
-            # Being built for a source that waits (its lock is held), or
-            # left by one that could not record the outcome.
+            # Being built for a source that waits, or left (longer ago
+            # than any attempt lasts) by one that could not record the
+            # outcome.
             dest.drop_stale_prepare(volume_id, t)
             return
         if not dest.is_dest(t):

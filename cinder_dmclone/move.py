@@ -60,6 +60,8 @@ import dataclasses
 import hmac
 import re
 import secrets
+import time
+import typing
 
 from oslo_concurrency import lockutils
 from oslo_log import log as logging
@@ -106,6 +108,11 @@ _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
 _HOST_RE = re.compile(r'^[A-Za-z0-9_.@#:-]+$')
 _SECRET_RE = re.compile(r'^[0-9a-f]{32,128}$')
+#: Seconds past the transfer timeout after which a move still
+#: ``preparing`` is taken for dead (see Side.prepare_outlived): the
+#: source's database writes after the destination's answer, and the
+#: difference between the two nodes' clocks.
+STALE_PREPARE_MARGIN = 120
 
 
 class MoveStateInvalid(exception.VolumeBackendAPIException):
@@ -218,12 +225,15 @@ class Move:
     #: is never shown to a volume's owner): every node-to-node step
     #: carries it, so none can be forged through the public API.
     secret: str = ''
+    #: When the source recorded the move (seconds since the epoch, its
+    #: clock); None in a record written by an older release.
+    prepared_at: typing.Optional[int] = None
 
     FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
               'dest_node', 'region_sectors', 'clone_sectors',
               'target_portal', 'target_iqn', 'target_lun')
     #: Fields a record written by release 1.1.0 does not have.
-    OPTIONAL_FIELDS = ('source_aliases', 'secret')
+    OPTIONAL_FIELDS = ('source_aliases', 'secret', 'prepared_at')
 
     @property
     def source_names(self):
@@ -237,6 +247,8 @@ class Move:
         md[KEY_PREFIX + 'source_aliases'] = ','.join(
             sorted(self.source_aliases))
         md[KEY_PREFIX + 'secret'] = self.secret
+        if self.prepared_at is not None:
+            md[KEY_PREFIX + 'prepared_at'] = str(self.prepared_at)
         return md
 
     def same_move(self, other):
@@ -303,6 +315,10 @@ class Move:
         secret = metadata.get(KEY_PREFIX + 'secret') or ''
         if secret:
             _match(_SECRET_RE, secret, volume_id, 'secret')
+        prepared_at = metadata.get(KEY_PREFIX + 'prepared_at') or None
+        if prepared_at is not None:
+            prepared_at = _int(prepared_at, volume_id, 'prepared_at',
+                               minimum=0)
         return cls(
             volume_id=volume_id, lv_name=raw['lv_name'], state=raw['state'],
             source_host=raw['source_host'], dest_host=raw['dest_host'],
@@ -316,7 +332,7 @@ class Move:
                               'target_iqn'),
             target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
                             minimum=0),
-            source_aliases=aliases, secret=secret)
+            source_aliases=aliases, secret=secret, prepared_at=prepared_at)
 
     @classmethod
     def metadata_keys(cls):
@@ -366,8 +382,11 @@ class Store(object):
     states the step expects, so a step that lost a race changes nothing.
     """
 
-    def __init__(self, db):
+    def __init__(self, db, clock=time.time):
         self.db = db
+        #: wall clock (seconds since the epoch): a move's start is read
+        #: on the other node too.
+        self._clock = clock
 
     def load(self, ctxt, volume_id):
         md = self.db.volume_admin_metadata_get(ctxt, volume_id)
@@ -385,15 +404,23 @@ class Store(object):
     def save(self, ctxt, t):
         """Record a new move (with a fresh secret if it has none).
 
+        The move's start time goes with it (see :meth:`prepare_age`).
         Progress left by an earlier move (a clear that a crash cut short)
         goes first: it must never be shown as this move's.
         """
         if not t.secret:
             t.secret = self.new_secret()
+        t.prepared_at = int(self._clock())
         self._delete(ctxt, t.volume_id,
                      [KEY_PREFIX + k for k in PROGRESS_KEYS])
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, t.to_metadata(), False)
+
+    def prepare_age(self, t):
+        """Seconds since move ``t`` was recorded; None if not recorded."""
+        if t.prepared_at is None:
+            return None
+        return self._clock() - t.prepared_at
 
     def _delete(self, ctxt, volume_id, keys):
         md = self.db.volume_admin_metadata_get(ctxt, volume_id) or {}

@@ -39,8 +39,16 @@ LOG = logging.getLogger(__name__)
 #: Nothing to do here (the move is the other node's business).
 NOTHING = 'nothing'
 #: Source: the move never completed; drop the export, ask the destination
-#: to remove its side, forget the move.
+#: to remove its side, forget the move (under the volume's lock, only in
+#: ABANDONABLE states).
 ABANDON = 'abandon'
+#: Source, the record still names it but the move is committed (the
+#: database lost the write that points the record at the destination):
+#: the destination's clone holds the instance's writes, and it points
+#: the record at itself when it finalizes.  Logged, nothing done.
+LEAVE_TO_DEST = 'leave to destination'
+#: The states of a move that never committed: the source may end it.
+ABANDONABLE = (move.PREPARING, move.CLONED, move.ABORTED)
 #: Destination: the source gave the move up; remove what was built here.
 DROP_ABORTED = 'drop aborted'
 #: Destination, ``preparing``: tear down the half-built clone; the source
@@ -102,7 +110,7 @@ class Action:
 def plan(t, facts):
     """The action recovery takes for move ``t`` given ``facts``."""
     if facts.source_here:
-        return Action(ABANDON)
+        return Action(ABANDON if t.state in ABANDONABLE else LEAVE_TO_DEST)
     if facts.source_away and not facts.dest_here:
         return Action(REEXPORT if t.state in READS_SOURCE else NOTHING)
     if not facts.dest_here:
@@ -183,10 +191,11 @@ class Recovery(object):
         move does; ``metadata_lvs`` the metadata LV names present here.
         Leftovers that match no move are reported, never deleted.
 
-        Runs at start without the volumes' locks, unlike every later
-        caller of :meth:`run`: the service's RPC server does not serve
-        yet, so no API request and no step of the other node reaches it,
-        and a start must not depend on the lock service being up.  What
+        Runs at start without the volumes' locks (but for an abandon,
+        see :meth:`_abandon`), unlike every later caller of :meth:`run`:
+        the service's RPC server does not serve yet, so no API request
+        and no step of the other node reaches it, and a start must not
+        depend on the lock service being up.  What
         the other node may do meanwhile under its own lock (a rollback
         or a finalization, whose step to this node then times out) meets
         a compare-and-set here (``Store.transition``, ``clear`` of this
@@ -381,7 +390,15 @@ class Recovery(object):
     def _act(self, action, volume, t):
         dest = self.destination
         if action.name == ABANDON:
-            self.source.abandon(volume, t)
+            self._abandon(volume, t)
+        elif action.name == LEAVE_TO_DEST:
+            LOG.warning('Volume %(vol)s moves to %(dst)s (%(state)s) while '
+                        'its record still names this node (the database '
+                        'lost the write that names %(dst)s): the move is '
+                        'committed, so it is left to %(dst)s, which names '
+                        'itself in the record when it finalizes the move.',
+                        {'vol': volume.id, 'dst': t.dest_node,
+                         'state': t.state})
         elif action.name == REEXPORT:
             self.source.export_again(volume, t)
         elif action.name == DROP_ABORTED:
@@ -405,6 +422,26 @@ class Recovery(object):
                         'interrupted; delete it again.', volume.id)
         elif action.name == REBUILD:
             self._rebuild(volume, t, action)
+
+    def _abandon(self, volume, t):
+        """ABANDON under the volume's lock, if the move still never committed.
+
+        The abort it sends makes the destination remove its clone: only
+        for the move read again under the lock, in a state where no
+        instance writes to that clone for good (ABANDONABLE), and while
+        the volume record still names this node.
+        """
+        with move.lock(volume.id):
+            current = self.source.load_any(volume.id)
+            volume = objects.Volume.get_by_id(self.source.ctxt(), volume.id)
+            if not (t.still(current) and current.state in ABANDONABLE
+                    and self.source.lives_here(volume)):
+                LOG.warning('Not abandoning the move of volume %(vol)s: '
+                            'it changed meanwhile (%(state)s).',
+                            {'vol': volume.id,
+                             'state': current.state if current else 'none'})
+                return
+            self.source.abandon(volume, current)
 
     def _rebuild(self, volume, t, action):
         # (FINALIZING after a reboot: rebuild the clone so that the swap

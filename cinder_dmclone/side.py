@@ -19,6 +19,7 @@ client that sends steps to the other node, and the reads every step
 starts with.
 """
 
+from oslo_config import cfg
 from oslo_log import log as logging
 
 from cinder import context
@@ -44,6 +45,8 @@ class Side(object):
         self.node_name = node_name
         self.store = store
         self.peer = peer
+        #: volumes whose undated ``preparing`` was reported.
+        self.undated = set()
 
     @staticmethod
     def ctxt():
@@ -68,6 +71,40 @@ class Side(object):
     def load_any(self, volume_id):
         """The volume's move record, aborted ones included."""
         return self.store.load(self.ctxt(), volume_id)
+
+    def stale_prepare_after(self):
+        """Seconds after which a move left ``preparing`` is dead.
+
+        The source waits for the destination's prepare at most the
+        transfer timeout (without one, the RPC timeout), then records the
+        outcome; the margin covers its database writes and the skew
+        between the nodes' clocks.
+        """
+        timeout = self.peer.timeout or cfg.CONF.rpc_response_timeout
+        return timeout + move.STALE_PREPARE_MARGIN
+
+    def prepare_outlived(self, t):
+        """True if move ``t``, ``preparing``, is older than any attempt.
+
+        The only proof that no attempt will still record the outcome of
+        a prepare: a free volume lock is none (per-node locks, a lost
+        lease of the coordination backend).  A move recorded by an older
+        release has no start time: never taken for dead, reported once.
+        """
+        age = self.store.prepare_age(t)
+        if age is not None:
+            return age > self.stale_prepare_after()
+        if t.volume_id not in self.undated:
+            self.undated.add(t.volume_id)
+            LOG.warning('The move of volume %(vol)s from %(src)s to %(dst)s '
+                        'is preparing and has no start time (recorded by '
+                        'an older release): it is never ended as dead. If '
+                        'no attach of the volume is in progress, restart '
+                        'the volume service of %(src)s: its recovery ends '
+                        'the move.', {'vol': t.volume_id,
+                                      'src': t.source_node,
+                                      'dst': t.dest_node})
+        return False
 
     def refuse_if_moving(self, volume, action, locked=False):
         """Raise MoveInProgress if the volume is being moved.

@@ -376,15 +376,18 @@ class Source(side.Side):
 
     def _stale_prepare(self, volume, t):
         return (t is not None and t.state == move.PREPARING
-                and self.is_source(t) and self.lives_here(volume))
+                and self.is_source(t) and self.lives_here(volume)
+                and self.prepare_outlived(t))
 
     def _give_up_stale_prepare(self, volume):
         """Under the volume's lock: give up a move from here left preparing.
 
         An attempt holds the volume's lock from the moment it records a
-        move until it records the outcome, so a move from here that is
-        still ``preparing`` once the lock is ours again was left by an
-        attempt that could not record how it ended (the database went
+        move until it records the outcome, and lasts at most the transfer
+        timeout (plus a margin): a move from here still ``preparing``,
+        older than that (:meth:`~cinder_dmclone.side.Side.prepare_outlived`)
+        once the lock is ours, was left by an attempt that could not
+        record how it ended (the database went
         away while the destination answered, or while the failure was
         cleaned up).  Nothing uses it: the volume record still names this
         node, the destination's clone was never handed to an instance.
@@ -416,7 +419,9 @@ class Source(side.Side):
         if self._abort_peer(ctxt, volume, t):
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != move.ABORTED:
-            self.store.transition(ctxt, t, move.STATES, move.ABORTED)
+            # (Never a committed move: MoveStateConflict then.)
+            self.store.transition(ctxt, t, (move.PREPARING, move.CLONED),
+                                  move.ABORTED)
             LOG.warning('Transfer of volume %(vol)s to %(dst)s aborted; '
                         '%(dst)s removes what it built when its service '
                         'is back.', {'vol': volume['id'],

@@ -31,6 +31,7 @@ PLUGIN_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # What devstack defines before it reads a plugin's settings.
 export DEST=${DEST:-/opt/stack}
 export HOST_IP=${HOST_IP-192.0.2.10}
+export SERVICE_HOST=${SERVICE_HOST:-$HOST_IP}
 export ENABLED_SERVICES=${ENABLED_SERVICES:-c-api,c-sch,c-vol,tempest}
 export REGION_NAME=${REGION_NAME:-RegionOne}
 export CINDER_CONF_DIR=$WORKDIR/etc-cinder

@@ -92,7 +92,8 @@ class Node(object):
         self.target = fakes.FakeTarget(
             ip, device_exists=lambda path: self.dm.exists(
                 path.rsplit('/', 1)[-1]))
-        self.store = move.Store(cluster.db)
+        # (The move's start time on the monitors' clock.)
+        self.store = move.Store(cluster.db, clock=lambda: cluster.now)
         self.props = {'host': name, 'ip': ip,
                       'initiator': 'iqn.2024-01.org.example.%s:i' % name}
         self.peer = peer.PeerClient(rpcapi=cluster.rpc, node_name=name,

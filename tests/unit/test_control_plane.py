@@ -71,16 +71,35 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
 
+    def outlive_the_prepare(self):
+        """Let more time pass than a prepare's source may still write."""
+        self.c.now += self.a.source.stale_prepare_after() + 1
+
     def test_retried_attach_moves_a_volume_left_preparing(self):
         # Before: every later attach (and a local one on node-a) was
         # refused as "moving" until node-a's service restarted.
         self.failed_attach_while_db_down()
+        self.outlive_the_prepare()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_attach_right_after_is_refused_as_moving(self):
+        # The lock alone does not prove the attempt dead (per-node locks,
+        # a lost lease): a young 'preparing' is left alone.
+        self.failed_attach_while_db_down()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.outlive_the_prepare()
         self.c.attach(self.b)
         self.c.settle()
         self.c.assert_completed()
 
     def test_local_attach_ends_a_move_left_preparing(self):
         self.failed_attach_while_db_down()
+        self.outlive_the_prepare()
         att, info = self.c.attach(self.a)
         self.assertEqual('local', info['driver_volume_type'])
         self.c.attachments.remove(att)
@@ -95,6 +114,61 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.assert_rolled_back(aborted_ok=True)
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.log.warning.assert_called()
+
+    def test_young_prepare_is_not_dropped_on_a_free_lock(self):
+        # Before: the first tick of node-b's monitor, the lock free,
+        # aborted the move and tore the clone down at once.
+        self.failed_attach_while_db_down()
+        self.c.tick(self.b)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+
+    def test_per_node_locks_never_drop_a_clone_being_committed(self):
+        # node-b's monitor does not see node-a's lock (per-node locks, or
+        # a lost etcd lease) and ticks after node-a read 'preparing' and
+        # before it records the commit.  Before: node-b aborted the move
+        # and removed the clone, then node-a recorded it hydrating and
+        # pointed the volume at node-b: the data was orphaned.
+        load = self.a.store.load
+        transition = self.a.store.transition
+        lock = 'dmclone-%s' % VOLUME_ID
+        inside = []
+
+        def transition_watched(ctxt, t, expected, state):
+            inside.append(state)
+            try:
+                return transition(ctxt, t, expected, state)
+            finally:
+                inside.pop()
+
+        def load_then_tick(ctxt, volume_id):
+            current = load(ctxt, volume_id)
+            if inside and inside[-1] == move.HYDRATING:
+                self.c.held.discard(lock)
+                self.c.tick(self.b)
+                self.c.held.add(lock)
+            return current
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_watched)
+        self.mock_object(self.a.store, 'load', side_effect=load_then_tick)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_undated_prepare_is_left_alone_and_reported(self):
+        # A 'preparing' written by an older release has no start time:
+        # nothing tells how old it is, so nobody acts on it.
+        self.failed_attach_while_db_down()
+        self.c.db.volume_admin_metadata_delete(
+            self.c.ctxt, VOLUME_ID, 'dmclone_prepared_at')
+        self.outlive_the_prepare()
+        self.c.settle()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertIn('no start time',
+                      ' '.join(str(c) for c in self.log.warning.mock_calls))
 
     def test_a_move_aborted_by_its_destination_moves_again(self):
         self.failed_attach_while_db_down()
@@ -112,6 +186,7 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.restart_before_timeout = False
         self.assertRaises(oslo_messaging.MessagingTimeout,
                           self.c.attach, self.b)
+        self.outlive_the_prepare()
         self.c.settle()
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.assertEqual({}, self.b.dm.devices)
@@ -164,10 +239,8 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.db_up()
         self.c.assert_rolled_back()
 
-    def test_committed_move_whose_record_still_names_the_source(self):
-        # node-a recorded the commit (hydrating) but not the volume's new
-        # host.  Before: node-a refused every retire ("its record still
-        # names this node"): the move never finished.
+    def commit_without_the_volume_record(self):
+        """node-a records the commit, the database refuses the new host."""
         transition = self.a.store.transition
 
         def transition_then_db_down(ctxt, t, expected, state):
@@ -181,5 +254,53 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.db_up()
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_committed_move_whose_record_still_names_the_source(self):
+        # node-a recorded the commit (hydrating) but not the volume's new
+        # host.  Before: node-a refused every retire ("its record still
+        # names this node"): the move never finished.
+        self.commit_without_the_volume_record()
         self.c.settle()
         self.c.assert_completed()
+
+    def test_source_restart_leaves_a_committed_move_to_its_destination(self):
+        # Before: node-a's recovery saw a record naming it and abandoned
+        # the move: node-b tore down the clone an instance writes to.
+        self.commit_without_the_volume_record()
+        self.c.restart(self.a)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_extend_on_the_source_of_a_committed_move_is_refused(self):
+        # Cinder routes the extend to the host the record names: node-a,
+        # whose LV is no longer the volume.  Before: node-a grew its old
+        # copy, node-b's clone kept the old size.
+        self.commit_without_the_volume_record()
+        self.assertRaises(move.MoveInProgress,
+                          self.a.destination.refuse_extend_while_undecided,
+                          self.volume())
+        # (On node-b, the volume's home once the record follows, it is
+        # allowed.)
+        self.b.destination.refuse_extend_while_undecided(self.volume())
+
+    def test_finalize_leaves_a_record_naming_a_third_node(self):
+        # Only a record still naming the move's source is repointed.
+        self.commit_without_the_volume_record()
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID,
+                                {'host': 'node-c@dmclone#dmclone'})
+        self.c.settle()
+        self.assertEqual('node-c@dmclone#dmclone',
+                         self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn('node-c',
+                      ' '.join(str(c) for c in self.log.error.mock_calls))
+
+    def test_destination_refuses_to_abort_a_committed_move(self):
+        self.commit_without_the_volume_record()
+        t = self.c.transfer()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.b.destination.abort, self.volume(),
+                          {'op': 'abort', 'secret': t.secret})
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)

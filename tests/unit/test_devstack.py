@@ -136,6 +136,37 @@ class DevstackDryRunTestCase(test.TestCase):
                          compute['dmclone_metadata_volume_group'])
         self.assertEqual('32', compute['dmclone_hydration_batch_size'])
 
+    def test_volume_services_share_etcd_for_locks(self):
+        # A compute node enables no etcd3, so devstack leaves Cinder's
+        # node-local default, which the driver refuses.
+        self.dry_run(ENABLED_SERVICES=COMPUTE, HOST_IP='192.0.2.11',
+                     SERVICE_HOST='192.0.2.10')
+        self.assertEqual('etcd3+http://192.0.2.10:2379?api_version=v3',
+                         self.ini().get('coordination', 'backend_url'))
+
+    def _coordination_after(self, preset, **env):
+        workdir = tempfile.mkdtemp()
+        self.addCleanup(subprocess.call, ['rm', '-rf', workdir])
+        with open(os.path.join(workdir, 'cinder.conf'), 'w') as f:
+            f.write('[coordination]\nbackend_url = %s\n' % preset)
+        subprocess.run(['bash', DRY_RUN, workdir, 'stack:post-config'],
+                       capture_output=True, check=True,
+                       env=dict(os.environ, ENABLED_SERVICES=COMPUTE,
+                                CINDER_DMCLONE_CREATE_VG='False', **env))
+        self.workdir = workdir
+        return self.ini().get('coordination', 'backend_url')
+
+    def test_shared_coordination_backend_is_kept(self):
+        self.assertEqual('redis://192.0.2.5:6379',
+                         self._coordination_after('redis://192.0.2.5:6379'))
+
+    def test_node_local_coordination_backend_is_replaced(self):
+        self.assertEqual(
+            'zookeeper://192.0.2.5:2181',
+            self._coordination_after(
+                'file:///opt/stack/data/cinder',
+                CINDER_DMCLONE_COORDINATION_URL='zookeeper://192.0.2.5:2181'))
+
     def test_node_without_volume_service_is_left_alone(self):
         self.dry_run(ENABLED_SERVICES='n-cpu,q-agt')
         self.assertEqual('', self.read('cinder.conf'))

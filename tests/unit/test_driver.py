@@ -54,6 +54,7 @@ REMOTE = {'host': 'node-b', 'initiator': 'iqn.2024-01.org.example.b:i',
 
 
 GROUP = 'dmclone-test'
+SHARED_LOCKS = 'etcd3+http://192.0.2.10:2379?api_version=v3'
 DEFAULTS = dict(volume_group=VG, target_helper='fake', lvm_type='default',
                 volume_clear='none', volume_backend_name='dmclone',
                 lvm_conf_file='None', target_ip_address='10.0.0.1',
@@ -66,6 +67,10 @@ def make_configuration(test_case, **overrides):
                                        config_group=GROUP)
     configuration.append_config_values(cinder_lvm.volume_opts)
     configuration.append_config_values(volume_driver_module.volume_opts)
+    # Every node's services share one coordination backend (the driver
+    # refuses node-local locks).
+    test_case.override_config('backend_url', SHARED_LOCKS,
+                              group='coordination')
     values = dict(DEFAULTS)
     values.update(overrides)
     for key, value in values.items():
@@ -186,6 +191,27 @@ class SetupTestCase(DriverTestBase):
         exc = self.assertRaises(exception.InvalidConfigurationValue,
                                 self.drv.check_for_setup_error)
         self.assertIn('target_helper', str(exc))
+
+    @ddt.data('file://$state_path', 'file:///var/lib/cinder/locks',
+              'FILE:///locks', 'ipc://', 'zake://', '')
+    def test_node_local_coordination_refused(self, url):
+        # Per-node locks do not serialise the two sides of a move: a
+        # destination could drop a clone its source is committing.
+        self.override_config('backend_url', url, group='coordination')
+        for setup in (self.drv.check_for_setup_error,
+                      lambda: self.drv.do_setup(self.ctxt)):
+            exc = self.assertRaises(dmc_exception.NodeLocalCoordination,
+                                    setup)
+            self.assertIn('[coordination] backend_url', str(exc))
+            self.assertIn('shared', str(exc))
+        self.recover.assert_not_called()
+
+    @ddt.data('etcd3+http://192.0.2.10:2379', 'redis://192.0.2.10:6379',
+              'zookeeper://192.0.2.10:2181', 'mysql://c:p@192.0.2.10/tooz')
+    def test_shared_coordination_accepted(self, url):
+        self.override_config('backend_url', url, group='coordination')
+        self.drv.do_setup(self.ctxt)
+        self.drv.check_for_setup_error()
 
     def test_region_size_checked_in_do_setup(self):
         self.drv.configuration.dmclone_region_size = 48

@@ -59,7 +59,8 @@ def metadata(**overrides):
 class MoveRecordTestCase(test.TestCase):
 
     def test_round_trip(self):
-        t = make_move(state=move.HYDRATING, target_lun=3)
+        t = make_move(state=move.HYDRATING, target_lun=3,
+                      prepared_at=1790000000)
         md = t.to_metadata()
         self.assertEqual(set('dmclone_' + f for f in move.Move.FIELDS
                              + move.Move.OPTIONAL_FIELDS),
@@ -67,6 +68,34 @@ class MoveRecordTestCase(test.TestCase):
         self.assertTrue(all(isinstance(v, str) for v in md.values()))
         self.assertEqual('3', md['dmclone_target_lun'])
         self.assertEqual(t, move.Move.from_metadata(VOLUME_ID, md))
+
+    def test_undated_record_round_trip(self):
+        # (A move recorded by an older release has no start time.)
+        md = make_move().to_metadata()
+        self.assertNotIn('dmclone_prepared_at', md)
+        self.assertIsNone(
+            move.Move.from_metadata(VOLUME_ID, md).prepared_at)
+
+    @ddt.data('soon', '-1')
+    def test_bad_start_time_refused(self, value):
+        md = make_move().to_metadata()
+        md['dmclone_prepared_at'] = value
+        self.assertRaises(move.MoveStateInvalid, move.Move.from_metadata,
+                          VOLUME_ID, md)
+
+    def test_save_records_the_start_time(self):
+        db = mock.Mock()
+        db.volume_admin_metadata_get.return_value = {}
+        now = [1790000000.7]
+        store = move.Store(db, clock=lambda: now[0])
+        t = make_move()
+        store.save(context.get_admin_context(), t)
+        self.assertEqual(1790000000, t.prepared_at)
+        written = db.volume_admin_metadata_update.call_args[0][2]
+        self.assertEqual('1790000000', written['dmclone_prepared_at'])
+        now[0] += 30
+        self.assertAlmostEqual(30.7, store.prepare_age(t))
+        self.assertIsNone(store.prepare_age(make_move()))
 
     @ddt.data(None, {}, {'readonly': 'True'},
               {'dmclone_percent': '42.0', 'dmclone_lv_name': LV})

@@ -24,6 +24,7 @@ from unittest import mock
 import ddt
 
 from cinder import context
+from cinder import objects
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
@@ -67,8 +68,13 @@ SOURCE_CASES = [
     case('source crashed after the destination answered', move.CLONED,
          F(source_here=True, dest_here=False, on_source=1, on_dest=1),
          A(recovery.ABANDON)),
+    # A committed move whose volume record could not be pointed at the
+    # destination: the destination's clone holds the instance's writes;
+    # it repoints the record when it finalizes.
     case('crash between the commit and the volume record', move.HYDRATING,
-         F(source_here=True, dest_here=False), A(recovery.ABANDON)),
+         F(source_here=True, dest_here=False), A(recovery.LEAVE_TO_DEST)),
+    case('committed, finalizing, record not repointed', move.FINALIZING,
+         F(source_here=True, dest_here=False), A(recovery.LEAVE_TO_DEST)),
     case('source gave up, destination was unreachable', move.ABORTED,
          F(source_here=True, dest_here=False), A(recovery.ABANDON)),
     # (The source's side comes first: it owns a move that never moved.)
@@ -235,7 +241,8 @@ class PlanTestCase(test.TestCase):
                           recovery.DROP_ABORTED, recovery.TEAR_DOWN,
                           recovery.ROLL_BACK, recovery.REBUILD,
                           recovery.FINALIZE, recovery.REPORT_DELETED,
-                          recovery.REEXPORT, recovery.AWAIT_OPERATOR},
+                          recovery.REEXPORT, recovery.AWAIT_OPERATOR,
+                          recovery.LEAVE_TO_DEST},
                          names)
 
     def test_defaults(self):
@@ -367,10 +374,29 @@ class RunTestCase(test.TestCase):
         self.assertEqual([], self._called())
         self.assertEqual(set(), self.dest.pending_finalize)
 
-    def test_abandon(self):
+    def _abandon_under_lock(self, current):
+        lock = self.mock_object(move, 'lock')
+        self.source.load_any.return_value = current
+        self.source.lives_here.return_value = True
+        self.mock_object(objects.Volume, 'get_by_id',
+                         return_value=self.volume)
         self._run(A(recovery.ABANDON))
+        lock.assert_called_once_with(fake.VOLUME_ID)
+        lock.return_value.__enter__.assert_called_once_with()
+
+    def test_abandon(self):
+        self._abandon_under_lock(self.t)
         self.source.abandon.assert_called_once_with(self.volume, self.t)
-        self.assertEqual(['abandon'], self._called())
+
+    @ddt.data(move.HYDRATING, move.FINALIZING)
+    def test_no_abandon_once_committed_under_the_lock(self, state):
+        # (Read again under the lock: the move committed meanwhile.)
+        self._abandon_under_lock(make_move(state))
+        self.source.abandon.assert_not_called()
+
+    def test_leave_to_destination(self):
+        self._run(A(recovery.LEAVE_TO_DEST))
+        self.assertEqual([], self._called())
 
     def test_reexport(self):
         self._run(A(recovery.REEXPORT))
