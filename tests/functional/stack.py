@@ -496,8 +496,17 @@ class Stack(object):
         (The services' queues are not durable: what they held is lost.)
         """
         self._kill_group('rabbitmq')
+        # The broker is not in the wrapper's process group (it runs as
+        # user rabbitmq through su): in run 20261126-023104-* it kept
+        # serving after the group was killed.  Nothing else runs as
+        # rabbitmq on node B.
+        self._kill_user('rabbitmq', signal.SIGKILL)
         self._wait(lambda: not _port_open(API_IP, 5672), 120,
                    'RabbitMQ gone')
+
+    @staticmethod
+    def _kill_user(user, sig):
+        testbed.run(['pkill', '-%d' % sig, '-u', user], check=False)
 
     def restart_rabbitmq(self):
         """Kill the broker and start it again; wait until it serves."""
@@ -598,6 +607,14 @@ class Stack(object):
     def stop(self):
         for name in reversed(list(self.procs)):
             end_group(self.procs[name])
+        if 'rabbitmq' in self.procs:
+            # (see stop_rabbitmq: the broker outlives its wrapper's group)
+            self._kill_user('rabbitmq', signal.SIGTERM)
+            try:
+                testbed.wait_until(lambda: not _port_open(API_IP, 5672),
+                                   120, 'RabbitMQ stopped')
+            except testbed.WaitTimeout:
+                self._kill_user('rabbitmq', signal.SIGKILL)
         self.procs.clear()
 
     def errors_in_logs(self):
