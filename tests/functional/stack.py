@@ -497,7 +497,7 @@ class Stack(object):
         """
         self._kill_group('rabbitmq')
         # The broker is not in the wrapper's process group (it runs as
-        # user rabbitmq through su): in run 20261126-023104-* it kept
+        # user rabbitmq through su): in run 20261126-023104-552 it kept
         # serving after the group was killed.  Nothing else runs as
         # rabbitmq on node B.
         self._kill_user('rabbitmq', signal.SIGKILL)
