@@ -290,6 +290,9 @@ def restart_during_move(cloud, stack, seed, outage, expected):
         cloud.delete(vol.id)
 
 
+# Extended: CI has no room for its minutes (tox -e
+# functional-separate-extended runs it).
+@pytest.mark.extended
 def test_rabbitmq_restarts_during_the_move(cloud, stack):
     """The broker dies while node A waits for node B's prepare.
 
@@ -303,6 +306,9 @@ def test_rabbitmq_restarts_during_the_move(cloud, stack):
     restart_during_move(cloud, stack, 131, outage, BROKER_DOWN)
 
 
+# Extended: CI has no room for its minutes (tox -e
+# functional-separate-extended runs it).
+@pytest.mark.extended
 def test_mariadb_restarts_during_the_move(cloud, stack):
     """The database dies as node B finishes the clone node A waits for.
 
