@@ -304,3 +304,48 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
                           {'op': 'abort', 'secret': t.secret})
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+
+
+class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
+    """Review 2: the commit's write lands, but its answer is lost."""
+
+    def test_commit_written_but_reported_failed_never_sticks(self):
+        # node-a's transition to 'hydrating' reaches the database, but the
+        # connection drops before the answer (oslo.db raises): move()'s
+        # except branch drops and forgets the export, then give_up asks
+        # node-b to abort -- refused now (committed) -- and the
+        # transition to 'aborted' meets MoveStateConflict.  node-b's
+        # clone hydrates from an export that no longer exists; node-a's
+        # recovery leaves it to node-b (LEAVE_TO_DEST) and restores no
+        # export (provider_location was forgotten).
+        from tests.unit.cluster import FakeTargetIQN
+        transition = self.a.store.transition
+
+        def transition_then_raise(ctxt, t, expected, state):
+            transition(ctxt, t, expected, state)
+            if state == move.HYDRATING:
+                t.state = move.PREPARING    # (the caller never saw it)
+                raise db_exc.DBConnectionError('lost answer')
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_then_raise)
+        self.assertRaises(Exception, self.c.attach, self.b)
+        self.mock_object(self.a.store, 'transition', side_effect=transition)
+        # (dm-clone copies a region only by reading the source's export.)
+        hydrate = self.b.dm.hydrate
+
+        def hydrate_from_export(name, regions=None):
+            if FakeTargetIQN not in self.a.target.exports:
+                regions = 0
+            return hydrate(name, regions)
+        self.b.dm.hydrate = hydrate_from_export
+        self.c.restart(self.a)
+        self.c.restart(self.b)
+        self.c.settle(ticks=8)
+        t = self.c.transfer()
+        self.assertIsNone(
+            t, 'stuck: move %s, volume on %s, node-a exports %s, node-b '
+               'devices %s' % (t and t.state,
+                               self.c.db.volumes[VOLUME_ID]['host'],
+                               self.a.target.exports,
+                               list(self.b.dm.devices)))
