@@ -958,3 +958,28 @@ class DeletedWhileLostTestCase(test.TestCase):
             self.assert_ended(h, h.run())
         else:
             self.assert_ended(h)
+
+
+class Rev2LostCopyTestCase(LostCopyTestCase):
+    """Review 2: the loss record keeps only the latest abandon."""
+
+    def test_a_later_abandon_unprotects_the_old_copy(self):
+        # The volume moves on from node B to node C; node B is lost in
+        # turn and an operator abandons it on node C: record_loss
+        # overwrites every dmclone_lost_* key (lost_source = node-b).
+        # Node A's old copy -- still the only copy of the regions the
+        # first abandon zeroed -- is no longer named by the record, so
+        # lost_copy() on node A returns None and a move back to node A
+        # tears it down (wipes it) as a leftover of an earlier attempt.
+        h = self.h
+        h.c.db.admin_metadata[cl.VOLUME_ID].update({
+            'dmclone_lost_source': 'node-c',
+            'dmclone_lost_at': '2027-01-01T00:00:00Z',
+            'dmclone_lost_source_lv': cl.LV})
+        try:
+            h.c.attach(h.a)
+        except Exception:
+            pass        # refusing the move would be the fix
+        self.assertEqual([], h.a.wiped,
+                         'node A wiped the old copy of the first abandoned '
+                         'move once a second abandon replaced the record')
