@@ -189,17 +189,20 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     #: tooz backends whose locks hold on one node only.
     NODE_LOCAL_COORDINATION = ('', 'file', 'ipc', 'zake')
 
-    @classmethod
-    def _check_coordination(cls):
+    def _check_coordination(self):
         """Refuse a coordination backend whose locks are per node.
 
         A move's steps on its two nodes are serialised by the volume's
         coordination lock (:func:`cinder_dmclone.move.lock`): with
         Cinder's default ``file://$state_path`` each node locks alone.
+        ``file://`` on a file system every node shares is the one
+        exception, which the operator states (``dmclone_shared_file_locks``).
         """
         url = CONF.coordination.backend_url or ''
-        scheme = urllib.parse.urlsplit(url).scheme.partition('+')[0]
-        if scheme.lower() in cls.NODE_LOCAL_COORDINATION:
+        scheme = urllib.parse.urlsplit(url).scheme.partition('+')[0].lower()
+        if scheme == 'file' and self.configuration.dmclone_shared_file_locks:
+            return
+        if scheme in self.NODE_LOCAL_COORDINATION:
             raise dmc_exception.NodeLocalCoordination(
                 option='[coordination] backend_url', value=url)
 

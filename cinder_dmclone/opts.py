@@ -105,6 +105,15 @@ dmclone_opts = [
                     'this node gets a local connection. Unset means the '
                     'host part of this cinder-volume service\'s "host" (or '
                     '"backend_host"); never the machine\'s hostname.'),
+    cfg.BoolOpt('dmclone_shared_file_locks',
+                default=False,
+                help='Accept a file:// coordination backend_url because '
+                     'its directory is on a file system every node of '
+                     'this backend shares (for example a cluster file '
+                     'system), so its locks hold across the nodes. Without '
+                     'it the driver refuses to start with file:// (Cinder\'s '
+                     'default), whose locks hold on one node only and do '
+                     'not serialise the two sides of a move.'),
     cfg.ListOpt('dmclone_node_aliases',
                 item_type=types.String(),
                 default=[],

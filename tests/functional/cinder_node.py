@@ -437,7 +437,10 @@ def start_driver(node_key, overrides=None):
                   # The full stack's bound in the testbed (a first login
                   # under emulation can take a minute).
                   dmclone_transfer_timeout=240,
-                  dmclone_metadata_volume_group=node.meta_vg)
+                  dmclone_metadata_volume_group=node.meta_vg,
+                  # Both workers' file locks are in one directory of one
+                  # file system (LOCK_DIR), so they hold across the nodes.
+                  dmclone_shared_file_locks=True)
     if node.target_iqn_prefix:
         values['target_prefix'] = node.target_iqn_prefix.rstrip(':') + ':'
     values.update(overrides or {})

@@ -206,6 +206,22 @@ class SetupTestCase(DriverTestBase):
             self.assertIn('shared', str(exc))
         self.recover.assert_not_called()
 
+    @ddt.data(('file:///shared/locks', True, True),
+              ('file:///shared/locks', False, False),
+              ('ipc://', True, False), ('zake://', True, False))
+    @ddt.unpack
+    def test_file_locks_on_a_shared_file_system(self, url, shared, ok):
+        # Only file:// can be shared (a cluster file system), and only
+        # when the operator says so.
+        self.override_config('backend_url', url, group='coordination')
+        self.drv.configuration.dmclone_shared_file_locks = shared
+        for setup in (self.drv.check_for_setup_error,
+                      lambda: self.drv.do_setup(self.ctxt)):
+            if ok:
+                setup()
+            else:
+                self.assertRaises(dmc_exception.NodeLocalCoordination, setup)
+
     @ddt.data('etcd3+http://192.0.2.10:2379', 'redis://192.0.2.10:6379',
               'zookeeper://192.0.2.10:2181', 'mysql://c:p@192.0.2.10/tooz')
     def test_shared_coordination_accepted(self, url):
