@@ -220,23 +220,77 @@ class Source(side.Side):
                     move.HYDRATING if hydrate else move.CLONED)
             except Exception:
                 with excutils.save_and_reraise_exception():
-                    LOG.error('Destination %(dst)s could not take volume '
-                              '%(vol)s; it stays on %(src)s.',
-                              {'dst': dest_node, 'vol': volume['id'],
-                               'src': self.node_name})
-                    # The destination may have built (part of) the clone
-                    # before failing to answer (a timeout, a restart):
-                    # ask it to drop its side while the state still
-                    # describes the move -- also when the database did
-                    # not let the export be forgotten.
-                    try:
-                        self.drop_and_forget_export(volume, connector)
-                    finally:
-                        self.give_up(ctxt, volume, t)
+                    self._undo_move(ctxt, volume, connector, t)
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    def _undo_move(self, ctxt, volume, connector, t):
+        """A move failed before its outcome was seen: undo it unless it stands.
+
+        Never raises: the caller re-raises the move's own error.  The
+        commit's write may have reached the database although its answer
+        was lost (oslo.db raised): the record, read again, then shows the
+        move committed; the destination hydrates from this node's export
+        and names itself in the volume record when it finalizes, so
+        everything stays (the destination would refuse an abort anyway).
+        Otherwise the move never committed and is given up
+        (:meth:`_give_up_failed_move`) -- also when the record cannot be
+        read: with the database away the export is removed but stays
+        named in the volume record, and a start here restores it for a
+        committed move (Cinder's ``ensure_export``).
+        """
+        try:
+            current = self.load_any(volume['id'])
+        except Exception:
+            LOG.warning('Volume %s: cannot read its move again to tell '
+                        'whether it committed; giving it up.', volume['id'],
+                        exc_info=True)
+            current = None
+        if t.same_move(current) and current.state not in (
+                move.PREPARING, move.CLONED, move.ABORTED):
+            LOG.error('Volume %(vol)s: its move to %(dst)s is recorded '
+                      '%(state)s although this attach failed (the '
+                      'database took the commit but its answer was '
+                      'lost). The move stands: %(dst)s hydrates from the '
+                      'export here and names itself in the volume record '
+                      'when it finishes; nothing is undone.',
+                      {'vol': volume['id'], 'dst': t.dest_node,
+                       'state': current.state})
+            return
+        LOG.error('Destination %(dst)s could not take volume %(vol)s; it '
+                  'stays on %(src)s.', {'dst': t.dest_node,
+                                        'vol': volume['id'],
+                                        'src': self.node_name})
+        self._give_up_failed_move(ctxt, volume, connector, t)
+
+    def _give_up_failed_move(self, ctxt, volume, connector, t):
+        """Drop the export of a move that never committed, and give it up.
+
+        The destination may have built (part of) the clone before failing
+        to answer (a timeout, a restart): it is asked to drop its side
+        while the state still describes the move -- also when the
+        database did not let the export be forgotten.
+        """
+        try:
+            self.drop_and_forget_export(volume, connector)
+        except Exception:
+            LOG.exception('Could not forget the export of volume %s made '
+                          'for its move.', volume['id'])
+        self._give_up_quietly(ctxt, volume, t)
+
+    def _give_up_quietly(self, ctxt, volume, t):
+        """:meth:`give_up`, logging a failure; True if it succeeded."""
+        try:
+            self.give_up(ctxt, volume, t)
+        except Exception:
+            LOG.exception('Could not give up the move of volume %(vol)s to '
+                          '%(dst)s; the record keeps it for a later '
+                          'attempt or this service\'s next start.',
+                          {'vol': volume['id'], 'dst': t.dest_node})
+            return False
+        return True
 
     def _record(self, ctxt, volume, connector, dest_host, lv_sectors):
         """Export the volume to the destination and record the move.

@@ -306,7 +306,6 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
 
-
 class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
     """Review 2: the commit's write lands, but its answer is lost."""
 
@@ -329,7 +328,12 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
                 raise db_exc.DBConnectionError('lost answer')
         self.mock_object(self.a.store, 'transition',
                          side_effect=transition_then_raise)
-        self.assertRaises(Exception, self.c.attach, self.b)
+        # (the original error, not give_up's MoveStateConflict)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('lost answer', str(exc))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertIn(FakeTargetIQN, self.a.target.exports)
         self.mock_object(self.a.store, 'transition', side_effect=transition)
         # (dm-clone copies a region only by reading the source's export.)
         hydrate = self.b.dm.hydrate
@@ -349,3 +353,24 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
                                self.c.db.volumes[VOLUME_ID]['host'],
                                self.a.target.exports,
                                list(self.b.dm.devices)))
+
+    def test_a_failed_give_up_never_hides_the_error(self):
+        # The commit's write does not land; giving the move up fails too
+        # (here: its record changed meanwhile).  The attach reports the
+        # first error, and the move is ended later as a dead 'preparing'.
+        transition = self.a.store.transition
+
+        def transition_fails(ctxt, t, expected, state):
+            if state == move.HYDRATING:
+                raise db_exc.DBConnectionError('lost')
+            return transition(ctxt, t, expected, state)
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_fails)
+        self.mock_object(self.a.source, 'give_up', side_effect=(
+            move.MoveStateConflict(volume_id=VOLUME_ID, expected='x',
+                                   found='y')))
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('lost', str(exc))
+        self.assertNotIn('changed under this step', str(exc))
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
