@@ -130,19 +130,29 @@ class Destination(side.Side):
         finally:
             self.building.discard(volume['id'])
 
-    def lost_copy(self, volume_id):
-        """The old LV an abandoned move of the volume left here, or None.
+    def old_copy(self, t):
+        """True if move ``t``'s data LV is here without a metadata LV.
 
-        This node was the source of a move ended as if it were lost
-        (:mod:`cinder_dmclone.lost_source`): the LV the record names may
-        hold the only copy of the regions never copied, and nothing but
-        an operator may remove it.  It is that old copy while it is here
-        with no metadata LV beside it: a build here creates the metadata
-        LV before the data LV and a teardown removes it after, so a data
-        LV a build made always has one (until a finalization, which no
-        move in ``preparing`` or ``aborted`` reaches).
+        No move leaves such an LV behind: a build creates the metadata
+        LV before the data LV, a teardown removes (or renames, to wipe
+        it) the data LV before the metadata LV, and only a finalization
+        removes the metadata LV of a data LV it keeps, which no move in
+        ``preparing`` or ``aborted`` reaches.  So it is an old copy of
+        the volume, never a leftover of an earlier attempt: most likely
+        the one a move away from this node left when it was abandoned as
+        lost (:mod:`cinder_dmclone.lost_source`), whatever the loss
+        record says now (a later abandon elsewhere replaces it).  It may
+        hold the only copy of some regions: nothing but an operator may
+        remove it.  Read from LVM alone.
         """
-        loss = self.store.loss(self.ctxt(), volume_id)
+        return self.clones.has_data(t) and not self.clones.has_metadata(t)
+
+    def _recorded_lost_copy(self, loss):
+        """The old LV the loss record says is here, if it still is.
+
+        (Named after the volume when it was abandoned: a later
+        ``_name_id`` names the volume's LV differently.)
+        """
         lv = loss.get('lost_source_lv')
         if loss.get('lost_source') not in self.node_names or not lv:
             return None
@@ -153,40 +163,54 @@ class Destination(side.Side):
         return lv
 
     def refuse_if_lost_copy(self, volume, t):
-        """Refuse a move here while this node holds its old copy.
+        """Refuse a move here while this node holds an old copy.
 
         Checked before the build removes anything: the build's first
         step tears down what an earlier attempt left, which would wipe
-        the old copy.  LostCopyHere names it and says what to do.
+        the old copy (see :meth:`old_copy`).  LostCopyHere names it and
+        says what to do; StrayCopyHere when the loss record no longer
+        names this node.
         """
-        lv = self.lost_copy(volume['id'])
-        if lv is None:
-            return
         loss = self.store.loss(self.ctxt(), volume['id'])
+        lv = self._recorded_lost_copy(loss)
+        if lv is None and self.old_copy(t):
+            lv = t.lv_name
+            exc = dmc_exception.StrayCopyHere(
+                volume=volume['id'], node=self.node_name, lv=lv,
+                meta=layout.metadata_lv_name(lv))
+        elif lv is not None:
+            exc = dmc_exception.LostCopyHere(
+                volume=volume['id'], node=self.node_name, lv=lv,
+                at=loss.get('lost_at'), file=loss.get('lost_ranges_file'))
+        else:
+            return
         LOG.error('Refusing to take volume %(vol)s from %(src)s: this node '
-                  'still holds LV %(lv)s, its old copy from a move '
-                  'abandoned as lost; copy what is needed from it and '
-                  'remove it by hand first.',
+                  'still holds LV %(lv)s, an old copy of the volume with no '
+                  'dm-clone metadata LV beside it (left by a move abandoned '
+                  'as lost?); copy what is needed from it and remove it by '
+                  'hand first.',
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
-        raise dmc_exception.LostCopyHere(
-            volume=volume['id'], node=self.node_name, lv=lv,
-            at=loss.get('lost_at'), file=loss.get('lost_ranges_file'))
+        raise exc
 
     def tear_down(self, volume, t):
-        """Remove what move ``t`` built here; never an abandoned old copy.
+        """Remove what move ``t`` built here; never an old copy.
 
-        A move that was refused because this node holds the volume's old
-        copy (:meth:`refuse_if_lost_copy`) is given up by its source,
-        which asks this node to abort it: its data LV, named like that
-        copy, was never built here and stays.  A move past ``preparing``
-        was built (the check passed), so its data LV is its own.
+        A move that was refused because this node holds an old copy of
+        the volume (:meth:`refuse_if_lost_copy`) is given up by its
+        source, which asks this node to abort it: its data LV, named
+        like that copy, was never built here and stays.  Which it is,
+        LVM alone tells (:meth:`old_copy`): no database read, so a
+        half-built clone goes also while the database is away.  A move
+        past ``preparing`` was built (the check passed), so its data LV
+        is its own.
         """
         keep = (t.state in (move.PREPARING, move.ABORTED)
-                and self.lost_copy(volume['id']) == t.lv_name)
+                and self.old_copy(t))
         if keep:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
-                        'volume %(vol)s built here: it is the old copy of '
-                        'an abandoned move, for an operator to remove.',
+                        'volume %(vol)s built here: it has no metadata LV, '
+                        'so no move built it; it is an old copy of the '
+                        'volume, for an operator to remove.',
                         {'lv': t.lv_name, 'vol': volume['id']})
         self.clones.tear_down(t, volume['provider_auth'], keep_data=keep)
 

@@ -158,6 +158,27 @@ class LostCopyHere(exception.VolumeBackendAPIException):
                 "try again.")
 
 
+class StrayCopyHere(exception.VolumeBackendAPIException):
+    """A node holds a data LV of the volume that no move built.
+
+    The LV has no dm-clone metadata LV beside it, so it is no leftover of
+    an earlier attempt to move the volume there: it is an old copy (most
+    likely of a move away from that node abandoned as lost, whose loss
+    record a later abandon replaced).  A move there would wipe it.
+    """
+
+    message = _("Volume %(volume)s cannot move to node %(node)s: that node "
+                "holds LV %(lv)s, named like the volume's LV but without "
+                "the metadata LV %(meta)s a move builds first, so no move "
+                "there made it. It is an old copy of the volume (its move "
+                "away from %(node)s abandoned as lost, even if the admin "
+                "metadata dmclone_lost_* now describe a later one) and may "
+                "hold the only copy of some regions. Copy what is needed "
+                "from it, remove it by hand on %(node)s (see \"If the lost "
+                "node comes back\" in the operations guide), then try "
+                "again.")
+
+
 class NodeLocalCoordination(exception.InvalidConfigurationValue):
     """The coordination backend's locks hold on one node only.
 

@@ -115,6 +115,25 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.log.warning.assert_called()
 
+    def test_a_half_built_clone_goes_while_the_database_is_away(self):
+        # The build fails with the database away: its teardown removes
+        # what it built at once (LVM tells it is the move's own), where
+        # it used to read the loss record first and raise.
+        build = self.b.dest.build_clone
+
+        def build_then_fail(*args, **kwargs):
+            build(*args, **kwargs)
+            self.db_down()
+            raise exception.VolumeBackendAPIException(data='build failed')
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_fail)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+        self.db_up()
+
     def test_young_prepare_is_not_dropped_on_a_free_lock(self):
         # Before: the first tick of node-b's monitor, the lock free,
         # aborted the move and tore the clone down at once.

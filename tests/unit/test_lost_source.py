@@ -690,13 +690,8 @@ class ReviewTestCase(test.TestCase):
                       % (exc, h.c.transfer_keys()))
 
 
-class LostCopyTestCase(test.TestCase):
-    """Node A, back after the abandon, holds the volume's old copy.
-
-    No move of the volume to node A (an attach there, a migration) may
-    replace it: each is refused, naming it, until an operator removed it;
-    then moves there work again.
-    """
+class LostCopyScenario(test.TestCase):
+    """Node A, back after the abandon, holds the volume's old copy."""
 
     def setUp(self):
         super().setUp()
@@ -749,6 +744,14 @@ class LostCopyTestCase(test.TestCase):
         self.assertEqual({cl.HANDLE: LINEAR}, h.a.dm.devices)
         self.assertEqual({}, h.b.vg.lvs)
         self.assertTrue(any('/%s-dmcwipe-' % cl.LV in p for p in h.b.wiped))
+
+
+class LostCopyTestCase(LostCopyScenario):
+    """No move of the volume to node A may replace its old copy.
+
+    Each (an attach there, a migration) is refused, naming it, until an
+    operator removed it; then moves there work again.
+    """
 
     def test_an_attach_on_a_is_refused(self):
         exc = self.assertRaises(exception.VolumeBackendAPIException,
@@ -960,26 +963,37 @@ class DeletedWhileLostTestCase(test.TestCase):
             self.assert_ended(h)
 
 
-class Rev2LostCopyTestCase(LostCopyTestCase):
-    """Review 2: the loss record keeps only the latest abandon."""
+class LaterAbandonTestCase(LostCopyScenario):
+    """The loss record names only the latest abandon (review 2).
 
-    def test_a_later_abandon_unprotects_the_old_copy(self):
-        # The volume moves on from node B to node C; node B is lost in
-        # turn and an operator abandons it on node C: record_loss
-        # overwrites every dmclone_lost_* key (lost_source = node-b).
-        # Node A's old copy -- still the only copy of the regions the
-        # first abandon zeroed -- is no longer named by the record, so
-        # lost_copy() on node A returns None and a move back to node A
-        # tears it down (wipes it) as a leftover of an earlier attempt.
-        h = self.h
-        h.c.db.admin_metadata[cl.VOLUME_ID].update({
+    The volume moved on from node B to node C; node B was lost in turn and
+    an operator abandoned it on node C: record_loss overwrote every
+    dmclone_lost_* key.  Node A's old copy, still the only copy of the
+    regions the first abandon zeroed, is no longer named by the record;
+    LVM still shows it (a data LV without a metadata LV), and a move back
+    to node A is refused all the same.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.h.c.db.admin_metadata[cl.VOLUME_ID].update({
             'dmclone_lost_source': 'node-c',
             'dmclone_lost_at': '2027-01-01T00:00:00Z',
             'dmclone_lost_source_lv': cl.LV})
-        try:
-            h.c.attach(h.a)
-        except Exception:
-            pass        # refusing the move would be the fix
-        self.assertEqual([], h.a.wiped,
-                         'node A wiped the old copy of the first abandoned '
-                         'move once a second abandon replaced the record')
+
+    def test_a_later_abandon_unprotects_the_old_copy(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.attach, self.h.a)
+        self.assert_refused(exc)
+        self.assertIn('without the metadata LV', str(exc))
+
+    def test_a_migration_to_a_is_refused(self):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.h.c.migrate, self.h.a)
+        self.assert_refused(exc)
+
+    def test_an_attach_on_a_once_the_old_copy_is_removed(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        h.c.attach(h.a)
+        self.assert_moved_to_a()

@@ -287,6 +287,30 @@ class MoveTestCase(ClusterTestCase):
         self.assertNotIn('no_hydration', self.features())
         self.assertEqual([], self.c.violations)
 
+    def test_move_back_while_the_old_copy_is_still_being_wiped(self):
+        # node-a's old copy is renamed <lv>-dmcwipe-<hex> when it is
+        # retired and wiped in the background; a move back meanwhile
+        # builds a fresh LV beside it (no old copy of that name here).
+        wipes = []
+        self.a.wiper._spawn = lambda fn, *args: wipes.append((fn, args))
+        att, _info = self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_no_transfer()
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(1, len(wipes))
+        self.assertNotIn(LV, self.a.vg.lvs)
+        self.c.detach(att)
+        self.c.attach(self.a)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        for fn, args in wipes:
+            fn(*args)
+        self.c.settle()
+        self.assertEqual([], self.c.violations)
+        self.c.assert_no_transfer()
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([LV], list(self.a.vg.lvs))
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
+
     def test_attachment_created_after_the_volume_was_loaded(self):
         # Nova's live migration creates the destination's attachment with
         # its connector: the Volume the manager passes was loaded before
