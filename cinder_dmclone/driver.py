@@ -27,7 +27,6 @@ itself (beyond Cinder's LVM helper and os-brick) in
 """
 
 import ipaddress
-import urllib.parse
 
 from oslo_concurrency import processutils
 from oslo_config import cfg
@@ -186,25 +185,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.wiper.resume()
         self._start_monitor()
 
-    #: tooz backends whose locks hold on one node only.
-    NODE_LOCAL_COORDINATION = ('', 'file', 'ipc', 'zake')
-
     def _check_coordination(self):
         """Refuse a coordination backend whose locks are per node.
 
-        A move's steps on its two nodes are serialised by the volume's
-        coordination lock (:func:`cinder_dmclone.move.lock`): with
-        Cinder's default ``file://$state_path`` each node locks alone.
-        ``file://`` on a file system every node shares is the one
-        exception, which the operator states (``dmclone_shared_file_locks``).
+        (:func:`cinder_dmclone.move.check_coordination`.)
         """
-        url = CONF.coordination.backend_url or ''
-        scheme = urllib.parse.urlsplit(url).scheme.partition('+')[0].lower()
-        if scheme == 'file' and self.configuration.dmclone_shared_file_locks:
-            return
-        if scheme in self.NODE_LOCAL_COORDINATION:
-            raise dmc_exception.NodeLocalCoordination(
-                option='[coordination] backend_url', value=url)
+        move.check_coordination(CONF.coordination.backend_url,
+                                self.configuration.dmclone_shared_file_locks)
 
     def _region_sectors(self):
         size_kb = self.configuration.dmclone_region_size

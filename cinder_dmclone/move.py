@@ -62,6 +62,7 @@ import re
 import secrets
 import time
 import typing
+import urllib.parse
 
 from oslo_concurrency import lockutils
 from oslo_log import log as logging
@@ -131,6 +132,29 @@ class MoveInProgress(exception.VolumeIsBusy):
     message = _("Volume %(volume_name)s is moving from %(source)s to "
                 "%(dest)s (%(state)s, %(percent)s%% hydrated): %(action)s is "
                 "possible once the move has finished.")
+
+
+#: tooz backends whose locks hold on one node only.
+NODE_LOCAL_COORDINATION = ('', 'file', 'ipc', 'zake')
+
+
+def check_coordination(backend_url, shared_file_locks):
+    """Refuse a coordination backend whose locks are per node.
+
+    A move's steps on its two nodes, and the operator's commands, are
+    serialised by the volume's coordination lock (:func:`lock`): with
+    Cinder's default ``file://$state_path`` each node locks alone.
+    ``file://`` on a file system every node shares is the one exception,
+    which the operator states (``dmclone_shared_file_locks``).  Raises
+    NodeLocalCoordination.
+    """
+    url = backend_url or ''
+    scheme = urllib.parse.urlsplit(url).scheme.partition('+')[0].lower()
+    if scheme == 'file' and shared_file_locks:
+        return
+    if scheme in NODE_LOCAL_COORDINATION:
+        raise dmc_exception.NodeLocalCoordination(
+            option='[coordination] backend_url', value=url)
 
 
 def lock(volume_id):

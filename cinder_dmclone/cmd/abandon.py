@@ -41,6 +41,7 @@ _BACKEND_OPTS = [
     cfg.StrOpt('backend_host'),
     cfg.StrOpt('dmclone_node_name'),
     cfg.ListOpt('dmclone_node_aliases'),
+    cfg.BoolOpt('dmclone_shared_file_locks'),
 ]
 
 
@@ -86,6 +87,7 @@ def node_config(config_files, backend=None):
             'lvm_type': value('lvm_type', 'default'),
             'lvm_conf': value('lvm_conf_file', '/etc/cinder/lvm.conf'),
             'node_names': {node} | set(value('dmclone_node_aliases') or []),
+            'shared_file_locks': value('dmclone_shared_file_locks', False),
             'state_dir': os.path.join(conf.state_path, 'dmclone')}
 
 
@@ -132,6 +134,10 @@ def from_config(args):
     node = node_config(files, args.backend)
     objects.register_all()
     cfg.CONF(args=[], project='cinder', default_config_files=files)
+    # (The driver's own check: the command takes the volume's lock, which
+    # must be the one the other node's service takes.)
+    move.check_coordination(cfg.CONF.coordination.backend_url,
+                            node['shared_file_locks'])
     root_helper = 'sudo'      # (never used: the command runs as root)
     dm = privileged.DMSetup(execute=processutils.execute)
     vg = _lvm(node['volume_group'], node, root_helper)

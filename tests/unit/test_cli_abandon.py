@@ -17,6 +17,7 @@ its output, exit statuses and configuration, over the same two-node model
 (``main(argv, lost_source=...)`` replaces the node and Cinder).
 """
 
+import argparse
 import json
 import os
 
@@ -25,6 +26,7 @@ import fixtures
 from cinder_dmclone.cmd import abandon
 from cinder_dmclone.cmd import cli
 from cinder_dmclone.cmd import status
+from cinder_dmclone import exception as dmc_exception
 from tests.unit.cli_fakes import CLITestCase
 from tests.unit import cluster as cl
 from tests.unit import test_lost_source
@@ -160,7 +162,34 @@ class NodeConfigTestCase(CLITestCase):
             'section': 'dmclone', 'volume_group': 'dmc-b',
             'metadata_volume_group': 'dmc-b-meta', 'lvm_type': 'thin',
             'lvm_conf': '/etc/cinder/lvm.conf', 'node_names': {'node-b'},
+            'shared_file_locks': False,
             'state_dir': '/srv/cinder/dmclone'}, node)
+
+    def test_node_local_coordination_refused_as_by_the_driver(self):
+        # The command takes the volume's lock: with per-node locks it
+        # would not exclude the other node's service.  Refused before
+        # anything touches the node (here: LVM).
+        class Reached(Exception):
+            pass
+        self.mock_object(abandon, '_lvm', side_effect=Reached)
+        for url, shared, ok in (
+                ('file:///shared/locks', 'false', False),
+                ('file:///shared/locks', 'true', True),
+                ('ipc://', 'true', False),
+                ('etcd3+http://192.0.2.10:2379', 'false', True)):
+            # (An override, as the test base sets one: it wins over files.)
+            self.override_config('backend_url', url, group='coordination')
+            extra = self.write('c.conf', (
+                '[dmclone]\ndmclone_shared_file_locks = %s\n' % shared))
+            args = argparse.Namespace(
+                config_file=[self.common, self.node, extra], backend=None)
+            if ok:
+                self.assertRaises(Reached, abandon.from_config, args)
+            else:
+                exc = self.assertRaises(
+                    dmc_exception.NodeLocalCoordination,
+                    abandon.from_config, args)
+                self.assertIn('[coordination] backend_url', str(exc))
 
     def test_node_name_as_the_driver_takes_it(self):
         self.assertEqual({'controller'},
