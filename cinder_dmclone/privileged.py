@@ -272,18 +272,19 @@ class DMSetup(object):
         try:
             self.resume(name)
         except exception.DMSetupCommandFailed:
-            self._clear_inactive(name)
-            try:
-                self.resume(name)
-            except exception.DMSetupCommandFailed:
-                LOG.warning('Could not resume %s with its old table.', name)
+            self._resume_old_table(name)
             raise
 
-    def _clear_inactive(self, name):
+    def _resume_old_table(self, name):
+        """After a failed swap: drop the inactive table, resume the old."""
         try:
             self._run('clear', dmsetup.validate_name(name))
         except exception.DMSetupCommandFailed:
             LOG.warning('Could not clear the inactive table of %s.', name)
+        try:
+            self.resume(name)
+        except exception.DMSetupCommandFailed:
+            LOG.warning('Could not resume %s with its old table.', name)
 
     def swap(self, name, segments, check=None):
         """Swap the table of a live device under an explicit suspend.
@@ -305,11 +306,7 @@ class DMSetup(object):
             self.load(name, segments)
             self.resume(name)
         except BaseException:
-            self._clear_inactive(name)
-            try:
-                self.resume(name)
-            except exception.DMSetupCommandFailed:
-                LOG.warning('Could not resume %s with its old table.', name)
+            self._resume_old_table(name)
             raise
         return True
 
