@@ -118,6 +118,20 @@ class Harness(object):
             probe=self.probe, zero=self.zero, set_status=self.set_status,
             clock=lambda: 1764115200.0, **kwargs)
 
+    def arm_crash(self, step, when):
+        """Crash the next run at ``step`` (owner, attribute, match).
+
+        Returns the crash point's record (``fired``), or None for a crash
+        in the harness's own part of the command.
+        """
+        owner, attr, match = step
+        if owner == 'harness':
+            self.crash_in = attr
+            return None
+        obj = {'store': self.b.store, 'dm': self.b.dm,
+               'dest': self.b.dest}[owner]
+        return self.c.crash_at(obj, attr, when, match)
+
     def run(self, force=False):
         return self.command().run(cl.VOLUME_ID, force=force)
 
@@ -501,13 +515,7 @@ class CrashTestCase(test.TestCase):
     def test_crash_then_run_again(self, step, when, reboot):
         h = Harness(self, hydrated=set(range(200)) | {5000}, reboot=reboot)
         h.lose_a()
-        owner, attr, match = STEPS[step]
-        if owner == 'harness':
-            h.crash_in = attr
-            fired = None
-        else:
-            obj = {'store': h.b.store, 'dm': h.b.dm, 'dest': h.b.dest}[owner]
-            fired = h.c.crash_at(obj, attr, when, match)
+        fired = h.arm_crash(STEPS[step], when)
         self.assertRaises(cl.Crash, h.run)
         if fired is not None:
             self.assertTrue(fired['fired'])
@@ -942,13 +950,7 @@ class DeletedWhileLostTestCase(test.TestCase):
         if step >= 1:
             # (a teardown cut short: the metadata LV is still there)
             h.b.vg.add(cl.META, '8m')
-        owner, attr, match = DELETED_STEPS[step]
-        if owner == 'harness':
-            h.crash_in = attr
-            fired = None
-        else:
-            obj = {'store': h.b.store, 'dm': h.b.dm, 'dest': h.b.dest}[owner]
-            fired = h.c.crash_at(obj, attr, when, match)
+        fired = h.arm_crash(DELETED_STEPS[step], when)
         self.assertRaises(cl.Crash, h.run)
         if fired is not None:
             self.assertTrue(fired['fired'])
