@@ -358,6 +358,7 @@ def node_c(stack, cloud):
         stack.power_off('c')
 
 
+@pytest.mark.extended
 def test_volume_moves_on_to_a_third_node(cloud, node_c):
     """Chain: A to B, then B to C right after it finalized.
 
