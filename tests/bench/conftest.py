@@ -24,8 +24,8 @@ import os
 import pytest
 
 from tests.bench import bench
-from tests.functional import fixtures
-from tests.functional import testbed
+from tests.harness import selection
+from tests.harness import testbed
 
 NOT_IN_TESTBED = (
     'NOT RUN: benchmarks need the cinder-dmclone testbed guest (%s is '
@@ -39,7 +39,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    fixtures.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
+    selection.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
 
 
 @pytest.fixture(scope='session')

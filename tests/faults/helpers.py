@@ -14,9 +14,9 @@
 
 import time
 
-from tests.functional import cinder_node
 from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import volume_node
 
 MiB = testbed.MiB
 REGION = tt.REGION
@@ -87,7 +87,7 @@ def tick_until_dead(cluster, key, timeout=600):
         assert time.monotonic() < deadline, 'no crash within %d s: %s' % (
             timeout, testbed.run(['dmsetup', 'status'], check=False).stdout)
         try:
-            cluster[key].call(cinder_node.tick)
+            cluster[key].call(volume_node.tick)
         except Exception:
             if cluster.alive(key):
                 raise
@@ -122,7 +122,7 @@ def wait_nothing_on_b(volume_id, timeout=300):
 def root_commands():
     """The root commands both services ran so far (see conftest)."""
     try:
-        with open(cinder_node.ROOTWRAP_LOG) as f:
+        with open(volume_node.ROOTWRAP_LOG) as f:
             return f.read().splitlines()
     except FileNotFoundError:
         return []

@@ -20,7 +20,7 @@ import pytest
 
 from tests.faults import helpers
 from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import testbed
 
 
 @pytest.mark.parametrize('option,value,message', [

@@ -13,7 +13,7 @@
 """kill -9 of a volume service at every step of a live migration's move.
 
 The destination's service (node B) kills itself with SIGKILL right after
-a step of the move's state machine (``cinder_node.CRASH_POINTS``: the
+a step of the move's state machine (``volume_node.CRASH_POINTS``: the
 prepare, commit and finalize steps of cinder_dmclone.destination and
 cinder_dmclone.clone), or the
 source's service dies during hydration, or node B "reboots".  Each
@@ -39,20 +39,20 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import cinder_node
 from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import volume_node
 
 REGION = helpers.REGION
 MiB = helpers.MiB
 # The move's own steps; the teardowns' have scenarios of their own below.
-POINTS = [p for p in cinder_node.CRASH_POINTS
+POINTS = [p for p in volume_node.CRASH_POINTS
           if p.split(':')[0] in ('prepare', 'commit', 'finalize')]
-ROLLBACK_POINTS = cinder_node.crash_points('rollback')
-HELD_POINTS = cinder_node.crash_points('held')
-ABORT_POINTS = cinder_node.crash_points('abort')
-DELETE_POINTS = cinder_node.crash_points('delete')
-WIPE_POINTS = cinder_node.crash_points('wipe')
+ROLLBACK_POINTS = volume_node.crash_points('rollback')
+HELD_POINTS = volume_node.crash_points('held')
+ABORT_POINTS = volume_node.crash_points('abort')
+DELETE_POINTS = volume_node.crash_points('delete')
+WIPE_POINTS = volume_node.crash_points('wipe')
 
 
 def _live_migration_start(cluster, seed_value):
@@ -69,7 +69,7 @@ def test_destination_killed(cluster, fault, point):
     phase = point.split(':')[0]
 
     if phase == 'prepare':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         with pytest.raises(Exception):
             cluster.attach(vid, 'b')
         # The instance goes on writing on A; the move never happened.
@@ -88,7 +88,7 @@ def test_destination_killed(cluster, fault, point):
     image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 6, REGION))
 
     if phase == 'commit':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         with pytest.raises(Exception):
             cluster.detach(vid, att_a)
         helpers.restart(cluster, 'b', fault)
@@ -105,7 +105,7 @@ def test_destination_killed(cluster, fault, point):
     expected = image.digest()
 
     if phase == 'finalize':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         helpers.tick_until_dead(cluster, 'b')
         before = helpers.state(cluster, vid)
         helpers.restart(cluster, 'b', fault)
@@ -125,7 +125,7 @@ def test_source_killed_during_hydration(cluster, fault):
     # The copy goes on (LIO serves it from node A's kernel); the
     # finalization waits for node A's service to retire its copy.
     testbed.wait_until(
-        lambda: cluster['b'].call(cinder_node.tick) is not None
+        lambda: cluster['b'].call(volume_node.tick) is not None
         and helpers.state(cluster, vid) == 'finalizing', 900,
         'finalization blocked on the dead source', interval=2)
     assert testbed.run(['test', '-e', tt.lv(vid, 'a')],
@@ -237,7 +237,7 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     # Now, while node A still has the volume's LV (the image's base).
     expected = image.digest()
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.detach(vid, att_b)
     at_crash = _where(cluster, vid)
@@ -285,7 +285,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     image.write(path_a, 12 * REGION + 4096,
                 testbed.pattern(seed_value + 6, 8192))
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.detach(vid, att_b)                    # roll back
     at_crash = _where(cluster, vid)
@@ -322,12 +322,12 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
     since = len(helpers.root_commands())
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
 
-    cluster['b'].call(cinder_node.arm_withdrawn_attach, point)
+    cluster['b'].call(volume_node.arm_withdrawn_attach, point)
     # Nova's attach on B (cluster.attach would delete the attachment
     # afterwards; Nova already did).
     att_b = cluster.reserve(vid)
     with pytest.raises(Exception, match='deleted while the move was'):
-        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+        cluster.on_volume_node(vid, volume_node.attach, vid, att_b,
                                cluster.connector('b'))
     # (B dies before it answers A's abort, unless its logout outlasted
     # A's transfer timeout.)
@@ -369,7 +369,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     cluster.detach(vid, att_b)
     assert helpers.state(cluster, vid) == 'hydrating'
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.delete_volume(vid)
     at_crash = _where(cluster, vid)
@@ -407,13 +407,13 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
     # Now, while node A still has the volume's LV (the image's base).
     expected = image.digest()
 
-    cluster['a'].call(cinder_node.arm_crash, point)
+    cluster['a'].call(volume_node.arm_crash, point)
     # Node B's monitor finalizes the move: A retires its copy.
     deadline = time.monotonic() + 900
     while cluster.alive('a'):
         assert time.monotonic() < deadline, 'node A not killed: %s' % (
             cluster.admin_metadata(vid))
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         time.sleep(2)
     at_crash = helpers.state(cluster, vid) or 'cleared'
     vg = testbed.topology().a.vg

@@ -27,9 +27,9 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import cinder_node
 from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import volume_node
 
 REGION = helpers.REGION
 GiB = 1024 * helpers.MiB
@@ -106,7 +106,7 @@ def test_cut_during_hydration(cluster, fault, slow_link):
     # A whole-region write needs no copy: that region is local from now.
     image.write(path, 30 * REGION, testbed.pattern(401, REGION))
     cluster.detach(vid, att_a)                        # commit
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     before = percent(cluster, vid)
     assert before < 90, 'hydration too fast to cut in the middle'
 
@@ -199,7 +199,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
     # the move as aborted, so B's monitor removes what it built.
 
     def b_is_clean():
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         return helpers.nothing_on_b(vid) == []
     testbed.wait_until(b_is_clean, 600, 'node B clean after the cut',
                        interval=3,
@@ -231,7 +231,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
     path = info_b['data']['device_path']
     image.write(path, 30 * REGION, testbed.pattern(431, REGION))
     cluster.detach(vid, att_a)                        # commit
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     before = percent(cluster, vid)
     assert before < 90, 'hydration too fast to cut in the middle'
     # The seed's last 4 KiB: hydration goes in order, so still remote.
@@ -255,7 +255,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         reader.start()
 
         def stalled():
-            cluster['b'].call(cinder_node.tick)
+            cluster['b'].call(volume_node.tick)
             md = cluster.admin_metadata(vid)
             return int(md.get('dmclone_stalled_seconds') or 0) >= STALL_S
         testbed.wait_until(stalled, STALL_S * 3 + 60,

@@ -22,7 +22,7 @@ session is not touched.
 import pytest
 
 from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import testbed
 
 INTRUDER_IQN = 'iqn.2024-01.org.example.intruder:node'
 

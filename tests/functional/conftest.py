@@ -21,7 +21,7 @@ Fixtures:
 * ``topo``: the testbed topology (:func:`testbed.topology`);
 * ``cleanup``: register undo callables (``cleanup(fn, *args)``); they run
   in reverse order after the test, all of them even when one fails;
-* ``node_a``: a :class:`nodes.NodeProcess` worker on node A for this test;
+* ``node_a``: a :class:`workers.NodeProcess` worker on node A for this test;
 * ``make_lv``: ``make_lv(vg, size_bytes, name=None)`` creates an LV that
   is removed after the test;
 * ``iscsi_source``: ``iscsi_source(size, seed=1)`` makes an LV on node A
@@ -47,11 +47,11 @@ import os
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import fixtures
-from tests.functional import nodes
-from tests.functional import stack as stack_mod
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import selection
+from tests.harness import services
+from tests.harness import testbed
+from tests.harness import workers
 
 NOT_IN_TESTBED = (
     'NOT RUN: functional tests need the cinder-dmclone testbed guest '
@@ -71,13 +71,13 @@ def pytest_configure(config):
         'markers', 'extended: a functional test outside the CI tier '
         '(tox -e functional-extended); it mostly repeats, through another '
         'door, a path the CI tier takes')
-    config.addinivalue_line('markers', fixtures.LAYOUT_MARKER)
+    config.addinivalue_line('markers', selection.LAYOUT_MARKER)
 
 
 def pytest_collection_modifyitems(config, items):
-    fixtures.select_tier(config, items)
-    fixtures.select_layout(config, items)
-    fixtures.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
+    selection.select_tier(config, items)
+    selection.select_layout(config, items)
+    selection.skip_outside_testbed(items, 'tests/functional/', NOT_IN_TESTBED)
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -86,7 +86,7 @@ def pytest_terminal_summary(terminalreporter):
     A module's first setup includes what its module-scoped fixtures start
     (the full stack: about two minutes under emulation).
     """
-    phases = fixtures.module_timings(terminalreporter.stats)
+    phases = selection.module_timings(terminalreporter.stats)
     if not phases:
         return
     terminalreporter.section('time per module')
@@ -145,12 +145,12 @@ def stack():
     The separate-kernel scenarios of several modules share it: each
     module starting its own cost two minutes of CI.
     """
-    yield from stack_mod.running()
+    yield from services.running()
 
 
 @pytest.fixture(scope='session')
 def cloud(stack):
-    yield from cloud_mod.opened(stack)
+    yield from api.opened(stack)
 
 
 @pytest.fixture(autouse=True)
@@ -161,9 +161,9 @@ def services_running(request):
         return
     s = request.getfixturevalue('stack')
     c = request.getfixturevalue('cloud')
-    stack_mod.keep_running(s, c)
+    services.keep_running(s, c)
     yield
-    stack_mod.keep_running(s, c)
+    services.keep_running(s, c)
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +196,7 @@ def no_leaks(nodes_answer, request):
 
 @pytest.fixture
 def node_a():
-    with nodes.NodeProcess('a') as worker:
+    with workers.NodeProcess('a') as worker:
         yield worker
 
 

@@ -32,9 +32,9 @@ import threading
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
 from tests.functional import test_moves
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -80,7 +80,7 @@ def seeded_on_a(cloud, seed, volume_type=None):
     """A detached volume on node A and the Image of what it holds."""
     vol = cloud.create(size=1, az='az-a', volume_type=volume_type)
     att = test_moves.attached_on(cloud, vol.id, 'a')
-    image = test_moves.Image(cloud.on_node('a', cloud_mod.block_digests,
+    image = test_moves.Image(cloud.on_node('a', api.block_digests,
                                            att.path, GiB, test_moves.BLOCK))
     image.write(cloud, att, seed, 0, 8 * MiB)
     image.write(cloud, att, seed + 1, 900 * MiB, 4 * MiB)
@@ -250,7 +250,7 @@ def restart_during_move(cloud, stack, seed, outage, expected):
             result['error'] = exc
     try:
         pids = volume_pids(stack)
-        cloud_mod.load_brick()      # (from the main thread first)
+        api.load_brick()      # (from the main thread first)
         marks = stack.log_marks()
         thread = threading.Thread(target=attach, daemon=True)
         thread.start()

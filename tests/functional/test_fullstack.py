@@ -14,7 +14,7 @@
 
 cinder-api, cinder-scheduler and two cinder-volume services (one per node,
 this driver, the same backend name) over MariaDB, RabbitMQ and etcd, in the
-testbed guest (tests/functional/stack.py).  Volumes are created through the
+testbed guest (tests/harness/services.py).  Volumes are created through the
 API (and the ``openstack`` CLI), attached the way Nova attaches them
 (attachments API plus os-brick on the compute node), moved by attaching
 them on the other node, live-migrated, rolled back and deleted.  After each
@@ -33,9 +33,9 @@ import uuid
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import stack as stack_mod
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import services
+from tests.harness import testbed
 
 LOG = logging.getLogger('fullstack')
 MiB = testbed.MiB
@@ -50,12 +50,12 @@ def stack():
     groups and must not meet the stack's services (the separate-kernel
     modules share one: conftest.py).
     """
-    yield from stack_mod.running()
+    yield from services.running()
 
 
 @pytest.fixture(scope='module')
 def cloud(stack):
-    yield from cloud_mod.opened(stack)
+    yield from api.opened(stack)
 
 
 def write_pattern(path, seed, length, offset=0):
@@ -84,7 +84,7 @@ def assert_lives_on(cloud, volume_id, node_key, status):
     v = cloud.get(volume_id)
     assert v.status == status, v.status
     assert cloud.node_of(volume_id) == node_key, cloud.host_of(v)
-    assert v.availability_zone == stack_mod.NODE_AZ[node_key]
+    assert v.availability_zone == services.NODE_AZ[node_key]
     return v
 
 
@@ -220,7 +220,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
     try:
         # cinder-backup or an image upload on node B: no instance.
         att = cloud.c.attachments.create(vol.id, None)
-        info = cloud_mod.field(cloud.c.attachments.update(
+        info = api.field(cloud.c.attachments.update(
             att['id'], cloud.connector('b')), 'connection_info')
         assert info['driver_volume_type'] == 'iscsi', info
         assert info['target_portal'].startswith('10.0.0.1:')
@@ -228,7 +228,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
         try:
             assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
         finally:
-            cloud_mod.brick_disconnect(info, device)
+            api.brick_disconnect(info, device)
             cloud.c.attachments.delete(att['id'])
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'available')
@@ -250,7 +250,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
     instance = str(uuid.uuid4())
     props_c = dict(cloud.connector('b'), host='node-c')
     att_c = cloud.c.attachments.create(vol.id, props_c, instance_id=instance)
-    info = cloud_mod.field(att_c, 'connection_info')
+    info = api.field(att_c, 'connection_info')
     device = None
     try:
         assert info['driver_volume_type'] == 'iscsi', info
@@ -260,7 +260,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         # Nova's pre-live-migration on node B, same instance.
         att_b = cloud.c.attachments.create(vol.id, cloud.connector('b'),
                                            instance_id=instance)
-        info_b = cloud_mod.field(att_b, 'connection_info')
+        info_b = api.field(att_b, 'connection_info')
         assert info_b['driver_volume_type'] == 'iscsi', info_b
         assert cloud.transfer_state(vol.id) == {}
         assert cloud.node_of(vol.id) == 'a'
@@ -271,7 +271,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         # (Node B's initiator stands in for node C's: the first delete
         # takes its ACL entry, so the session goes first.)
         if device is not None:
-            cloud_mod.brick_disconnect(info, device)
+            api.brick_disconnect(info, device)
         for att in cloud.c.attachments.list(
                 search_opts={'volume_id': vol.id}):
             cloud.c.attachments.delete(att.id)

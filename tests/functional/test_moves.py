@@ -26,10 +26,10 @@ import time
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import stack as stack_mod
 from tests.functional import test_fullstack
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import services
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -57,7 +57,7 @@ class Image(object):
                 data[i:i + BLOCK])
 
     def check(self, cloud, att):
-        seen = cloud.on_node(att.node, cloud_mod.block_digests, att.path,
+        seen = cloud.on_node(att.node, api.block_digests, att.path,
                              len(self.digests) * BLOCK, BLOCK)
         wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
                  if a != b]
@@ -91,7 +91,7 @@ def test_volume_moves_there_back_and_there_again(cloud, topo):
     vol = cloud.create(size=1, az='az-a')
     try:
         att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+        image = Image(cloud.on_node('a', api.block_digests, att.path,
                                     GiB, BLOCK))
         image.write(cloud, att, 61, 0, 8 * MiB)
         image.check(cloud, att)
@@ -137,7 +137,7 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
     try:
         # att: the instance's attachment on the node where it runs
         att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests,
+        image = Image(cloud.on_node('a', api.block_digests,
                                     att.path, GiB, BLOCK))
         image.write(cloud, att, 71, 0, 8 * MiB)
         instance = att.instance
@@ -189,7 +189,7 @@ def slow_hydration_type(cloud):
     vt.set_keys({'volume_backend_name': 'dmclone',
                  'dmclone:hydration_threshold': '1',
                  'dmclone:hydration_batch_size': '1',
-                 'RESKEY:availability_zones': cloud_mod.HOME_AZS})
+                 'RESKEY:availability_zones': api.HOME_AZS})
     return vt
 
 
@@ -213,7 +213,7 @@ def test_source_powered_off_while_hydrating(cloud, stack):
     vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
     try:
         att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+        image = Image(cloud.on_node('a', api.block_digests, att.path,
                                     GiB, BLOCK))
         image.write(cloud, att, 81, 0, 8 * MiB)
         image.write(cloud, att, 82, 900 * MiB, 4 * MiB)
@@ -263,7 +263,7 @@ def test_source_down_past_the_replacement_timeout(cloud, stack):
     vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
     try:
         att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+        image = Image(cloud.on_node('a', api.block_digests, att.path,
                                     GiB, BLOCK))
         image.write(cloud, att, 111, 0, 8 * MiB)
         image.write(cloud, att, 112, 800 * MiB, 4 * MiB)
@@ -309,7 +309,7 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
     vol = cloud.create(size=1, az='az-b', volume_type=vt.id)
     try:
         att = attached_on(cloud, vol.id, 'b')
-        image = Image(cloud_mod.block_digests(att.path, GiB, BLOCK))
+        image = Image(api.block_digests(att.path, GiB, BLOCK))
         image.write(cloud, att, 91, 0, 8 * MiB)
         image.write(cloud, att, 92, 900 * MiB, 4 * MiB)
         cloud.detach(att)
@@ -372,7 +372,7 @@ def test_volume_moves_on_to_a_third_node(cloud, node_c):
     vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
     try:
         att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
+        image = Image(cloud.on_node('a', api.block_digests, att.path,
                                     GiB, BLOCK))
         image.write(cloud, att, 101, 0, 8 * MiB)
         cloud.detach(att)
@@ -390,7 +390,7 @@ def test_volume_moves_on_to_a_third_node(cloud, node_c):
             'in-use', 'b')
         assert kept_on(cloud, 'c', vol.id) == []
         image.write(cloud, att, 102, GiB - 8 * MiB, 4 * MiB)
-        cloud.retype(vol.id, stack_mod.VOLUME_TYPE)
+        cloud.retype(vol.id, services.VOLUME_TYPE)
         assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
         status = cloud.on_node('b', testbed.dm_status,
                                att.path.rsplit('/', 1)[-1])

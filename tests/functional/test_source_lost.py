@@ -35,9 +35,9 @@ import time
 
 import pytest
 
-from tests.functional import stack as stack_mod
 from tests.functional import test_moves
-from tests.functional import testbed
+from tests.harness import services
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -54,8 +54,8 @@ REGIONS = GiB // REGION
 SEED = 0x5eed
 #: service_down_time of the testbed's cinder.conf
 SERVICE_DOWN_TIME = 120
-CONFIG = ('--config-file', stack_mod.ETC + '/cinder.conf',
-          '--config-file', stack_mod.ETC + '/node-b.conf')
+CONFIG = ('--config-file', services.ETC + '/cinder.conf',
+          '--config-file', services.ETC + '/node-b.conf')
 
 
 def region_data(seed, region):

@@ -13,7 +13,7 @@
 """Volumes moving from node A to node B on the real kernel.
 
 Both nodes' volume services run the real driver; the pytest process plays
-Cinder's API and Nova (see tests/functional/cluster.py).  Every scenario
+Cinder's API and Nova (see tests/harness/driver_cluster.py).  Every scenario
 writes known data before and during the move and checks the sha256 of the
 final device against the expected image; the automatic leak check then
 finds nothing left on either node.
@@ -24,12 +24,12 @@ import os
 
 import pytest
 
-from tests.functional import cinder_node
-from tests.functional import fixtures
-from tests.functional import testbed
+from tests.harness import selection
+from tests.harness import testbed
+from tests.harness import volume_node
 
-# The session's two volume services (see tests/functional/fixtures.py).
-cluster = fixtures.cluster
+# The session's two volume services (see tests/harness/selection.py).
+cluster = selection.cluster
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
@@ -105,7 +105,7 @@ def seeded_volume(cluster, seed_value):
 def wait_finalized(cluster, volume_id, timeout=900):
     """Tick node B's monitor until the transfer state is gone."""
     def done():
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         return not any(k.startswith('dmclone_state')
                        for k in cluster.admin_metadata(volume_id))
 
@@ -177,10 +177,10 @@ def test_migrate_moves_a_detached_volume(cluster):
     stats; here they are B's own.
     """
     vid, image = seeded_volume(cluster, 45)
-    dest = {'host': cinder_node.volume_host('b'),
-            'capabilities': cluster['b'].call(cinder_node.pool_capabilities)}
+    dest = {'host': volume_node.volume_host('b'),
+            'capabilities': cluster['b'].call(volume_node.pool_capabilities)}
     assert dest['capabilities']['dmclone_initiator'].startswith('iqn.')
-    moved, update = cluster['a'].call(cinder_node.call_ctxt,
+    moved, update = cluster['a'].call(volume_node.call_ctxt,
                                       'migrate_volume', vid, dest)
     assert (moved, update) == (True, None)
     assert cluster.node_of(vid) == 'b'
@@ -242,7 +242,7 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
     instance = os.open(info_a['data']['device_path'], os.O_RDWR)
     try:
         cluster.detach(vid, att_a)
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
         assert 'no_hydration' in testbed.dm_status(clone)
         # The instance on A goes on writing; B reads it through the clone.
@@ -252,12 +252,12 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
         assert testbed.read_direct(info_b['data']['device_path'],
                                    70 * REGION, REGION) == \
             testbed.pattern(36, REGION)
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
     finally:
         os.close(instance)
     # The instance has left A: the next tick commits.
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
     cluster.complete(vid, att_b)
     finish_on_b(cluster, vid, image.digest(), att_b)
@@ -412,7 +412,7 @@ def test_start_never_maps_a_partial_copy(cluster):
     assert name not in testbed.dm_devices()
 
     with pytest.raises(Exception, match='being hydrated by a transfer'):
-        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+        cluster.on_volume_node(vid, volume_node.attach, vid, att_b,
                                cluster.connector('b'))
     assert name not in testbed.dm_devices()
     assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
@@ -427,7 +427,7 @@ def test_start_never_maps_a_partial_copy(cluster):
     for key in cluster.admin_metadata(vid):
         if key.startswith('dmclone_'):
             db.volume_admin_metadata_delete(ctxt, vid, key)
-    db.volume_update(ctxt, vid, {'host': cinder_node.volume_host('a'),
+    db.volume_update(ctxt, vid, {'host': volume_node.volume_host('a'),
                                  'status': 'in-use'})
     objects.VolumeAttachment.get_by_id(ctxt, att_b).destroy()
     assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
@@ -444,11 +444,11 @@ def test_extend_during_transfer(cluster):
     # Not while the live migration may still roll back: node A's LV
     # would be smaller than the volume's record afterwards.
     with pytest.raises(Exception, match='live migration is not decided'):
-        cluster['b'].call(cinder_node.call, 'extend_volume', vid, 2)
+        cluster['b'].call(volume_node.call, 'extend_volume', vid, 2)
     assert testbed.device_size(path) == GiB
 
     cluster.detach(vid, att_a)                    # commit
-    cluster['b'].call(cinder_node.call, 'extend_volume', vid, 2)
+    cluster['b'].call(volume_node.call, 'extend_volume', vid, 2)
     cluster.set_size(vid, 2)
     table = testbed.dm_table(path.split('/')[-1]).splitlines()
     assert [line.split()[2] for line in table] == ['clone', 'linear']
@@ -488,7 +488,7 @@ def test_refusals_during_transfer(cluster):
 #: volume_clear_size of the wipe tests: Cinder clears this many MiB at the
 #: start of an old copy (0 would clear all of it).
 CLEAR_MB = 64
-NO_DISCARDS_DIR = cinder_node.RUN_DIR + '/lvm-no-discards'
+NO_DISCARDS_DIR = volume_node.RUN_DIR + '/lvm-no-discards'
 
 
 def lvm_conf_without_discards():

@@ -36,8 +36,8 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.functional import nodes
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import workers
 
 LOG = logging.getLogger('stack')
 
@@ -277,7 +277,7 @@ class Stack(object):
         os.makedirs(STATE + '/tmp', exist_ok=True)
         os.makedirs(STATE + '/api-locks', exist_ok=True)
         if self.topo.separate:
-            with nodes.NodeProcess('a') as node_a:
+            with workers.NodeProcess('a') as node_a:
                 node_a.call(install_volume_node, 'a')
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
                     '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
@@ -394,7 +394,7 @@ class Stack(object):
         cinder-volume starts and reports.
         """
         testbed.boot(node)
-        with nodes.NodeProcess(node) as worker:
+        with workers.NodeProcess(node) as worker:
             worker.call(install_volume_node, node)
         self.start_volume(node)
         self.wait_volume_up(node)

@@ -20,7 +20,7 @@ the project's code.  The topology comes from the guest init
 
 Node B is the initial network namespace: the pytest process itself.  Node A
 is network namespace ``nodeA``: commands go there with ``run(..., node='a')``
-and Python code with :class:`tests.functional.nodes.NodeProcess`.
+and Python code with :class:`tests.harness.workers.NodeProcess`.
 """
 
 import dataclasses
@@ -670,7 +670,7 @@ def _on_kernel(node, action, *args):
     """
     if not topology().separate or node == local_node():
         return _ACTIONS[action](*args)
-    proc = run([topology().python, '-m', 'tests.functional.testbed', action,
+    proc = run([topology().python, '-m', 'tests.harness.testbed', action,
                 json.dumps(args)], node=node, timeout=600)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -875,7 +875,7 @@ def boot(node, timeout=600):
 
 
 if __name__ == '__main__':
-    # python -m tests.functional.testbed ACTION JSON-ARGS: one of _ACTIONS
+    # python -m tests.harness.testbed ACTION JSON-ARGS: one of _ACTIONS
     # in this node's kernel, its result as JSON on the last line (see
     # _on_kernel).
     import sys

@@ -14,8 +14,8 @@
 
 import pytest
 
-from tests.functional import cluster as cluster_mod
-from tests.functional import testbed
+from tests.harness import driver_cluster
+from tests.harness import testbed
 
 
 def select_tier(config, items):
@@ -77,8 +77,8 @@ def running_cluster():
     """Start both nodes' services over a fresh database; yield, stop."""
     if not testbed.in_testbed():
         pytest.skip('needs the testbed guest')
-    cluster_mod.setup_database()
-    c = cluster_mod.Cluster()
+    driver_cluster.setup_database()
+    c = driver_cluster.Cluster()
     try:
         c.start('a')
         c.start('b')
