@@ -24,6 +24,7 @@ import os
 import pytest
 
 from tests.bench import bench
+from tests.harness import pytest_fixtures
 from tests.harness import selection
 from tests.harness import testbed
 
@@ -31,6 +32,8 @@ NOT_IN_TESTBED = (
     'NOT RUN: benchmarks need the cinder-dmclone testbed guest (%s is '
     'missing, so this is not it); run them with tox -e bench'
     % testbed.TOPOLOGY_PATH)
+
+topo = pytest_fixtures.topo
 
 
 def pytest_addoption(parser):
@@ -57,11 +60,6 @@ def results(scale):
 @pytest.fixture(scope='session')
 def dm():
     return bench.dm()
-
-
-@pytest.fixture(scope='session')
-def topo():
-    return testbed.topology()
 
 
 @pytest.fixture(scope='session')

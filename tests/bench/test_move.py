@@ -27,13 +27,14 @@ import time
 
 from tests.bench import bench
 from tests.functional import test_transfer as tt
-from tests.harness import selection
+from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
 GiB = 1024 * bench.MiB
 
-cluster = selection.cluster
+# The functional suite's two volume services, for the session.
+cluster = pytest_fixtures.cluster
 
 
 def in_transfer(cluster, volume_id):

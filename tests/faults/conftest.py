@@ -12,9 +12,9 @@
 
 """Fixtures of the fault suite (``tox -e faults``); testbed guest only.
 
-The suite reuses the functional harness (tests/harness/driver_cluster.py: both
-nodes' volume services running the real driver on the real kernel) with
-two differences:
+The suite runs on the harness's driver cluster
+(``tests.harness.driver_cluster``: both nodes' volume services running
+the real driver on the real kernel) with two differences:
 
 * every root command of the services goes through ``sudo cinder-rootwrap``
   with Cinder's volume.filters and this project's dmclone.filters
@@ -33,12 +33,14 @@ import time
 
 import pytest
 
-# The functional suite's fixtures: the leak check after every test, the
-# topology, undo callables.
-from tests.functional.conftest import _testbed_logging  # noqa: F401
-from tests.functional.conftest import cleanup  # noqa: F401
-from tests.functional.conftest import no_leaks  # noqa: F401
-from tests.functional.conftest import topo  # noqa: F401
+# The harness's fixtures: the leak check after every test (which boots a
+# node a failed test left down first), the topology, undo callables.
+from tests.harness import pytest_fixtures
+from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
+from tests.harness.pytest_fixtures import cleanup  # noqa: F401
+from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
+from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
+from tests.harness.pytest_fixtures import topo  # noqa: F401
 from tests.harness import selection
 from tests.harness import services
 from tests.harness import testbed
@@ -91,7 +93,7 @@ def rootwrap_log():
 @pytest.fixture(scope='session')
 def cluster(rootwrap):
     """Both nodes' volume services (through rootwrap) for the session."""
-    yield from selection.running_cluster()
+    yield from pytest_fixtures.running_cluster()
 
 
 @pytest.fixture(autouse=True)

@@ -40,10 +40,10 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional.test_fullstack import cloud  # noqa: F401
-from tests.functional.test_fullstack import stack  # noqa: F401
 from tests.functional.test_fullstack import write_pattern
 from tests.harness import api
+from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
+from tests.harness.pytest_fixtures import module_stack  # noqa: F401
 from tests.harness import testbed
 
 MiB = helpers.MiB

@@ -34,28 +34,17 @@ import uuid
 import pytest
 
 from tests.harness import api
+# The full stack for this module only: in the one-kernel tier the next
+# modules' harnesses use the same volume groups and must not meet its
+# services.
+from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
+from tests.harness.pytest_fixtures import module_stack  # noqa: F401
 from tests.harness import services
 from tests.harness import testbed
 
 LOG = logging.getLogger('fullstack')
 MiB = testbed.MiB
 GiB = 1024 * MiB
-
-
-@pytest.fixture(scope='module')
-def stack():
-    """The full stack, for this module only.
-
-    In the one-kernel tier the next modules' harnesses use the same volume
-    groups and must not meet the stack's services (the separate-kernel
-    modules share one: conftest.py).
-    """
-    yield from services.running()
-
-
-@pytest.fixture(scope='module')
-def cloud(stack):
-    yield from api.opened(stack)
 
 
 def write_pattern(path, seed, length, offset=0):

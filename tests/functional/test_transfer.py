@@ -24,12 +24,12 @@ import os
 
 import pytest
 
-from tests.harness import selection
+from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-# The session's two volume services (see tests/harness/selection.py).
-cluster = selection.cluster
+# The session's two volume services.
+cluster = pytest_fixtures.cluster
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
