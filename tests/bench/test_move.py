@@ -26,7 +26,7 @@ copies region by region like any other data.
 import time
 
 from tests.bench import bench
-from tests.functional import test_transfer as tt
+from tests.harness import driver_steps
 from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
@@ -114,7 +114,8 @@ def test_recovery_with_transfers_in_flight(results, cluster, scale):
         out['start_after_crash_s'] = timed_start(cluster, 'b')
 
         cluster.stop('b', kill=True)
-        names = [tt.handle(v, 'b').split('/')[-1] for v, _a, _b in made]
+        names = [driver_steps.handle(v, 'b').split('/')[-1]
+                 for v, _a, _b in made]
         testbed.run(['dmsetup', 'remove', '--force'] + names)
         testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'],
                     check=False)

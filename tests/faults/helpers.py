@@ -14,12 +14,12 @@
 
 import time
 
-from tests.functional import test_transfer as tt
+from tests.harness import driver_steps
 from tests.harness import testbed
 from tests.harness import volume_node
 
 MiB = testbed.MiB
-REGION = tt.REGION
+REGION = driver_steps.REGION
 SLOW = {'dmclone:hydration_threshold': '1',
         'dmclone:hydration_batch_size': '1'}
 #: MiB of an old copy the wiper clears in the scenarios that wipe
@@ -152,7 +152,8 @@ def stays_on_a(cluster, volume_id, expected):
     assert state(cluster, volume_id) in (None, 'aborted'), \
         cluster.admin_metadata(volume_id)
     assert nothing_on_b(volume_id) == []
-    assert testbed.sha256_of_device(tt.handle(volume_id, 'a')) == expected
+    assert testbed.sha256_of_device(
+        driver_steps.handle(volume_id, 'a')) == expected
 
 
 def end_on_a(cluster, volume_id, image, attachment):

@@ -39,7 +39,7 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import test_transfer as tt
+from tests.harness import driver_steps
 from tests.harness import testbed
 from tests.harness import volume_node
 
@@ -56,7 +56,7 @@ WIPE_POINTS = volume_node.crash_points('wipe')
 
 
 def _live_migration_start(cluster, seed_value):
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     att_a, info_a = cluster.attach(vid, 'a')
     return vid, image, att_a, info_a['data']['device_path']
 
@@ -110,7 +110,7 @@ def test_destination_killed(cluster, fault, point):
         before = helpers.state(cluster, vid)
         helpers.restart(cluster, 'b', fault)
         fault.detail = 'state at the crash: %s' % (before or 'cleared')
-    tt.finish_on_b(cluster, vid, expected, att_b)
+    driver_steps.finish_on_b(cluster, vid, expected, att_b)
 
 
 def test_source_killed_during_hydration(cluster, fault):
@@ -128,11 +128,11 @@ def test_source_killed_during_hydration(cluster, fault):
         lambda: cluster['b'].call(volume_node.tick) is not None
         and helpers.state(cluster, vid) == 'finalizing', 900,
         'finalization blocked on the dead source', interval=2)
-    assert testbed.run(['test', '-e', tt.lv(vid, 'a')],
+    assert testbed.run(['test', '-e', driver_steps.lv(vid, 'a')],
                        check=False).returncode == 0, 'source LV gone early'
     t0 = time.monotonic()
     cluster.start('a')
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
     fault.recovered(t0)
     fault.detail = 'finalization waited in "finalizing" for the source'
 
@@ -157,7 +157,7 @@ def test_destination_reboot_during_hydration(cluster, fault):
     assert ' clone ' in ' %s ' % testbed.dm_status(name)
     assert testbed.read_direct(path_b, 30 * REGION, 2 * REGION) == \
         testbed.pattern(311, 2 * REGION)
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
 
 
 @pytest.mark.parametrize('writes_on_source', [False, True])
@@ -255,8 +255,8 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     # The operator deletes the stale attachment: the move commits.
     cluster.detach(vid, att_a)
     assert helpers.state(cluster, vid) == 'hydrating'
-    tt.wait_finalized(cluster, vid)
-    tt.assert_only_on_b(cluster, vid, expected)
+    driver_steps.wait_finalized(cluster, vid)
+    driver_steps.assert_only_on_b(cluster, vid, expected)
     cluster.delete_volume(vid)
 
 
@@ -360,7 +360,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
     since = len(helpers.root_commands())
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     # The kernel's slowest hydration: the copy is under way at the delete.
     cluster.use_type(vid, 'slow', helpers.SLOW)
     att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
@@ -400,7 +400,7 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
     seed_value = 900 + 10 * WIPE_POINTS.index(point)
     helpers.with_options(cluster, 'a', helpers.WIPING)
     helpers.with_options(cluster, 'b')
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
     image.write(info_b['data']['device_path'], 30 * REGION,
                 testbed.pattern(seed_value + 5, REGION))
@@ -448,4 +448,4 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
     fault.detail = ('state at the crash: %s; the renamed LV held %s; '
                     'wiped again and removed after the restart'
                     % (at_crash, found))
-    tt.finish_on_b(cluster, vid, expected, att_b)
+    driver_steps.finish_on_b(cluster, vid, expected, att_b)

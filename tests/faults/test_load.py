@@ -40,7 +40,6 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional.test_fullstack import write_pattern
 from tests.harness import api
 from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
 from tests.harness.pytest_fixtures import module_stack  # noqa: F401
@@ -118,8 +117,8 @@ def test_twenty_live_migrations_at_once_under_fio(stack, cloud,  # noqa
         # Each instance on A writes a head and a tail of its own.
         att_a = _pool(lambda v: client().attach(v.id, 'a'), vols, ATTACHERS)
         for i, att in enumerate(att_a):
-            write_pattern(att.path, 500 + i, 8 * MiB)
-            write_pattern(att.path, 600 + i, MiB, offset=GiB - MiB)
+            testbed.write_pattern(att.path, 500 + i, 8 * MiB)
+            testbed.write_pattern(att.path, 600 + i, MiB, offset=GiB - MiB)
         before = [_digests(att.path) for att in att_a]
 
         # Pre-live-migration on B for all twenty: clones, hydration off.

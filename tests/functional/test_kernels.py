@@ -27,7 +27,6 @@ import os
 
 import pytest
 
-from tests.harness import api
 from tests.harness import testbed
 from tests.harness import workers
 
@@ -77,7 +76,7 @@ def test_iscsi_works_both_ways_between_kernels(topo, node_a, cleanup):
     A to B only.  Here each node logs in to the other's target.
     """
     lv_a = make_lv_on('a', 'ft-a-to-b', cleanup)
-    from_a = node_a.call(api.write_pattern, lv_a, 31, SIZE)
+    from_a = node_a.call(testbed.write_pattern_digest, lv_a, 31, SIZE)
     export = node_a.call(testbed.export_iscsi, lv_a, 'ft-a-to-b',
                          topo.b.initiator_iqn, 'a')
     cleanup(node_a.call, testbed.unexport_iscsi, export)
@@ -86,13 +85,13 @@ def test_iscsi_works_both_ways_between_kernels(topo, node_a, cleanup):
     assert testbed.sha256_of_device(disk, SIZE) == from_a
 
     lv_b = make_lv_on('b', 'ft-b-to-a', cleanup)
-    api.write_pattern(lv_b, 32, SIZE)
+    testbed.write_pattern(lv_b, 32, SIZE)
     export = testbed.export_iscsi(lv_b, 'ft-b-to-a', topo.a.initiator_iqn,
                                   node='b')
     cleanup(testbed.unexport_iscsi, export, node='b')
     disk = node_a.call(testbed.iscsi_login, export)
     cleanup(node_a.call, testbed.iscsi_logout, export)
-    written_by_a = node_a.call(api.write_pattern, disk, 33, SIZE)
+    written_by_a = node_a.call(testbed.write_pattern_digest, disk, 33, SIZE)
     assert testbed.sha256_of_device(lv_b, SIZE) == written_by_a
 
 
@@ -104,7 +103,7 @@ def test_hard_power_off_keeps_the_disks_and_loses_the_kernel(topo, cleanup):
     cleanup(testbed.run, ['dmsetup', 'remove', 'ft-power-handle'],
             node='a', check=False)
     with workers.NodeProcess('a') as node_a:
-        written = node_a.call(api.write_pattern, lv, 41, SIZE)
+        written = node_a.call(testbed.write_pattern_digest, lv, 41, SIZE)
         export = node_a.call(testbed.export_iscsi,
                              '/dev/mapper/ft-power-handle', 'ft-power',
                              topo.b.initiator_iqn, 'a')

@@ -86,13 +86,6 @@ def brick_disconnect(info, device):
                      ).disconnect_volume(info, device)
 
 
-def write_pattern(path, seed, length, offset=0):
-    """Write ``testbed.pattern(seed, length)`` at ``offset``; its sha256."""
-    data = testbed.pattern(seed, length)
-    testbed.write_direct(path, offset, data)
-    return testbed.sha256(data)
-
-
 def block_digests(path, length, block):
     """sha256 of every ``block`` bytes of the device's first ``length``."""
     return [testbed.sha256(chunk)
@@ -403,8 +396,8 @@ class Cloud(object):
 
     def write(self, att, seed, length, offset=0):
         """Write a pattern through the attachment, on its node; sha256."""
-        return self.on_node(att.node, write_pattern, att.path, seed, length,
-                            offset)
+        return self.on_node(att.node, testbed.write_pattern_digest,
+                            att.path, seed, length, offset)
 
     def sha256(self, att, offset, length):
         """sha256 of what the attachment reads there, on its node."""

@@ -290,6 +290,21 @@ def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
+def write_pattern(path, seed, length, offset=0):
+    """Write ``pattern(seed, length)`` at ``offset``; return the data."""
+    data = pattern(seed, length)
+    write_direct(path, offset, data)
+    return data
+
+
+def write_pattern_digest(path, seed, length, offset=0):
+    """:func:`write_pattern`, returning the data's sha256.
+
+    For a call on another node: the digest travels back, not the data.
+    """
+    return sha256(write_pattern(path, seed, length, offset))
+
+
 # --------------------------------------------------------------------------
 # LVM
 # --------------------------------------------------------------------------
