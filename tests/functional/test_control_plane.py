@@ -43,7 +43,6 @@ pytestmark = pytest.mark.layouts('separate')
 
 LOG = logging.getLogger('control-plane')
 MiB = testbed.MiB
-GiB = 1024 * MiB
 HOSTS = ('node-a@dmclone', 'node-b@dmclone', 'controller')
 
 #: What an error logged during an outage may be about (lower case).
@@ -76,16 +75,9 @@ def control_plane_running(request, services_running):
         s.restart_rabbitmq()
 
 
-def seeded_on_a(cloud, seed, volume_type=None):
-    """A detached volume on node A and the Image of what it holds."""
-    vol = cloud.create(size=1, az='az-a', volume_type=volume_type)
-    att = steps.attached_on(cloud, vol.id, 'a')
-    image = steps.Image(cloud.on_node('a', api.block_digests,
-                                      att.path, GiB, steps.BLOCK))
-    image.write(cloud, att, seed, 0, 8 * MiB)
-    image.write(cloud, att, seed + 1, 900 * MiB, 4 * MiB)
-    cloud.detach(att)
-    return vol, image
+def writes(seed):
+    """What a scenario's volume holds: its head, and far in (at 900 MiB)."""
+    return [(seed, 0, 8 * MiB), (seed + 1, 900 * MiB, 4 * MiB)]
 
 
 def volume_pids(stack):
@@ -168,16 +160,13 @@ def check_failed_cleanly(cloud, vol, image):
 
 def restart_while_hydrating(cloud, stack, seed, restart, expected):
     vt = steps.slow_hydration_type(cloud)
-    vol, image = seeded_on_a(cloud, seed, vt.id)
+    vol, image = steps.seeded_on(cloud, 'a', writes(seed), vt.id)
     try:
         pids = volume_pids(stack)
         att = steps.attached_on(cloud, vol.id, 'b')
         # node B's own write, where the copy (front to back) has not been
         image.write(cloud, att, seed + 2, 960 * MiB, 4 * MiB)
-        before = steps.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before the '
-            'restart' % (100 * before))
+        before = steps.still_hydrating(cloud, att, 'before the restart')
         marks = stack.log_marks()
         LOG.info('restart at %.1f%% hydrated', 100 * before)
         restart()
@@ -239,7 +228,7 @@ def restart_during_move(cloud, stack, seed, outage, expected):
     A's): ``outage`` restarts the broker or the database and calls
     ``resume()`` to let node B go on, at the point it chooses.
     """
-    vol, image = seeded_on_a(cloud, seed)
+    vol, image = steps.seeded_on(cloud, 'a', writes(seed))
     result = {}
 
     def attach():

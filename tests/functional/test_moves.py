@@ -142,20 +142,12 @@ def test_source_powered_off_while_hydrating(cloud, stack):
     checked, the writes node B made while node A was down included.
     """
     vt = steps.slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vol, image = steps.seeded_on(
+        cloud, 'a', [(81, 0, 8 * MiB), (82, 900 * MiB, 4 * MiB)], vt.id)
     try:
-        att = steps.attached_on(cloud, vol.id, 'a')
-        image = steps.Image(cloud.on_node('a', api.block_digests, att.path,
-                                          GiB, steps.BLOCK))
-        image.write(cloud, att, 81, 0, 8 * MiB)
-        image.write(cloud, att, 82, 900 * MiB, 4 * MiB)
-        cloud.detach(att)
-
         att = steps.attached_on(cloud, vol.id, 'b')
-        before = steps.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before node A '
-            'was powered off' % (100 * before))
+        before = steps.still_hydrating(cloud, att,
+                                       'before node A was powered off')
         stack.power_off('a')
         cloud.forget_node('a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
@@ -192,19 +184,11 @@ def test_source_down_past_the_replacement_timeout(cloud, stack):
     again, those reads work and the copy finishes by itself.
     """
     vt = steps.slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vol, image = steps.seeded_on(
+        cloud, 'a', [(111, 0, 8 * MiB), (112, 800 * MiB, 4 * MiB)], vt.id)
     try:
-        att = steps.attached_on(cloud, vol.id, 'a')
-        image = steps.Image(cloud.on_node('a', api.block_digests, att.path,
-                                          GiB, steps.BLOCK))
-        image.write(cloud, att, 111, 0, 8 * MiB)
-        image.write(cloud, att, 112, 800 * MiB, 4 * MiB)
-        cloud.detach(att)
-
         att = steps.attached_on(cloud, vol.id, 'b')
-        before = steps.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied' % (100 * before))
+        steps.still_hydrating(cloud, att, 'before node A was powered off')
         stack.power_off('a')
         cloud.forget_node('a')
         t0 = time.monotonic()
@@ -238,19 +222,12 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
     node A's flushed writes, none overwritten by the copy.
     """
     vt = steps.slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-b', volume_type=vt.id)
+    vol, image = steps.seeded_on(
+        cloud, 'b', [(91, 0, 8 * MiB), (92, 900 * MiB, 4 * MiB)], vt.id)
     try:
-        att = steps.attached_on(cloud, vol.id, 'b')
-        image = steps.Image(api.block_digests(att.path, GiB, steps.BLOCK))
-        image.write(cloud, att, 91, 0, 8 * MiB)
-        image.write(cloud, att, 92, 900 * MiB, 4 * MiB)
-        cloud.detach(att)
-
         att = steps.attached_on(cloud, vol.id, 'a')
-        before = steps.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before node A '
-            'was powered off' % (100 * before))
+        before = steps.still_hydrating(cloud, att,
+                                       'before node A was powered off')
         # flushed, in a region not copied yet (the copy goes front to back)
         image.write(cloud, att, 93, 960 * MiB, 4 * MiB)
         stack.power_off('a')
@@ -301,14 +278,8 @@ def test_volume_moves_on_to_a_third_node(cloud, node_c):
     anything of it.
     """
     vt = steps.slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vol, image = steps.seeded_on(cloud, 'a', [(101, 0, 8 * MiB)], vt.id)
     try:
-        att = steps.attached_on(cloud, vol.id, 'a')
-        image = steps.Image(cloud.on_node('a', api.block_digests, att.path,
-                                          GiB, steps.BLOCK))
-        image.write(cloud, att, 101, 0, 8 * MiB)
-        cloud.detach(att)
-
         att = steps.attached_on(cloud, vol.id, 'b')
         assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
         refusal = cloud.attach_refused(vol.id, 'c', att.instance)

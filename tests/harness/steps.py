@@ -23,10 +23,12 @@ kernel's slowest pace.  Testbed guest only.
 import logging
 
 from tests.harness import api
+from tests.harness import services
 from tests.harness import testbed
 
 LOG = logging.getLogger('steps')
 MiB = testbed.MiB
+GiB = 1024 * MiB
 BLOCK = MiB
 
 
@@ -95,6 +97,47 @@ def hydrated_fraction(cloud, att):
     done, total = cloud.on_node(att.node, testbed.clone_progress,
                                 att.path.rsplit('/', 1)[-1])
     return done / total
+
+
+def seeded_on(cloud, node, writes=(), volume_type=None, fill=None):
+    """A new 1 GiB volume of ``node``'s zone with known data, detached.
+
+    Attached on ``node`` (a local connection) for the writes, then
+    detached: ``writes`` are (seed, offset, length) patterns, recorded
+    in the :class:`Image` returned with the volume, ``(volume, image)``.
+    With ``fill``, ``fill(att)`` writes instead and its result comes
+    back in place of the Image.  The volume is deleted if this fails.
+    """
+    vol = cloud.create(size=1, az=services.NODE_AZ[node],
+                       volume_type=volume_type)
+    try:
+        att = attached_on(cloud, vol.id, node)
+        if fill is not None:
+            content = fill(att)
+        else:
+            content = Image(cloud.on_node(node, api.block_digests, att.path,
+                                          GiB, BLOCK))
+            for seed, offset, length in writes:
+                content.write(cloud, att, seed, offset, length)
+        cloud.detach(att)
+    except BaseException:
+        cloud.delete(vol.id)
+        raise
+    return vol, content
+
+
+def still_hydrating(cloud, att, when):
+    """The fraction of the clone under ``att`` copied so far: under half.
+
+    For a scenario that acts on a move while it hydrates (a volume of
+    :func:`slow_hydration_type`, copied front to back): it fails when
+    the copy has outrun the scenario, ``when`` (e.g. "before the
+    restart") it acts.
+    """
+    before = hydrated_fraction(cloud, att)
+    assert before < 0.5, ('hydration outran the scenario: %.0f%% copied %s'
+                          % (100 * before, when))
+    return before
 
 
 def wait_finalized(cloud, volume_id, timeout=900):
