@@ -174,9 +174,8 @@ class Cloud(object):
     def forget_node(self, node_key):
         """Drop the worker on a node that was powered off."""
         worker = self._workers.pop(node_key, None)
-        if worker is not None and worker.proc is not None:
-            worker.proc.kill()
-            worker.close()
+        if worker is not None:
+            worker.kill()
 
     def close(self):
         for worker in self._workers.values():

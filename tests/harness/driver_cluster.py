@@ -76,9 +76,7 @@ class Cluster(object):
         if worker is None:
             return
         if kill:
-            worker.proc.kill()
-            worker.proc.wait()
-            worker.close()
+            worker.kill()
         else:
             try:
                 worker.call(volume_node.stop_driver)

@@ -167,22 +167,27 @@ class NodeProcess(object):
         while not self._conn_in.poll(1):
             rc = self.proc.poll()
             if rc is not None:
-                self._abandon()
+                self.kill()
                 raise NodeProcessDied('worker on %s exited (status %s) during '
                                       '%s' % (self.node.name, rc, what))
             if time.monotonic() > deadline:
-                self._abandon()
+                self.kill()
                 raise NodeProcessDied('worker on %s: no answer to %s within '
                                       '%d s; killed' % (self.node.name, what,
                                                         timeout))
         try:
             return self._conn_in.recv()
         except EOFError:
-            self._abandon()
+            self.kill()
             raise NodeProcessDied('worker on %s closed its pipe during %s'
                                   % (self.node.name, what))
 
-    def _abandon(self):
+    def kill(self):
+        """Kill the worker (if it still runs) and let it go.
+
+        For a worker that does not answer, or one on a node that was
+        powered off: nothing is asked of it.
+        """
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
