@@ -10,7 +10,7 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Helpers for the functional tests that run inside the testbed guest.
+"""Helpers for the tests that run inside the testbed guest (every suite).
 
 Everything here runs real commands against the guest's kernel (LVM,
 device-mapper, LIO, open-iscsi) and uses only the standard library, so the
