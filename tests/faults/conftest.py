@@ -82,14 +82,6 @@ def rootwrap():
     os.environ.pop(volume_node.ROOTWRAP_ENV, None)
 
 
-def rootwrap_log():
-    try:
-        with open(volume_node.ROOTWRAP_LOG) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
-
-
 @pytest.fixture(scope='session')
 def cluster(rootwrap):
     """Both nodes' volume services (through rootwrap) for the session."""
@@ -123,10 +115,10 @@ def fault(request):
     if not testbed.in_testbed():
         yield None
         return
-    before = len(rootwrap_log())
+    before = len(volume_node.root_commands())
     row = Row(request.node.name)
     yield row
-    lines = rootwrap_log()[before:]
+    lines = volume_node.root_commands()[before:]
     refused = [line for line in lines if line.startswith('REFUSED')]
     call = getattr(request.node, 'report_call', None)
     if call is not None and call.skipped:
@@ -173,7 +165,7 @@ def _write_matrix():
 
     Called after every test, so a run cut short keeps what it measured.
     """
-    lines = rootwrap_log()
+    lines = volume_node.root_commands()
     refused = len([x for x in lines if x.startswith('REFUSED')])
     text = _markdown(_MATRIX, len(lines), refused)
     out = os.path.join(testbed.topology().artifacts_dir, 'faults')

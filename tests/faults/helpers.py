@@ -119,15 +119,6 @@ def wait_nothing_on_b(volume_id, timeout=300):
                        diagnostics=lambda: str(nothing_on_b(volume_id)))
 
 
-def root_commands():
-    """The root commands both services ran so far (see conftest)."""
-    try:
-        with open(volume_node.ROOTWRAP_LOG) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
-
-
 def wipes(device_prefix, since=0):
     """Wipes of old copies that ran to the end, from line ``since`` on.
 
@@ -136,7 +127,7 @@ def wipes(device_prefix, since=0):
     root command log is "ok" only if it exited 0.
     """
     prefix = 'ok dd if=/dev/zero of=%s' % device_prefix
-    return [line for line in root_commands()[since:]
+    return [line for line in volume_node.root_commands()[since:]
             if line.startswith(prefix)]
 
 

@@ -148,8 +148,7 @@ def test_source_powered_off_while_hydrating(cloud, stack):
         att = steps.attached_on(cloud, vol.id, 'b')
         before = steps.still_hydrating(cloud, att,
                                        'before node A was powered off')
-        stack.power_off('a')
-        cloud.forget_node('a')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
         # Node B keeps working on what is local (its own writes), here
         # in a region not copied yet (the copy goes front to back).
@@ -189,8 +188,7 @@ def test_source_down_past_the_replacement_timeout(cloud, stack):
     try:
         att = steps.attached_on(cloud, vol.id, 'b')
         steps.still_hydrating(cloud, att, 'before node A was powered off')
-        stack.power_off('a')
-        cloud.forget_node('a')
+        steps.power_off(stack, cloud, 'a')
         t0 = time.monotonic()
         image.write(cloud, att, 113, 960 * MiB, 4 * MiB)
         # blocks until the replacement timeout (120 s) has passed
@@ -230,8 +228,7 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
                                        'before node A was powered off')
         # flushed, in a region not copied yet (the copy goes front to back)
         image.write(cloud, att, 93, 960 * MiB, 4 * MiB)
-        stack.power_off('a')
-        cloud.forget_node('a')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
 
         stack.boot('a')

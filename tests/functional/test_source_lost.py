@@ -142,8 +142,7 @@ def test_source_lost_while_hydrating(cloud, stack, topo):
         att = steps.attached_on(cloud, vol.id, 'b')
         before = steps.still_hydrating(cloud, att,
                                        'before node A was powered off')
-        stack.power_off('a')
-        cloud.forget_node('a')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
 
         # Refused while node A's service still counts as up (its last

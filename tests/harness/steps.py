@@ -99,6 +99,12 @@ def hydrated_fraction(cloud, att):
     return done / total
 
 
+def power_off(stack, cloud, node):
+    """``node`` loses power: its guest, its volume service, its worker."""
+    stack.power_off(node)
+    cloud.forget_node(node)
+
+
 def seeded_on(cloud, node, writes=(), volume_type=None, fill=None):
     """A new 1 GiB volume of ``node``'s zone with known data, detached.
 

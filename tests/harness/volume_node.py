@@ -168,6 +168,15 @@ def _log_root_command(verdict, cmd):
         f.write('%s %s\n' % (verdict, shlex.join(str(c) for c in cmd)))
 
 
+def root_commands():
+    """The lines of ROOTWRAP_LOG so far: "<verdict> <command>" each."""
+    try:
+        with open(ROOTWRAP_LOG) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
 # --------------------------------------------------------------------------
 # Fault injection: kill -9 of this worker at a step of a transfer
 # --------------------------------------------------------------------------
