@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 import time
 
-from tests.functional import testbed
+from tests.harness import testbed
 
 KiB = testbed.KiB
 MiB = testbed.MiB

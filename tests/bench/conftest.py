@@ -24,13 +24,16 @@ import os
 import pytest
 
 from tests.bench import bench
-from tests.functional import fixtures
-from tests.functional import testbed
+from tests.harness import pytest_fixtures
+from tests.harness import selection
+from tests.harness import testbed
 
 NOT_IN_TESTBED = (
     'NOT RUN: benchmarks need the cinder-dmclone testbed guest (%s is '
     'missing, so this is not it); run them with tox -e bench'
     % testbed.TOPOLOGY_PATH)
+
+topo = pytest_fixtures.topo
 
 
 def pytest_addoption(parser):
@@ -39,7 +42,7 @@ def pytest_addoption(parser):
 
 
 def pytest_collection_modifyitems(config, items):
-    fixtures.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
+    selection.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
 
 
 @pytest.fixture(scope='session')
@@ -57,11 +60,6 @@ def results(scale):
 @pytest.fixture(scope='session')
 def dm():
     return bench.dm()
-
-
-@pytest.fixture(scope='session')
-def topo():
-    return testbed.topology()
 
 
 @pytest.fixture(scope='session')

@@ -34,7 +34,7 @@ from cinder_dmclone import layout
 from cinder_dmclone import opts
 from cinder_dmclone import privileged
 from tests.bench import bench
-from tests.functional import testbed
+from tests.harness import testbed
 
 KiB = bench.KiB
 MiB = bench.MiB

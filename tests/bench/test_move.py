@@ -12,7 +12,7 @@
 
 """Time to move a volume end to end, through the real driver.
 
-Both nodes' volume services run the driver (tests/functional/cluster.py,
+Both nodes' volume services run the driver (tests/harness/driver_cluster.py,
 the functional suite's harness); the benchmark plays Nova: it attaches a
 volume of node A on node B (nothing else attached, so hydration starts at
 once) and ticks node B's monitor every second, as a service with
@@ -26,14 +26,15 @@ copies region by region like any other data.
 import time
 
 from tests.bench import bench
-from tests.functional import cinder_node
-from tests.functional import fixtures
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import pytest_fixtures
+from tests.harness import testbed
+from tests.harness import volume_node
 
 GiB = 1024 * bench.MiB
 
-cluster = fixtures.cluster
+# The functional suite's two volume services, for the session.
+cluster = pytest_fixtures.cluster
 
 
 def in_transfer(cluster, volume_id):
@@ -56,7 +57,7 @@ def test_move_end_to_end(results, cluster, scale):
             while in_transfer(cluster, vid):
                 assert time.monotonic() - t0 < 1800, 'move takes too long'
                 time.sleep(1.0)
-                cluster['b'].call(cinder_node.tick)
+                cluster['b'].call(volume_node.tick)
                 ticks += 1
             total_s = time.monotonic() - t0
             assert cluster.node_of(vid) == 'b'
@@ -113,7 +114,8 @@ def test_recovery_with_transfers_in_flight(results, cluster, scale):
         out['start_after_crash_s'] = timed_start(cluster, 'b')
 
         cluster.stop('b', kill=True)
-        names = [tt.handle(v, 'b').split('/')[-1] for v, _a, _b in made]
+        names = [driver_steps.handle(v, 'b').split('/')[-1]
+                 for v, _a, _b in made]
         testbed.run(['dmsetup', 'remove', '--force'] + names)
         testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'],
                     check=False)

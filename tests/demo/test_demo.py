@@ -29,9 +29,9 @@ import sys
 import time
 import warnings
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import stack as stack_mod
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import services
+from tests.harness import testbed
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
@@ -92,7 +92,7 @@ def test_demo():
     warnings.simplefilter('ignore')
     topo = testbed.topology()
     stderr_to(os.path.join(topo.artifacts_dir, 'demo-stderr.log'))
-    stack = stack_mod.Stack(topo)
+    stack = services.Stack(topo)
     assert topo.separate, 'the demo runs with tools/testbed/run --layout ' \
         'separate (tools/run-demo.sh)'
     say('Starting a Cinder cloud in the testbed: MariaDB, RabbitMQ, etcd '
@@ -107,7 +107,7 @@ def test_demo():
         show('all services up and both pools listed in %.0f s (%s)' % (
             time.monotonic() - t0, ', '.join(
                 '%s %.0f s' % kv for kv in stack.timings.items())))
-        cloud = cloud_mod.Cloud(stack, worker_log=os.path.join(
+        cloud = api.Cloud(stack, worker_log=os.path.join(
             stack.log_dir, 'demo-workers.log'))
         cloud.ensure_volume_type()
         try:

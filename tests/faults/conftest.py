@@ -12,13 +12,13 @@
 
 """Fixtures of the fault suite (``tox -e faults``); testbed guest only.
 
-The suite reuses the functional harness (tests/functional/cluster.py: both
-nodes' volume services running the real driver on the real kernel) with
-two differences:
+The suite runs on the harness's driver cluster
+(``tests.harness.driver_cluster``: both nodes' volume services running
+the real driver on the real kernel) with two differences:
 
 * every root command of the services goes through ``sudo cinder-rootwrap``
   with Cinder's volume.filters and this project's dmclone.filters
-  (:func:`tests.functional.cinder_node.use_rootwrap`); a command the
+  (:func:`tests.harness.volume_node.use_rootwrap`); a command the
   filters refuse fails the test that ran it;
 * every test adds a row to the fault matrix (scenario, result, time to
   recover), printed at the end of the run and written to
@@ -33,29 +33,31 @@ import time
 
 import pytest
 
-from tests.functional import cinder_node
-# The functional suite's fixtures: the leak check after every test, the
-# topology, undo callables.
-from tests.functional.conftest import _testbed_logging  # noqa: F401
-from tests.functional.conftest import cleanup  # noqa: F401
-from tests.functional.conftest import no_leaks  # noqa: F401
-from tests.functional.conftest import topo  # noqa: F401
-from tests.functional import fixtures
-from tests.functional import stack
-from tests.functional import testbed
+# The harness's fixtures: the leak check after every test (which boots a
+# node a failed test left down first), the topology, undo callables.
+from tests.harness import pytest_fixtures
+from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
+from tests.harness.pytest_fixtures import cleanup  # noqa: F401
+from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
+from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
+from tests.harness.pytest_fixtures import topo  # noqa: F401
+from tests.harness import selection
+from tests.harness import services
+from tests.harness import testbed
+from tests.harness import volume_node
 
 NOT_IN_TESTBED = (
     'NOT RUN: the fault suite needs the cinder-dmclone testbed guest (%s '
     'is missing, so this is not it); run it with tox -e faults'
     % testbed.TOPOLOGY_PATH)
 
-ROOTWRAP_DIR = cinder_node.RUN_DIR + '/rootwrap'
+ROOTWRAP_DIR = volume_node.RUN_DIR + '/rootwrap'
 
 _MATRIX = []
 
 
 def pytest_collection_modifyitems(config, items):
-    fixtures.skip_outside_testbed(items, 'tests/faults/', NOT_IN_TESTBED)
+    selection.skip_outside_testbed(items, 'tests/faults/', NOT_IN_TESTBED)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -68,30 +70,22 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture(scope='session')
 def rootwrap():
     """Root commands of the workers go through cinder-rootwrap."""
-    os.makedirs(cinder_node.RUN_DIR, exist_ok=True)
+    os.makedirs(volume_node.RUN_DIR, exist_ok=True)
     # DM_DISABLE_UDEV: the guest has no udev, so dmsetup must create its
     # device nodes itself (a real node runs udev).
-    path = stack.install_rootwrap(ROOTWRAP_DIR,
-                                  sudo_env_keep=('DM_DISABLE_UDEV',))
-    if os.path.exists(cinder_node.ROOTWRAP_LOG):
-        os.unlink(cinder_node.ROOTWRAP_LOG)
-    os.environ[cinder_node.ROOTWRAP_ENV] = path
+    path = services.install_rootwrap(ROOTWRAP_DIR,
+                                     sudo_env_keep=('DM_DISABLE_UDEV',))
+    if os.path.exists(volume_node.ROOTWRAP_LOG):
+        os.unlink(volume_node.ROOTWRAP_LOG)
+    os.environ[volume_node.ROOTWRAP_ENV] = path
     yield path
-    os.environ.pop(cinder_node.ROOTWRAP_ENV, None)
-
-
-def rootwrap_log():
-    try:
-        with open(cinder_node.ROOTWRAP_LOG) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
+    os.environ.pop(volume_node.ROOTWRAP_ENV, None)
 
 
 @pytest.fixture(scope='session')
 def cluster(rootwrap):
     """Both nodes' volume services (through rootwrap) for the session."""
-    yield from fixtures.running_cluster()
+    yield from pytest_fixtures.running_cluster()
 
 
 @pytest.fixture(autouse=True)
@@ -121,10 +115,10 @@ def fault(request):
     if not testbed.in_testbed():
         yield None
         return
-    before = len(rootwrap_log())
+    before = len(volume_node.root_commands())
     row = Row(request.node.name)
     yield row
-    lines = rootwrap_log()[before:]
+    lines = volume_node.root_commands()[before:]
     refused = [line for line in lines if line.startswith('REFUSED')]
     call = getattr(request.node, 'report_call', None)
     if call is not None and call.skipped:
@@ -171,7 +165,7 @@ def _write_matrix():
 
     Called after every test, so a run cut short keeps what it measured.
     """
-    lines = rootwrap_log()
+    lines = volume_node.root_commands()
     refused = len([x for x in lines if x.startswith('REFUSED')])
     text = _markdown(_MATRIX, len(lines), refused)
     out = os.path.join(testbed.topology().artifacts_dir, 'faults')

@@ -14,12 +14,12 @@
 
 import time
 
-from tests.functional import cinder_node
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import testbed
+from tests.harness import volume_node
 
 MiB = testbed.MiB
-REGION = tt.REGION
+REGION = driver_steps.REGION
 SLOW = {'dmclone:hydration_threshold': '1',
         'dmclone:hydration_batch_size': '1'}
 #: MiB of an old copy the wiper clears in the scenarios that wipe
@@ -87,7 +87,7 @@ def tick_until_dead(cluster, key, timeout=600):
         assert time.monotonic() < deadline, 'no crash within %d s: %s' % (
             timeout, testbed.run(['dmsetup', 'status'], check=False).stdout)
         try:
-            cluster[key].call(cinder_node.tick)
+            cluster[key].call(volume_node.tick)
         except Exception:
             if cluster.alive(key):
                 raise
@@ -119,15 +119,6 @@ def wait_nothing_on_b(volume_id, timeout=300):
                        diagnostics=lambda: str(nothing_on_b(volume_id)))
 
 
-def root_commands():
-    """The root commands both services ran so far (see conftest)."""
-    try:
-        with open(cinder_node.ROOTWRAP_LOG) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
-
-
 def wipes(device_prefix, since=0):
     """Wipes of old copies that ran to the end, from line ``since`` on.
 
@@ -136,7 +127,7 @@ def wipes(device_prefix, since=0):
     root command log is "ok" only if it exited 0.
     """
     prefix = 'ok dd if=/dev/zero of=%s' % device_prefix
-    return [line for line in root_commands()[since:]
+    return [line for line in volume_node.root_commands()[since:]
             if line.startswith(prefix)]
 
 
@@ -152,7 +143,8 @@ def stays_on_a(cluster, volume_id, expected):
     assert state(cluster, volume_id) in (None, 'aborted'), \
         cluster.admin_metadata(volume_id)
     assert nothing_on_b(volume_id) == []
-    assert testbed.sha256_of_device(tt.handle(volume_id, 'a')) == expected
+    assert testbed.sha256_of_device(
+        driver_steps.handle(volume_id, 'a')) == expected
 
 
 def end_on_a(cluster, volume_id, image, attachment):

@@ -19,8 +19,8 @@ the parser's answers to it are covered by tests/unit/test_dmsetup.py.)
 import pytest
 
 from tests.faults import helpers
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import testbed
 
 
 @pytest.mark.parametrize('option,value,message', [
@@ -42,7 +42,7 @@ def test_bad_configuration_stops_the_service(cluster, fault, option, value,
 
 def test_source_lv_smaller_than_the_volume(cluster, fault):
     fault.scenario = 'source LV smaller than its volume record'
-    vid, image = tt.seeded_volume(cluster, 500)
+    vid, image = driver_steps.seeded_volume(cluster, 500)
     cluster.set_size(vid, 2)                     # the record lies
     att_a, _info = cluster.attach(vid, 'a')
     with pytest.raises(Exception) as info:
@@ -56,7 +56,7 @@ def test_source_lv_smaller_than_the_volume(cluster, fault):
 def test_nonsense_transfer_metadata(cluster, fault):
     fault.scenario = 'transfer admin metadata edited to nonsense'
     from cinder.db import api as db
-    vid, image = tt.seeded_volume(cluster, 510)
+    vid, image = driver_steps.seeded_volume(cluster, 510)
     att_a, info_a = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')
     good = cluster.admin_metadata(vid)['dmclone_region_sectors']
@@ -80,7 +80,7 @@ def test_nonsense_transfer_metadata(cluster, fault):
 
 def test_metadata_lv_missing_after_reboot(cluster, fault):
     fault.scenario = 'metadata LV missing when the destination reboots'
-    vid, image = tt.seeded_volume(cluster, 520)
+    vid, image = driver_steps.seeded_volume(cluster, 520)
     att_a, info_a = cluster.attach(vid, 'a')
     att_b, _info = cluster.attach(vid, 'b')         # cloned
     helpers.reboot_b(cluster)
@@ -92,7 +92,8 @@ def test_metadata_lv_missing_after_reboot(cluster, fault):
                    if 'dmc--b' in n)
     fault.detail = 'recovery refused to build the clone; rolled back'
     # The source never stopped holding the data.
-    assert testbed.sha256_of_device(tt.handle(vid, 'a')) == image.digest()
+    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
+        image.digest()
     # The migration is abandoned: the destination detaches (rollback).
     cluster.detach(vid, att_b)
     helpers.end_on_a(cluster, vid, image, att_a)

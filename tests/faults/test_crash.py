@@ -13,7 +13,7 @@
 """kill -9 of a volume service at every step of a live migration's move.
 
 The destination's service (node B) kills itself with SIGKILL right after
-a step of the move's state machine (``cinder_node.CRASH_POINTS``: the
+a step of the move's state machine (``volume_node.CRASH_POINTS``: the
 prepare, commit and finalize steps of cinder_dmclone.destination and
 cinder_dmclone.clone), or the
 source's service dies during hydration, or node B "reboots".  Each
@@ -39,24 +39,24 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import cinder_node
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import testbed
+from tests.harness import volume_node
 
 REGION = helpers.REGION
 MiB = helpers.MiB
 # The move's own steps; the teardowns' have scenarios of their own below.
-POINTS = [p for p in cinder_node.CRASH_POINTS
+POINTS = [p for p in volume_node.CRASH_POINTS
           if p.split(':')[0] in ('prepare', 'commit', 'finalize')]
-ROLLBACK_POINTS = cinder_node.crash_points('rollback')
-HELD_POINTS = cinder_node.crash_points('held')
-ABORT_POINTS = cinder_node.crash_points('abort')
-DELETE_POINTS = cinder_node.crash_points('delete')
-WIPE_POINTS = cinder_node.crash_points('wipe')
+ROLLBACK_POINTS = volume_node.crash_points('rollback')
+HELD_POINTS = volume_node.crash_points('held')
+ABORT_POINTS = volume_node.crash_points('abort')
+DELETE_POINTS = volume_node.crash_points('delete')
+WIPE_POINTS = volume_node.crash_points('wipe')
 
 
 def _live_migration_start(cluster, seed_value):
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     att_a, info_a = cluster.attach(vid, 'a')
     return vid, image, att_a, info_a['data']['device_path']
 
@@ -69,7 +69,7 @@ def test_destination_killed(cluster, fault, point):
     phase = point.split(':')[0]
 
     if phase == 'prepare':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         with pytest.raises(Exception):
             cluster.attach(vid, 'b')
         # The instance goes on writing on A; the move never happened.
@@ -88,7 +88,7 @@ def test_destination_killed(cluster, fault, point):
     image.write(path_a, 9 * REGION, testbed.pattern(seed_value + 6, REGION))
 
     if phase == 'commit':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         with pytest.raises(Exception):
             cluster.detach(vid, att_a)
         helpers.restart(cluster, 'b', fault)
@@ -105,12 +105,12 @@ def test_destination_killed(cluster, fault, point):
     expected = image.digest()
 
     if phase == 'finalize':
-        cluster['b'].call(cinder_node.arm_crash, point)
+        cluster['b'].call(volume_node.arm_crash, point)
         helpers.tick_until_dead(cluster, 'b')
         before = helpers.state(cluster, vid)
         helpers.restart(cluster, 'b', fault)
         fault.detail = 'state at the crash: %s' % (before or 'cleared')
-    tt.finish_on_b(cluster, vid, expected, att_b)
+    driver_steps.finish_on_b(cluster, vid, expected, att_b)
 
 
 def test_source_killed_during_hydration(cluster, fault):
@@ -125,14 +125,14 @@ def test_source_killed_during_hydration(cluster, fault):
     # The copy goes on (LIO serves it from node A's kernel); the
     # finalization waits for node A's service to retire its copy.
     testbed.wait_until(
-        lambda: cluster['b'].call(cinder_node.tick) is not None
+        lambda: cluster['b'].call(volume_node.tick) is not None
         and helpers.state(cluster, vid) == 'finalizing', 900,
         'finalization blocked on the dead source', interval=2)
-    assert testbed.run(['test', '-e', tt.lv(vid, 'a')],
+    assert testbed.run(['test', '-e', driver_steps.lv(vid, 'a')],
                        check=False).returncode == 0, 'source LV gone early'
     t0 = time.monotonic()
     cluster.start('a')
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
     fault.recovered(t0)
     fault.detail = 'finalization waited in "finalizing" for the source'
 
@@ -157,7 +157,7 @@ def test_destination_reboot_during_hydration(cluster, fault):
     assert ' clone ' in ' %s ' % testbed.dm_status(name)
     assert testbed.read_direct(path_b, 30 * REGION, 2 * REGION) == \
         testbed.pattern(311, 2 * REGION)
-    tt.finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
 
 
 @pytest.mark.parametrize('writes_on_source', [False, True])
@@ -237,7 +237,7 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     # Now, while node A still has the volume's LV (the image's base).
     expected = image.digest()
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.detach(vid, att_b)
     at_crash = _where(cluster, vid)
@@ -255,8 +255,8 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     # The operator deletes the stale attachment: the move commits.
     cluster.detach(vid, att_a)
     assert helpers.state(cluster, vid) == 'hydrating'
-    tt.wait_finalized(cluster, vid)
-    tt.assert_only_on_b(cluster, vid, expected)
+    driver_steps.wait_finalized(cluster, vid)
+    driver_steps.assert_only_on_b(cluster, vid, expected)
     cluster.delete_volume(vid)
 
 
@@ -276,7 +276,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(helpers.root_commands())
+    since = len(volume_node.root_commands())
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
     att_b, _info_b = cluster.attach(vid, 'b')
     assert helpers.state(cluster, vid) == 'cloned'
@@ -285,7 +285,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     image.write(path_a, 12 * REGION + 4096,
                 testbed.pattern(seed_value + 6, 8192))
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.detach(vid, att_b)                    # roll back
     at_crash = _where(cluster, vid)
@@ -319,15 +319,15 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
     seed_value = 700 + 10 * ABORT_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(helpers.root_commands())
+    since = len(volume_node.root_commands())
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
 
-    cluster['b'].call(cinder_node.arm_withdrawn_attach, point)
+    cluster['b'].call(volume_node.arm_withdrawn_attach, point)
     # Nova's attach on B (cluster.attach would delete the attachment
     # afterwards; Nova already did).
     att_b = cluster.reserve(vid)
     with pytest.raises(Exception, match='deleted while the move was'):
-        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+        cluster.on_volume_node(vid, volume_node.attach, vid, att_b,
                                cluster.connector('b'))
     # (B dies before it answers A's abort, unless its logout outlasted
     # A's transfer timeout.)
@@ -359,8 +359,8 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     seed_value = 800 + 10 * DELETE_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(helpers.root_commands())
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    since = len(volume_node.root_commands())
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     # The kernel's slowest hydration: the copy is under way at the delete.
     cluster.use_type(vid, 'slow', helpers.SLOW)
     att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
@@ -369,7 +369,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     cluster.detach(vid, att_b)
     assert helpers.state(cluster, vid) == 'hydrating'
 
-    cluster['b'].call(cinder_node.arm_crash, point)
+    cluster['b'].call(volume_node.arm_crash, point)
     with pytest.raises(Exception):
         cluster.delete_volume(vid)
     at_crash = _where(cluster, vid)
@@ -400,20 +400,20 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
     seed_value = 900 + 10 * WIPE_POINTS.index(point)
     helpers.with_options(cluster, 'a', helpers.WIPING)
     helpers.with_options(cluster, 'b')
-    vid, image = tt.seeded_volume(cluster, seed_value)
+    vid, image = driver_steps.seeded_volume(cluster, seed_value)
     att_b, info_b = cluster.attach(vid, 'b')          # moves, hydrates
     image.write(info_b['data']['device_path'], 30 * REGION,
                 testbed.pattern(seed_value + 5, REGION))
     # Now, while node A still has the volume's LV (the image's base).
     expected = image.digest()
 
-    cluster['a'].call(cinder_node.arm_crash, point)
+    cluster['a'].call(volume_node.arm_crash, point)
     # Node B's monitor finalizes the move: A retires its copy.
     deadline = time.monotonic() + 900
     while cluster.alive('a'):
         assert time.monotonic() < deadline, 'node A not killed: %s' % (
             cluster.admin_metadata(vid))
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         time.sleep(2)
     at_crash = helpers.state(cluster, vid) or 'cleared'
     vg = testbed.topology().a.vg
@@ -436,7 +436,7 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
             testbed.pattern(seed_value + 2, MiB)
         found = 'zeros over its first %d MiB' % wipe_mb
 
-    since = len(helpers.root_commands())
+    since = len(volume_node.root_commands())
     t0 = time.monotonic()
     helpers.restart(cluster, 'a', overrides=helpers.WIPING)
     testbed.wait_until(lambda: old[0] not in testbed.list_lvs(), 300,
@@ -448,4 +448,4 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
     fault.detail = ('state at the crash: %s; the renamed LV held %s; '
                     'wiped again and removed after the restart'
                     % (at_crash, found))
-    tt.finish_on_b(cluster, vid, expected, att_b)
+    driver_steps.finish_on_b(cluster, vid, expected, att_b)

@@ -40,11 +40,10 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import cloud as cloud_mod
-from tests.functional.test_fullstack import cloud  # noqa: F401
-from tests.functional.test_fullstack import stack  # noqa: F401
-from tests.functional.test_fullstack import write_pattern
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
+from tests.harness.pytest_fixtures import module_stack  # noqa: F401
+from tests.harness import testbed
 
 MiB = helpers.MiB
 GiB = 1024 * MiB
@@ -98,12 +97,12 @@ def test_twenty_live_migrations_at_once_under_fio(stack, cloud,  # noqa
             '/testbed/run'):
         pytest.skip('NOT RUN: %d hydrated volumes of 1 GiB need the volume '
                     'groups on the host\'s disk: run tox -e load' % COUNT)
-    cloud_mod.load_brick()   # before any worker thread imports it
+    api.load_brick()   # before any worker thread imports it
     local = threading.local()
 
     def client():
         if not hasattr(local, 'cloud'):
-            local.cloud = cloud_mod.Cloud(stack)
+            local.cloud = api.Cloud(stack)
         return local.cloud
 
     t_start = time.monotonic()
@@ -118,8 +117,8 @@ def test_twenty_live_migrations_at_once_under_fio(stack, cloud,  # noqa
         # Each instance on A writes a head and a tail of its own.
         att_a = _pool(lambda v: client().attach(v.id, 'a'), vols, ATTACHERS)
         for i, att in enumerate(att_a):
-            write_pattern(att.path, 500 + i, 8 * MiB)
-            write_pattern(att.path, 600 + i, MiB, offset=GiB - MiB)
+            testbed.write_pattern(att.path, 500 + i, 8 * MiB)
+            testbed.write_pattern(att.path, 600 + i, MiB, offset=GiB - MiB)
         before = [_digests(att.path) for att in att_a]
 
         # Pre-live-migration on B for all twenty: clones, hydration off.

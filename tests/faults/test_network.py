@@ -27,9 +27,9 @@ import time
 import pytest
 
 from tests.faults import helpers
-from tests.functional import cinder_node
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import testbed
+from tests.harness import volume_node
 
 REGION = helpers.REGION
 GiB = 1024 * helpers.MiB
@@ -77,7 +77,7 @@ def commit_and_finish(cluster, volume_id, image, att_a, att_b):
     assert helpers.state(cluster, volume_id) == 'cloned'
     cluster.detach(volume_id, att_a)
     netem_off()
-    tt.finish_on_b(cluster, volume_id, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, volume_id, image.digest(), att_b)
 
 
 def restart_with(cluster, key, overrides, cleanup):
@@ -91,14 +91,15 @@ def restart_with(cluster, key, overrides, cleanup):
 def percent(cluster, volume_id):
     # <start> <length> clone <md block> <md used/total> <region sectors>
     # <hydrated/total regions> ...
-    status = testbed.dm_status(tt.handle(volume_id, 'b').split('/')[-1])
+    status = testbed.dm_status(
+        driver_steps.handle(volume_id, 'b').split('/')[-1])
     hydrated, total = status.split()[6].split('/')
     return 100.0 * int(hydrated) / int(total)
 
 
 def test_cut_during_hydration(cluster, fault, slow_link):
     fault.scenario = 'network cut %d s during hydration' % CUT_S
-    vid, image = tt.seeded_volume(cluster, 400)
+    vid, image = driver_steps.seeded_volume(cluster, 400)
     cluster.use_type(vid, 'slow', helpers.SLOW)
     att_a, _info = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')
@@ -106,7 +107,7 @@ def test_cut_during_hydration(cluster, fault, slow_link):
     # A whole-region write needs no copy: that region is local from now.
     image.write(path, 30 * REGION, testbed.pattern(401, REGION))
     cluster.detach(vid, att_a)                        # commit
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     before = percent(cluster, vid)
     assert before < 90, 'hydration too fast to cut in the middle'
 
@@ -128,20 +129,20 @@ def test_cut_during_hydration(cluster, fault, slow_link):
     expected = image.digest()
     t0 = time.monotonic()
     netem_off()
-    tt.wait_finalized(cluster, vid)
+    driver_steps.wait_finalized(cluster, vid)
     fault.recovered(t0)
     fault.detail = ('%.0f%% hydrated at the cut; local read %.2f s and '
                     'whole-region write %.2f s during it' % (before, read_s,
                                                              write_s))
     testbed.LOG.info('cut: before %.1f%%, during %.1f%%', before, during)
-    tt.assert_only_on_b(cluster, vid, expected)
+    driver_steps.assert_only_on_b(cluster, vid, expected)
     cluster.detach(vid, att_b)
     cluster.delete_volume(vid)
 
 
 def test_cut_during_attach(cluster, fault, slow_link):
     fault.scenario = 'network cut %d s during the attach' % CUT_S
-    vid, image = tt.seeded_volume(cluster, 410)
+    vid, image = driver_steps.seeded_volume(cluster, 410)
     att_a, info_a = cluster.attach(vid, 'a')
     cut()
     outcome = {}
@@ -179,7 +180,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
                       'timeout %d s' % (LONG_ATTACH_CUT_S, SHORT_TIMEOUT_S))
     restart_with(cluster, 'a', {'dmclone_transfer_timeout': SHORT_TIMEOUT_S},
                  cleanup)
-    vid, image = tt.seeded_volume(cluster, 420)
+    vid, image = driver_steps.seeded_volume(cluster, 420)
     att_a, info_a = cluster.attach(vid, 'a')
     cut()
     cut_at = time.monotonic()
@@ -199,7 +200,7 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
     # the move as aborted, so B's monitor removes what it built.
 
     def b_is_clean():
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         return helpers.nothing_on_b(vid) == []
     testbed.wait_until(b_is_clean, 600, 'node B clean after the cut',
                        interval=3,
@@ -223,7 +224,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
     fault.scenario = ('network cut %d s during hydration (past the iSCSI '
                       'replacement timeout)' % LONG_HYDRATION_CUT_S)
     restart_with(cluster, 'b', {'dmclone_stall_timeout': STALL_S}, cleanup)
-    vid, image = tt.seeded_volume(cluster, 430)
+    vid, image = driver_steps.seeded_volume(cluster, 430)
     source_digest = image.digest()
     cluster.use_type(vid, 'slow', helpers.SLOW)
     att_a, _info = cluster.attach(vid, 'a')
@@ -231,7 +232,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
     path = info_b['data']['device_path']
     image.write(path, 30 * REGION, testbed.pattern(431, REGION))
     cluster.detach(vid, att_a)                        # commit
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     before = percent(cluster, vid)
     assert before < 90, 'hydration too fast to cut in the middle'
     # The seed's last 4 KiB: hydration goes in order, so still remote.
@@ -255,7 +256,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         reader.start()
 
         def stalled():
-            cluster['b'].call(cinder_node.tick)
+            cluster['b'].call(volume_node.tick)
             md = cluster.admin_metadata(vid)
             return int(md.get('dmclone_stalled_seconds') or 0) >= STALL_S
         testbed.wait_until(stalled, STALL_S * 3 + 60,
@@ -266,7 +267,8 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         # What is local stays readable, the source still holds it all.
         assert testbed.read_direct(path, 30 * REGION, REGION) == \
             testbed.pattern(431, REGION)
-        assert testbed.sha256_of_device(tt.lv(vid, 'a')) == source_digest
+        assert testbed.sha256_of_device(driver_steps.lv(vid, 'a')) == \
+            source_digest
         time.sleep(max(0.0, LONG_HYDRATION_CUT_S
                        - (time.monotonic() - cut_at)))
     finally:
@@ -283,12 +285,12 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         assert isinstance(outcome['error'], OSError), outcome['error']
         read = 'failed after %.0f s (%s)' % (
             outcome['seconds'], outcome['error'].strerror)
-    tt.wait_finalized(cluster, vid)
+    driver_steps.wait_finalized(cluster, vid)
     fault.recovered(t0)
     fault.detail = ('%.0f%% hydrated at the cut; stall reported after '
                     '%.0f s; a read of an uncopied region %s'
                     % (before, stall_seen_s, read))
     testbed.LOG.info('long cut: %s', fault.detail)
-    tt.assert_only_on_b(cluster, vid, expected)
+    driver_steps.assert_only_on_b(cluster, vid, expected)
     cluster.detach(vid, att_b)
     cluster.delete_volume(vid)

@@ -21,8 +21,8 @@ session is not touched.
 
 import pytest
 
-from tests.functional import test_transfer as tt
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import testbed
 
 INTRUDER_IQN = 'iqn.2024-01.org.example.intruder:node'
 
@@ -65,7 +65,7 @@ def try_login(iface_name, iqn, portal, user, secret, cleanup):
 def test_transfer_export_refuses_other_initiators(cluster, fault, iface,
                                                   cleanup):
     fault.scenario = 'other initiators against the transfer export'
-    vid, image = tt.seeded_volume(cluster, 600)
+    vid, image = driver_steps.seeded_volume(cluster, 600)
     att_a, _info = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')
     md = cluster.admin_metadata(vid)

@@ -32,9 +32,9 @@ import threading
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import test_moves
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import steps
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -43,7 +43,6 @@ pytestmark = pytest.mark.layouts('separate')
 
 LOG = logging.getLogger('control-plane')
 MiB = testbed.MiB
-GiB = 1024 * MiB
 HOSTS = ('node-a@dmclone', 'node-b@dmclone', 'controller')
 
 #: What an error logged during an outage may be about (lower case).
@@ -76,16 +75,9 @@ def control_plane_running(request, services_running):
         s.restart_rabbitmq()
 
 
-def seeded_on_a(cloud, seed, volume_type=None):
-    """A detached volume on node A and the Image of what it holds."""
-    vol = cloud.create(size=1, az='az-a', volume_type=volume_type)
-    att = test_moves.attached_on(cloud, vol.id, 'a')
-    image = test_moves.Image(cloud.on_node('a', cloud_mod.block_digests,
-                                           att.path, GiB, test_moves.BLOCK))
-    image.write(cloud, att, seed, 0, 8 * MiB)
-    image.write(cloud, att, seed + 1, 900 * MiB, 4 * MiB)
-    cloud.detach(att)
-    return vol, image
+def writes(seed):
+    """What a scenario's volume holds: its head, and far in (at 900 MiB)."""
+    return [(seed, 0, 8 * MiB), (seed + 1, 900 * MiB, 4 * MiB)]
 
 
 def volume_pids(stack):
@@ -122,19 +114,18 @@ def check_logs(stack, marks, expected, volume_id=None):
 
 
 def nothing_on_b(cloud, volume_id):
-    return test_moves.kept_on(cloud, 'b', volume_id) == []
+    return steps.kept_on(cloud, 'b', volume_id) == []
 
 
 def check_moved(cloud, vol, image, att=None):
     """The move completed: finalized, every byte, nothing left on A."""
     assert cloud.node_of(vol.id) == 'b'
     if att is None:
-        att = test_moves.attached_on(cloud, vol.id, 'b')
-    test_moves.wait_finalized(cloud, vol.id)
+        att = steps.attached_on(cloud, vol.id, 'b')
+    steps.wait_finalized(cloud, vol.id)
     image.check(cloud, att)
-    assert test_moves.kept_on(cloud, 'a', vol.id) == []
-    assert test_moves.kept_on(cloud, 'b', vol.id) == ['LV volume-%s'
-                                                      % vol.id]
+    assert steps.kept_on(cloud, 'a', vol.id) == []
+    assert steps.kept_on(cloud, 'b', vol.id) == ['LV volume-%s' % vol.id]
     cloud.detach(att)
     v = cloud.get(vol.id)
     assert (v.status, v.availability_zone) == ('available', 'az-b')
@@ -156,9 +147,9 @@ def check_failed_cleanly(cloud, vol, image):
         None, 'aborted'), cloud.transfer_state(vol.id)
     testbed.wait_until(lambda: nothing_on_b(cloud, vol.id), 300,
                        'node B keeps nothing of %s' % vol.id, interval=5,
-                       diagnostics=lambda: test_moves.kept_on(
+                       diagnostics=lambda: steps.kept_on(
                            cloud, 'b', vol.id))
-    att = test_moves.attached_on(cloud, vol.id, 'a')
+    att = steps.attached_on(cloud, vol.id, 'a')
     image.check(cloud, att)
     cloud.detach(att)
     LOG.info('retrying the attach on node B')
@@ -168,17 +159,14 @@ def check_failed_cleanly(cloud, vol, image):
 # -- a restart while the volume hydrates ---------------------------------
 
 def restart_while_hydrating(cloud, stack, seed, restart, expected):
-    vt = test_moves.slow_hydration_type(cloud)
-    vol, image = seeded_on_a(cloud, seed, vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, image = steps.seeded_on(cloud, 'a', writes(seed), vt.id)
     try:
         pids = volume_pids(stack)
-        att = test_moves.attached_on(cloud, vol.id, 'b')
+        att = steps.attached_on(cloud, vol.id, 'b')
         # node B's own write, where the copy (front to back) has not been
         image.write(cloud, att, seed + 2, 960 * MiB, 4 * MiB)
-        before = test_moves.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before the '
-            'restart' % (100 * before))
+        before = steps.still_hydrating(cloud, att, 'before the restart')
         marks = stack.log_marks()
         LOG.info('restart at %.1f%% hydrated', 100 * before)
         restart()
@@ -240,7 +228,7 @@ def restart_during_move(cloud, stack, seed, outage, expected):
     A's): ``outage`` restarts the broker or the database and calls
     ``resume()`` to let node B go on, at the point it chooses.
     """
-    vol, image = seeded_on_a(cloud, seed)
+    vol, image = steps.seeded_on(cloud, 'a', writes(seed))
     result = {}
 
     def attach():
@@ -250,7 +238,7 @@ def restart_during_move(cloud, stack, seed, outage, expected):
             result['error'] = exc
     try:
         pids = volume_pids(stack)
-        cloud_mod.load_brick()      # (from the main thread first)
+        api.load_brick()      # (from the main thread first)
         marks = stack.log_marks()
         thread = threading.Thread(target=attach, daemon=True)
         thread.start()

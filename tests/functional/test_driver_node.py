@@ -22,12 +22,12 @@ import time
 
 import pytest
 
-from tests.functional import cinder_node
-from tests.functional import fixtures
-from tests.functional import testbed
+from tests.harness import pytest_fixtures
+from tests.harness import testbed
+from tests.harness import volume_node
 
-# The session's two volume services (see tests/functional/fixtures.py).
-cluster = fixtures.cluster
+# The session's two volume services.
+cluster = pytest_fixtures.cluster
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
@@ -53,7 +53,7 @@ def test_node_local_lifecycle(cluster, topo):
     assert testbed.device_size(path) == GiB
 
     # Local attach on node A: the handle itself, no export.
-    info = a.call(cinder_node.manager_initialize_connection, vid,
+    info = a.call(volume_node.manager_initialize_connection, vid,
                   cluster.connector('a'))
     assert info == {'driver_volume_type': 'local',
                     'data': {'device_path': path, 'volume_id': vid,
@@ -64,7 +64,7 @@ def test_node_local_lifecycle(cluster, topo):
 
     # Remote, non-instance attach from node B: iSCSI with CHAP and an ACL
     # for node B's initiator only.
-    conn = a.call(cinder_node.manager_initialize_connection, vid,
+    conn = a.call(volume_node.manager_initialize_connection, vid,
                   cluster.connector('b'))
     assert conn['driver_volume_type'] == 'iscsi'
     data = conn['data']
@@ -83,9 +83,9 @@ def test_node_local_lifecycle(cluster, topo):
     finally:
         brick.disconnect_volume(data, dev, force=True)
     assert testbed.read_direct(path, 8 * MiB, 1 * MiB) == second
-    a.call(cinder_node.call, 'terminate_connection', vid,
+    a.call(volume_node.call, 'terminate_connection', vid,
            cluster.connector('b'))
-    a.call(cinder_node.call_ctxt, 'remove_export', vid)
+    a.call(volume_node.call_ctxt, 'remove_export', vid)
     assert testbed.lio_targets() == []
 
     expected = testbed.sha256_of_device(path)
@@ -103,14 +103,14 @@ def test_node_local_lifecycle(cluster, topo):
 
     # Deleting a volume with a snapshot is refused; then all goes.
     with pytest.raises(Exception, match='busy|snapshot'):
-        a.call(cinder_node.call, 'delete_volume', vid)
+        a.call(volume_node.call, 'delete_volume', vid)
     cluster.delete_snapshot(snap)
     for v in (clone, from_snap):
         cluster.delete_volume(v)
 
     # Extend online: the handle grows with the LV, data stays.
     head = testbed.read_direct(path, 0, 4 * MiB)
-    a.call(cinder_node.call, 'extend_volume', vid, 2)
+    a.call(volume_node.call, 'extend_volume', vid, 2)
     assert testbed.device_size(path) == 2 * GiB
     assert testbed.read_direct(path, 0, 4 * MiB) == head
     testbed.write_direct(path, 2 * GiB - MiB, testbed.pattern(3, MiB))

@@ -14,7 +14,7 @@
 
 cinder-api, cinder-scheduler and two cinder-volume services (one per node,
 this driver, the same backend name) over MariaDB, RabbitMQ and etcd, in the
-testbed guest (tests/functional/stack.py).  Volumes are created through the
+testbed guest (tests/harness/services.py).  Volumes are created through the
 API (and the ``openstack`` CLI), attached the way Nova attaches them
 (attachments API plus os-brick on the compute node), moved by attaching
 them on the other node, live-migrated, rolled back and deleted.  After each
@@ -33,58 +33,26 @@ import uuid
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import stack as stack_mod
-from tests.functional import testbed
+from tests.harness import api
+# The full stack for this module only: in the one-kernel tier the next
+# modules' harnesses use the same volume groups and must not meet its
+# services.
+from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
+from tests.harness.pytest_fixtures import module_stack  # noqa: F401
+from tests.harness import services
+from tests.harness import steps
+from tests.harness import testbed
 
 LOG = logging.getLogger('fullstack')
 MiB = testbed.MiB
 GiB = 1024 * MiB
 
 
-@pytest.fixture(scope='module')
-def stack():
-    """The full stack, for this module only.
-
-    In the one-kernel tier the next modules' harnesses use the same volume
-    groups and must not meet the stack's services (the separate-kernel
-    modules share one: conftest.py).
-    """
-    yield from stack_mod.running()
-
-
-@pytest.fixture(scope='module')
-def cloud(stack):
-    yield from cloud_mod.opened(stack)
-
-
-def write_pattern(path, seed, length, offset=0):
-    data = testbed.pattern(seed, length)
-    testbed.write_direct(path, offset, data)
-    return data
-
-
-def wait_finalized(cloud, volume_id, timeout=900):
-    """Until the transfer state is gone from the volume's record."""
-    last = {}
-
-    def done():
-        state = cloud.transfer_state(volume_id)
-        if state.get('dmclone_percent') != last.get('dmclone_percent'):
-            LOG.info('transfer of %s: %s', volume_id, state)
-        last.clear()
-        last.update(state)
-        return not state
-    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
-                       interval=2,
-                       diagnostics=lambda: 'last state %s' % last)
-
-
 def assert_lives_on(cloud, volume_id, node_key, status):
     v = cloud.get(volume_id)
     assert v.status == status, v.status
     assert cloud.node_of(volume_id) == node_key, cloud.host_of(v)
-    assert v.availability_zone == stack_mod.NODE_AZ[node_key]
+    assert v.availability_zone == services.NODE_AZ[node_key]
     return v
 
 
@@ -101,7 +69,7 @@ def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
         # An instance on node A: a local connection to A's handle.
         att = cloud.attach(vol.id, 'a')
         assert att.connection_info['driver_volume_type'] == 'local'
-        head = write_pattern(att.path, 11, 8 * MiB)
+        head = testbed.write_pattern(att.path, 11, 8 * MiB)
         cloud.detach(att)
         cloud.wait_status(vol.id, 'available')
 
@@ -116,8 +84,8 @@ def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
         assert_lives_on(cloud, vol.id, 'b', 'in-use')
         # Reads on B come from A through the clone; writes stay on B.
         assert testbed.read_direct(att.path, 0, 8 * MiB) == head
-        tail = write_pattern(att.path, 12, 4 * MiB, offset=512 * MiB)
-        wait_finalized(cloud, vol.id)
+        tail = testbed.write_pattern(att.path, 12, 4 * MiB, offset=512 * MiB)
+        steps.wait_finalized(cloud, vol.id)
         table = testbed.dm_table(att.path.rsplit('/', 1)[-1])
         assert ' linear ' in ' %s ' % table, table
         assert testbed.read_direct(att.path, 0, 8 * MiB) == head
@@ -137,7 +105,7 @@ def seeded_on_a(cloud, seed, size_gb=1):
     vol = cloud.create(size=size_gb, az='az-a')
     att = cloud.attach(vol.id, 'a')
     assert att.connection_info['driver_volume_type'] == 'local'
-    head = write_pattern(att.path, seed, 8 * MiB)
+    head = testbed.write_pattern(att.path, seed, 8 * MiB)
     return vol, att, head
 
 
@@ -159,7 +127,7 @@ def test_live_migration_committed(cloud, topo):
         assert_lives_on(cloud, vol.id, 'b', 'in-use')
         assert len(cloud.attachments(vol.id)) == 2
         # The instance still runs on A and writes there; B reads it.
-        late = write_pattern(att_a.path, 22, 1 * MiB, offset=64 * MiB)
+        late = testbed.write_pattern(att_a.path, 22, 1 * MiB, offset=64 * MiB)
         assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
         assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
         # The migration completes: Nova drops the source's attachment.
@@ -168,8 +136,8 @@ def test_live_migration_committed(cloud, topo):
         assert state.get('dmclone_state') in ('hydrating', 'finalizing',
                                               None), state
         # The instance writes on B now.
-        mine = write_pattern(att_b.path, 23, 2 * MiB, offset=256 * MiB)
-        wait_finalized(cloud, vol.id)
+        mine = testbed.write_pattern(att_b.path, 23, 2 * MiB, offset=256 * MiB)
+        steps.wait_finalized(cloud, vol.id)
         assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
         assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
         assert testbed.read_direct(att_b.path, 256 * MiB, 2 * MiB) == mine
@@ -199,7 +167,7 @@ def test_failed_live_migration_rolls_back(cloud, topo):
         assert 'is moving from' in refusal, refusal
         # The instance keeps writing on A; the migration fails and Nova
         # removes the destination's attachment: the move is rolled back.
-        late = write_pattern(att_a.path, 32, MiB, offset=96 * MiB)
+        late = testbed.write_pattern(att_a.path, 32, MiB, offset=96 * MiB)
         cloud.detach(att_b)
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'in-use')
@@ -220,7 +188,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
     try:
         # cinder-backup or an image upload on node B: no instance.
         att = cloud.c.attachments.create(vol.id, None)
-        info = cloud_mod.field(cloud.c.attachments.update(
+        info = api.field(cloud.c.attachments.update(
             att['id'], cloud.connector('b')), 'connection_info')
         assert info['driver_volume_type'] == 'iscsi', info
         assert info['target_portal'].startswith('10.0.0.1:')
@@ -228,7 +196,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
         try:
             assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
         finally:
-            cloud_mod.brick_disconnect(info, device)
+            api.brick_disconnect(info, device)
             cloud.c.attachments.delete(att['id'])
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'available')
@@ -250,17 +218,18 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
     instance = str(uuid.uuid4())
     props_c = dict(cloud.connector('b'), host='node-c')
     att_c = cloud.c.attachments.create(vol.id, props_c, instance_id=instance)
-    info = cloud_mod.field(att_c, 'connection_info')
+    info = api.field(att_c, 'connection_info')
     device = None
     try:
         assert info['driver_volume_type'] == 'iscsi', info
         device = cloud.connect(info, 'b')
         cloud.c.attachments.complete(att_c['id'])
-        late = write_pattern(device['path'], 46, 4 * MiB, offset=64 * MiB)
+        late = testbed.write_pattern(device['path'], 46, 4 * MiB,
+                                     offset=64 * MiB)
         # Nova's pre-live-migration on node B, same instance.
         att_b = cloud.c.attachments.create(vol.id, cloud.connector('b'),
                                            instance_id=instance)
-        info_b = cloud_mod.field(att_b, 'connection_info')
+        info_b = api.field(att_b, 'connection_info')
         assert info_b['driver_volume_type'] == 'iscsi', info_b
         assert cloud.transfer_state(vol.id) == {}
         assert cloud.node_of(vol.id) == 'a'
@@ -271,7 +240,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         # (Node B's initiator stands in for node C's: the first delete
         # takes its ACL entry, so the session goes first.)
         if device is not None:
-            cloud_mod.brick_disconnect(info, device)
+            api.brick_disconnect(info, device)
         for att in cloud.c.attachments.list(
                 search_opts={'volume_id': vol.id}):
             cloud.c.attachments.delete(att.id)
@@ -289,7 +258,7 @@ def test_forged_steps_through_the_api_change_nothing(cloud, topo):
     cloud.detach(att_a)
     try:
         att = cloud.attach(vol.id, 'b')
-        tail = write_pattern(att.path, 52, 4 * MiB, offset=512 * MiB)
+        tail = testbed.write_pattern(att.path, 52, 4 * MiB, offset=512 * MiB)
         cloud.detach(att)
         cloud.wait_status(vol.id, 'available')
         LOG.info('transfer when forging: %s', cloud.transfer_state(vol.id))
@@ -306,7 +275,7 @@ def test_forged_steps_through_the_api_change_nothing(cloud, topo):
                 cloud.c.volumes.initialize_connection(volume, connector)
             LOG.info('forged initialize_connection %r refused: %s', step,
                      info.value)
-        wait_finalized(cloud, vol.id)
+        steps.wait_finalized(cloud, vol.id)
         assert_lives_on(cloud, vol.id, 'b', 'available')
         att = cloud.attach(vol.id, 'b')
         assert testbed.read_direct(att.path, 0, 8 * MiB) == head
@@ -328,9 +297,10 @@ def test_multiattach_volume_is_shared_not_moved(cloud, topo):
             att_b.connection_info
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'in-use')
-        from_a = write_pattern(att_a.path, 61, 4 * MiB)
+        from_a = testbed.write_pattern(att_a.path, 61, 4 * MiB)
         assert testbed.read_direct(att_b.path, 0, 4 * MiB) == from_a
-        from_b = write_pattern(att_b.path, 62, 4 * MiB, offset=64 * MiB)
+        from_b = testbed.write_pattern(att_b.path, 62, 4 * MiB,
+                                       offset=64 * MiB)
         assert testbed.read_direct(att_a.path, 64 * MiB, 4 * MiB) == from_b
         cloud.detach(att_b)
         cloud.detach(att_a)

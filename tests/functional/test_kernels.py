@@ -27,9 +27,8 @@ import os
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import nodes
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import workers
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -77,7 +76,7 @@ def test_iscsi_works_both_ways_between_kernels(topo, node_a, cleanup):
     A to B only.  Here each node logs in to the other's target.
     """
     lv_a = make_lv_on('a', 'ft-a-to-b', cleanup)
-    from_a = node_a.call(cloud_mod.write_pattern, lv_a, 31, SIZE)
+    from_a = node_a.call(testbed.write_pattern_digest, lv_a, 31, SIZE)
     export = node_a.call(testbed.export_iscsi, lv_a, 'ft-a-to-b',
                          topo.b.initiator_iqn, 'a')
     cleanup(node_a.call, testbed.unexport_iscsi, export)
@@ -86,13 +85,13 @@ def test_iscsi_works_both_ways_between_kernels(topo, node_a, cleanup):
     assert testbed.sha256_of_device(disk, SIZE) == from_a
 
     lv_b = make_lv_on('b', 'ft-b-to-a', cleanup)
-    cloud_mod.write_pattern(lv_b, 32, SIZE)
+    testbed.write_pattern(lv_b, 32, SIZE)
     export = testbed.export_iscsi(lv_b, 'ft-b-to-a', topo.a.initiator_iqn,
                                   node='b')
     cleanup(testbed.unexport_iscsi, export, node='b')
     disk = node_a.call(testbed.iscsi_login, export)
     cleanup(node_a.call, testbed.iscsi_logout, export)
-    written_by_a = node_a.call(cloud_mod.write_pattern, disk, 33, SIZE)
+    written_by_a = node_a.call(testbed.write_pattern_digest, disk, 33, SIZE)
     assert testbed.sha256_of_device(lv_b, SIZE) == written_by_a
 
 
@@ -103,8 +102,8 @@ def test_hard_power_off_keeps_the_disks_and_loses_the_kernel(topo, cleanup):
                  '0 %d linear %s 0' % (SIZE // 512, lv)], node='a')
     cleanup(testbed.run, ['dmsetup', 'remove', 'ft-power-handle'],
             node='a', check=False)
-    with nodes.NodeProcess('a') as node_a:
-        written = node_a.call(cloud_mod.write_pattern, lv, 41, SIZE)
+    with workers.NodeProcess('a') as node_a:
+        written = node_a.call(testbed.write_pattern_digest, lv, 41, SIZE)
         export = node_a.call(testbed.export_iscsi,
                              '/dev/mapper/ft-power-handle', 'ft-power',
                              topo.b.initiator_iqn, 'a')
@@ -122,7 +121,7 @@ def test_hard_power_off_keeps_the_disks_and_loses_the_kernel(topo, cleanup):
 
     assert testbed.run(['cat', '/proc/sys/kernel/random/boot_id'],
                        node='a').stdout.strip() != boot_id
-    with nodes.NodeProcess('a') as node_a:
+    with workers.NodeProcess('a') as node_a:
         state = node_a.call(testbed.dm_devices)
         targets = node_a.call(testbed.lio_targets)
         assert node_a.call(testbed.sha256_of_device, lv, SIZE) == written

@@ -26,73 +26,27 @@ import time
 
 import pytest
 
-from tests.functional import cloud as cloud_mod
-from tests.functional import stack as stack_mod
-from tests.functional import test_fullstack
-from tests.functional import testbed
+from tests.harness import api
+from tests.harness import services
+from tests.harness import steps
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
 # The stack and the cloud: conftest.py's, one per session.
-wait_finalized = test_fullstack.wait_finalized
-
 
 LOG = logging.getLogger('moves')
 MiB = testbed.MiB
 GiB = 1024 * MiB
-BLOCK = MiB
-
-
-class Image(object):
-    """What the volume must read, block by block (sha256 per MiB)."""
-
-    def __init__(self, digests):
-        self.digests = list(digests)
-
-    def write(self, cloud, att, seed, offset, length):
-        cloud.write(att, seed, length, offset)
-        data = testbed.pattern(seed, length)
-        for i in range(0, length, BLOCK):
-            self.digests[(offset + i) // BLOCK] = testbed.sha256(
-                data[i:i + BLOCK])
-
-    def check(self, cloud, att):
-        seen = cloud.on_node(att.node, cloud_mod.block_digests, att.path,
-                             len(self.digests) * BLOCK, BLOCK)
-        wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
-                 if a != b]
-        assert not wrong, ('%d MiB blocks differ on node %s, first: %s'
-                           % (len(wrong), att.node.upper(), wrong[:10]))
-
-
-def kept_on(cloud, node, volume_id):
-    """What ``node`` holds of the volume: LVs, LIO targets, iSCSI sessions."""
-    lvs = testbed.lvm('lvs', '--noheadings', '-o', 'lv_name', node=node
-                      ).stdout.split()
-    kept = ['LV %s' % lv for lv in lvs if volume_id in lv]
-    kept += ['LIO target %s' % t for t in cloud.on_node(
-        node, testbed.lio_targets) if volume_id in t]
-    kept += ['iSCSI session to %s' % t for t in cloud.on_node(
-        node, testbed.iscsi_sessions).values()]
-    return sorted(kept)
-
-
-def attached_on(cloud, volume_id, node):
-    att = cloud.attach(volume_id, node)
-    assert att.connection_info['driver_volume_type'] == 'local', (
-        att.connection_info)
-    v = cloud.get(volume_id)
-    assert (v.status, cloud.node_of(volume_id)) == ('in-use', node)
-    return att
 
 
 def test_volume_moves_there_back_and_there_again(cloud, topo):
     """Ping-pong: A to B, back to A, to B again; every byte at every hop."""
     vol = cloud.create(size=1, az='az-a')
     try:
-        att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
-                                    GiB, BLOCK))
+        att = steps.attached_on(cloud, vol.id, 'a')
+        image = steps.Image(cloud.on_node('a', api.block_digests, att.path,
+                                          GiB, steps.BLOCK))
         image.write(cloud, att, 61, 0, 8 * MiB)
         image.check(cloud, att)
         cloud.detach(att)
@@ -100,7 +54,7 @@ def test_volume_moves_there_back_and_there_again(cloud, topo):
         for hop, (old, new) in enumerate((('a', 'b'), ('b', 'a'),
                                           ('a', 'b')), 1):
             LOG.info('hop %d: %s -> %s', hop, old.upper(), new.upper())
-            att = attached_on(cloud, vol.id, new)
+            att = steps.attached_on(cloud, vol.id, new)
             # Read through the clone (from the old node, unless copied
             # already), and written near the end, where the copy (front
             # to back) has most likely not been yet: the copy must not
@@ -108,14 +62,15 @@ def test_volume_moves_there_back_and_there_again(cloud, topo):
             assert cloud.sha256(att, 0, 8 * MiB) == testbed.sha256(
                 testbed.pattern(61, 8 * MiB))
             image.write(cloud, att, 61 + hop, GiB - hop * 8 * MiB, 4 * MiB)
-            wait_finalized(cloud, vol.id)
+            steps.wait_finalized(cloud, vol.id)
             table = cloud.on_node(new, testbed.dm_table,
                                   att.path.rsplit('/', 1)[-1])
             assert ' linear ' in ' %s ' % table, table
             image.check(cloud, att)
             # the old node keeps nothing; the new one the volume's LV only
-            assert kept_on(cloud, old, vol.id) == []
-            assert kept_on(cloud, new, vol.id) == ['LV volume-%s' % vol.id]
+            assert steps.kept_on(cloud, old, vol.id) == []
+            assert steps.kept_on(cloud, new, vol.id) == [
+                'LV volume-%s' % vol.id]
             cloud.detach(att)
             v = cloud.get(vol.id)
             assert (v.status, cloud.node_of(vol.id),
@@ -136,9 +91,9 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
     vol = cloud.create(size=1, az='az-a')
     try:
         # att: the instance's attachment on the node where it runs
-        att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests,
-                                    att.path, GiB, BLOCK))
+        att = steps.attached_on(cloud, vol.id, 'a')
+        image = steps.Image(cloud.on_node('a', api.block_digests,
+                                          att.path, GiB, steps.BLOCK))
         image.write(cloud, att, 71, 0, 8 * MiB)
         instance = att.instance
 
@@ -157,9 +112,9 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
                 testbed.pattern(71, 8 * MiB))
             cloud.detach(att)                   # switch-over: commit
             att = dest
-            wait_finalized(cloud, vol.id)
+            steps.wait_finalized(cloud, vol.id)
             image.check(cloud, att)
-            assert kept_on(cloud, old, vol.id) == []
+            assert steps.kept_on(cloud, old, vol.id) == []
             assert cloud.node_of(vol.id) == new
 
         LOG.info('live migration 3: A -> B, fails')
@@ -171,33 +126,10 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
         assert (cloud.get(vol.id).status, cloud.node_of(vol.id)) == (
             'in-use', 'a')
         image.check(cloud, att)
-        assert kept_on(cloud, 'b', vol.id) == []
+        assert steps.kept_on(cloud, 'b', vol.id) == []
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
-
-
-def slow_hydration_type(cloud):
-    """A type of this backend whose volumes hydrate at the kernel's pace.
-
-    One region at a time (dm-clone's defaults), so that a move of 1 GiB
-    is still hydrating when the test acts on it.
-    """
-    name = 'dmclone-slow'
-    types = [t for t in cloud.c.volume_types.list() if t.name == name]
-    vt = types[0] if types else cloud.c.volume_types.create(name)
-    vt.set_keys({'volume_backend_name': 'dmclone',
-                 'dmclone:hydration_threshold': '1',
-                 'dmclone:hydration_batch_size': '1',
-                 'RESKEY:availability_zones': cloud_mod.HOME_AZS})
-    return vt
-
-
-def hydrated_fraction(cloud, att):
-    """Hydrated regions / regions of the clone under ``att``, on its node."""
-    done, total = cloud.on_node(att.node, testbed.clone_progress,
-                                att.path.rsplit('/', 1)[-1])
-    return done / total
 
 
 def test_source_powered_off_while_hydrating(cloud, stack):
@@ -209,32 +141,23 @@ def test_source_powered_off_while_hydrating(cloud, stack):
     again and the copy completes without an operator.  Every byte is
     checked, the writes node B made while node A was down included.
     """
-    vt = slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, image = steps.seeded_on(
+        cloud, 'a', [(81, 0, 8 * MiB), (82, 900 * MiB, 4 * MiB)], vt.id)
     try:
-        att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
-                                    GiB, BLOCK))
-        image.write(cloud, att, 81, 0, 8 * MiB)
-        image.write(cloud, att, 82, 900 * MiB, 4 * MiB)
-        cloud.detach(att)
-
-        att = attached_on(cloud, vol.id, 'b')
-        before = hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before node A '
-            'was powered off' % (100 * before))
-        stack.power_off('a')
-        cloud.forget_node('a')
+        att = steps.attached_on(cloud, vol.id, 'b')
+        before = steps.still_hydrating(cloud, att,
+                                       'before node A was powered off')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
         # Node B keeps working on what is local (its own writes), here
         # in a region not copied yet (the copy goes front to back).
         image.write(cloud, att, 83, 960 * MiB, 4 * MiB)
 
         stack.boot('a')
-        wait_finalized(cloud, vol.id, timeout=1800)
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
         image.check(cloud, att)
-        assert kept_on(cloud, 'a', vol.id) == []
+        assert steps.kept_on(cloud, 'a', vol.id) == []
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
@@ -259,22 +182,13 @@ def test_source_down_past_the_replacement_timeout(cloud, stack):
     exports again, node B's initiator (which never stops trying) logs in
     again, those reads work and the copy finishes by itself.
     """
-    vt = slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, image = steps.seeded_on(
+        cloud, 'a', [(111, 0, 8 * MiB), (112, 800 * MiB, 4 * MiB)], vt.id)
     try:
-        att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
-                                    GiB, BLOCK))
-        image.write(cloud, att, 111, 0, 8 * MiB)
-        image.write(cloud, att, 112, 800 * MiB, 4 * MiB)
-        cloud.detach(att)
-
-        att = attached_on(cloud, vol.id, 'b')
-        before = hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied' % (100 * before))
-        stack.power_off('a')
-        cloud.forget_node('a')
+        att = steps.attached_on(cloud, vol.id, 'b')
+        steps.still_hydrating(cloud, att, 'before node A was powered off')
+        steps.power_off(stack, cloud, 'a')
         t0 = time.monotonic()
         image.write(cloud, att, 113, 960 * MiB, 4 * MiB)
         # blocks until the replacement timeout (120 s) has passed
@@ -288,9 +202,9 @@ def test_source_down_past_the_replacement_timeout(cloud, stack):
         testbed.wait_until(
             lambda: read_error(att.path, 800 * MiB, MiB) is None, 600,
             'node B reading node A\'s regions again')
-        wait_finalized(cloud, vol.id, timeout=1800)
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
         image.check(cloud, att)
-        assert kept_on(cloud, 'a', vol.id) == []
+        assert steps.kept_on(cloud, 'a', vol.id) == []
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
@@ -305,32 +219,24 @@ def test_destination_powered_off_while_hydrating(cloud, stack):
     copy from node B resumes, and every byte is there: node B's data and
     node A's flushed writes, none overwritten by the copy.
     """
-    vt = slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-b', volume_type=vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, image = steps.seeded_on(
+        cloud, 'b', [(91, 0, 8 * MiB), (92, 900 * MiB, 4 * MiB)], vt.id)
     try:
-        att = attached_on(cloud, vol.id, 'b')
-        image = Image(cloud_mod.block_digests(att.path, GiB, BLOCK))
-        image.write(cloud, att, 91, 0, 8 * MiB)
-        image.write(cloud, att, 92, 900 * MiB, 4 * MiB)
-        cloud.detach(att)
-
-        att = attached_on(cloud, vol.id, 'a')
-        before = hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before node A '
-            'was powered off' % (100 * before))
+        att = steps.attached_on(cloud, vol.id, 'a')
+        before = steps.still_hydrating(cloud, att,
+                                       'before node A was powered off')
         # flushed, in a region not copied yet (the copy goes front to back)
         image.write(cloud, att, 93, 960 * MiB, 4 * MiB)
-        stack.power_off('a')
-        cloud.forget_node('a')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
 
         stack.boot('a')
-        wait_finalized(cloud, vol.id, timeout=1800)
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
         assert cloud.node_of(vol.id) == 'a'
         image.check(cloud, att)
-        assert kept_on(cloud, 'b', vol.id) == []
-        assert kept_on(cloud, 'a', vol.id) == ['LV volume-%s' % vol.id]
+        assert steps.kept_on(cloud, 'b', vol.id) == []
+        assert steps.kept_on(cloud, 'a', vol.id) == ['LV volume-%s' % vol.id]
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
@@ -369,48 +275,42 @@ def test_volume_moves_on_to_a_third_node(cloud, node_c):
     volume moves on to C with every byte, and neither A nor B keeps
     anything of it.
     """
-    vt = slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, image = steps.seeded_on(cloud, 'a', [(101, 0, 8 * MiB)], vt.id)
     try:
-        att = attached_on(cloud, vol.id, 'a')
-        image = Image(cloud.on_node('a', cloud_mod.block_digests, att.path,
-                                    GiB, BLOCK))
-        image.write(cloud, att, 101, 0, 8 * MiB)
-        cloud.detach(att)
-
-        att = attached_on(cloud, vol.id, 'b')
+        att = steps.attached_on(cloud, vol.id, 'b')
         assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
         refusal = cloud.attach_refused(vol.id, 'c', att.instance)
         assert 'is moving from' in refusal, refusal
         # refused while it was hydrating (not after), and nothing changed
-        assert hydrated_fraction(cloud, att) < 1
+        assert steps.hydrated_fraction(cloud, att) < 1
         assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
         assert [a.id for a in cloud.c.attachments.list(
             search_opts={'volume_id': vol.id})] == [att.id]
         assert (cloud.get(vol.id).status, cloud.node_of(vol.id)) == (
             'in-use', 'b')
-        assert kept_on(cloud, 'c', vol.id) == []
+        assert steps.kept_on(cloud, 'c', vol.id) == []
         image.write(cloud, att, 102, GiB - 8 * MiB, 4 * MiB)
-        cloud.retype(vol.id, stack_mod.VOLUME_TYPE)
+        cloud.retype(vol.id, services.VOLUME_TYPE)
         assert cloud.transfer_state(vol.id)['dmclone_state'] == 'hydrating'
         status = cloud.on_node('b', testbed.dm_status,
                                att.path.rsplit('/', 1)[-1])
         assert 'hydration_threshold 64 hydration_batch_size 16' in status, (
             status)
-        wait_finalized(cloud, vol.id, timeout=1800)
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
         image.check(cloud, att)
-        assert kept_on(cloud, 'a', vol.id) == []
+        assert steps.kept_on(cloud, 'a', vol.id) == []
         cloud.detach(att)
 
         LOG.info('B -> C right after the move to B finalized')
-        att = attached_on(cloud, vol.id, 'c')
+        att = steps.attached_on(cloud, vol.id, 'c')
         assert cloud.sha256(att, 0, 8 * MiB) == testbed.sha256(
             testbed.pattern(101, 8 * MiB))
         image.write(cloud, att, 103, 512 * MiB, 4 * MiB)
-        wait_finalized(cloud, vol.id, timeout=1800)
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
         image.check(cloud, att)
-        assert kept_on(cloud, 'b', vol.id) == []
-        assert kept_on(cloud, 'c', vol.id) == ['LV volume-%s' % vol.id]
+        assert steps.kept_on(cloud, 'b', vol.id) == []
+        assert steps.kept_on(cloud, 'c', vol.id) == ['LV volume-%s' % vol.id]
         cloud.detach(att)
         v = cloud.get(vol.id)
         assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (

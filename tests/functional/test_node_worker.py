@@ -25,13 +25,13 @@ import os
 import pytest
 
 from cinder_dmclone import privileged
-from tests.functional import nodes
-from tests.functional import testbed
-from tests.functional.testbed import MiB
+from tests.harness import testbed
+from tests.harness.testbed import MiB
+from tests.harness import workers
 
 
 def _whoami():
-    return {'pid': os.getpid(), 'netns': nodes.netns_inode(),
+    return {'pid': os.getpid(), 'netns': workers.netns_inode(),
             'configfs': os.path.isdir(testbed.LIO_ROOT + '/core')}
 
 
@@ -52,15 +52,15 @@ def test_worker_runs_in_node_a(topo, node_a):
 
 
 def test_worker_state_and_errors(node_a):
-    node_a.call(nodes.remember, 'answer', {'x': 42})
-    assert node_a.call(nodes.recall, 'answer') == {'x': 42}
+    node_a.call(workers.remember, 'answer', {'x': 42})
+    assert node_a.call(workers.recall, 'answer') == {'x': 42}
     with pytest.raises(ValueError, match='from node A') as info:
         node_a.call(_fail, 'from node A')
     assert any('raised on node-a' in note for note in info.value.__notes__)
     with pytest.raises(testbed.CommandError):
         node_a.run(['false'])
     # the worker survives its callables' exceptions
-    assert node_a.call(nodes.recall, 'answer') == {'x': 42}
+    assert node_a.call(workers.recall, 'answer') == {'x': 42}
 
 
 def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(

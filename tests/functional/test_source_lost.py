@@ -35,9 +35,9 @@ import time
 
 import pytest
 
-from tests.functional import stack as stack_mod
-from tests.functional import test_moves
-from tests.functional import testbed
+from tests.harness import services
+from tests.harness import steps
+from tests.harness import testbed
 
 pytestmark = pytest.mark.layouts('separate')
 
@@ -54,8 +54,8 @@ REGIONS = GiB // REGION
 SEED = 0x5eed
 #: service_down_time of the testbed's cinder.conf
 SERVICE_DOWN_TIME = 120
-CONFIG = ('--config-file', stack_mod.ETC + '/cinder.conf',
-          '--config-file', stack_mod.ETC + '/node-b.conf')
+CONFIG = ('--config-file', services.ETC + '/cinder.conf',
+          '--config-file', services.ETC + '/node-b.conf')
 
 
 def region_data(seed, region):
@@ -133,21 +133,16 @@ def uncopied_regions(ranges):
 
 
 def test_source_lost_while_hydrating(cloud, stack, topo):
-    vt = test_moves.slow_hydration_type(cloud)
-    vol = cloud.create(size=1, az='az-a', volume_type=vt.id)
+    vt = steps.slow_hydration_type(cloud)
+    vol, _written = steps.seeded_on(
+        cloud, 'a', volume_type=vt.id, fill=lambda att: cloud.on_node(
+            'a', write_regions, att.path, SEED, GiB))
     lv = 'volume-%s' % vol.id
     try:
-        att = test_moves.attached_on(cloud, vol.id, 'a')
-        cloud.on_node('a', write_regions, att.path, SEED, GiB)
-        cloud.detach(att)
-
-        att = test_moves.attached_on(cloud, vol.id, 'b')
-        before = test_moves.hydrated_fraction(cloud, att)
-        assert before < 0.5, (
-            'hydration outran the scenario: %.0f%% copied before node A '
-            'was powered off' % (100 * before))
-        stack.power_off('a')
-        cloud.forget_node('a')
+        att = steps.attached_on(cloud, vol.id, 'b')
+        before = steps.still_hydrating(cloud, att,
+                                       'before node A was powered off')
+        steps.power_off(stack, cloud, 'a')
         LOG.info('node A powered off at %.1f%% hydrated', 100 * before)
 
         # Refused while node A's service still counts as up (its last
@@ -196,7 +191,7 @@ def test_source_lost_while_hydrating(cloud, stack, topo):
         handle = att.path.rsplit('/', 1)[-1]
         table = testbed.dm_table(handle).splitlines()
         assert len(table) == 1 and ' linear ' in table[0], table
-        assert test_moves.kept_on(cloud, 'b', vol.id) == ['LV %s' % lv]
+        assert steps.kept_on(cloud, 'b', vol.id) == ['LV %s' % lv]
         assert not [n for n in testbed.dm_devices()
                     if n.startswith('dmcgone-')]
         # every region listed reads zeroes, every other one node A's data
@@ -215,7 +210,7 @@ def test_source_lost_while_hydrating(cloud, stack, topo):
         assert (v.status, cloud.node_of(vol.id)) == ('error', 'b')
         # it holds what the command said it left, and nothing else: the
         # LV (not exported, no handle), at most the saved target
-        assert test_moves.kept_on(cloud, 'a', vol.id) == ['LV %s' % lv]
+        assert steps.kept_on(cloud, 'a', vol.id) == ['LV %s' % lv]
         assert set(cloud.on_node('a', testbed.saved_lio_targets)) <= {
             left['target_iqn']}
         handles = [n for n in cloud.on_node('a', testbed.dm_devices)

@@ -20,8 +20,8 @@ everything removed and nothing left behind.  No project code: if this
 fails, the testbed or the kernel is at fault, not cinder-dmclone.
 """
 
-from tests.functional import testbed
-from tests.functional.testbed import MiB
+from tests.harness import testbed
+from tests.harness.testbed import MiB
 
 SIZE = 64 * MiB
 REGION_SECTORS = 128                     # 64 KiB regions

@@ -38,8 +38,8 @@ import uuid
 
 import pytest
 
-from tests.functional import testbed
-from tests.functional.testbed import MiB
+from tests.harness import testbed
+from tests.harness.testbed import MiB
 
 REGION_SECTORS = 128                     # 64 KiB
 REGION = REGION_SECTORS * testbed.SECTOR

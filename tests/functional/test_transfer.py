@@ -13,76 +13,27 @@
 """Volumes moving from node A to node B on the real kernel.
 
 Both nodes' volume services run the real driver; the pytest process plays
-Cinder's API and Nova (see tests/functional/cluster.py).  Every scenario
+Cinder's API and Nova (see tests/harness/driver_cluster.py).  Every scenario
 writes known data before and during the move and checks the sha256 of the
 final device against the expected image; the automatic leak check then
 finds nothing left on either node.
 """
 
-import hashlib
 import os
 
 import pytest
 
-from tests.functional import cinder_node
-from tests.functional import fixtures
-from tests.functional import testbed
+from tests.harness import driver_steps
+from tests.harness import pytest_fixtures
+from tests.harness import testbed
+from tests.harness import volume_node
 
-# The session's two volume services (see tests/functional/fixtures.py).
-cluster = fixtures.cluster
+# The session's two volume services.
+cluster = pytest_fixtures.cluster
 
 MiB = testbed.MiB
-GiB = 1024 * MiB
-REGION = 64 * 1024
-
-
-def handle(volume_id, node):
-    vg = testbed.topology().node(node).vg.replace('-', '--')
-    return '/dev/mapper/dmclone-%s-volume-%s' % (vg, volume_id)
-
-
-def lv(volume_id, node):
-    return '/dev/%s/volume-%s' % (testbed.topology().node(node).vg,
-                                  volume_id)
-
-
-class Image(object):
-    """The expected content of a volume: a base device plus our writes."""
-
-    def __init__(self, base_path, size):
-        self.base_path = base_path
-        self.size = size
-        self.writes = []
-
-    def write(self, path, offset, data):
-        testbed.write_direct(path, offset, data)
-        self.writes.append((offset, bytes(data)))
-
-    def digest(self, chunk=4 * MiB):
-        """sha256 of the base device with the writes applied on top."""
-        h = hashlib.sha256()
-        pos = 0
-        blocks = testbed.iter_direct(self.base_path, 0, self.size, chunk)
-        for block in blocks:
-            block = bytearray(block)
-            for offset, data in self.writes:
-                lo, hi = max(offset, pos), min(offset + len(data),
-                                               pos + len(block))
-                if lo < hi:
-                    block[lo - pos:hi - pos] = data[lo - offset:hi - offset]
-            h.update(block)
-            pos += len(block)
-        return h.hexdigest()
-
-
-def seed(image, path, seed_value):
-    """Known data at the start, a partial region, the middle, the end."""
-    image.write(path, 0, testbed.pattern(seed_value, 4 * MiB))
-    image.write(path, 100 * REGION + 4096,
-                testbed.pattern(seed_value + 1, 8192))
-    image.write(path, image.size // 2, testbed.pattern(seed_value + 2, MiB))
-    image.write(path, image.size - 4096,
-                testbed.pattern(seed_value + 3, 4096))
+GiB = driver_steps.GiB
+REGION = driver_steps.REGION
 
 
 @pytest.fixture(autouse=True)
@@ -94,68 +45,16 @@ def services_up(cluster):
     cluster.ensure_running()
 
 
-def seeded_volume(cluster, seed_value):
-    """A 1 GiB volume on node A with known data; returns (id, Image)."""
-    vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
-    seed(image, handle(vid, 'a'), seed_value)
-    return vid, image
-
-
-def wait_finalized(cluster, volume_id, timeout=900):
-    """Tick node B's monitor until the transfer state is gone."""
-    def done():
-        cluster['b'].call(cinder_node.tick)
-        return not any(k.startswith('dmclone_state')
-                       for k in cluster.admin_metadata(volume_id))
-
-    def diagnostics():
-        return 'admin metadata: %s\nclone: %s' % (
-            cluster.admin_metadata(volume_id),
-            testbed.run(['dmsetup', 'status'], check=False).stdout)
-    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
-                       interval=2, diagnostics=diagnostics)
-
-
-def assert_only_on_b(cluster, volume_id, expected):
-    b_path = handle(volume_id, 'b')
-    assert cluster.node_of(volume_id) == 'b'
-    table = testbed.dm_table(b_path.split('/')[-1]).split()
-    assert table[2] == 'linear', table
-    assert not testbed.run(['test', '-e', lv(volume_id, 'a')],
-                           check=False).returncode == 0
-    assert not any(volume_id in n for n in testbed.dm_devices()
-                   if 'dmc--a' in n)
-    assert testbed.iscsi_sessions() == {}
-    assert testbed.lio_targets() == []
-    md = cluster.admin_metadata(volume_id)
-    assert not [k for k in md if k.startswith('dmclone_')], md
-    vol = cluster.volume(volume_id)
-    assert vol.provider_location is None
-    testbed.run(['sync'])
-    with open('/proc/sys/vm/drop_caches', 'w') as f:
-        f.write('3')
-    assert testbed.sha256_of_device(b_path) == expected
-
-
-def finish_on_b(cluster, volume_id, expected, attachment):
-    """Hydrate to the end, check node B alone holds the data, clean up."""
-    wait_finalized(cluster, volume_id)
-    assert_only_on_b(cluster, volume_id, expected)
-    cluster.detach(volume_id, attachment)
-    cluster.delete_volume(volume_id)
-
-
 # CI runs its successor on separate kernels:
 #   test_moves.py::test_volume_moves_there_back_and_there_again
 @pytest.mark.extended
 def test_volume_moves_to_the_attaching_node(cluster):
-    vid, image = seeded_volume(cluster, 10)
+    vid, image = driver_steps.seeded_volume(cluster, 10)
 
     attachment, info = cluster.attach(vid, 'b')
     assert info['driver_volume_type'] == 'local'
     path = info['data']['device_path']
-    assert path == handle(vid, 'b')
+    assert path == driver_steps.handle(vid, 'b')
     assert cluster.node_of(vid) == 'b'
     md = cluster.admin_metadata(vid)
     assert md['dmclone_state'] == 'hydrating'        # nothing left on A
@@ -166,7 +65,7 @@ def test_volume_moves_to_the_attaching_node(cluster):
     image.write(path, 300 * REGION, testbed.pattern(21, REGION))
     expected = image.digest()
     assert testbed.sha256_of_device(path) == expected
-    finish_on_b(cluster, vid, expected, attachment)
+    driver_steps.finish_on_b(cluster, vid, expected, attachment)
 
 
 def test_migrate_moves_a_detached_volume(cluster):
@@ -176,11 +75,11 @@ def test_migrate_moves_a_detached_volume(cluster):
     whole on B.)  The scheduler hands the source the destination's pool
     stats; here they are B's own.
     """
-    vid, image = seeded_volume(cluster, 45)
-    dest = {'host': cinder_node.volume_host('b'),
-            'capabilities': cluster['b'].call(cinder_node.pool_capabilities)}
+    vid, image = driver_steps.seeded_volume(cluster, 45)
+    dest = {'host': volume_node.volume_host('b'),
+            'capabilities': cluster['b'].call(volume_node.pool_capabilities)}
     assert dest['capabilities']['dmclone_initiator'].startswith('iqn.')
-    moved, update = cluster['a'].call(cinder_node.call_ctxt,
+    moved, update = cluster['a'].call(volume_node.call_ctxt,
                                       'migrate_volume', vid, dest)
     assert (moved, update) == (True, None)
     assert cluster.node_of(vid) == 'b'
@@ -190,14 +89,14 @@ def test_migrate_moves_a_detached_volume(cluster):
     assert info['driver_volume_type'] == 'local'
     path = info['data']['device_path']
     image.write(path, 200 * REGION + 4096, testbed.pattern(46, 8192))
-    finish_on_b(cluster, vid, image.digest(), attachment)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), attachment)
 
 
 # CI runs its successor on separate kernels:
 #   test_moves.py::test_live_migration_there_and_back_and_a_rollback
 @pytest.mark.extended
 def test_live_migration_commit(cluster):
-    vid, image = seeded_volume(cluster, 30)
+    vid, image = driver_steps.seeded_volume(cluster, 30)
     att_a, info_a = cluster.attach(vid, 'a')
     assert info_a['driver_volume_type'] == 'local'
 
@@ -210,7 +109,7 @@ def test_live_migration_commit(cluster):
                 testbed.pattern(31, REGION))
     assert testbed.read_direct(info_b['data']['device_path'], 50 * REGION,
                                REGION) == testbed.pattern(31, REGION)
-    status = testbed.dm_status(handle(vid, 'b').split('/')[-1])
+    status = testbed.dm_status(driver_steps.handle(vid, 'b').split('/')[-1])
     assert 'no_hydration' in status, status
 
     # Switch-over: the instance now runs on B, source detached = commit.
@@ -218,7 +117,7 @@ def test_live_migration_commit(cluster):
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
     image.write(info_b['data']['device_path'], 60 * REGION + 512 * 8,
                 testbed.pattern(32, 4096))
-    finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
 
 
 def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
@@ -233,16 +132,16 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
     monitor asks node A again at each tick and commits once the
     instance has let go.
     """
-    vid, image = seeded_volume(cluster, 35)
+    vid, image = driver_steps.seeded_volume(cluster, 35)
     att_a, info_a = cluster.attach(vid, 'a')
     cluster.complete(vid, att_a)
     att_b, info_b = cluster.attach(vid, 'b')
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
-    clone = handle(vid, 'b').split('/')[-1]
+    clone = driver_steps.handle(vid, 'b').split('/')[-1]
     instance = os.open(info_a['data']['device_path'], os.O_RDWR)
     try:
         cluster.detach(vid, att_a)
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
         assert 'no_hydration' in testbed.dm_status(clone)
         # The instance on A goes on writing; B reads it through the clone.
@@ -252,22 +151,22 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
         assert testbed.read_direct(info_b['data']['device_path'],
                                    70 * REGION, REGION) == \
             testbed.pattern(36, REGION)
-        cluster['b'].call(cinder_node.tick)
+        cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
     finally:
         os.close(instance)
     # The instance has left A: the next tick commits.
-    cluster['b'].call(cinder_node.tick)
+    cluster['b'].call(volume_node.tick)
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
     cluster.complete(vid, att_b)
-    finish_on_b(cluster, vid, image.digest(), att_b)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
 
 
 # CI runs its successor on separate kernels:
 #   test_moves.py::test_live_migration_there_and_back_and_a_rollback
 @pytest.mark.extended
 def test_failed_live_migration_rolls_back(cluster):
-    vid, image = seeded_volume(cluster, 40)
+    vid, image = driver_steps.seeded_volume(cluster, 40)
     att_a, info_a = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')
     assert cluster.node_of(vid) == 'b'
@@ -284,7 +183,7 @@ def test_failed_live_migration_rolls_back(cluster):
     assert not any(vid in n for n in testbed.list_lvs() if 'dmc-b' in n)
     assert testbed.iscsi_sessions() == {}
     assert testbed.lio_targets() == []
-    assert testbed.sha256_of_device(handle(vid, 'a')) == expected
+    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == expected
     cluster.detach(vid, att_a)
     cluster.delete_volume(vid)
 
@@ -297,7 +196,7 @@ def test_destination_restart_mid_hydration(cluster):
     recovery must rebuild the clone from the metadata LV, never map the
     partly copied LV alone.
     """
-    vid, image = seeded_volume(cluster, 50)
+    vid, image = driver_steps.seeded_volume(cluster, 50)
     # The kernel's slowest hydration, so the "reboot" lands in the middle.
     cluster.use_type(vid, 'slow', {'dmclone:hydration_threshold': '1',
                                    'dmclone:hydration_batch_size': '1'})
@@ -328,7 +227,7 @@ def test_destination_restart_mid_hydration(cluster):
                                    'dmclone:hydration_batch_size': '16'},
                      retype_on='b')
     assert 'hydration_batch_size 16' in testbed.dm_status(name)
-    finish_on_b(cluster, vid, image.digest(), attachment)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), attachment)
 
 
 # CI runs its successor on separate kernels:
@@ -348,9 +247,9 @@ def test_source_reboot_mid_move(cluster, cleanup):
     again, reads A's data, and the move commits and finishes.
     """
     cleanup(cluster.ensure_running)
-    vid, image = seeded_volume(cluster, 95)
+    vid, image = driver_steps.seeded_volume(cluster, 95)
     far = testbed.pattern(97, REGION)
-    image.write(handle(vid, 'a'), 900 * REGION, far)
+    image.write(driver_steps.handle(vid, 'a'), 900 * REGION, far)
     att_a, _info_a = cluster.attach(vid, 'a')
     cluster.complete(vid, att_a)
     attachment, info = cluster.attach(vid, 'b')    # clone, hydration off
@@ -372,7 +271,7 @@ def test_source_reboot_mid_move(cluster, cleanup):
     cluster.detach(vid, att_a)          # the migration ends: commit
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
     cluster.complete(vid, attachment)
-    finish_on_b(cluster, vid, image.digest(), attachment)
+    driver_steps.finish_on_b(cluster, vid, image.digest(), attachment)
 
 
 def test_start_never_maps_a_partial_copy(cluster):
@@ -389,7 +288,7 @@ def test_start_never_maps_a_partial_copy(cluster):
     from cinder.db import api as db
     from cinder import objects
 
-    vid, image = seeded_volume(cluster, 90)
+    vid, image = driver_steps.seeded_volume(cluster, 90)
     att_a, _info_a = cluster.attach(vid, 'a')
     cluster.complete(vid, att_a)                   # the instance runs on A
     att_b, info_b = cluster.attach(vid, 'b')       # clone, hydration off
@@ -412,31 +311,34 @@ def test_start_never_maps_a_partial_copy(cluster):
     assert name not in testbed.dm_devices()
 
     with pytest.raises(Exception, match='being hydrated by a transfer'):
-        cluster.on_volume_node(vid, cinder_node.attach, vid, att_b,
+        cluster.on_volume_node(vid, volume_node.attach, vid, att_b,
                                cluster.connector('b'))
     assert name not in testbed.dm_devices()
-    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
+        image.digest()
 
     # Without its metadata the move cannot go on: the operator gives it
     # up by hand (operations.rst, recovery checklist), the volume stays
     # on node A.
     testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
     testbed.run(['iscsiadm', '-m', 'node', '-o', 'delete'], check=False)
-    testbed.lvm('lvremove', '-q', '-f', lv(vid, 'b')[len('/dev/'):])
+    testbed.lvm('lvremove', '-q', '-f',
+                driver_steps.lv(vid, 'b')[len('/dev/'):])
     ctxt = cluster.ctxt()
     for key in cluster.admin_metadata(vid):
         if key.startswith('dmclone_'):
             db.volume_admin_metadata_delete(ctxt, vid, key)
-    db.volume_update(ctxt, vid, {'host': cinder_node.volume_host('a'),
+    db.volume_update(ctxt, vid, {'host': volume_node.volume_host('a'),
                                  'status': 'in-use'})
     objects.VolumeAttachment.get_by_id(ctxt, att_b).destroy()
-    assert testbed.sha256_of_device(handle(vid, 'a')) == image.digest()
+    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
+        image.digest()
     cluster.detach(vid, att_a)
     cluster.delete_volume(vid)
 
 
 def test_extend_during_transfer(cluster):
-    vid, image = seeded_volume(cluster, 60)
+    vid, image = driver_steps.seeded_volume(cluster, 60)
     att_a, _info_a = cluster.attach(vid, 'a')
     att_b, info_b = cluster.attach(vid, 'b')     # clone, hydration off
     path = info_b['data']['device_path']
@@ -444,11 +346,11 @@ def test_extend_during_transfer(cluster):
     # Not while the live migration may still roll back: node A's LV
     # would be smaller than the volume's record afterwards.
     with pytest.raises(Exception, match='live migration is not decided'):
-        cluster['b'].call(cinder_node.call, 'extend_volume', vid, 2)
+        cluster['b'].call(volume_node.call, 'extend_volume', vid, 2)
     assert testbed.device_size(path) == GiB
 
     cluster.detach(vid, att_a)                    # commit
-    cluster['b'].call(cinder_node.call, 'extend_volume', vid, 2)
+    cluster['b'].call(volume_node.call, 'extend_volume', vid, 2)
     cluster.set_size(vid, 2)
     table = testbed.dm_table(path.split('/')[-1]).splitlines()
     assert [line.split()[2] for line in table] == ['clone', 'linear']
@@ -456,8 +358,8 @@ def test_extend_during_transfer(cluster):
     tail = testbed.pattern(61, MiB)
     testbed.write_direct(path, 2 * GiB - MiB, tail)
     expected = image.digest()
-    wait_finalized(cluster, vid)
-    b_path = handle(vid, 'b')
+    driver_steps.wait_finalized(cluster, vid)
+    b_path = driver_steps.handle(vid, 'b')
     assert testbed.device_size(b_path) == 2 * GiB
     assert testbed.read_direct(b_path, 2 * GiB - MiB, MiB) == tail
     assert testbed.sha256_of_device(b_path, GiB) == expected
@@ -488,7 +390,7 @@ def test_refusals_during_transfer(cluster):
 #: volume_clear_size of the wipe tests: Cinder clears this many MiB at the
 #: start of an old copy (0 would clear all of it).
 CLEAR_MB = 64
-NO_DISCARDS_DIR = cinder_node.RUN_DIR + '/lvm-no-discards'
+NO_DISCARDS_DIR = volume_node.RUN_DIR + '/lvm-no-discards'
 
 
 def lvm_conf_without_discards():
@@ -555,12 +457,12 @@ def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
                32 * MiB: testbed.pattern(96, MiB),             # cleared
                512 * MiB: testbed.pattern(97, MiB)}            # beyond
     for offset, data in secrets.items():
-        testbed.write_direct(handle(vid, 'a'), offset, data)
+        testbed.write_direct(driver_steps.handle(vid, 'a'), offset, data)
     extents = testbed.lv_pe_ranges(vg, 'volume-' + vid)
     testbed.LOG.info('volume-%s on %s', vid, extents)
 
     attachment, _info = cluster.attach(vid, 'b')          # moves to B
-    wait_finalized(cluster, vid)
+    driver_steps.wait_finalized(cluster, vid)
 
     def old_copies():
         return sorted(n for n in testbed.list_lvs()

@@ -27,8 +27,8 @@ from cinder_dmclone.cmd import abandon
 from cinder_dmclone.cmd import cli
 from cinder_dmclone.cmd import status
 from cinder_dmclone import exception as dmc_exception
+from tests.harness import fake_cluster as cl
 from tests.unit.cli_fakes import CLITestCase
-from tests.unit import cluster as cl
 from tests.unit import test_lost_source
 
 REGION_BYTES = test_lost_source.REGION_BYTES

@@ -12,8 +12,8 @@
 
 """A move while the database or the message bus goes away and comes back.
 
-Over the two-node model (tests.unit.cluster): the database stops answering
-at a chosen point of a move (every call raises oslo.db's
+Over the two-node model (tests.harness.fake_cluster): the database stops
+answering at a chosen point of a move (every call raises oslo.db's
 DBConnectionError, as while MariaDB restarts), then answers again.  No
 move may stay stuck, and no byte may be lost.
 """
@@ -24,9 +24,9 @@ import oslo_messaging
 from cinder import exception
 
 from cinder_dmclone import move
-from tests.unit.cluster import HANDLE
-from tests.unit.cluster import META
-from tests.unit.cluster import VOLUME_ID
+from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import META
+from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_two_nodes
 
 DB_OPS = ('volume_admin_metadata_get', 'volume_admin_metadata_update',
@@ -337,7 +337,7 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
         # clone hydrates from an export that no longer exists; node-a's
         # recovery leaves it to node-b (LEAVE_TO_DEST) and restores no
         # export (provider_location was forgotten).
-        from tests.unit.cluster import FakeTargetIQN
+        from tests.harness.fake_cluster import FakeTargetIQN
         transition = self.a.store.transition
 
         def transition_then_raise(ctxt, t, expected, state):

@@ -13,7 +13,7 @@
 """The fault suite's crash points fire where their names say.
 
 The real-kernel fault suite (tests/faults/test_crash.py) kills a volume
-service at the steps named in ``tests.functional.cinder_node.CRASH_POINTS``
+service at the steps named in ``tests.harness.volume_node.CRASH_POINTS``
 by wrapping a method of the driver's classes.  It runs only in the
 testbed, rarely: a renamed method or a reordered teardown would make a
 point fire somewhere else, or never, and the scenario pass or fail for
@@ -35,18 +35,18 @@ from cinder import exception
 from cinder.objects import fields
 from cinder.tests.unit import test
 
-from tests.functional import cinder_node
-from tests.unit import cluster
+from tests.harness import fake_cluster
+from tests.harness import volume_node
 
 PHASES = ('prepare', 'commit', 'finalize', 'rollback', 'held', 'abort',
           'delete', 'wipe')
-IN_MODEL = [p for p in cinder_node.CRASH_POINTS
+IN_MODEL = [p for p in volume_node.CRASH_POINTS
             if p.split(':')[0] in ('rollback', 'held', 'abort', 'delete')
-            and cinder_node.CRASH_POINTS[p][1] != 'SocketRPC']
+            and volume_node.CRASH_POINTS[p][1] != 'SocketRPC']
 
 
 def _target(point):
-    module, cls, attr, when, match = cinder_node.CRASH_POINTS[point]
+    module, cls, attr, when, match = volume_node.CRASH_POINTS[point]
     owner = importlib.import_module(module)
     if cls is not None:
         owner = getattr(owner, cls)
@@ -56,12 +56,12 @@ def _target(point):
 @ddt.ddt
 class CrashPointsTestCase(test.TestCase):
 
-    @ddt.data(*cinder_node.CRASH_POINTS)
+    @ddt.data(*volume_node.CRASH_POINTS)
     def test_names_a_step_that_exists(self, point):
         self.assertIn(point.split(':')[0], PHASES)
         owner, attr = _target(point)
         step = getattr(owner, attr)
-        when, match = cinder_node.CRASH_POINTS[point][3:]
+        when, match = volume_node.CRASH_POINTS[point][3:]
         self.assertIn(when, ('before', 'after'))
         if match is not None:
             # The matcher takes what the step takes (self included).
@@ -77,14 +77,14 @@ class CrashPointsTestCase(test.TestCase):
              'rollback: metadata LV removed',
              'rollback: record back on the source',
              'rollback: source released', 'rollback: state cleared'],
-            cinder_node.crash_points('rollback'))
-        self.assertEqual(4, len(cinder_node.crash_points('abort')))
-        self.assertEqual(6, len(cinder_node.crash_points('delete')))
+            volume_node.crash_points('rollback'))
+        self.assertEqual(4, len(volume_node.crash_points('abort')))
+        self.assertEqual(6, len(volume_node.crash_points('delete')))
 
     # -- fired in the unit model -------------------------------------------
 
     def arm(self, point):
-        """cinder_node.arm_crash, with the model's crash for the kill."""
+        """volume_node.arm_crash, with the model's crash for the kill."""
         owner, attr = _target(point)
         original = getattr(owner, attr)
         self.mock_object(owner, attr, original)     # restored afterwards
@@ -93,9 +93,9 @@ class CrashPointsTestCase(test.TestCase):
         def kill(pid, sig):
             fired.append(point)
             setattr(owner, attr, original)          # the process is gone
-            raise cluster.Crash(point)
-        self.mock_object(cinder_node.os, 'kill', side_effect=kill)
-        cinder_node.arm_crash(point)
+            raise fake_cluster.Crash(point)
+        self.mock_object(volume_node.os, 'kill', side_effect=kill)
+        volume_node.arm_crash(point)
         return fired
 
     @staticmethod
@@ -110,8 +110,8 @@ class CrashPointsTestCase(test.TestCase):
     @ddt.data(*IN_MODEL)
     def test_fires_once_in_its_flow(self, point):
         phase = point.split(':')[0]
-        c = cluster.Cluster(self)
-        self.mock_object(cinder_node, 'service_host',
+        c = fake_cluster.Cluster(self)
+        self.mock_object(volume_node, 'service_host',
                          side_effect=lambda key: 'node-%s@dmclone' % key)
         getattr(self, 'flow_' + phase)(c, point)
 
@@ -128,7 +128,7 @@ class CrashPointsTestCase(test.TestCase):
     def flow_held(self, c, point):
         src = c.attach(c.a)[0]
         dst = c.attach(c.b)[0]
-        c.b.dm.write(cluster.HANDLE)
+        c.b.dm.write(fake_cluster.HANDLE)
         fired = self.arm(point)
         self.retried(c.detach, dst)
         c.settle()
@@ -141,7 +141,7 @@ class CrashPointsTestCase(test.TestCase):
         c.assert_completed()
 
     def flow_abort(self, c, point):
-        # As tests/functional/cinder_node.arm_withdrawn_attach: armed once
+        # As tests/harness/volume_node.arm_withdrawn_attach: armed once
         # the clone is built, when the attach is withdrawn.
         build = c.b.dest.build_clone
         fired = []

@@ -39,7 +39,7 @@ from cinder_dmclone import lost_source
 from cinder_dmclone import move
 from cinder_dmclone import recovery
 from cinder_dmclone import source
-from tests.unit import cluster as cl
+from tests.harness import fake_cluster as cl
 
 GONE = layout.lost_source_name(cl.VG, cl.LV)
 GONE_PATH = dmsetup.device_path(GONE)

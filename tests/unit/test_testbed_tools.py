@@ -321,7 +321,7 @@ class ModuleTimingsTestCase(test.TestCase):
     """The functional suites' per-module timings (their terminal summary)."""
 
     def test_every_phase_counts_for_its_module(self):
-        from tests.functional import fixtures as functional_fixtures
+        from tests.harness import selection
 
         class Report(object):
             def __init__(self, nodeid, when, duration):
@@ -338,14 +338,14 @@ class ModuleTimingsTestCase(test.TestCase):
         }
         self.assertEqual(
             [('t/a.py', (111.0, 1)), ('t/b.py', (50.5, 2))],
-            functional_fixtures.module_timings(stats))
+            selection.module_timings(stats))
 
 
 class ErrorRecordsTestCase(test.TestCase):
     """Stack.error_records: a logged error and its traceback are one."""
 
     def test_records(self):
-        from tests.functional import stack
+        from tests.harness import services
         prefix = '2026-11-26 01:49:22.716 1234 '
         lines = [
             prefix + 'INFO cinder.x [-] fine',
@@ -359,7 +359,7 @@ class ErrorRecordsTestCase(test.TestCase):
             'ValueError: boom',
             prefix + 'INFO cinder.x [-] fine',
         ]
-        records = stack._error_records('volume-a.log', lines)
+        records = services._error_records('volume-a.log', lines)
         self.assertEqual([lines[1:2], lines[2:5], lines[6:9]],
                          [r[1] for r in records])
         self.assertEqual({'volume-a.log'}, {r[0] for r in records})
@@ -386,18 +386,18 @@ class EndGroupTestCase(test.TestCase):
         self.assertRaises(ProcessLookupError, os.killpg, pgid, 0)
 
     def test_members_that_outlive_the_leader_are_waited_for(self):
-        from tests.functional import stack
+        from tests.harness import services
         # the leader exits at SIGTERM; its child takes a second longer
         proc = self._group('(trap "sleep 1; exit 0" TERM; '
                            'while :; do sleep 0.1; done) & '
                            'trap "exit 0" TERM; wait')
-        stack.end_group(proc, grace=30)
+        services.end_group(proc, grace=30)
         self.assertGone(proc.pid)
 
     def test_members_ignoring_sigterm_are_killed(self):
-        from tests.functional import stack
+        from tests.harness import services
         proc = self._group('trap "" TERM; sleep 300 & sleep 300')
         t0 = time.monotonic()
-        stack.end_group(proc, grace=1)
+        services.end_group(proc, grace=1)
         self.assertGone(proc.pid)
         self.assertLess(time.monotonic() - t0, 20)

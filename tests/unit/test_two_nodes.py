@@ -10,7 +10,7 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Both sides of a move, over two in-memory nodes (tests.unit.cluster).
+"""Both sides of a move, over two in-memory nodes (tests.harness.fake_cluster).
 
 Each node runs the real source, destination, peer endpoint, recovery and
 hydration tracker (cinder_dmclone.service.MoveService); only the kernel,
@@ -50,21 +50,21 @@ from cinder_dmclone import privileged
 from cinder_dmclone import recovery
 from cinder_dmclone import side
 from cinder_dmclone import source as dmc_source
-from tests.unit import cluster
-from tests.unit.cluster import HANDLE
-from tests.unit.cluster import HANDLE_PATH
-from tests.unit.cluster import LV
-from tests.unit.cluster import LV_PATH
-from tests.unit.cluster import META
-from tests.unit.cluster import SECTORS
-from tests.unit.cluster import VOLUME_ID
+from tests.harness import fake_cluster
+from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import HANDLE_PATH
+from tests.harness.fake_cluster import LV
+from tests.harness.fake_cluster import LV_PATH
+from tests.harness.fake_cluster import META
+from tests.harness.fake_cluster import SECTORS
+from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import fakes
 
 ATTACHED = fields.VolumeAttachStatus.ATTACHED
 ATTACHING = fields.VolumeAttachStatus.ATTACHING
 RESERVED = fields.VolumeAttachStatus.RESERVED
 DETACHED = fields.VolumeAttachStatus.DETACHED
-META_PATH = '/dev/%s/%s' % (cluster.VG, META)
+META_PATH = '/dev/%s/%s' % (fake_cluster.VG, META)
 IQN = 'iqn.2010-10.org.openstack:%s' % LV
 INSTANCE2_ID = '0a4ff1ce-1d1b-4f7c-a5b3-9c87a3b8c1f2'
 
@@ -125,7 +125,7 @@ class ClusterTestCase(test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.c = cluster.Cluster(self)
+        self.c = fake_cluster.Cluster(self)
         self.a = self.c.a
         self.b = self.c.b
         # One log for both sides, recovery and the monitor, as the
@@ -159,7 +159,7 @@ class ClusterTestCase(test.TestCase):
             volume_id=VOLUME_ID, lv_name=LV, state=state,
             source_host=self.a.host, dest_host='%s@dmclone#dmclone' % dest,
             source_node='node-a', dest_node=dest,
-            region_sectors=cluster.REGION, clone_sectors=SECTORS,
+            region_sectors=fake_cluster.REGION, clone_sectors=SECTORS,
             target_portal='10.0.0.1:3260', target_iqn=IQN)
         self.a.store.save(self.c.ctxt, t)
         if progress:
@@ -274,7 +274,7 @@ class MoveTestCase(ClusterTestCase):
         self.assertEqual(move.HYDRATING, t.state)
         self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
         self.assertEqual(SECTORS, t.clone_sectors)
-        self.assertEqual(cluster.REGION, t.region_sectors)
+        self.assertEqual(fake_cluster.REGION, t.region_sectors)
         self.assertEqual(('10.0.0.1:3260', IQN, 0),
                          (t.target_portal, t.target_iqn, t.target_lun))
         self.assertEqual({'host': self.b.host, 'availability_zone':
@@ -2032,7 +2032,7 @@ class RecoverTestCase(ClusterTestCase):
         def crash_once(*args, **kwargs):
             calls.append(args)
             if len(calls) == 1:
-                raise cluster.Crash()
+                raise fake_cluster.Crash()
             return prepare(*args, **kwargs)
         self.mock_object(self.a.peer, 'prepare', side_effect=crash_once)
         self.c.reboot = True    # (node-a's start: recovery, ensure_export)
@@ -2052,7 +2052,8 @@ class RecoverTestCase(ClusterTestCase):
         # and the record keeps naming the export its removal missed.)
         self.mock_object(self.a, '_export_moving_away',
                          side_effect=RuntimeError('rtstool restore failed'))
-        self.mock_object(self.a.peer, 'prepare', side_effect=cluster.Crash)
+        self.mock_object(self.a.peer, 'prepare',
+                         side_effect=fake_cluster.Crash)
         self.c.reboot = True
         self.assertRaises(oslo_messaging.MessagingTimeout,
                           self.c.attach, self.b)
@@ -2849,8 +2850,8 @@ class CrashTestCase(test.TestCase):
     @ddt.data(*_cases())
     @ddt.unpack
     def test_crash(self, mode, flow, step, when, outcome):
-        c = cluster.Cluster(self, reboot=(mode == 'reboot'),
-                            restart_before_timeout=(mode != 'late'))
+        c = fake_cluster.Cluster(self, reboot=(mode == 'reboot'),
+                                 restart_before_timeout=(mode != 'late'))
         c.built = c.deleting = False
         if flow == 'abort':
             self.watch_build(c)
@@ -2873,7 +2874,7 @@ class CrashTestCase(test.TestCase):
 
     def test_happy_paths_have_no_crash(self):
         for flow in ('available', 'live'):
-            c = cluster.Cluster(self)
+            c = fake_cluster.Cluster(self)
             self.drive(c, flow)
             c.assert_completed()
             self.assertEqual({}, c.transfer_keys())

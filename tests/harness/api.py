@@ -26,9 +26,9 @@ import subprocess
 import time
 import uuid
 
-from tests.functional import nodes
-from tests.functional import stack as stack_mod
-from tests.functional import testbed
+from tests.harness import services
+from tests.harness import testbed
+from tests.harness import workers
 
 LOG = logging.getLogger('cloud')
 
@@ -86,13 +86,6 @@ def brick_disconnect(info, device):
                      ).disconnect_volume(info, device)
 
 
-def write_pattern(path, seed, length, offset=0):
-    """Write ``testbed.pattern(seed, length)`` at ``offset``; its sha256."""
-    data = testbed.pattern(seed, length)
-    testbed.write_direct(path, offset, data)
-    return testbed.sha256(data)
-
-
 def block_digests(path, length, block):
     """sha256 of every ``block`` bytes of the device's first ``length``."""
     return [testbed.sha256(chunk)
@@ -125,7 +118,7 @@ class Attachment(object):
 
 
 #: where the default types place volumes: the nodes that are always up
-HOME_AZS = ','.join(stack_mod.NODE_AZ[k] for k in ('a', 'b'))
+HOME_AZS = ','.join(services.NODE_AZ[k] for k in ('a', 'b'))
 
 
 class Cloud(object):
@@ -158,8 +151,8 @@ class Cloud(object):
         self.stack = stack
         self.topo = stack.topo
         sess = session.Session(auth=NoAuth('admin', 'admin',
-                                           endpoint=stack_mod.API))
-        self.c = client.Client(stack_mod.MICROVERSION, session=sess)
+                                           endpoint=services.API))
+        self.c = client.Client(services.MICROVERSION, session=sess)
         self._workers = {}
         self._worker_log = worker_log
 
@@ -173,7 +166,7 @@ class Cloud(object):
             return fn(*args)
         worker = self._workers.get(node_key)
         if worker is None:
-            worker = nodes.NodeProcess(
+            worker = workers.NodeProcess(
                 node_key, stderr_path=self._worker_log).start()
             self._workers[node_key] = worker
         return worker.call(fn, *args)
@@ -181,9 +174,8 @@ class Cloud(object):
     def forget_node(self, node_key):
         """Drop the worker on a node that was powered off."""
         worker = self._workers.pop(node_key, None)
-        if worker is not None and worker.proc is not None:
-            worker.proc.kill()
-            worker.close()
+        if worker is not None:
+            worker.kill()
 
     def close(self):
         for worker in self._workers.values():
@@ -195,16 +187,16 @@ class Cloud(object):
     def ensure_volume_type(self):
         """The default type: this backend, placed on either node's AZ."""
         types = [t for t in self.c.volume_types.list()
-                 if t.name == stack_mod.VOLUME_TYPE]
+                 if t.name == services.VOLUME_TYPE]
         vt = types[0] if types else self.c.volume_types.create(
-            stack_mod.VOLUME_TYPE)
+            services.VOLUME_TYPE)
         vt.set_keys({'volume_backend_name': 'dmclone',
                      'RESKEY:availability_zones': HOME_AZS})
         return vt
 
     def ensure_multiattach_type(self):
         """A multiattach type of this backend, placed like the default."""
-        name = stack_mod.VOLUME_TYPE + '-multiattach'
+        name = services.VOLUME_TYPE + '-multiattach'
         types = [t for t in self.c.volume_types.list() if t.name == name]
         vt = types[0] if types else self.c.volume_types.create(name)
         vt.set_keys({'volume_backend_name': 'dmclone',
@@ -403,8 +395,8 @@ class Cloud(object):
 
     def write(self, att, seed, length, offset=0):
         """Write a pattern through the attachment, on its node; sha256."""
-        return self.on_node(att.node, write_pattern, att.path, seed, length,
-                            offset)
+        return self.on_node(att.node, testbed.write_pattern_digest,
+                            att.path, seed, length, offset)
 
     def sha256(self, att, offset, length):
         """sha256 of what the attachment reads there, on its node."""
@@ -419,8 +411,8 @@ class Cloud(object):
     def openstack(self, *args, timeout=300, output=True):
         """Run the ``openstack`` CLI against the testbed; JSON output."""
         argv = ['openstack', '--os-auth-type', 'admin_token',
-                '--os-token', 'admin:admin', '--os-endpoint', stack_mod.API,
-                '--os-volume-api-version', stack_mod.MICROVERSION]
+                '--os-token', 'admin:admin', '--os-endpoint', services.API,
+                '--os-volume-api-version', services.MICROVERSION]
         argv += list(args) + (['-f', 'json'] if output else [])
         t0 = time.monotonic()
         proc = subprocess.run(argv, capture_output=True, text=True,

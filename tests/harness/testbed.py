@@ -10,7 +10,7 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Helpers for the functional tests that run inside the testbed guest.
+"""Helpers for the tests that run inside the testbed guest (every suite).
 
 Everything here runs real commands against the guest's kernel (LVM,
 device-mapper, LIO, open-iscsi) and uses only the standard library, so the
@@ -20,7 +20,7 @@ the project's code.  The topology comes from the guest init
 
 Node B is the initial network namespace: the pytest process itself.  Node A
 is network namespace ``nodeA``: commands go there with ``run(..., node='a')``
-and Python code with :class:`tests.functional.nodes.NodeProcess`.
+and Python code with :class:`tests.harness.workers.NodeProcess`.
 """
 
 import dataclasses
@@ -288,6 +288,21 @@ def sha256_of_device(path, length=None, offset=0):
 
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
+
+
+def write_pattern(path, seed, length, offset=0):
+    """Write ``pattern(seed, length)`` at ``offset``; return the data."""
+    data = pattern(seed, length)
+    write_direct(path, offset, data)
+    return data
+
+
+def write_pattern_digest(path, seed, length, offset=0):
+    """:func:`write_pattern`, returning the data's sha256.
+
+    For a call on another node: the digest travels back, not the data.
+    """
+    return sha256(write_pattern(path, seed, length, offset))
 
 
 # --------------------------------------------------------------------------
@@ -670,7 +685,7 @@ def _on_kernel(node, action, *args):
     """
     if not topology().separate or node == local_node():
         return _ACTIONS[action](*args)
-    proc = run([topology().python, '-m', 'tests.functional.testbed', action,
+    proc = run([topology().python, '-m', 'tests.harness.testbed', action,
                 json.dumps(args)], node=node, timeout=600)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -875,7 +890,7 @@ def boot(node, timeout=600):
 
 
 if __name__ == '__main__':
-    # python -m tests.functional.testbed ACTION JSON-ARGS: one of _ACTIONS
+    # python -m tests.harness.testbed ACTION JSON-ARGS: one of _ACTIONS
     # in this node's kernel, its result as JSON on the last line (see
     # _on_kernel).
     import sys

@@ -19,9 +19,9 @@ worker of the node the volume record names, as the volume RPC API would.
 
 import uuid
 
-from tests.functional import cinder_node
-from tests.functional import nodes
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import volume_node
+from tests.harness import workers
 
 
 class Cluster(object):
@@ -38,10 +38,10 @@ class Cluster(object):
         settings would be (``LVM_SYSTEM_DIR``: the node's LVM
         configuration).
         """
-        worker = nodes.NodeProcess(key, env=env)
+        worker = workers.NodeProcess(key, env=env)
         worker.start()
         try:
-            worker.info['driver'] = worker.call(cinder_node.start_driver,
+            worker.info['driver'] = worker.call(volume_node.start_driver,
                                                 key, overrides)
         except Exception:
             worker.close()
@@ -76,12 +76,10 @@ class Cluster(object):
         if worker is None:
             return
         if kill:
-            worker.proc.kill()
-            worker.proc.wait()
-            worker.close()
+            worker.kill()
         else:
             try:
-                worker.call(cinder_node.stop_driver)
+                worker.call(volume_node.stop_driver)
             finally:
                 worker.close()
 
@@ -106,7 +104,7 @@ class Cluster(object):
     def node_of(self, volume_id):
         host = self.volume(volume_id).host
         for key in ('a', 'b'):
-            if host.startswith(cinder_node.service_host(key)):
+            if host.startswith(volume_node.service_host(key)):
                 return key
         raise AssertionError('volume %s has host %r' % (volume_id, host))
 
@@ -126,19 +124,19 @@ class Cluster(object):
         ctxt = self.ctxt()
         vtype = objects.VolumeType.get_by_name_or_id(ctxt, '__DEFAULT__')
         volume = objects.Volume(
-            ctxt, size=size_gb, host=cinder_node.volume_host(node_key),
+            ctxt, size=size_gb, host=volume_node.volume_host(node_key),
             status='creating', attach_status='detached',
             availability_zone='nova', volume_type_id=vtype.id,
             project_id='test', user_id='test')
         volume.create()
-        self.workers[node_key].call(cinder_node.create, method, volume.id,
+        self.workers[node_key].call(volume_node.create, method, volume.id,
                                     source_id)
         volume.status = 'available'
         volume.save()
         return volume.id
 
     def delete_volume(self, volume_id):
-        self.on_volume_node(volume_id, cinder_node.call, 'delete_volume',
+        self.on_volume_node(volume_id, volume_node.call, 'delete_volume',
                             volume_id)
         volume = self.volume(volume_id)
         volume.destroy()
@@ -156,7 +154,7 @@ class Cluster(object):
             status='creating', project_id='test', user_id='test',
             volume_type_id=volume.volume_type_id)
         snap.create()
-        self.on_volume_node(volume_id, cinder_node.snapshot_call,
+        self.on_volume_node(volume_id, volume_node.snapshot_call,
                             'create_snapshot', snap.id)
         snap.status = 'available'
         snap.save()
@@ -165,7 +163,7 @@ class Cluster(object):
     def delete_snapshot(self, snapshot_id):
         from cinder import objects
         snap = objects.Snapshot.get_by_id(self.ctxt(), snapshot_id)
-        self.on_volume_node(snap.volume_id, cinder_node.snapshot_call,
+        self.on_volume_node(snap.volume_id, volume_node.snapshot_call,
                             'delete_snapshot', snapshot_id)
         snap.destroy()
 
@@ -188,7 +186,7 @@ class Cluster(object):
         db.volume_type_extra_specs_update_or_create(ctxt, vtype['id'],
                                                     extra_specs)
         if retype_on:
-            self.workers[retype_on].call(cinder_node.retype, volume_id,
+            self.workers[retype_on].call(volume_node.retype, volume_id,
                                          vtype['id'])
         volume = self.volume(volume_id)
         volume.volume_type_id = vtype['id']
@@ -208,7 +206,7 @@ class Cluster(object):
         from cinder import objects
         attachment_id = self.reserve(volume_id, instance)
         try:
-            info = self.on_volume_node(volume_id, cinder_node.attach,
+            info = self.on_volume_node(volume_id, volume_node.attach,
                                        volume_id, attachment_id,
                                        self.connector(node_key))
         except Exception:
@@ -237,7 +235,7 @@ class Cluster(object):
 
     def detach(self, volume_id, attachment_id):
         """Nova's detach (the manager's volume_detached drops the record)."""
-        self.on_volume_node(volume_id, cinder_node.detach, volume_id,
+        self.on_volume_node(volume_id, volume_node.detach, volume_id,
                             attachment_id)
 
     @staticmethod
@@ -255,5 +253,5 @@ class Cluster(object):
 
 
 def setup_database():
-    cinder_node.create_database()
-    cinder_node.register_services()
+    volume_node.create_database()
+    volume_node.register_services()

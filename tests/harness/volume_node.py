@@ -12,7 +12,7 @@
 
 """A node's volume service in the testbed: the real driver, real kernel.
 
-Each node's driver runs in a :class:`tests.functional.nodes.NodeProcess`
+Each node's driver runs in a :class:`tests.harness.workers.NodeProcess`
 worker on that node (node A's inside its network namespace, so LIO binds
 its portal there).  Both share one Cinder database (SQLite file) and one
 coordination backend (file locks), as the services of a real deployment
@@ -39,7 +39,7 @@ import sys
 import threading
 import traceback
 
-from tests.functional import testbed
+from tests.harness import testbed
 
 BACKEND = 'dmclone'
 RUN_DIR = '/srv/cinder-ft'
@@ -168,6 +168,15 @@ def _log_root_command(verdict, cmd):
         f.write('%s %s\n' % (verdict, shlex.join(str(c) for c in cmd)))
 
 
+def root_commands():
+    """The lines of ROOTWRAP_LOG so far: "<verdict> <command>" each."""
+    try:
+        with open(ROOTWRAP_LOG) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
 # --------------------------------------------------------------------------
 # Fault injection: kill -9 of this worker at a step of a transfer
 # --------------------------------------------------------------------------
@@ -205,7 +214,7 @@ def _old_copy(volume_size, volume_path, *args, **kwargs):
 _C = 'cinder_dmclone.clone'
 _D = 'cinder_dmclone.destination'
 _S = 'cinder_dmclone.move'
-_N = 'tests.functional.cinder_node'
+_N = 'tests.harness.volume_node'
 _V = 'cinder.volume.volume_utils'
 
 
@@ -647,11 +656,11 @@ def _save(volume, update):
 
 
 def manager_initialize_connection(volume_id, connector, volume=None):
-    """VolumeManager.initialize_connection (tests.manager_flow)."""
+    """VolumeManager.initialize_connection (tests.harness.manager_flow)."""
     from cinder import context
     from cinder import objects
 
-    from tests import manager_flow
+    from tests.harness import manager_flow
     ctxt = context.get_admin_context()
     if volume is None:
         volume = objects.Volume.get_by_id(ctxt, volume_id)
@@ -680,7 +689,7 @@ def detach(volume_id, attachment_id):
     from cinder import context
     from cinder.db import api as db
     from cinder import objects
-    from tests import manager_flow
+    from tests.harness import manager_flow
     ctxt = context.get_admin_context()
     volume = objects.Volume.get_by_id(ctxt, volume_id)
     attachment = objects.VolumeAttachment.get_by_id(ctxt, attachment_id)

@@ -21,9 +21,9 @@ processutils ignores ``root_helper`` when running as root.  So a
 the topology's ``exec`` prefix, ``on-node-a``, which also makes configfs
 visible) and runs callables there, one at a time, returning their results::
 
-    from tests.functional import nodes
+    from tests.harness import workers
 
-    with nodes.NodeProcess('a') as node_a:
+    with workers.NodeProcess('a') as node_a:
         node_a.call(os.getpid)                      # any importable callable
         node_a.run(['ip', '-o', 'addr'])            # a command, on node A
         driver = node_a.call(mymodule.make_driver)  # state lives in the worker
@@ -51,7 +51,7 @@ import sys
 import time
 import traceback
 
-from tests.functional import testbed
+from tests.harness import testbed
 
 DEFAULT_CALL_TIMEOUT = 600
 START_TIMEOUT = 120
@@ -88,7 +88,7 @@ class NodeProcess(object):
                 os.pathsep) if p and p != topo.src])
         env.update(self.env or {})
         argv = list(self.node.exec_prefix) + [
-            sys.executable, '-m', 'tests.functional.nodes', '--serve']
+            sys.executable, '-m', 'tests.harness.workers', '--serve']
         stderr = None
         if self.stderr_path:
             stderr = open(self.stderr_path, 'ab')
@@ -167,22 +167,27 @@ class NodeProcess(object):
         while not self._conn_in.poll(1):
             rc = self.proc.poll()
             if rc is not None:
-                self._abandon()
+                self.kill()
                 raise NodeProcessDied('worker on %s exited (status %s) during '
                                       '%s' % (self.node.name, rc, what))
             if time.monotonic() > deadline:
-                self._abandon()
+                self.kill()
                 raise NodeProcessDied('worker on %s: no answer to %s within '
                                       '%d s; killed' % (self.node.name, what,
                                                         timeout))
         try:
             return self._conn_in.recv()
         except EOFError:
-            self._abandon()
+            self.kill()
             raise NodeProcessDied('worker on %s closed its pipe during %s'
                                   % (self.node.name, what))
 
-    def _abandon(self):
+    def kill(self):
+        """Kill the worker (if it still runs) and let it go.
+
+        For a worker that does not answer, or one on a node that was
+        powered off: nothing is asked of it.
+        """
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

@@ -10,12 +10,17 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""Fixtures of the tests that drive the driver (import them by name)."""
+"""Which tests of a suite run, and how long each module took.
+
+For the hooks of the suites' conftest.py: the ``--tier`` and layout
+selection (deselected tests are reported as such), the skip of a
+suite's tests outside the testbed guest, and the per-module timings of
+the terminal summary.
+"""
 
 import pytest
 
-from tests.functional import cluster as cluster_mod
-from tests.functional import testbed
+from tests.harness import testbed
 
 
 def select_tier(config, items):
@@ -71,26 +76,6 @@ def skip_outside_testbed(items, folder, reason):
     for item in items:
         if folder in str(item.fspath):
             item.add_marker(skip)
-
-
-def running_cluster():
-    """Start both nodes' services over a fresh database; yield, stop."""
-    if not testbed.in_testbed():
-        pytest.skip('needs the testbed guest')
-    cluster_mod.setup_database()
-    c = cluster_mod.Cluster()
-    try:
-        c.start('a')
-        c.start('b')
-        yield c
-    finally:
-        c.close()
-
-
-@pytest.fixture(scope='session')
-def cluster():
-    """Both nodes' volume services over one database, for the session."""
-    yield from running_cluster()
 
 
 def module_timings(stats):

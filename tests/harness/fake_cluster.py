@@ -51,7 +51,7 @@ from cinder_dmclone import privileged
 from cinder_dmclone import recovery
 from cinder_dmclone import service
 from cinder_dmclone import wiper
-from tests import manager_flow
+from tests.harness import manager_flow
 from tests.unit import fakes
 
 VG = 'dmc-vg'
@@ -263,7 +263,7 @@ class Node(object):
         volume.update(update)
 
     def attach(self, volume, connector):
-        """The volume manager's attach: tests.manager_flow."""
+        """The volume manager's attach: tests.harness.manager_flow."""
         return manager_flow.initialize_connection(
             self, self.cluster.ctxt, volume, connector, self._save)
 
@@ -341,7 +341,7 @@ class Node(object):
         return True, None
 
     def attachment_delete(self, volume, connector):
-        """VolumeManager.attachment_delete: tests.manager_flow."""
+        """VolumeManager.attachment_delete: tests.harness.manager_flow."""
         manager_flow.terminate_connection(self, self.cluster.ctxt, volume,
                                           connector)
 

@@ -36,8 +36,8 @@ import time
 import urllib.error
 import urllib.request
 
-from tests.functional import nodes
-from tests.functional import testbed
+from tests.harness import testbed
+from tests.harness import workers
 
 LOG = logging.getLogger('stack')
 
@@ -92,14 +92,16 @@ def install_rootwrap(directory, sudo_env_keep=()):
     return path
 
 
-def install_volume_node(node):
-    """A volume node's own configuration: Cinder's, rootwrap, state.
+def install_volume_node(*nodes):
+    """The volume services' configuration of ``nodes``: Cinder's, rootwrap.
 
-    Runs on the node (separate-kernel layout: node A's own guest has none
-    of the files node B's :meth:`Stack.install_configs` writes).
+    cinder.conf and each node's node-<key>.conf, rootwrap and the state
+    directory.  Runs on the node (separate-kernel layout: node A's own
+    guest has none of the files node B's :meth:`Stack.install_configs`
+    writes).
     """
     os.makedirs(ETC, exist_ok=True)
-    for name in ('cinder.conf', 'node-%s.conf' % node):
+    for name in ['cinder.conf'] + ['node-%s.conf' % key for key in nodes]:
         shutil.copy(os.path.join(CONF_DIR, name), ETC)
     install_rootwrap(ETC)
     os.makedirs(STATE + '/tmp', exist_ok=True)
@@ -266,18 +268,17 @@ class Stack(object):
         """Put the stack's configuration where the services look."""
         os.makedirs(self.log_dir, exist_ok=True)
         venv = os.path.dirname(os.path.dirname(self.topo.python))
-        for name in ('cinder.conf', 'api.conf', 'node-a.conf',
-                     'node-b.conf', 'node-c.conf'):
-            shutil.copy(os.path.join(CONF_DIR, name), ETC)
+        # Every node's service configuration: in the one-kernel layout
+        # node A's service runs in this guest too.  (privsep starts its
+        # helper through sudo, on the venv's path.)
+        install_volume_node('a', 'b', 'c')
+        shutil.copy(os.path.join(CONF_DIR, 'api.conf'), ETC)
         shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
                     ETC)
-        # (privsep starts its helper through sudo, on the venv's path.)
-        install_rootwrap(ETC)
         self._install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
-        os.makedirs(STATE + '/tmp', exist_ok=True)
         os.makedirs(STATE + '/api-locks', exist_ok=True)
         if self.topo.separate:
-            with nodes.NodeProcess('a') as node_a:
+            with workers.NodeProcess('a') as node_a:
                 node_a.call(install_volume_node, 'a')
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
                     '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
@@ -394,7 +395,7 @@ class Stack(object):
         cinder-volume starts and reports.
         """
         testbed.boot(node)
-        with nodes.NodeProcess(node) as worker:
+        with workers.NodeProcess(node) as worker:
             worker.call(install_volume_node, node)
         self.start_volume(node)
         self.wait_volume_up(node)

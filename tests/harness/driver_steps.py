@@ -1,0 +1,130 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Scenario steps over the driver's two volume services.
+
+What the tests of :class:`driver_cluster.Cluster` (the functional suite's
+test_transfer.py, the fault suite, the move benchmark) do again and
+again: a volume of node A with known data and the :class:`Image` of what
+it must read, node B's monitor ticked until a move is finalized, and the
+check that node B alone holds the volume afterwards.  Testbed guest only.
+"""
+
+import hashlib
+
+from tests.harness import testbed
+from tests.harness import volume_node
+
+MiB = testbed.MiB
+GiB = 1024 * MiB
+REGION = 64 * 1024
+
+
+def handle(volume_id, node):
+    vg = testbed.topology().node(node).vg.replace('-', '--')
+    return '/dev/mapper/dmclone-%s-volume-%s' % (vg, volume_id)
+
+
+def lv(volume_id, node):
+    return '/dev/%s/volume-%s' % (testbed.topology().node(node).vg,
+                                  volume_id)
+
+
+class Image(object):
+    """The expected content of a volume: a base device plus our writes."""
+
+    def __init__(self, base_path, size):
+        self.base_path = base_path
+        self.size = size
+        self.writes = []
+
+    def write(self, path, offset, data):
+        testbed.write_direct(path, offset, data)
+        self.writes.append((offset, bytes(data)))
+
+    def digest(self, chunk=4 * MiB):
+        """sha256 of the base device with the writes applied on top."""
+        h = hashlib.sha256()
+        pos = 0
+        blocks = testbed.iter_direct(self.base_path, 0, self.size, chunk)
+        for block in blocks:
+            block = bytearray(block)
+            for offset, data in self.writes:
+                lo, hi = max(offset, pos), min(offset + len(data),
+                                               pos + len(block))
+                if lo < hi:
+                    block[lo - pos:hi - pos] = data[lo - offset:hi - offset]
+            h.update(block)
+            pos += len(block)
+        return h.hexdigest()
+
+
+def seed(image, path, seed_value):
+    """Known data at the start, a partial region, the middle, the end."""
+    image.write(path, 0, testbed.pattern(seed_value, 4 * MiB))
+    image.write(path, 100 * REGION + 4096,
+                testbed.pattern(seed_value + 1, 8192))
+    image.write(path, image.size // 2, testbed.pattern(seed_value + 2, MiB))
+    image.write(path, image.size - 4096,
+                testbed.pattern(seed_value + 3, 4096))
+
+
+def seeded_volume(cluster, seed_value):
+    """A 1 GiB volume on node A with known data; returns (id, Image)."""
+    vid = cluster.create_volume('a')
+    image = Image(lv(vid, 'a'), GiB)
+    seed(image, handle(vid, 'a'), seed_value)
+    return vid, image
+
+
+def wait_finalized(cluster, volume_id, timeout=900):
+    """Tick node B's monitor until the transfer state is gone."""
+    def done():
+        cluster['b'].call(volume_node.tick)
+        return not any(k.startswith('dmclone_state')
+                       for k in cluster.admin_metadata(volume_id))
+
+    def diagnostics():
+        return 'admin metadata: %s\nclone: %s' % (
+            cluster.admin_metadata(volume_id),
+            testbed.run(['dmsetup', 'status'], check=False).stdout)
+    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
+                       interval=2, diagnostics=diagnostics)
+
+
+def assert_only_on_b(cluster, volume_id, expected):
+    b_path = handle(volume_id, 'b')
+    assert cluster.node_of(volume_id) == 'b'
+    table = testbed.dm_table(b_path.split('/')[-1]).split()
+    assert table[2] == 'linear', table
+    assert not testbed.run(['test', '-e', lv(volume_id, 'a')],
+                           check=False).returncode == 0
+    assert not any(volume_id in n for n in testbed.dm_devices()
+                   if 'dmc--a' in n)
+    assert testbed.iscsi_sessions() == {}
+    assert testbed.lio_targets() == []
+    md = cluster.admin_metadata(volume_id)
+    assert not [k for k in md if k.startswith('dmclone_')], md
+    vol = cluster.volume(volume_id)
+    assert vol.provider_location is None
+    testbed.run(['sync'])
+    with open('/proc/sys/vm/drop_caches', 'w') as f:
+        f.write('3')
+    assert testbed.sha256_of_device(b_path) == expected
+
+
+def finish_on_b(cluster, volume_id, expected, attachment):
+    """Hydrate to the end, check node B alone holds the data, clean up."""
+    wait_finalized(cluster, volume_id)
+    assert_only_on_b(cluster, volume_id, expected)
+    cluster.detach(volume_id, attachment)
+    cluster.delete_volume(volume_id)

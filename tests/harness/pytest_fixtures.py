@@ -1,0 +1,248 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The pytest fixtures of the suites that run in the testbed guest.
+
+A suite's conftest.py (or a test module) imports the ones it uses by
+name, ``from tests.harness.pytest_fixtures import topo  # noqa: F401``,
+so that each suite states which it shares:
+
+* ``topo``: the testbed topology (:func:`testbed.topology`);
+* ``cleanup``: register undo callables (``cleanup(fn, *args)``); they run
+  in reverse order after the test, all of them even when one fails;
+* ``node_a``: a :class:`workers.NodeProcess` worker on node A for this
+  test;
+* ``make_lv``: ``make_lv(vg, size_bytes, name=None)`` creates an LV that
+  is removed after the test;
+* ``iscsi_source``: ``iscsi_source(size, seed=1)`` makes an LV on node A
+  filled with ``testbed.pattern(seed, size)``, exports it with LIO and logs
+  node B in: returns an :class:`IscsiSource` (undone after the test);
+* ``clone_parts``: ``clone_parts(size)`` makes a destination LV on node B's
+  VG and a zeroed metadata LV on its metadata VG: ``(dest, meta)``;
+* ``no_leaks`` (automatic, with ``nodes_answer``): after every test, fails
+  it if anything is left behind (see :func:`testbed.leaks`) and then
+  cleans up by force so the next test starts clean (on every node's
+  kernel);
+* ``stack`` and ``cloud``: the full Cinder stack (:mod:`services`) and its
+  API (:mod:`api`), one per session; ``module_stack`` and
+  ``module_cloud`` are the same fixtures (named ``stack`` and ``cloud``)
+  for a module that needs a stack of its own; ``services_running``
+  (automatic) keeps the nodes up and their services running around a
+  test that uses the stack;
+* ``cluster``: both nodes' volume services of :mod:`driver_cluster`, for
+  the session (:func:`running_cluster` for a suite's own variant).
+"""
+
+import dataclasses
+import itertools
+import logging
+import os
+
+import pytest
+
+from tests.harness import api
+from tests.harness import driver_cluster
+from tests.harness import services
+from tests.harness import testbed
+from tests.harness import workers
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _testbed_logging():
+    logging.getLogger('testbed').setLevel(logging.DEBUG)
+
+
+@pytest.fixture(scope='session')
+def topo():
+    return testbed.topology()
+
+
+class Cleanup(object):
+    def __init__(self):
+        self._undo = []
+
+    def __call__(self, fn, *args, **kwargs):
+        self._undo.append((fn, args, kwargs))
+
+    def run(self):
+        errors = []
+        while self._undo:
+            fn, args, kwargs = self._undo.pop()
+            try:
+                fn(*args, **kwargs)
+            except Exception as exc:
+                testbed.LOG.exception('cleanup %s failed', fn)
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+@pytest.fixture
+def cleanup():
+    c = Cleanup()
+    yield c
+    c.run()
+
+
+# -- the full stack ----------------------------------------------------------
+
+@pytest.fixture(scope='session')
+def stack():
+    """The full stack, one per session (test_fullstack.py has its own).
+
+    The separate-kernel scenarios of several modules share it: each
+    module starting its own cost two minutes of CI.
+    """
+    yield from services.running()
+
+
+@pytest.fixture(scope='session')
+def cloud(stack):
+    yield from api.opened(stack)
+
+
+@pytest.fixture(scope='module', name='stack')
+def module_stack():
+    """The full stack, for the importing module only.
+
+    In the one-kernel tier the next modules' harnesses use the same volume
+    groups and must not meet the stack's services (the separate-kernel
+    modules share one: :func:`stack`).
+    """
+    yield from services.running()
+
+
+@pytest.fixture(scope='module', name='cloud')
+def module_cloud(stack):
+    yield from api.opened(stack)
+
+
+@pytest.fixture(autouse=True)
+def services_running(request):
+    """Before and after a test of the stack: nodes up, services running."""
+    if 'stack' not in request.fixturenames:
+        yield
+        return
+    s = request.getfixturevalue('stack')
+    c = request.getfixturevalue('cloud')
+    services.keep_running(s, c)
+    yield
+    services.keep_running(s, c)
+
+
+# -- the driver's two volume services -----------------------------------------
+
+def running_cluster():
+    """Start both nodes' services over a fresh database; yield, stop."""
+    if not testbed.in_testbed():
+        pytest.skip('needs the testbed guest')
+    driver_cluster.setup_database()
+    c = driver_cluster.Cluster()
+    try:
+        c.start('a')
+        c.start('b')
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope='session')
+def cluster():
+    """Both nodes' volume services over one database, for the session."""
+    yield from running_cluster()
+
+
+# -- every test: nodes up, nothing left behind -------------------------------
+
+@pytest.fixture(autouse=True)
+def nodes_answer():
+    """Separate kernels: a node a failed test left powered off boots first.
+
+    (Otherwise every later test fails at its leak check's first look at
+    that node.)
+    """
+    if testbed.in_testbed() and testbed.topology().separate \
+            and not testbed.answers('a'):
+        testbed.LOG.warning('node A is down before the test: booting it')
+        testbed.boot('a')
+    yield
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(nodes_answer, request):
+    if not testbed.in_testbed():
+        yield
+        return
+    baseline = testbed.snapshot()
+    yield
+    problems = testbed.leaks(baseline)
+    if problems:
+        testbed.force_cleanup(baseline)
+        pytest.fail('test left resources behind (now force-cleaned):\n  '
+                    + '\n  '.join(problems), pytrace=False)
+
+
+# -- kernel objects for one test ---------------------------------------------
+
+@pytest.fixture
+def node_a():
+    with workers.NodeProcess('a') as worker:
+        yield worker
+
+
+_lv_numbers = itertools.count(1)
+
+
+@pytest.fixture
+def make_lv(cleanup, request):
+    def make(vg, size_bytes, name=None):
+        # lower case, digits and '-' only: the name may become part of an
+        # IQN (iscsi_source), and IQNs allow no '_'
+        name = name or 'ft%d-%s' % (next(_lv_numbers),
+                                    request.node.name[:40].lower())
+        name = ''.join(c if c.isalnum() or c == '-' else '-' for c in name)
+        path = testbed.create_lv(vg, name, size_bytes)
+        cleanup(testbed.remove_lv, vg, name)
+        return path
+    return make
+
+
+@dataclasses.dataclass(frozen=True)
+class IscsiSource:
+    lv: str                        # the LV on node A
+    data: bytes                    # its content
+    export: testbed.IscsiExport
+    disk: str                      # node B's SCSI disk of the export
+
+
+@pytest.fixture
+def iscsi_source(topo, make_lv, cleanup):
+    def make(size, seed=1):
+        lv = make_lv(topo.a.vg, size)
+        data = testbed.pattern(seed, size)
+        testbed.write_direct(lv, 0, data)
+        export = testbed.export_iscsi(lv, os.path.basename(lv))
+        cleanup(testbed.unexport_iscsi, export)
+        disk = testbed.iscsi_login(export)
+        cleanup(testbed.iscsi_logout, export)
+        return IscsiSource(lv, data, export, disk)
+    return make
+
+
+@pytest.fixture
+def clone_parts(topo, make_lv):
+    def make(size, meta_size=4 * testbed.MiB):
+        dest = make_lv(topo.b.vg, size)
+        meta = make_lv(topo.b.meta_vg, meta_size)
+        testbed.zero_device(meta, meta_size)
+        return dest, meta
+    return make

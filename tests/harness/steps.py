@@ -1,0 +1,162 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Scenario steps over the full Cinder stack, shared by the suites.
+
+What the tests of :class:`api.Cloud` (the functional suite's full-stack
+and separate-kernel scenarios, the load test) do again and again: attach
+a volume the way Nova does and check where it lives, know what every MiB
+of it must read (:class:`Image`), wait until a move is finalized, list
+what a node keeps of a volume, and a volume type that hydrates at the
+kernel's slowest pace.  Testbed guest only.
+"""
+
+import logging
+
+from tests.harness import api
+from tests.harness import services
+from tests.harness import testbed
+
+LOG = logging.getLogger('steps')
+MiB = testbed.MiB
+GiB = 1024 * MiB
+BLOCK = MiB
+
+
+class Image(object):
+    """What the volume must read, block by block (sha256 per MiB)."""
+
+    def __init__(self, digests):
+        self.digests = list(digests)
+
+    def write(self, cloud, att, seed, offset, length):
+        cloud.write(att, seed, length, offset)
+        data = testbed.pattern(seed, length)
+        for i in range(0, length, BLOCK):
+            self.digests[(offset + i) // BLOCK] = testbed.sha256(
+                data[i:i + BLOCK])
+
+    def check(self, cloud, att):
+        seen = cloud.on_node(att.node, api.block_digests, att.path,
+                             len(self.digests) * BLOCK, BLOCK)
+        wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
+                 if a != b]
+        assert not wrong, ('%d MiB blocks differ on node %s, first: %s'
+                           % (len(wrong), att.node.upper(), wrong[:10]))
+
+
+def kept_on(cloud, node, volume_id):
+    """What ``node`` holds of the volume: LVs, LIO targets, iSCSI sessions."""
+    lvs = testbed.lvm('lvs', '--noheadings', '-o', 'lv_name', node=node
+                      ).stdout.split()
+    kept = ['LV %s' % lv for lv in lvs if volume_id in lv]
+    kept += ['LIO target %s' % t for t in cloud.on_node(
+        node, testbed.lio_targets) if volume_id in t]
+    kept += ['iSCSI session to %s' % t for t in cloud.on_node(
+        node, testbed.iscsi_sessions).values()]
+    return sorted(kept)
+
+
+def attached_on(cloud, volume_id, node):
+    """Nova's attach on ``node``: a local connection, the volume in use."""
+    att = cloud.attach(volume_id, node)
+    assert att.connection_info['driver_volume_type'] == 'local', (
+        att.connection_info)
+    v = cloud.get(volume_id)
+    assert (v.status, cloud.node_of(volume_id)) == ('in-use', node)
+    return att
+
+
+def slow_hydration_type(cloud):
+    """A type of this backend whose volumes hydrate at the kernel's pace.
+
+    One region at a time (dm-clone's defaults), so that a move of 1 GiB
+    is still hydrating when the test acts on it.
+    """
+    name = 'dmclone-slow'
+    types = [t for t in cloud.c.volume_types.list() if t.name == name]
+    vt = types[0] if types else cloud.c.volume_types.create(name)
+    vt.set_keys({'volume_backend_name': 'dmclone',
+                 'dmclone:hydration_threshold': '1',
+                 'dmclone:hydration_batch_size': '1',
+                 'RESKEY:availability_zones': api.HOME_AZS})
+    return vt
+
+
+def hydrated_fraction(cloud, att):
+    """Hydrated regions / regions of the clone under ``att``, on its node."""
+    done, total = cloud.on_node(att.node, testbed.clone_progress,
+                                att.path.rsplit('/', 1)[-1])
+    return done / total
+
+
+def power_off(stack, cloud, node):
+    """``node`` loses power: its guest, its volume service, its worker."""
+    stack.power_off(node)
+    cloud.forget_node(node)
+
+
+def seeded_on(cloud, node, writes=(), volume_type=None, fill=None):
+    """A new 1 GiB volume of ``node``'s zone with known data, detached.
+
+    Attached on ``node`` (a local connection) for the writes, then
+    detached: ``writes`` are (seed, offset, length) patterns, recorded
+    in the :class:`Image` returned with the volume, ``(volume, image)``.
+    With ``fill``, ``fill(att)`` writes instead and its result comes
+    back in place of the Image.  The volume is deleted if this fails.
+    """
+    vol = cloud.create(size=1, az=services.NODE_AZ[node],
+                       volume_type=volume_type)
+    try:
+        att = attached_on(cloud, vol.id, node)
+        if fill is not None:
+            content = fill(att)
+        else:
+            content = Image(cloud.on_node(node, api.block_digests, att.path,
+                                          GiB, BLOCK))
+            for seed, offset, length in writes:
+                content.write(cloud, att, seed, offset, length)
+        cloud.detach(att)
+    except BaseException:
+        cloud.delete(vol.id)
+        raise
+    return vol, content
+
+
+def still_hydrating(cloud, att, when):
+    """The fraction of the clone under ``att`` copied so far: under half.
+
+    For a scenario that acts on a move while it hydrates (a volume of
+    :func:`slow_hydration_type`, copied front to back): it fails when
+    the copy has outrun the scenario, ``when`` (e.g. "before the
+    restart") it acts.
+    """
+    before = hydrated_fraction(cloud, att)
+    assert before < 0.5, ('hydration outran the scenario: %.0f%% copied %s'
+                          % (100 * before, when))
+    return before
+
+
+def wait_finalized(cloud, volume_id, timeout=900):
+    """Until the transfer state is gone from the volume's record."""
+    last = {}
+
+    def done():
+        state = cloud.transfer_state(volume_id)
+        if state.get('dmclone_percent') != last.get('dmclone_percent'):
+            LOG.info('transfer of %s: %s', volume_id, state)
+        last.clear()
+        last.update(state)
+        return not state
+    testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
+                       interval=2,
+                       diagnostics=lambda: 'last state %s' % last)
