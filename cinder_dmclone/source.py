@@ -133,6 +133,10 @@ class Source(side.Side):
         #: the driver's ensure_export for a volume whose record names
         #: another node (handle, then LIO's saved targets).
         self._ensure_export = ensure_export
+        #: volume id -> a move from here whose attempt failed and could
+        #: not record its end (the database was away): see
+        #: :meth:`retry_give_ups`.
+        self.unrecorded = {}
 
     # -- starting a move ---------------------------------------------------
 
@@ -281,16 +285,64 @@ class Source(side.Side):
         self._give_up_quietly(ctxt, volume, t)
 
     def _give_up_quietly(self, ctxt, volume, t):
-        """:meth:`give_up`, logging a failure; True if it succeeded."""
+        """:meth:`give_up`, logging a failure; True if it succeeded.
+
+        A failure is remembered: this attempt is over, so the move is
+        given up as soon as the database answers again (the next attach,
+        or :meth:`retry_give_ups` at the next monitor tick), not only once
+        it outlived any attempt.
+        """
         try:
             self.give_up(ctxt, volume, t)
         except Exception:
+            self.unrecorded[volume['id']] = t
             LOG.exception('Could not give up the move of volume %(vol)s to '
-                          '%(dst)s; the record keeps it for a later '
-                          'attempt or this service\'s next start.',
+                          '%(dst)s; retrying while this service runs.',
                           {'vol': volume['id'], 'dst': t.dest_node})
             return False
         return True
+
+    def retry_give_ups(self):
+        """Give up the moves whose failed attempt could not (monitor tick).
+
+        Under the volume's lock, and only the very move remembered (its
+        secret), still recorded as that attempt left it: a later move of
+        the volume is never touched.  Kept for the next tick while the
+        database is still away.
+        """
+        for volume_id in list(self.unrecorded):
+            try:
+                with move.lock(volume_id):
+                    self._retry_give_up(volume_id)
+            except Exception:
+                LOG.warning('Volume %s: giving up its failed move failed '
+                            'again; retrying at the next tick.', volume_id,
+                            exc_info=True)
+
+    def _retry_give_up(self, volume_id):
+        ended = self.unrecorded.get(volume_id)
+        t = self.load_any(volume_id)
+        if (ended is None or not ended.same_move(t)
+                or t.state not in (move.PREPARING, move.ABORTED)):
+            self.unrecorded.pop(volume_id, None)
+            return
+        try:
+            volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+        except exception.VolumeNotFound:
+            self.unrecorded.pop(volume_id, None)
+            return
+        if not self.lives_here(volume):
+            self.unrecorded.pop(volume_id, None)
+            return
+        LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
+                 'attach failed while the database was away.',
+                 {'vol': volume_id, 'dst': t.dest_node})
+        self.give_up(self.ctxt(), volume, t)
+
+    def _ended_here(self, t):
+        """True if ``t`` is a move whose attempt here failed and returned."""
+        ended = self.unrecorded.get(t.volume_id)
+        return ended is not None and ended.same_move(t)
 
     def _record(self, ctxt, volume, connector, dest_host, lv_sectors):
         """Export the volume to the destination and record the move.
@@ -431,7 +483,7 @@ class Source(side.Side):
     def _stale_prepare(self, volume, t):
         return (t is not None and t.state == move.PREPARING
                 and self.is_source(t) and self.lives_here(volume)
-                and self.prepare_outlived(t))
+                and (self._ended_here(t) or self.prepare_outlived(t)))
 
     def _give_up_stale_prepare(self, volume):
         """Under the volume's lock: give up a move from here left preparing.
@@ -480,6 +532,8 @@ class Source(side.Side):
                         '%(dst)s removes what it built when its service '
                         'is back.', {'vol': volume['id'],
                                      'dst': t.dest_node})
+        if self._ended_here(t):
+            del self.unrecorded[t.volume_id]
 
     def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""

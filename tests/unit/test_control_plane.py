@@ -84,16 +84,70 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    def test_attach_right_after_is_refused_as_moving(self):
-        # The lock alone does not prove the attempt dead (per-node locks,
-        # a lost lease): a young 'preparing' is left alone.
+    def test_retry_right_after_moves_the_volume(self):
+        # node-a ran the attempt and saw it fail: its own record of that
+        # is the proof no attempt will still write the outcome.  Before:
+        # every attach was refused as "moving" for the transfer timeout
+        # plus two minutes (six minutes in the testbed's stack).
         self.failed_attach_while_db_down()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_local_attach_right_after_ends_the_failed_move(self):
+        self.failed_attach_while_db_down()
+        att, info = self.c.attach(self.a)
+        self.assertEqual('local', info['driver_volume_type'])
+        self.c.attachments.remove(att)
+        self.c.assert_rolled_back()
+
+    def test_source_ends_its_failed_move_once_the_database_is_back(self):
+        # Nobody retries the attach: node-a's next monitor tick gives the
+        # move up (node-b drops its clone) instead of leaving it for the
+        # destination's timeout.
+        self.failed_attach_while_db_down()
+        self.c.tick(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.b.dm.devices)
+        self.c.assert_rolled_back()
+
+    def test_source_retries_while_the_database_stays_away(self):
+        self.db_down_once_built()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.c.tick(self.a)             # still away: nothing recorded
+        self.db_up()
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.c.tick(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.c.assert_rolled_back()
+
+    def test_after_a_restart_a_young_prepare_is_refused_as_moving(self):
+        # A restarted node-a no longer knows its attempt ended; the lock
+        # alone does not prove it (per-node locks, a lost lease): a young
+        # 'preparing' is left alone until it outlived any attempt.
+        self.failed_attach_while_db_down()
+        self.a.restart()
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.a)
         self.assertEqual(move.PREPARING, self.c.transfer().state)
         self.assertIn(HANDLE, self.b.dm.devices)
         self.outlive_the_prepare()
         self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_failed_move_memory_never_ends_a_later_move(self):
+        # node-a knows the failed attempt by its secret: a later move of
+        # the volume is never taken for it.
+        self.failed_attach_while_db_down()
+        ended = self.a.source.unrecorded[VOLUME_ID]
+        self.c.attach(self.b)           # a new move, a new secret
+        self.assertNotIn(VOLUME_ID, self.a.source.unrecorded)
+        self.a.source.unrecorded[VOLUME_ID] = ended
+        self.c.tick(self.a)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertNotIn(VOLUME_ID, self.a.source.unrecorded)
         self.c.settle()
         self.c.assert_completed()
 
@@ -108,7 +162,9 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
     def test_destination_drops_a_clone_nobody_waits_for(self):
         # Before: node-b kept the clone (hydrating from node-a, with an
         # iSCSI session) for good, and the record stayed 'preparing'.
+        # (node-a, restarted, no longer knows it ended the attempt.)
         self.failed_attach_while_db_down()
+        self.a.restart()
         self.c.settle()
         # (Kept 'aborted', inert, for node-a to end: see the next test.)
         self.c.assert_rolled_back(aborted_ok=True)
@@ -180,6 +236,7 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.failed_attach_while_db_down()
         self.c.db.volume_admin_metadata_delete(
             self.c.ctxt, VOLUME_ID, 'dmclone_prepared_at')
+        self.a.restart()                # (the upgrade)
         self.outlive_the_prepare()
         self.c.settle()
         self.assertRaises(exception.VolumeBackendAPIException,
