@@ -186,6 +186,32 @@ def lock_if_free(volume_id):
             lk.release()
 
 
+@contextlib.contextmanager
+def lock_unless_down(volume_id):
+    """The volume's lock, waited for: yields True; False if it is down.
+
+    For startup recovery, which must not depend on the coordination
+    backend (etcd, Redis...) being up: the volume's lock is waited for as
+    :func:`lock` does, but a backend that does not answer (or refuses the
+    lock) yields False instead of raising, and the caller leaves the
+    step for the monitor to take again once it answers
+    (:meth:`cinder_dmclone.recovery.Recovery.retry_abandons`).
+    """
+    try:
+        lk = lock(volume_id)
+        acquired = bool(lk.acquire())
+    except Exception as exc:
+        LOG.warning('The lock of volume %(vol)s could not be taken (is the '
+                    'coordination backend down?): %(exc)s',
+                    {'vol': volume_id, 'exc': exc})
+        acquired = False
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            lk.release()
+
+
 def build_lock(volume_id):
     """This node's lock on building or removing a volume's clone.
 

@@ -183,6 +183,11 @@ class Recovery(object):
         #: again (its source did not answer); the monitor tries again
         #: (retry_rebuilds) while the record still describes that move.
         self.pending_rebuild = {}
+        #: volume id -> the move from here a start could not abandon (its
+        #: lock could not be taken, or the abandon failed); the monitor
+        #: tries again (retry_abandons) while the record still describes
+        #: that move, never committed.
+        self.pending_abandon = {}
 
     def recover(self, volumes, metadata_lvs):
         """Resume, finish or roll back every move touching this node.
@@ -426,22 +431,73 @@ class Recovery(object):
     def _abandon(self, volume, t):
         """ABANDON under the volume's lock, if the move still never committed.
 
+        A start must not depend on the coordination backend being up: if
+        the lock cannot be taken, the move is left to the monitor, which
+        tries again after each tick (:meth:`retry_abandons`) until the
+        abandon is done or the record no longer asks for it.
+        """
+        with move.lock_unless_down(volume.id) as locked:
+            if not locked:
+                self.pending_abandon[volume.id] = t
+                LOG.warning('Not abandoning the move of volume %(vol)s to '
+                            '%(dst)s yet: its lock cannot be taken. The '
+                            'monitor tries again at each tick; until then '
+                            'the volume is refused as moving.',
+                            {'vol': volume.id, 'dst': t.dest_node})
+                return
+            self._abandon_locked(volume.id, t)
+
+    def _abandon_locked(self, volume_id, t):
+        """Abandon move ``t`` if it still never committed; lock held.
+
         The abort it sends makes the destination remove its clone: only
         for the move read again under the lock, in a state where no
         instance writes to that clone for good (ABANDONABLE), and while
-        the volume record still names this node.
+        the volume record still names this node.  Anything else (the move
+        ended, committed or replaced meanwhile, the volume deleted) ends
+        the wait; a failure keeps it (:attr:`pending_abandon`).
         """
-        with move.lock(volume.id):
-            current = self.source.load_any(volume.id)
-            volume = objects.Volume.get_by_id(self.source.ctxt(), volume.id)
-            if not (t.still(current) and current.state in ABANDONABLE
-                    and self.source.lives_here(volume)):
-                LOG.warning('Not abandoning the move of volume %(vol)s: '
-                            'it changed meanwhile (%(state)s).',
-                            {'vol': volume.id,
-                             'state': current.state if current else 'none'})
-                return
-            self.source.abandon(volume, current)
+        try:
+            current = self.source.load_any(volume_id)
+            volume = objects.Volume.get_by_id(self.source.ctxt(), volume_id)
+        except exception.VolumeNotFound:
+            self.pending_abandon.pop(volume_id, None)
+            return
+        if not (t.still(current) and current.state in ABANDONABLE
+                and self.source.lives_here(volume)):
+            self.pending_abandon.pop(volume_id, None)
+            LOG.warning('Not abandoning the move of volume %(vol)s: '
+                        'it changed meanwhile (%(state)s).',
+                        {'vol': volume_id,
+                         'state': current.state if current else 'none'})
+            return
+        self.pending_abandon[volume_id] = t
+        self.source.abandon(volume, current)
+        self.pending_abandon.pop(volume_id, None)
+
+    def retry_abandons(self):
+        """Abandon the moves a start could not (after each monitor tick).
+
+        The start found a move from here that never committed but could
+        not take its lock (the coordination backend was down) or failed
+        meanwhile: tried again under the volume's lock, never waiting for
+        it (a busy or unreachable lock waits for the next tick), the
+        record read again under it.
+        """
+        for volume_id, t in sorted(self.pending_abandon.items()):
+            with move.lock_if_free(volume_id) as locked:
+                if not locked:
+                    continue
+                try:
+                    self._abandon_locked(volume_id, t)
+                except move.MoveStateInvalid:
+                    self.pending_abandon.pop(volume_id, None)
+                    LOG.exception('Not abandoning the move of volume %s.',
+                                  volume_id)
+                except Exception:
+                    LOG.exception('Abandoning the move of volume %s failed; '
+                                  'trying again at the next monitor tick.',
+                                  volume_id)
 
     def _rebuild(self, volume, t, action):
         # (FINALIZING after a reboot: rebuild the clone so that the swap

@@ -60,8 +60,10 @@ class MoveService(object):
     def _after_tick(self):
         """Work no clone target reports, once per monitor tick.
 
-        Finalizations that failed, and clones a start could not build
-        again (their source was down too).
+        Finalizations that failed, clones a start could not build again
+        (their source was down too), and moves from here a start could
+        not abandon (the coordination backend was down).
         """
         self.destination.finalize_pending()
         self.recovery.retry_rebuilds()
+        self.recovery.retry_abandons()

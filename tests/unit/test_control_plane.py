@@ -20,6 +20,7 @@ move may stay stuck, and no byte may be lost.
 
 from oslo_db import exception as db_exc
 import oslo_messaging
+from tooz import coordination as tooz_coordination
 
 from cinder import exception
 
@@ -393,3 +394,76 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn('lost', str(exc))
         self.assertNotIn('changed under this step', str(exc))
         self.assertEqual(move.PREPARING, self.c.transfer().state)
+
+
+class LockServiceDownTestCase(test_two_nodes.ClusterTestCase):
+    """The coordination backend (etcd) is down while a service starts."""
+
+    def never_committed(self):
+        """A move in ``cloned`` its source never finished recording.
+
+        node-b built the clone; node-a recorded ``cloned`` and died before
+        it pointed the volume record at node-b: its recovery abandons it,
+        under the volume's lock.
+        """
+        t = self.saved()
+        self.b.destination.prepare(self.volume(), {'op': 'prepare',
+                                                   'secret': t.secret})
+        self.c.set_state(t, move.CLONED)
+        return t
+
+    def lock_down(self):
+        self.c.lock_error = tooz_coordination.ToozConnectionError(
+            'etcd down')
+
+    def test_an_abandon_the_start_could_not_lock_is_retried(self):
+        # Review 4, finding 4: the source's start could not take the lock
+        # to abandon the move; nothing tried again until its next start,
+        # and the move refused every attach as "moving".
+        self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual([], self.ops())
+        self.c.tick(self.a)         # still down: it waits
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.lock_error = None
+        self.c.tick(self.a)
+        self.assertEqual(['abort'], self.ops())
+        self.assertEqual([], self.c.violations)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.a.moves.recovery.pending_abandon)
+
+    def test_a_retried_abandon_waits_for_a_busy_lock(self):
+        self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.c.lock_error = None
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.c.tick(self.a)
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.busy.clear()
+        self.c.tick(self.a)
+        self.c.assert_rolled_back()
+
+    def test_a_retried_abandon_leaves_a_move_that_changed(self):
+        # Meanwhile the move was ended (here: node-b rolled it back and
+        # a later move of the volume is being recorded): the retry
+        # re-reads the record under the lock and leaves it alone.
+        t = self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.c.lock_error = None
+        later = self.c.transfer()
+        later.secret = ''
+        later.state = move.PREPARING
+        self.a.store.save(self.c.ctxt, later)
+        self.assertNotEqual(t.secret, later.secret)
+        self.c.tick(self.a)
+        self.assertEqual([], self.ops())
+        self.assertEqual(later, self.c.transfer())
+        self.assertEqual({}, self.a.moves.recovery.pending_abandon)
