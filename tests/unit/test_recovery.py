@@ -395,6 +395,14 @@ class RunTestCase(test.TestCase):
         self._abandon_under_lock(make_move(state))
         self.source.abandon.assert_not_called()
 
+    def test_abandon_waits_for_a_lock_service_that_is_down(self):
+        lock = self.mock_object(move, 'lock')
+        lock.return_value.acquire.side_effect = Exception('etcd down')
+        self._run(A(recovery.ABANDON))
+        self.source.abandon.assert_not_called()
+        self.assertEqual({fake.VOLUME_ID: self.t},
+                         self.recovery.pending_abandon)
+
     def test_leave_to_destination(self):
         self._run(A(recovery.LEAVE_TO_DEST))
         self.assertEqual([], self._called())
