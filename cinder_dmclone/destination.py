@@ -105,6 +105,9 @@ class Destination(side.Side):
         self.lv_volumes = {}
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
+        #: volume id -> (secret, when) this node first saw that move
+        #: preparing, on its own clock (see prepare_age).
+        self.prepare_seen = {}
 
     # -- steps the source asks for ----------------------------------------
 
@@ -125,6 +128,8 @@ class Destination(side.Side):
                     raise exception.VolumeBackendAPIException(
                         data=_('No transfer of volume %s to this node is '
                                'being prepared.') % volume['id'])
+                # (The source called once it had recorded the move.)
+                self.prepare_seen[volume['id']] = (t.secret, self._clock())
                 self.refuse_if_lost_copy(volume, t)
                 return self._build(volume, step, t)
         finally:
@@ -302,6 +307,24 @@ class Destination(side.Side):
                             'the record describes another move now.',
                             volume['id'])
 
+    def prepare_age(self, t):
+        """Side.prepare_age, on this node's clock: since it saw ``t`` first.
+
+        Since its prepare reached this node, or since the monitor first
+        found it (after a restart, which forgets): never earlier than
+        the source recorded the move, so never older than the source's
+        attempt.  The two nodes' wall clocks are never compared, nor is
+        this node's transfer timeout used (Side.prepare_budget).  None
+        for a move recorded by an older release (no start time).
+        """
+        if t.prepared_at is None:
+            return None
+        seen = self.prepare_seen.get(t.volume_id)
+        if seen is None or seen[0] != t.secret:
+            seen = (t.secret, self._clock())
+            self.prepare_seen[t.volume_id] = seen
+        return self._clock() - seen[1]
+
     def drop_stale_prepare(self, volume_id, t):
         """Remove a clone built here for a prepare nobody waits for.
 
@@ -331,9 +354,12 @@ class Destination(side.Side):
             with move.build_lock(volume_id):
                 current = self.load_any(volume_id)
                 if not (self.is_dest(current) and t.still(current)
-                        and current.state == move.PREPARING
-                        and self.prepare_outlived(current)):
+                        and current.state == move.PREPARING):
+                    self.prepare_seen.pop(volume_id, None)
                     return False
+                if not self.prepare_outlived(current):
+                    return False
+                self.prepare_seen.pop(volume_id, None)
                 LOG.warning('The move of volume %(vol)s from %(src)s is '
                             'still preparing, but its source no longer '
                             'waits for this node: aborting it.',

@@ -109,10 +109,10 @@ _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
 _HOST_RE = re.compile(r'^[A-Za-z0-9_.@#:-]+$')
 _SECRET_RE = re.compile(r'^[0-9a-f]{32,128}$')
-#: Seconds past the transfer timeout after which a move still
+#: Seconds past the source's transfer timeout after which a move still
 #: ``preparing`` is taken for dead (see Side.prepare_outlived): the
 #: source's database writes after the destination's answer, and the
-#: difference between the two nodes' clocks.
+#: time between the source's start and its call to the destination.
 STALE_PREPARE_MARGIN = 120
 
 
@@ -278,12 +278,18 @@ class Move:
     #: When the source recorded the move (seconds since the epoch, its
     #: clock); None in a record written by an older release.
     prepared_at: typing.Optional[int] = None
+    #: When the source's attempt is over for sure (its clock, too): the
+    #: start plus the source's own transfer timeout and a margin.  Only
+    #: its difference from ``prepared_at`` (a duration) means anything
+    #: to another node.  None in a record written by an older release.
+    prepare_deadline: typing.Optional[int] = None
 
     FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
               'dest_node', 'region_sectors', 'clone_sectors',
               'target_portal', 'target_iqn', 'target_lun')
     #: Fields a record written by release 1.1.0 does not have.
-    OPTIONAL_FIELDS = ('source_aliases', 'secret', 'prepared_at')
+    OPTIONAL_FIELDS = ('source_aliases', 'secret', 'prepared_at',
+                       'prepare_deadline')
 
     @property
     def source_names(self):
@@ -297,9 +303,20 @@ class Move:
         md[KEY_PREFIX + 'source_aliases'] = ','.join(
             sorted(self.source_aliases))
         md[KEY_PREFIX + 'secret'] = self.secret
-        if self.prepared_at is not None:
-            md[KEY_PREFIX + 'prepared_at'] = str(self.prepared_at)
+        for name in ('prepared_at', 'prepare_deadline'):
+            if getattr(self, name) is not None:
+                md[KEY_PREFIX + name] = str(getattr(self, name))
         return md
+
+    @property
+    def prepare_budget(self):
+        """Seconds the source's attempt may last, as it recorded; or None.
+
+        A duration, which every node may measure on its own clock.
+        """
+        if self.prepared_at is None or self.prepare_deadline is None:
+            return None
+        return self.prepare_deadline - self.prepared_at
 
     def same_move(self, other):
         """True if ``other`` is this very move, not a later one."""
@@ -365,10 +382,16 @@ class Move:
         secret = metadata.get(KEY_PREFIX + 'secret') or ''
         if secret:
             _match(_SECRET_RE, secret, volume_id, 'secret')
-        prepared_at = metadata.get(KEY_PREFIX + 'prepared_at') or None
-        if prepared_at is not None:
-            prepared_at = _int(prepared_at, volume_id, 'prepared_at',
-                               minimum=0)
+        times = {}
+        for name in ('prepared_at', 'prepare_deadline'):
+            value = metadata.get(KEY_PREFIX + name) or None
+            times[name] = None if value is None else _int(
+                value, volume_id, name, minimum=0)
+        if None not in times.values() and \
+                times['prepare_deadline'] < times['prepared_at']:
+            raise MoveStateInvalid(volume_id=volume_id,
+                                   reason='prepare_deadline is before '
+                                          'prepared_at')
         return cls(
             volume_id=volume_id, lv_name=raw['lv_name'], state=raw['state'],
             source_host=raw['source_host'], dest_host=raw['dest_host'],
@@ -382,7 +405,7 @@ class Move:
                               'target_iqn'),
             target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
                             minimum=0),
-            source_aliases=aliases, secret=secret, prepared_at=prepared_at)
+            source_aliases=aliases, secret=secret, **times)
 
     @classmethod
     def metadata_keys(cls):
@@ -451,23 +474,31 @@ class Store(object):
         return progress_percent(
             self.db.volume_admin_metadata_get(ctxt, volume_id))
 
-    def save(self, ctxt, t):
+    def save(self, ctxt, t, budget=None):
         """Record a new move (with a fresh secret if it has none).
 
-        The move's start time goes with it (see :meth:`prepare_age`).
+        The move's start time goes with it (see :meth:`prepare_age`), and
+        with ``budget``, the seconds the recording attempt may last (the
+        source's transfer timeout and a margin), its deadline.
         Progress left by an earlier move (a clear that a crash cut short)
         goes first: it must never be shown as this move's.
         """
         if not t.secret:
             t.secret = self.new_secret()
         t.prepared_at = int(self._clock())
+        t.prepare_deadline = (None if budget is None
+                              else t.prepared_at + int(budget))
         self._delete(ctxt, t.volume_id,
                      [KEY_PREFIX + k for k in PROGRESS_KEYS])
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, t.to_metadata(), False)
 
     def prepare_age(self, t):
-        """Seconds since move ``t`` was recorded; None if not recorded."""
+        """Seconds since move ``t`` was recorded; None if not recorded.
+
+        On this node's clock: meaningful only on the node that recorded
+        it (the source).
+        """
         if t.prepared_at is None:
             return None
         return self._clock() - t.prepared_at

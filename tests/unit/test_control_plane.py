@@ -149,6 +149,85 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         # before it records the commit.  Before: node-b aborted the move
         # and removed the clone, then node-a recorded it hydrating and
         # pointed the volume at node-b: the data was orphaned.
+        self.tick_b_as_a_commits()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_destination_clock_ahead_never_drops_a_live_prepare(self):
+        # Review 4, finding 5: node-b's wall clock runs 300 s ahead of
+        # node-a's (no NTP) and the lock does not exclude (a lost lease).
+        # Before: node-b took node-a's start time for 300 s old, more
+        # than its transfer timeout plus two minutes, and dropped the
+        # clone node-a was committing: the data was orphaned.
+        self.b.store._clock = lambda: self.c.now + 300
+        self.tick_b_as_a_commits()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_shorter_timeout_on_the_destination_never_drops_a_live_prepare(
+            self):
+        # Review 4, finding 5: node-a waits up to 600 s for the prepare
+        # (dmclone_transfer_timeout), node-b's own timeout is 30 s; the
+        # build takes 400 s (a slow login) and the lock does not exclude.
+        # Before: node-b judged the prepare by its own timeout (30 + 120
+        # s) and aborted it while node-a still waited: the attach failed.
+        self.a.peer.timeout = 600
+        self.b.peer.timeout = 30
+        prepare = self.b.destination.prepare
+        lock = 'dmclone-%s' % VOLUME_ID
+
+        def slow_prepare(volume, step):
+            path = prepare(volume, step)
+            self.c.now += 400
+            self.c.held.discard(lock)
+            self.c.tick(self.b)
+            self.c.held.add(lock)
+            return path
+        self.b.destination.prepare = slow_prepare
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_the_destination_counts_from_the_prepare_it_received(self):
+        # node-b's clone of a prepare nobody waits for goes once node-a's
+        # recorded budget has passed on node-b's own clock since the
+        # prepare reached it, whatever the two wall clocks say.
+        self.a.peer.timeout = 600
+        self.b.peer.timeout = 30
+        self.b.store._clock = lambda: self.c.now - 10000
+        self.failed_attach_while_db_down()
+        budget = 600 + move.STALE_PREPARE_MARGIN
+        self.c.now += budget - 31
+        self.c.tick(self.b)         # (30 s later: one short of it)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertEqual({}, self.b.dm.devices)
+
+    def test_the_source_keeps_the_budget_it_recorded(self):
+        # node-a's timeout changed (a restart with a new configuration)
+        # after it recorded the move: the move keeps the figure it was
+        # recorded with, on node-a too.
+        self.a.peer.timeout = 600
+        self.failed_attach_while_db_down()
+        self.a.peer.timeout = 10
+        self.c.now += 200
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.c.now += 600
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def tick_b_as_a_commits(self):
+        """node-b's monitor ticks as node-a records the commit.
+
+        The lock does not exclude it (per-node locks, a lost lease).
+        """
         load = self.a.store.load
         transition = self.a.store.transition
         lock = 'dmclone-%s' % VOLUME_ID
@@ -171,9 +250,6 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.mock_object(self.a.store, 'transition',
                          side_effect=transition_watched)
         self.mock_object(self.a.store, 'load', side_effect=load_then_tick)
-        self.c.attach(self.b)
-        self.c.settle()
-        self.c.assert_completed()
 
     def test_undated_prepare_is_left_alone_and_reported(self):
         # A 'preparing' written by an older release has no start time:
