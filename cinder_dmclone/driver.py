@@ -360,8 +360,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         meta_lvs = [lv['name'] for lv in self.metadata_vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
-        self.moves.recovery.report_lost_copies(recovery.volumes_naming(
-            ctxt, 'lost_source', self._node_names()))
+        self.moves.recovery.report_lost_copies(
+            recovery.volumes_with_old_copies(
+                ctxt, self._node_names(),
+                [lv['name'] for lv in self.vg.get_volumes()], volumes))
 
     # ------------------------------------------------------------------
     # Handles

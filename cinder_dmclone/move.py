@@ -99,8 +99,14 @@ PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
 LOSS_KEYS = ('lost_source', 'lost_at', 'lost_regions', 'lost_bytes',
              'lost_ranges', 'lost_ranges_file', 'lost_source_lv',
              'lost_source_target')
-#: Cinder's limit on an admin metadata value.
+#: Cinder's limit on an admin metadata value (and key).
 VALUE_LIMIT = 255
+#: One key per node that may still hold an old copy of the volume, left
+#: when a move away from it was abandoned as lost: ``<prefix><node>`` =
+#: its LV.  Unlike LOSS_KEYS, which describe the latest abandon only, a
+#: later abandon over another node leaves it; it stays until an operator
+#: removes it (see Store.old_copies_of).
+OLD_COPY_PREFIX = KEY_PREFIX + 'old_copy_'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -155,6 +161,11 @@ def check_coordination(backend_url, shared_file_locks):
     if scheme in NODE_LOCAL_COORDINATION:
         raise dmc_exception.NodeLocalCoordination(
             option='[coordination] backend_url', value=url)
+
+
+def old_copy_key(node):
+    """The admin metadata key naming ``node``'s old copy (OLD_COPY_PREFIX)."""
+    return OLD_COPY_PREFIX + node
 
 
 def lock(volume_id):
@@ -587,7 +598,9 @@ class Store(object):
         ``loss`` maps :data:`LOSS_KEYS` (without the prefix) to strings
         of at most :data:`VALUE_LIMIT` characters.  Written under the
         volume's lock by the move's end (:mod:`cinder_dmclone.lost_source`)
-        and kept after the move is cleared.
+        and kept after the move is cleared.  The lost node's old copy is
+        also recorded under its own key (:func:`old_copy_key`), which a
+        later abandon over another node leaves in place.
         """
         unknown = set(loss) - set(LOSS_KEYS)
         long_values = [k for k, v in loss.items()
@@ -595,9 +608,16 @@ class Store(object):
         if unknown or long_values:
             raise ValueError('bad loss record: unknown %s, too long %s'
                              % (sorted(unknown), sorted(long_values)))
-        self.db.volume_admin_metadata_update(
-            ctxt, volume_id,
-            {KEY_PREFIX + k: str(v) for k, v in loss.items()}, False)
+        values = {KEY_PREFIX + k: str(v) for k, v in loss.items()}
+        node, lv = loss.get('lost_source'), loss.get('lost_source_lv')
+        if node and lv:
+            if len(old_copy_key(node)) <= VALUE_LIMIT:
+                values[old_copy_key(node)] = str(lv)
+            else:
+                LOG.warning('Node name %s is too long for a key of its '
+                            'own: only the latest loss record names its '
+                            'old copy.', node)
+        self.db.volume_admin_metadata_update(ctxt, volume_id, values, False)
 
     def loss(self, ctxt, volume_id):
         """The loss recorded for ``volume_id`` (see :meth:`loss_of`)."""
@@ -610,6 +630,27 @@ class Store(object):
         metadata = metadata or {}
         return {k: metadata[KEY_PREFIX + k] for k in LOSS_KEYS
                 if KEY_PREFIX + k in metadata}
+
+    @staticmethod
+    def old_copies_of(metadata):
+        """{node: LV} of every node the record says holds an old copy.
+
+        Each abandon as lost names its lost node's old copy under a key
+        of its own (:func:`old_copy_key`), and the latest also in
+        ``dmclone_lost_source``/``dmclone_lost_source_lv`` (the only
+        place a record written by an earlier release names it).  Whether
+        the LV is still there, only that node's LVM tells.
+        """
+        metadata = metadata or {}
+        copies = {key[len(OLD_COPY_PREFIX):]: value
+                  for key, value in metadata.items()
+                  if key.startswith(OLD_COPY_PREFIX) and value
+                  and len(key) > len(OLD_COPY_PREFIX)}
+        node = metadata.get(KEY_PREFIX + 'lost_source')
+        lv = metadata.get(KEY_PREFIX + 'lost_source_lv')
+        if node and lv:
+            copies.setdefault(node, lv)
+        return copies
 
     def clear(self, ctxt, volume_id, t=None):
         """Forget the move; with ``t``, only if it is still that one.

@@ -978,10 +978,43 @@ class LaterAbandonTestCase(LostCopyScenario):
 
     def setUp(self):
         super().setUp()
-        self.h.c.db.admin_metadata[cl.VOLUME_ID].update({
-            'dmclone_lost_source': 'node-c',
-            'dmclone_lost_at': '2027-01-01T00:00:00Z',
-            'dmclone_lost_source_lv': cl.LV})
+        # (What abandon-source on node D records when node C is lost.)
+        self.h.b.store.record_loss(self.h.c.ctxt, cl.VOLUME_ID, {
+            'lost_source': 'node-c', 'lost_at': '2027-01-01T00:00:00Z',
+            'lost_regions': '7', 'lost_bytes': str(7 * REGION_BYTES),
+            'lost_ranges': '0+448K',
+            'lost_ranges_file': '/var/lib/cinder/dmclone/lost-x.json',
+            'lost_source_lv': cl.LV,
+            'lost_source_target': '10.0.0.3:3260 %s' % cl.FakeTargetIQN})
+
+    def told(self, log):
+        return [c[0][1] for c in log.call_args_list
+                if 'move was abandoned' in c[0][0]]
+
+    def test_node_a_still_reports_its_old_copy_at_start(self):
+        # Review 4: after the later abandon, node A's start no longer
+        # said that it holds an old copy (the report followed the
+        # latest loss record only).
+        h = self.h
+        log = self.mock_object(recovery.LOG, 'warning')
+        h.a.restart()
+        h.a.recover()
+        said = self.told(log)
+        self.assertEqual(1, len(said))
+        self.assertEqual((cl.VOLUME_ID, cl.LV), (said[0]['vol'],
+                                                 said[0]['lv']))
+        # until the operator removes it
+        h.a.vg.delete(cl.LV)
+        log.reset_mock()
+        h.a.restart()
+        h.a.recover()
+        self.assertEqual([], self.told(log))
+
+    def test_the_record_names_every_node_holding_an_old_copy(self):
+        md = self.h.c.db.admin_metadata[cl.VOLUME_ID]
+        self.assertEqual({'node-a': cl.LV, 'node-c': cl.LV},
+                         move.Store.old_copies_of(md))
+        self.assertEqual('node-c', md['dmclone_lost_source'])
 
     def test_a_later_abandon_unprotects_the_old_copy(self):
         exc = self.assertRaises(exception.VolumeBackendAPIException,
