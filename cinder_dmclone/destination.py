@@ -623,8 +623,30 @@ class Destination(side.Side):
 
     # -- what else can happen to a volume moving here ----------------------
 
-    def refuse_extend_while_undecided(self, volume):
-        """No extend while a live migration may still roll back.
+    def extend(self, volume, grow):
+        """Extend a volume of this node, in one critical section.
+
+        Under the volume's lock, which every step of a move and
+        ``cinder-dmclone move abandon-source`` hold for their whole work:
+        the move is read, an extend it forbids is refused
+        (:meth:`refuse_extend_while_undecided`) before anything grows,
+        ``grow()`` extends the LV, and the table of a clone moving here
+        is extended (clone + linear tail): True.  False when no clone
+        here owns the table (no move here, or a finalizing one): the
+        caller refreshes the linear handle.  So no step of a move sees
+        the LV grow between its own reads, and an abandon's scan,
+        zeroing and linear map cover one size.
+        """
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+            self.refuse_extend_while_undecided(volume, t)
+            grow()
+            if not self.is_dest(t) or t.state == move.FINALIZING:
+                return False
+            return self.clones.extend(t)
+
+    def refuse_extend_while_undecided(self, volume, t):
+        """MoveInProgress if move ``t`` (read under the lock) forbids it.
 
         In ``cloned`` the move may still be rolled back to the source,
         whose LV has the old size: the volume record would then claim a
@@ -632,11 +654,11 @@ class Destination(side.Side):
         builds a clone of the old size.  Once the move is committed the
         destination's LV is the volume, and an extend there is mapped
         linearly past the clone; an extend reaching the source (its
-        record not yet repointed) is refused.  The check waits for a move
-        being set up.
+        record not yet repointed) is refused.  In ``source_lost`` an
+        operator is ending the move: refused until the command finished
+        (it ends with the volume in ``error``, which Cinder does not
+        extend).
         """
-        with move.lock(volume['id']):
-            t = self.load(volume['id'])
         if t is not None and t.state in (move.PREPARING, move.CLONED):
             self.raise_moving(volume, t, _('an extend (the live migration '
                                            'is not decided yet)'),
@@ -651,14 +673,6 @@ class Destination(side.Side):
         if t is not None and t.state == move.SOURCE_LOST:
             self.raise_moving(volume, t, _('an extend (its lost source is '
                                            'being abandoned)'))
-
-    def extend(self, volume):
-        """Grow the table of a clone after its LV grew; False if none."""
-        t = self.load(volume['id'])
-        if not self.is_dest(t) or t.state == move.FINALIZING:
-            return False
-        with move.lock(volume['id']):
-            return self.clones.extend(t)
 
     def retune(self, volume, volume_type):
         """Apply a new volume type's hydration tuning to a live clone."""

@@ -511,11 +511,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """Extend the LV, then the handle's table, online.
 
         The handle is reloaded to the new length (suspend/load/resume keeps
-        in-flight I/O), so an attached instance sees the new size.
+        in-flight I/O), so an attached instance sees the new size.  The
+        LV grows under the volume's lock, with the check that no move
+        forbids it (:meth:`Destination.extend
+        <cinder_dmclone.destination.Destination.extend>`).
         """
-        self.destination.refuse_extend_while_undecided(volume)
-        self.vg.extend_volume(volume['name'], self._sizestr(new_size))
-        if self.destination.extend(volume):
+        if self.destination.extend(volume, lambda: self.vg.extend_volume(
+                volume['name'], self._sizestr(new_size))):
             LOG.info('Volume %s extended during its transfer: the clone '
                      'keeps its length, the extension is mapped linearly.',
                      volume['id'])

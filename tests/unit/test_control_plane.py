@@ -374,12 +374,10 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         # whose LV is no longer the volume.  Before: node-a grew its old
         # copy, node-b's clone kept the old size.
         self.commit_without_the_volume_record()
-        self.assertRaises(move.MoveInProgress,
-                          self.a.destination.refuse_extend_while_undecided,
-                          self.volume())
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.a)
         # (On node-b, the volume's home once the record follows, it is
         # allowed.)
-        self.b.destination.refuse_extend_while_undecided(self.volume())
+        self.assertTrue(self.extend_on(self.b))
 
     def test_finalize_leaves_a_record_naming_a_third_node(self):
         # Only a record still naming the move's source is repointed.
