@@ -174,6 +174,27 @@ def lock(volume_id):
 
 
 @contextlib.contextmanager
+def _lock_taken(volume_id, blocking, level):
+    """The volume's lock if it can be taken: yields True, else False.
+
+    An error of the coordination backend (down, or refusing the lock)
+    yields False too, logged at ``level``.
+    """
+    try:
+        lk = lock(volume_id)
+        acquired = bool(lk.acquire(blocking=blocking))
+    except Exception as exc:
+        LOG.log(level, 'The lock of volume %(vol)s could not be taken (is '
+                'the coordination backend down?): %(exc)s',
+                {'vol': volume_id, 'exc': exc})
+        acquired = False
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            lk.release()
+
+
 def lock_if_free(volume_id):
     """The volume's lock if nobody holds it now: yields True, else False.
 
@@ -183,21 +204,9 @@ def lock_if_free(volume_id):
     too when the coordination backend does not answer (the caller's
     work that needs no lock goes on).
     """
-    try:
-        lk = lock(volume_id)
-        acquired = lk.acquire(blocking=False)
-    except Exception as exc:
-        LOG.debug('Lock of volume %(vol)s not taken: %(exc)s',
-                  {'vol': volume_id, 'exc': exc})
-        acquired = False
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            lk.release()
+    return _lock_taken(volume_id, False, logging.DEBUG)
 
 
-@contextlib.contextmanager
 def lock_unless_down(volume_id):
     """The volume's lock, waited for: yields True; False if it is down.
 
@@ -208,19 +217,7 @@ def lock_unless_down(volume_id):
     step for the monitor to take again once it answers
     (:meth:`cinder_dmclone.recovery.Recovery.retry_abandons`).
     """
-    try:
-        lk = lock(volume_id)
-        acquired = bool(lk.acquire())
-    except Exception as exc:
-        LOG.warning('The lock of volume %(vol)s could not be taken (is the '
-                    'coordination backend down?): %(exc)s',
-                    {'vol': volume_id, 'exc': exc})
-        acquired = False
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            lk.release()
+    return _lock_taken(volume_id, True, logging.WARNING)
 
 
 def build_lock(volume_id):

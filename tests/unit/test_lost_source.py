@@ -258,6 +258,22 @@ class Harness(object):
                            'target_portal': '10.0.0.1:3260'},
                           outcome.left_on_source)
 
+    def assert_extended_tail_kept(self, outcome):
+        """Abandoned after an extend to twice the size, during hydration.
+
+        The clone covered the old length, the tail was mapped linearly
+        and was never the source's: the whole LV ends mapped linearly,
+        only the clone's uncopied regions zeroed.
+        """
+        t = self.test
+        t.assertEqual([], self.c.violations)
+        t.assertEqual(
+            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
+                                                cl.LV_PATH)]},
+            self.b.dm.devices)
+        t.assertEqual(self.expected_ranges(), outcome.ranges)
+        t.assertEqual(_regions(outcome.ranges), _regions(self.zeroed))
+
 
 def _regions(ranges):
     return {(o + i) // REGION_BYTES for o, n in ranges
@@ -313,14 +329,7 @@ class AbandonTestCase(test.TestCase):
         h.b.destination.extend(h.c.volume(), lambda: h.b.vg.extend_volume(
             cl.LV, '2g'))
         h.lose_a()
-        outcome = h.run()
-        self.assertEqual([], h.c.violations)
-        self.assertEqual(
-            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
-                                                cl.LV_PATH)]},
-            h.b.dm.devices)
-        self.assertEqual(h.expected_ranges(), outcome.ranges)
-        self.assertEqual(_regions(outcome.ranges), _regions(h.zeroed))
+        h.assert_extended_tail_kept(h.run())
 
     def test_a_cloned_move_too(self):
         # A live migration whose source was lost before the switch-over:
@@ -718,14 +727,7 @@ class ExtendRaceTestCase(test.TestCase):
         self.assertEqual(['clone', 'linear'],
                          [s.target for s in h.b.dm.devices[cl.HANDLE]])
         self.set_status('in-use')               # the volume manager
-        outcome = h.run()
-        self.assertEqual([], h.c.violations)
-        self.assertEqual(
-            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
-                                                cl.LV_PATH)]},
-            h.b.dm.devices)
-        self.assertEqual(h.expected_ranges(), outcome.ranges)
-        self.assertEqual(_regions(outcome.ranges), _regions(h.zeroed))
+        h.assert_extended_tail_kept(h.run())
 
     def test_an_extend_while_a_run_is_to_be_resumed_is_refused(self):
         h = self.h

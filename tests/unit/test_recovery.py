@@ -382,7 +382,7 @@ class RunTestCase(test.TestCase):
                          return_value=self.volume)
         self._run(A(recovery.ABANDON))
         lock.assert_called_once_with(fake.VOLUME_ID)
-        lock.return_value.acquire.assert_called_once_with()
+        lock.return_value.acquire.assert_called_once_with(blocking=True)
         lock.return_value.release.assert_called_once_with()
 
     def test_abandon(self):
