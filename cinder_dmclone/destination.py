@@ -105,6 +105,9 @@ class Destination(side.Side):
         self.lv_volumes = {}
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
+        #: volume id -> (secret, when) this node first saw that move
+        #: preparing, on its own clock (see prepare_age).
+        self.prepare_seen = {}
 
     # -- steps the source asks for ----------------------------------------
 
@@ -125,6 +128,8 @@ class Destination(side.Side):
                     raise exception.VolumeBackendAPIException(
                         data=_('No transfer of volume %s to this node is '
                                'being prepared.') % volume['id'])
+                # (The source called once it had recorded the move.)
+                self.prepare_seen[volume['id']] = (t.secret, self._clock())
                 self.refuse_if_lost_copy(volume, t)
                 return self._build(volume, step, t)
         finally:
@@ -302,6 +307,24 @@ class Destination(side.Side):
                             'the record describes another move now.',
                             volume['id'])
 
+    def prepare_age(self, t):
+        """Side.prepare_age, on this node's clock: since it saw ``t`` first.
+
+        Since its prepare reached this node, or since the monitor first
+        found it (after a restart, which forgets): never earlier than
+        the source recorded the move, so never older than the source's
+        attempt.  The two nodes' wall clocks are never compared, nor is
+        this node's transfer timeout used (Side.prepare_budget).  None
+        for a move recorded by an older release (no start time).
+        """
+        if t.prepared_at is None:
+            return None
+        seen = self.prepare_seen.get(t.volume_id)
+        if seen is None or seen[0] != t.secret:
+            seen = (t.secret, self._clock())
+            self.prepare_seen[t.volume_id] = seen
+        return self._clock() - seen[1]
+
     def drop_stale_prepare(self, volume_id, t):
         """Remove a clone built here for a prepare nobody waits for.
 
@@ -331,9 +354,12 @@ class Destination(side.Side):
             with move.build_lock(volume_id):
                 current = self.load_any(volume_id)
                 if not (self.is_dest(current) and t.still(current)
-                        and current.state == move.PREPARING
-                        and self.prepare_outlived(current)):
+                        and current.state == move.PREPARING):
+                    self.prepare_seen.pop(volume_id, None)
                     return False
+                if not self.prepare_outlived(current):
+                    return False
+                self.prepare_seen.pop(volume_id, None)
                 LOG.warning('The move of volume %(vol)s from %(src)s is '
                             'still preparing, but its source no longer '
                             'waits for this node: aborting it.',
@@ -597,8 +623,30 @@ class Destination(side.Side):
 
     # -- what else can happen to a volume moving here ----------------------
 
-    def refuse_extend_while_undecided(self, volume):
-        """No extend while a live migration may still roll back.
+    def extend(self, volume, grow):
+        """Extend a volume of this node, in one critical section.
+
+        Under the volume's lock, which every step of a move and
+        ``cinder-dmclone move abandon-source`` hold for their whole work:
+        the move is read, an extend it forbids is refused
+        (:meth:`refuse_extend_while_undecided`) before anything grows,
+        ``grow()`` extends the LV, and the table of a clone moving here
+        is extended (clone + linear tail): True.  False when no clone
+        here owns the table (no move here, or a finalizing one): the
+        caller refreshes the linear handle.  So no step of a move sees
+        the LV grow between its own reads, and an abandon's scan,
+        zeroing and linear map cover one size.
+        """
+        with move.lock(volume['id']):
+            t = self.load(volume['id'])
+            self.refuse_extend_while_undecided(volume, t)
+            grow()
+            if not self.is_dest(t) or t.state == move.FINALIZING:
+                return False
+            return self.clones.extend(t)
+
+    def refuse_extend_while_undecided(self, volume, t):
+        """MoveInProgress if move ``t`` (read under the lock) forbids it.
 
         In ``cloned`` the move may still be rolled back to the source,
         whose LV has the old size: the volume record would then claim a
@@ -606,11 +654,11 @@ class Destination(side.Side):
         builds a clone of the old size.  Once the move is committed the
         destination's LV is the volume, and an extend there is mapped
         linearly past the clone; an extend reaching the source (its
-        record not yet repointed) is refused.  The check waits for a move
-        being set up.
+        record not yet repointed) is refused.  In ``source_lost`` an
+        operator is ending the move: refused until the command finished
+        (it ends with the volume in ``error``, which Cinder does not
+        extend).
         """
-        with move.lock(volume['id']):
-            t = self.load(volume['id'])
         if t is not None and t.state in (move.PREPARING, move.CLONED):
             self.raise_moving(volume, t, _('an extend (the live migration '
                                            'is not decided yet)'),
@@ -625,14 +673,6 @@ class Destination(side.Side):
         if t is not None and t.state == move.SOURCE_LOST:
             self.raise_moving(volume, t, _('an extend (its lost source is '
                                            'being abandoned)'))
-
-    def extend(self, volume):
-        """Grow the table of a clone after its LV grew; False if none."""
-        t = self.load(volume['id'])
-        if not self.is_dest(t) or t.state == move.FINALIZING:
-            return False
-        with move.lock(volume['id']):
-            return self.clones.extend(t)
 
     def retune(self, volume, volume_type):
         """Apply a new volume type's hydration tuning to a live clone."""

@@ -360,8 +360,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         meta_lvs = [lv['name'] for lv in self.metadata_vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
-        self.moves.recovery.report_lost_copies(recovery.volumes_naming(
-            ctxt, 'lost_source', self._node_names()))
+        self.moves.recovery.report_lost_copies(
+            recovery.volumes_with_old_copies(
+                ctxt, self._node_names(),
+                [lv['name'] for lv in self.vg.get_volumes()], volumes))
 
     # ------------------------------------------------------------------
     # Handles
@@ -509,11 +511,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """Extend the LV, then the handle's table, online.
 
         The handle is reloaded to the new length (suspend/load/resume keeps
-        in-flight I/O), so an attached instance sees the new size.
+        in-flight I/O), so an attached instance sees the new size.  The
+        LV grows under the volume's lock, with the check that no move
+        forbids it (:meth:`Destination.extend
+        <cinder_dmclone.destination.Destination.extend>`).
         """
-        self.destination.refuse_extend_while_undecided(volume)
-        self.vg.extend_volume(volume['name'], self._sizestr(new_size))
-        if self.destination.extend(volume):
+        if self.destination.extend(volume, lambda: self.vg.extend_volume(
+                volume['name'], self._sizestr(new_size))):
             LOG.info('Volume %s extended during its transfer: the clone '
                      'keeps its length, the extension is mapped linearly.',
                      volume['id'])

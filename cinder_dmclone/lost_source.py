@@ -80,9 +80,10 @@ from cinder_dmclone import privileged
 
 LOG = logging.getLogger(__name__)
 
-#: the volume statuses the command acts in (an attach, a detach or a
-#: delete in flight must finish first)
-SETTLED = ('in-use', 'available', 'error')
+#: the volume statuses the command acts in (an attach, a detach, an
+#: extend or a delete in flight must finish first); a failed extend
+#: (one the command itself made fail: see Destination.extend) has none
+SETTLED = ('in-use', 'available', 'error', 'error_extending')
 #: the states of a move the command ends (or finishes ending)
 ENDS = (move.CLONED, move.HYDRATING)
 

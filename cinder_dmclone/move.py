@@ -99,8 +99,14 @@ PROGRESS_KEYS = ('hydrated_regions', 'total_regions', 'percent', 'rate_bps',
 LOSS_KEYS = ('lost_source', 'lost_at', 'lost_regions', 'lost_bytes',
              'lost_ranges', 'lost_ranges_file', 'lost_source_lv',
              'lost_source_target')
-#: Cinder's limit on an admin metadata value.
+#: Cinder's limit on an admin metadata value (and key).
 VALUE_LIMIT = 255
+#: One key per node that may still hold an old copy of the volume, left
+#: when a move away from it was abandoned as lost: ``<prefix><node>`` =
+#: its LV.  Unlike LOSS_KEYS, which describe the latest abandon only, a
+#: later abandon over another node leaves it; it stays until an operator
+#: removes it (see Store.old_copies_of).
+OLD_COPY_PREFIX = KEY_PREFIX + 'old_copy_'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -109,10 +115,10 @@ _IQN_RE = re.compile(r'^iqn\.[0-9]{4}-[0-9]{2}\.[A-Za-z0-9.-]+(:[^\s]+)?$')
 _PORTAL_RE = re.compile(r'^[0-9A-Za-z.:\[\]-]+:[0-9]{1,5}$')
 _HOST_RE = re.compile(r'^[A-Za-z0-9_.@#:-]+$')
 _SECRET_RE = re.compile(r'^[0-9a-f]{32,128}$')
-#: Seconds past the transfer timeout after which a move still
+#: Seconds past the source's transfer timeout after which a move still
 #: ``preparing`` is taken for dead (see Side.prepare_outlived): the
 #: source's database writes after the destination's answer, and the
-#: difference between the two nodes' clocks.
+#: time between the source's start and its call to the destination.
 STALE_PREPARE_MARGIN = 120
 
 
@@ -157,12 +163,38 @@ def check_coordination(backend_url, shared_file_locks):
             option='[coordination] backend_url', value=url)
 
 
+def old_copy_key(node):
+    """The admin metadata key naming ``node``'s old copy (OLD_COPY_PREFIX)."""
+    return OLD_COPY_PREFIX + node
+
+
 def lock(volume_id):
     """The per-volume lock every step of a move runs under."""
     return coordination.COORDINATOR.get_lock('dmclone-%s' % volume_id)
 
 
 @contextlib.contextmanager
+def _lock_taken(volume_id, blocking, level):
+    """The volume's lock if it can be taken: yields True, else False.
+
+    An error of the coordination backend (down, or refusing the lock)
+    yields False too, logged at ``level``.
+    """
+    try:
+        lk = lock(volume_id)
+        acquired = bool(lk.acquire(blocking=blocking))
+    except Exception as exc:
+        LOG.log(level, 'The lock of volume %(vol)s could not be taken (is '
+                'the coordination backend down?): %(exc)s',
+                {'vol': volume_id, 'exc': exc})
+        acquired = False
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            lk.release()
+
+
 def lock_if_free(volume_id):
     """The volume's lock if nobody holds it now: yields True, else False.
 
@@ -172,18 +204,20 @@ def lock_if_free(volume_id):
     too when the coordination backend does not answer (the caller's
     work that needs no lock goes on).
     """
-    try:
-        lk = lock(volume_id)
-        acquired = lk.acquire(blocking=False)
-    except Exception as exc:
-        LOG.debug('Lock of volume %(vol)s not taken: %(exc)s',
-                  {'vol': volume_id, 'exc': exc})
-        acquired = False
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            lk.release()
+    return _lock_taken(volume_id, False, logging.DEBUG)
+
+
+def lock_unless_down(volume_id):
+    """The volume's lock, waited for: yields True; False if it is down.
+
+    For startup recovery, which must not depend on the coordination
+    backend (etcd, Redis...) being up: the volume's lock is waited for as
+    :func:`lock` does, but a backend that does not answer (or refuses the
+    lock) yields False instead of raising, and the caller leaves the
+    step for the monitor to take again once it answers
+    (:meth:`cinder_dmclone.recovery.Recovery.retry_abandons`).
+    """
+    return _lock_taken(volume_id, True, logging.WARNING)
 
 
 def build_lock(volume_id):
@@ -252,12 +286,18 @@ class Move:
     #: When the source recorded the move (seconds since the epoch, its
     #: clock); None in a record written by an older release.
     prepared_at: typing.Optional[int] = None
+    #: When the source's attempt is over for sure (its clock, too): the
+    #: start plus the source's own transfer timeout and a margin.  Only
+    #: its difference from ``prepared_at`` (a duration) means anything
+    #: to another node.  None in a record written by an older release.
+    prepare_deadline: typing.Optional[int] = None
 
     FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
               'dest_node', 'region_sectors', 'clone_sectors',
               'target_portal', 'target_iqn', 'target_lun')
     #: Fields a record written by release 1.1.0 does not have.
-    OPTIONAL_FIELDS = ('source_aliases', 'secret', 'prepared_at')
+    OPTIONAL_FIELDS = ('source_aliases', 'secret', 'prepared_at',
+                       'prepare_deadline')
 
     @property
     def source_names(self):
@@ -271,9 +311,20 @@ class Move:
         md[KEY_PREFIX + 'source_aliases'] = ','.join(
             sorted(self.source_aliases))
         md[KEY_PREFIX + 'secret'] = self.secret
-        if self.prepared_at is not None:
-            md[KEY_PREFIX + 'prepared_at'] = str(self.prepared_at)
+        for name in ('prepared_at', 'prepare_deadline'):
+            if getattr(self, name) is not None:
+                md[KEY_PREFIX + name] = str(getattr(self, name))
         return md
+
+    @property
+    def prepare_budget(self):
+        """Seconds the source's attempt may last, as it recorded; or None.
+
+        A duration, which every node may measure on its own clock.
+        """
+        if self.prepared_at is None or self.prepare_deadline is None:
+            return None
+        return self.prepare_deadline - self.prepared_at
 
     def same_move(self, other):
         """True if ``other`` is this very move, not a later one."""
@@ -339,10 +390,16 @@ class Move:
         secret = metadata.get(KEY_PREFIX + 'secret') or ''
         if secret:
             _match(_SECRET_RE, secret, volume_id, 'secret')
-        prepared_at = metadata.get(KEY_PREFIX + 'prepared_at') or None
-        if prepared_at is not None:
-            prepared_at = _int(prepared_at, volume_id, 'prepared_at',
-                               minimum=0)
+        times = {}
+        for name in ('prepared_at', 'prepare_deadline'):
+            value = metadata.get(KEY_PREFIX + name) or None
+            times[name] = None if value is None else _int(
+                value, volume_id, name, minimum=0)
+        if None not in times.values() and \
+                times['prepare_deadline'] < times['prepared_at']:
+            raise MoveStateInvalid(volume_id=volume_id,
+                                   reason='prepare_deadline is before '
+                                          'prepared_at')
         return cls(
             volume_id=volume_id, lv_name=raw['lv_name'], state=raw['state'],
             source_host=raw['source_host'], dest_host=raw['dest_host'],
@@ -356,7 +413,7 @@ class Move:
                               'target_iqn'),
             target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
                             minimum=0),
-            source_aliases=aliases, secret=secret, prepared_at=prepared_at)
+            source_aliases=aliases, secret=secret, **times)
 
     @classmethod
     def metadata_keys(cls):
@@ -425,23 +482,31 @@ class Store(object):
         return progress_percent(
             self.db.volume_admin_metadata_get(ctxt, volume_id))
 
-    def save(self, ctxt, t):
+    def save(self, ctxt, t, budget=None):
         """Record a new move (with a fresh secret if it has none).
 
-        The move's start time goes with it (see :meth:`prepare_age`).
+        The move's start time goes with it (see :meth:`prepare_age`), and
+        with ``budget``, the seconds the recording attempt may last (the
+        source's transfer timeout and a margin), its deadline.
         Progress left by an earlier move (a clear that a crash cut short)
         goes first: it must never be shown as this move's.
         """
         if not t.secret:
             t.secret = self.new_secret()
         t.prepared_at = int(self._clock())
+        t.prepare_deadline = (None if budget is None
+                              else t.prepared_at + int(budget))
         self._delete(ctxt, t.volume_id,
                      [KEY_PREFIX + k for k in PROGRESS_KEYS])
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, t.to_metadata(), False)
 
     def prepare_age(self, t):
-        """Seconds since move ``t`` was recorded; None if not recorded."""
+        """Seconds since move ``t`` was recorded; None if not recorded.
+
+        On this node's clock: meaningful only on the node that recorded
+        it (the source).
+        """
         if t.prepared_at is None:
             return None
         return self._clock() - t.prepared_at
@@ -530,7 +595,9 @@ class Store(object):
         ``loss`` maps :data:`LOSS_KEYS` (without the prefix) to strings
         of at most :data:`VALUE_LIMIT` characters.  Written under the
         volume's lock by the move's end (:mod:`cinder_dmclone.lost_source`)
-        and kept after the move is cleared.
+        and kept after the move is cleared.  The lost node's old copy is
+        also recorded under its own key (:func:`old_copy_key`), which a
+        later abandon over another node leaves in place.
         """
         unknown = set(loss) - set(LOSS_KEYS)
         long_values = [k for k, v in loss.items()
@@ -538,9 +605,16 @@ class Store(object):
         if unknown or long_values:
             raise ValueError('bad loss record: unknown %s, too long %s'
                              % (sorted(unknown), sorted(long_values)))
-        self.db.volume_admin_metadata_update(
-            ctxt, volume_id,
-            {KEY_PREFIX + k: str(v) for k, v in loss.items()}, False)
+        values = {KEY_PREFIX + k: str(v) for k, v in loss.items()}
+        node, lv = loss.get('lost_source'), loss.get('lost_source_lv')
+        if node and lv:
+            if len(old_copy_key(node)) <= VALUE_LIMIT:
+                values[old_copy_key(node)] = str(lv)
+            else:
+                LOG.warning('Node name %s is too long for a key of its '
+                            'own: only the latest loss record names its '
+                            'old copy.', node)
+        self.db.volume_admin_metadata_update(ctxt, volume_id, values, False)
 
     def loss(self, ctxt, volume_id):
         """The loss recorded for ``volume_id`` (see :meth:`loss_of`)."""
@@ -553,6 +627,27 @@ class Store(object):
         metadata = metadata or {}
         return {k: metadata[KEY_PREFIX + k] for k in LOSS_KEYS
                 if KEY_PREFIX + k in metadata}
+
+    @staticmethod
+    def old_copies_of(metadata):
+        """{node: LV} of every node the record says holds an old copy.
+
+        Each abandon as lost names its lost node's old copy under a key
+        of its own (:func:`old_copy_key`), and the latest also in
+        ``dmclone_lost_source``/``dmclone_lost_source_lv`` (the only
+        place a record written by an earlier release names it).  Whether
+        the LV is still there, only that node's LVM tells.
+        """
+        metadata = metadata or {}
+        copies = {key[len(OLD_COPY_PREFIX):]: value
+                  for key, value in metadata.items()
+                  if key.startswith(OLD_COPY_PREFIX) and value
+                  and len(key) > len(OLD_COPY_PREFIX)}
+        node = metadata.get(KEY_PREFIX + 'lost_source')
+        lv = metadata.get(KEY_PREFIX + 'lost_source_lv')
+        if node and lv:
+            copies.setdefault(node, lv)
+        return copies
 
     def clear(self, ctxt, volume_id, t=None):
         """Forget the move; with ``t``, only if it is still that one.

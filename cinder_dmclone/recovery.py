@@ -27,6 +27,7 @@ from oslo_log import log as logging
 
 from cinder import exception
 from cinder import objects
+from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import exception as dmc_exception
@@ -173,6 +174,41 @@ def volumes_naming(ctxt, key, node_names):
             ctxt, filters={'metadata': {move.KEY_PREFIX + key: name}})
 
 
+def _may_be_old_copy(lv_name):
+    """True for a data LV named like a volume's (no dm-clone LV of ours)."""
+    return (volume_utils.extract_id_from_volume_name(lv_name) is not None
+            and layout.lv_name_from_metadata_lv(lv_name) is None
+            and not layout.is_retiring_lv(lv_name))
+
+
+def volumes_with_old_copies(ctxt, node_names, lv_names, touching):
+    """The volumes whose record says this node may hold an old copy.
+
+    A move away from this node that an operator abandoned as lost
+    (``cinder-dmclone move abandon-source``) left the volume's old LV
+    here, and its record names it: under a key of this node's
+    (:func:`cinder_dmclone.move.old_copy_key`, kept when a later abandon
+    elsewhere replaces the latest loss record), and in the latest loss
+    record (``dmclone_lost_source``, also as earlier releases wrote it).
+    ``lv_names`` are this node's data LVs, ``touching`` the volumes whose
+    record or move names this node (:func:`volumes_touching`): every
+    other LV named like a volume is looked up by its node key, one query
+    each (a node holds few such LVs).  A candidate list, as
+    :func:`volumes_naming` gives.
+    """
+    found = {volume.id: volume for volume in volumes_naming(
+        ctxt, 'lost_source', node_names)}
+    taken = {v.name for v in touching}
+    for lv in sorted(set(lv_names) - taken):
+        if not _may_be_old_copy(lv):
+            continue
+        for name in sorted(node_names):
+            for volume in objects.VolumeList.get_all(ctxt, filters={
+                    'metadata': {move.old_copy_key(name): lv}}):
+                found.setdefault(volume.id, volume)
+    return [found[vid] for vid in sorted(found)]
+
+
 class Recovery(object):
     """Carries out :func:`plan` for the moves touching this node."""
 
@@ -183,6 +219,11 @@ class Recovery(object):
         #: again (its source did not answer); the monitor tries again
         #: (retry_rebuilds) while the record still describes that move.
         self.pending_rebuild = {}
+        #: volume id -> the move from here a start could not abandon (its
+        #: lock could not be taken, or the abandon failed); the monitor
+        #: tries again (retry_abandons) while the record still describes
+        #: that move, never committed.
+        self.pending_abandon = {}
 
     def recover(self, volumes, metadata_lvs):
         """Resume, finish or roll back every move touching this node.
@@ -230,11 +271,13 @@ class Recovery(object):
 
         This node was the source of a move an operator ended because the
         node was taken for lost (``cinder-dmclone move abandon-source``);
-        the volume lives on its destination now, with the regions never
-        copied zeroed, and nothing describes the copy left here.  It is
-        never used, exported or removed automatically (it may hold the
-        only copy of those regions): said once per start while its LV is
-        here, for an operator to remove by hand.
+        the volume lives elsewhere now, with the regions never copied
+        zeroed, and nothing describes the copy left here.  It is never
+        used, exported or removed automatically (it may hold the only
+        copy of those regions): said at every start while its LV is
+        here, for an operator to remove by hand -- also after a later
+        abandon of the volume over another node.  ``volumes`` are those
+        of :func:`volumes_with_old_copies`.
         """
         try:
             for volume in volumes:
@@ -244,14 +287,17 @@ class Recovery(object):
                         exc_info=True)
 
     def _report_lost_copy(self, volume):
+        copies = move.Store.old_copies_of(volume.admin_metadata)
+        if self.source.lives_here(volume):
+            return
         loss = move.Store.loss_of(volume.admin_metadata)
-        if loss.get('lost_source') not in self.source.node_names \
-                or self.source.lives_here(volume):
-            return
-        lv = loss.get('lost_source_lv')
-        if not lv or self.source.wiper.vg.get_volume(lv) is None:
-            return
-        LOG.warning('Volume %(vol)s moved away from this node and its '
+        for node in sorted(self.source.node_names & set(copies)):
+            lv = copies[node]
+            if self.source.wiper.vg.get_volume(lv) is None:
+                continue
+            if loss.get('lost_source') == node:
+                LOG.warning(
+                    'Volume %(vol)s moved away from this node and its '
                     'move was abandoned at %(at)s as if this node were '
                     'lost (%(n)s regions never copied, listed on its '
                     'destination in %(file)s). Its old copy is still '
@@ -263,6 +309,18 @@ class Recovery(object):
                      'n': loss.get('lost_regions'),
                      'file': loss.get('lost_ranges_file'), 'lv': lv,
                      'target': loss.get('lost_source_target')})
+            else:
+                LOG.warning(
+                    'Volume %(vol)s moved away from this node and its '
+                    'move was abandoned as if this node were lost; a '
+                    'later abandon (of %(later)s, at %(at)s) replaced the '
+                    'details of that loss in its record. Its old copy is '
+                    'still here, unused: LV %(lv)s (not wiped) and maybe '
+                    'its iSCSI target in LIO\'s saved configuration. '
+                    'Copy back what is needed, then remove them by hand '
+                    '(see the operations guide).',
+                    {'vol': volume.id, 'later': loss.get('lost_source'),
+                     'at': loss.get('lost_at'), 'lv': lv})
 
     def resolve_aborted(self, volume_id, t):
         """The monitor found move ``t`` aborted: act if it still is.
@@ -426,22 +484,73 @@ class Recovery(object):
     def _abandon(self, volume, t):
         """ABANDON under the volume's lock, if the move still never committed.
 
+        A start must not depend on the coordination backend being up: if
+        the lock cannot be taken, the move is left to the monitor, which
+        tries again after each tick (:meth:`retry_abandons`) until the
+        abandon is done or the record no longer asks for it.
+        """
+        with move.lock_unless_down(volume.id) as locked:
+            if not locked:
+                self.pending_abandon[volume.id] = t
+                LOG.warning('Not abandoning the move of volume %(vol)s to '
+                            '%(dst)s yet: its lock cannot be taken. The '
+                            'monitor tries again at each tick; until then '
+                            'the volume is refused as moving.',
+                            {'vol': volume.id, 'dst': t.dest_node})
+                return
+            self._abandon_locked(volume.id, t)
+
+    def _abandon_locked(self, volume_id, t):
+        """Abandon move ``t`` if it still never committed; lock held.
+
         The abort it sends makes the destination remove its clone: only
         for the move read again under the lock, in a state where no
         instance writes to that clone for good (ABANDONABLE), and while
-        the volume record still names this node.
+        the volume record still names this node.  Anything else (the move
+        ended, committed or replaced meanwhile, the volume deleted) ends
+        the wait; a failure keeps it (:attr:`pending_abandon`).
         """
-        with move.lock(volume.id):
-            current = self.source.load_any(volume.id)
-            volume = objects.Volume.get_by_id(self.source.ctxt(), volume.id)
-            if not (t.still(current) and current.state in ABANDONABLE
-                    and self.source.lives_here(volume)):
-                LOG.warning('Not abandoning the move of volume %(vol)s: '
-                            'it changed meanwhile (%(state)s).',
-                            {'vol': volume.id,
-                             'state': current.state if current else 'none'})
-                return
-            self.source.abandon(volume, current)
+        try:
+            current = self.source.load_any(volume_id)
+            volume = objects.Volume.get_by_id(self.source.ctxt(), volume_id)
+        except exception.VolumeNotFound:
+            self.pending_abandon.pop(volume_id, None)
+            return
+        if not (t.still(current) and current.state in ABANDONABLE
+                and self.source.lives_here(volume)):
+            self.pending_abandon.pop(volume_id, None)
+            LOG.warning('Not abandoning the move of volume %(vol)s: '
+                        'it changed meanwhile (%(state)s).',
+                        {'vol': volume_id,
+                         'state': current.state if current else 'none'})
+            return
+        self.pending_abandon[volume_id] = t
+        self.source.abandon(volume, current)
+        self.pending_abandon.pop(volume_id, None)
+
+    def retry_abandons(self):
+        """Abandon the moves a start could not (after each monitor tick).
+
+        The start found a move from here that never committed but could
+        not take its lock (the coordination backend was down) or failed
+        meanwhile: tried again under the volume's lock, never waiting for
+        it (a busy or unreachable lock waits for the next tick), the
+        record read again under it.
+        """
+        for volume_id, t in sorted(self.pending_abandon.items()):
+            with move.lock_if_free(volume_id) as locked:
+                if not locked:
+                    continue
+                try:
+                    self._abandon_locked(volume_id, t)
+                except move.MoveStateInvalid:
+                    self.pending_abandon.pop(volume_id, None)
+                    LOG.exception('Not abandoning the move of volume %s.',
+                                  volume_id)
+                except Exception:
+                    LOG.exception('Abandoning the move of volume %s failed; '
+                                  'trying again at the next monitor tick.',
+                                  volume_id)
 
     def _rebuild(self, volume, t, action):
         # (FINALIZING after a reboot: rebuild the clone so that the swap

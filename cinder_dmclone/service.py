@@ -61,9 +61,11 @@ class MoveService(object):
         """Work no clone target reports, once per monitor tick.
 
         Finalizations that failed, clones a start could not build again
-        (their source was down too), and failed moves from here whose end
-        the database did not take.
+        (their source was down too), failed moves from here whose end the
+        database did not take, and moves from here a start could not
+        abandon (the coordination backend was down).
         """
         self.source.retry_give_ups()
         self.destination.finalize_pending()
         self.recovery.retry_rebuilds()
+        self.recovery.retry_abandons()

@@ -73,27 +73,49 @@ class Side(object):
         return self.store.load(self.ctxt(), volume_id)
 
     def stale_prepare_after(self):
-        """Seconds after which a move left ``preparing`` is dead.
+        """Seconds an attempt to move a volume away from here may last.
 
         The source waits for the destination's prepare at most the
         transfer timeout (without one, the RPC timeout), then records the
-        outcome; the margin covers its database writes and the skew
-        between the nodes' clocks.
+        outcome; the margin covers its database writes.  Recorded with
+        the move (its deadline, see :meth:`Store.save
+        <cinder_dmclone.move.Store.save>`): the other node judges the
+        move by the source's figure, never by its own.
         """
         timeout = self.peer.timeout or cfg.CONF.rpc_response_timeout
         return timeout + move.STALE_PREPARE_MARGIN
+
+    def prepare_budget(self, t):
+        """Seconds the attempt that recorded move ``t`` may last.
+
+        As its source recorded it; a move recorded before the deadline
+        was recorded is given this node's own figure.
+        """
+        budget = t.prepare_budget
+        return self.stale_prepare_after() if budget is None else budget
+
+    def prepare_age(self, t):
+        """Seconds this node vouches have passed since ``t``'s attempt began.
+
+        None if nothing tells (a move recorded by an older release).
+        Each side measures on a clock it can trust (see the subclasses):
+        no node ever compares its clock with another's.
+        """
+        raise NotImplementedError()
 
     def prepare_outlived(self, t):
         """True if move ``t``, ``preparing``, is older than any attempt.
 
         The only proof that no attempt will still record the outcome of
         a prepare: a free volume lock is none (per-node locks, a lost
-        lease of the coordination backend).  A move recorded by an older
-        release has no start time: never taken for dead, reported once.
+        lease of the coordination backend).  Older means: more of this
+        node's :meth:`prepare_age` than the source's recorded
+        :meth:`prepare_budget`.  A move recorded by an older release
+        has no start time: never taken for dead, reported once.
         """
-        age = self.store.prepare_age(t)
+        age = self.prepare_age(t)
         if age is not None:
-            return age > self.stale_prepare_after()
+            return age > self.prepare_budget(t)
         if t.volume_id not in self.undated:
             self.undated.add(t.volume_id)
             LOG.warning('The move of volume %(vol)s from %(src)s to %(dst)s '

@@ -364,7 +364,7 @@ class Source(side.Side):
             target_iqn=data['target_iqn'],
             target_lun=data.get('target_lun', 0),
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
-        self.store.save(ctxt, t)
+        self.store.save(ctxt, t, budget=self.stale_prepare_after())
         return t
 
     def _admits_only(self, volume, connector, target_iqn):
@@ -479,6 +479,13 @@ class Source(side.Side):
         """Side.refuse_local_attach, once a dead ``preparing`` is ended."""
         self.end_stale_prepare(volume)
         super().refuse_local_attach(volume, action)
+
+    def prepare_age(self, t):
+        """Side.prepare_age: this node's wall clock against its own record.
+
+        A move from here was recorded by this node, with its clock.
+        """
+        return self.store.prepare_age(t)
 
     def _stale_prepare(self, volume, t):
         return (t is not None and t.state == move.PREPARING

@@ -336,8 +336,10 @@ class MoveList(NodeLister):
 class LeftoverList(NodeLister):
     """List what a crash or a stopped service left on this node, and why.
 
-    Kinds: metadata_lv_without_clone, handle_without_lv, and retiring_lv
-    (an old copy being wiped: normal while the volume service runs).
+    Kinds: metadata_lv_without_clone, handle_without_lv, retiring_lv
+    (an old copy being wiped: normal while the volume service runs), and
+    with the database abandoned_copy (the old copy a move abandoned as
+    lost left on this node: removed by hand).
     """
 
     command_name = 'leftover list'

@@ -28,7 +28,12 @@ behind:
 * a handle whose LV does not exist;
 * an old copy renamed ``<lv>-dmcwipe-<token>`` while the volume service
   wipes it (:mod:`cinder_dmclone.wiper`): listed, but normal work, so it
-  alone does not change the exit status.
+  alone does not change the exit status;
+* with the database, an LV named like a volume's, without a handle,
+  that the volume's admin metadata names as the old copy a move away
+  from a node left when an operator abandoned it as lost
+  (``dmclone_old_copy_<node>``, ``dmclone_lost_source_lv``): it stays
+  until an operator removes it by hand.
 
 What it reads, and why the figures can be trusted:
 
@@ -73,6 +78,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import layout
+from cinder_dmclone import move
 from cinder_dmclone import privileged
 
 DRIVER = 'cinder_dmclone.driver.DMCloneVolumeDriver'
@@ -85,6 +91,7 @@ _ISCSI_LINK_RE = re.compile(
 METADATA_WITHOUT_CLONE = 'metadata_lv_without_clone'
 HANDLE_WITHOUT_LV = 'handle_without_lv'
 RETIRING = 'retiring_lv'
+ABANDONED_COPY = 'abandoned_copy'
 
 
 class UsageError(Exception):
@@ -428,6 +435,11 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
                                                       entry['kernel_state']))
     report['leftovers'] += _metadata_leftovers(scope, lvs, clone_lvs)
     report['leftovers'] += _retiring_leftovers(scope, lvs)
+    if read_metadata is not None:
+        handled = {(h['volume_group'], h['lv_name'])
+                   for h in report['handles']}
+        report['leftovers'] += _abandoned_copies(
+            scope, lvs, handled, read_metadata, report)
     return report
 
 
@@ -464,6 +476,47 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
                     'or finishes the move); if it stays, check the '
                     'dmclone_* admin metadata of the volume before '
                     'removing it'})
+    return leftovers
+
+
+def _abandoned_copies(scope, lvs, handled, read_metadata, report):
+    """Old copies of moves abandoned as lost, named by their volume.
+
+    Looked for among the data LVs named like a volume's that have no
+    handle (a volume living here has one once its service started; the
+    old copy never gets one again): one database read each.
+    """
+    leftovers, unread = [], []
+    for vg, name in sorted(lvs):
+        vol_id = volume_id(name, scope.name_template)
+        if (vol_id is None or (vg, name) in handled
+                or not (scope.everything or vg in scope.metadata_vgs)
+                or layout.lv_name_from_metadata_lv(name)
+                or layout.is_retiring_lv(name)):
+            continue
+        try:
+            metadata = read_metadata(vol_id) or {}
+        except Exception as exc:
+            unread.append('%s/%s (%s)' % (vg, name, exc))
+            continue
+        nodes = sorted(node for node, lv in
+                       move.Store.old_copies_of(metadata).items()
+                       if lv == name)
+        if not nodes:
+            continue
+        leftovers.append({
+            'kind': ABANDONED_COPY, 'volume_group': vg, 'lv_name': name,
+            'volume_id': vol_id, 'nodes': nodes,
+            'hint': 'the old copy of volume %s left when its move away '
+                    'from %s was abandoned as lost; it may hold the only '
+                    'copy of the regions never copied: copy back what is '
+                    'needed, then remove it by hand (see "If the lost '
+                    'node comes back" in the operations guide)'
+                    % (vol_id, ' or '.join(nodes))})
+    if unread:
+        report['warnings'].append(
+            'LVs without a handle not checked for old copies of abandoned '
+            'moves: %s' % ', '.join(unread))
     return leftovers
 
 

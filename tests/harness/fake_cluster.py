@@ -163,8 +163,10 @@ class Node(object):
         meta_lvs = [lv['name'] for lv in self.vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
-        self.moves.recovery.report_lost_copies(recovery.volumes_naming(
-            self.cluster.ctxt, 'lost_source', {self.name}))
+        self.moves.recovery.report_lost_copies(
+            recovery.volumes_with_old_copies(
+                self.cluster.ctxt, {self.name},
+                [lv['name'] for lv in self.vg.get_volumes()], volumes))
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):

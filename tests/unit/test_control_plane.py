@@ -20,6 +20,7 @@ move may stay stuck, and no byte may be lost.
 
 from oslo_db import exception as db_exc
 import oslo_messaging
+from tooz import coordination as tooz_coordination
 
 from cinder import exception
 
@@ -204,6 +205,86 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         # before it records the commit.  Before: node-b aborted the move
         # and removed the clone, then node-a recorded it hydrating and
         # pointed the volume at node-b: the data was orphaned.
+        self.tick_b_as_a_commits()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_destination_clock_ahead_never_drops_a_live_prepare(self):
+        # Review 4, finding 5: node-b's wall clock runs 300 s ahead of
+        # node-a's (no NTP) and the lock does not exclude (a lost lease).
+        # Before: node-b took node-a's start time for 300 s old, more
+        # than its transfer timeout plus two minutes, and dropped the
+        # clone node-a was committing: the data was orphaned.
+        self.b.store._clock = lambda: self.c.now + 300
+        self.tick_b_as_a_commits()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_shorter_timeout_on_the_destination_never_drops_a_live_prepare(
+            self):
+        # Review 4, finding 5: node-a waits up to 600 s for the prepare
+        # (dmclone_transfer_timeout), node-b's own timeout is 30 s; the
+        # build takes 400 s (a slow login) and the lock does not exclude.
+        # Before: node-b judged the prepare by its own timeout (30 + 120
+        # s) and aborted it while node-a still waited: the attach failed.
+        self.a.peer.timeout = 600
+        self.b.peer.timeout = 30
+        prepare = self.b.destination.prepare
+        lock = 'dmclone-%s' % VOLUME_ID
+
+        def slow_prepare(volume, step):
+            path = prepare(volume, step)
+            self.c.now += 400
+            self.c.held.discard(lock)
+            self.c.tick(self.b)
+            self.c.held.add(lock)
+            return path
+        self.b.destination.prepare = slow_prepare
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_the_destination_counts_from_the_prepare_it_received(self):
+        # node-b's clone of a prepare nobody waits for goes once node-a's
+        # recorded budget has passed on node-b's own clock since the
+        # prepare reached it, whatever the two wall clocks say.
+        self.a.peer.timeout = 600
+        self.b.peer.timeout = 30
+        self.b.store._clock = lambda: self.c.now - 10000
+        self.failed_attach_while_db_down()
+        budget = 600 + move.STALE_PREPARE_MARGIN
+        self.c.now += budget - 31
+        self.c.tick(self.b)         # (30 s later: one short of it)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertEqual({}, self.b.dm.devices)
+
+    def test_the_source_keeps_the_budget_it_recorded(self):
+        # node-a's timeout changed (a restart with a new configuration)
+        # after it recorded the move: the move keeps the figure it was
+        # recorded with, on node-a too.
+        self.a.peer.timeout = 600
+        self.failed_attach_while_db_down()
+        self.a.restart()
+        self.a.peer.timeout = 10
+        self.c.now += 200
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.c.now += 600
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def tick_b_as_a_commits(self):
+        """node-b's monitor ticks as node-a records the commit.
+
+        The lock does not exclude it (per-node locks, a lost lease).
+        """
         load = self.a.store.load
         transition = self.a.store.transition
         lock = 'dmclone-%s' % VOLUME_ID
@@ -226,9 +307,6 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.mock_object(self.a.store, 'transition',
                          side_effect=transition_watched)
         self.mock_object(self.a.store, 'load', side_effect=load_then_tick)
-        self.c.attach(self.b)
-        self.c.settle()
-        self.c.assert_completed()
 
     def test_undated_prepare_is_left_alone_and_reported(self):
         # A 'preparing' written by an older release has no start time:
@@ -354,12 +432,10 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         # whose LV is no longer the volume.  Before: node-a grew its old
         # copy, node-b's clone kept the old size.
         self.commit_without_the_volume_record()
-        self.assertRaises(move.MoveInProgress,
-                          self.a.destination.refuse_extend_while_undecided,
-                          self.volume())
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.a)
         # (On node-b, the volume's home once the record follows, it is
         # allowed.)
-        self.b.destination.refuse_extend_while_undecided(self.volume())
+        self.assertTrue(self.extend_on(self.b))
 
     def test_finalize_leaves_a_record_naming_a_third_node(self):
         # Only a record still naming the move's source is repointed.
@@ -450,3 +526,76 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn('lost', str(exc))
         self.assertNotIn('changed under this step', str(exc))
         self.assertEqual(move.PREPARING, self.c.transfer().state)
+
+
+class LockServiceDownTestCase(test_two_nodes.ClusterTestCase):
+    """The coordination backend (etcd) is down while a service starts."""
+
+    def never_committed(self):
+        """A move in ``cloned`` its source never finished recording.
+
+        node-b built the clone; node-a recorded ``cloned`` and died before
+        it pointed the volume record at node-b: its recovery abandons it,
+        under the volume's lock.
+        """
+        t = self.saved()
+        self.b.destination.prepare(self.volume(), {'op': 'prepare',
+                                                   'secret': t.secret})
+        self.c.set_state(t, move.CLONED)
+        return t
+
+    def lock_down(self):
+        self.c.lock_error = tooz_coordination.ToozConnectionError(
+            'etcd down')
+
+    def test_an_abandon_the_start_could_not_lock_is_retried(self):
+        # Review 4, finding 4: the source's start could not take the lock
+        # to abandon the move; nothing tried again until its next start,
+        # and the move refused every attach as "moving".
+        self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual([], self.ops())
+        self.c.tick(self.a)         # still down: it waits
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.lock_error = None
+        self.c.tick(self.a)
+        self.assertEqual(['abort'], self.ops())
+        self.assertEqual([], self.c.violations)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.a.moves.recovery.pending_abandon)
+
+    def test_a_retried_abandon_waits_for_a_busy_lock(self):
+        self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.c.lock_error = None
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.c.tick(self.a)
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.busy.clear()
+        self.c.tick(self.a)
+        self.c.assert_rolled_back()
+
+    def test_a_retried_abandon_leaves_a_move_that_changed(self):
+        # Meanwhile the move was ended (here: node-b rolled it back and
+        # a later move of the volume is being recorded): the retry
+        # re-reads the record under the lock and leaves it alone.
+        t = self.never_committed()
+        self.lock_down()
+        self.a.restart()
+        self.a.recover()
+        self.c.lock_error = None
+        later = self.c.transfer()
+        later.secret = ''
+        later.state = move.PREPARING
+        self.a.store.save(self.c.ctxt, later)
+        self.assertNotEqual(t.secret, later.secret)
+        self.c.tick(self.a)
+        self.assertEqual([], self.ops())
+        self.assertEqual(later, self.c.transfer())
+        self.assertEqual({}, self.a.moves.recovery.pending_abandon)

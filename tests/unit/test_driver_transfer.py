@@ -403,25 +403,48 @@ class MockMovesTestCase(test_driver.DriverTestBase):
 
     # -- extend, delete, retype, stats -------------------------------------
 
+    def test_the_lv_grows_in_the_critical_section_of_the_check(self):
+        # Review 4, finding 7: the move was checked under the volume's
+        # lock, the lock released, then the LV grown and the move read
+        # again: abandon-source (or any step) could take the lock in
+        # between.  Now one critical section: check, LV, table.
+        events = []
+        lock = mock.MagicMock()
+        lock.__enter__.side_effect = lambda: events.append('lock')
+        lock.__exit__.side_effect = lambda *exc: events.append('unlock')
+        self.mock_object(move, 'lock', return_value=lock)
+        self.vg.extend_volume.side_effect = (
+            lambda *a: events.append('lvextend'))
+        real = destination.Destination(
+            {'node-b'}, 'node-b', mock.Mock(), mock.Mock(), mock.Mock(),
+            mock.Mock())
+        real.store.load.side_effect = lambda ctxt, vid: events.append(
+            'read the move')
+        self.moves.destination = real
+        self.drv.extend_volume(self.volume, 2)
+        self.assertEqual(['lock', 'read the move', 'lvextend', 'unlock'],
+                         events)
+
     def test_extend_during_transfer(self):
-        self.destination.extend.return_value = True
+        def extend(volume, grow):
+            grow()
+            return True
+        self.destination.extend.side_effect = extend
         self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, 1024, LV_PATH)]
         target = self.mock_object(self.drv.target_driver, 'extend_target')
         self.drv.extend_volume(self.volume, 2)
         self.vg.extend_volume.assert_called_once_with(LV, '2g')
-        self.destination.refuse_extend_while_undecided.assert_called_once_with(
-            self.volume)
-        self.destination.extend.assert_called_once_with(self.volume)
+        self.destination.extend.assert_called_once_with(self.volume,
+                                                        mock.ANY)
         # The destination owns the table: the handle is not refreshed here.
         self.assertEqual(1024, dmsetup.table_length(self.dm.devices[HANDLE]))
         target.assert_called_once_with(self.volume)
 
     def test_extend_refused_before_the_lv_grows(self):
-        self.destination.refuse_extend_while_undecided.side_effect = moving()
+        self.destination.extend.side_effect = moving()
         self.assertRaises(move.MoveInProgress,
                           self.drv.extend_volume, self.volume, 2)
         self.vg.extend_volume.assert_not_called()
-        self.destination.extend.assert_not_called()
 
     def test_delete_during_transfer(self):
         self.destination.delete.return_value = True

@@ -258,6 +258,22 @@ class Harness(object):
                            'target_portal': '10.0.0.1:3260'},
                           outcome.left_on_source)
 
+    def assert_extended_tail_kept(self, outcome):
+        """Abandoned after an extend to twice the size, during hydration.
+
+        The clone covered the old length, the tail was mapped linearly
+        and was never the source's: the whole LV ends mapped linearly,
+        only the clone's uncopied regions zeroed.
+        """
+        t = self.test
+        t.assertEqual([], self.c.violations)
+        t.assertEqual(
+            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
+                                                cl.LV_PATH)]},
+            self.b.dm.devices)
+        t.assertEqual(self.expected_ranges(), outcome.ranges)
+        t.assertEqual(_regions(outcome.ranges), _regions(self.zeroed))
+
 
 def _regions(ranges):
     return {(o + i) // REGION_BYTES for o, n in ranges
@@ -310,17 +326,10 @@ class AbandonTestCase(test.TestCase):
         # Extended during hydration: the clone covers the old length,
         # the tail is mapped linearly and was never the source's.
         h = Harness(self, hydrated=range(10))
-        h.b.vg.extend_volume(cl.LV, '2g')
-        h.b.destination.extend(h.c.volume())
+        h.b.destination.extend(h.c.volume(), lambda: h.b.vg.extend_volume(
+            cl.LV, '2g'))
         h.lose_a()
-        outcome = h.run()
-        self.assertEqual([], h.c.violations)
-        self.assertEqual(
-            {cl.HANDLE: [dmsetup.linear_segment(0, 2 * cl.SECTORS,
-                                                cl.LV_PATH)]},
-            h.b.dm.devices)
-        self.assertEqual(h.expected_ranges(), outcome.ranges)
-        self.assertEqual(_regions(outcome.ranges), _regions(h.zeroed))
+        h.assert_extended_tail_kept(h.run())
 
     def test_a_cloned_move_too(self):
         # A live migration whose source was lost before the switch-over:
@@ -581,9 +590,10 @@ class ServicesTestCase(test.TestCase):
         h.lose_a()
         h.crash_in = 'zero'
         self.assertRaises(Crash, h.run)
-        self.assertRaises(move.MoveInProgress,
-                          h.b.destination.refuse_extend_while_undecided,
-                          h.c.volume())
+        grown = []
+        self.assertRaises(move.MoveInProgress, h.b.destination.extend,
+                          h.c.volume(), lambda: grown.append(1))
+        self.assertEqual([], grown)
 
     def test_the_source_back_during_the_abandon_exports_nothing(self):
         h = Harness(self, reboot=True)
@@ -642,6 +652,90 @@ class ServicesTestCase(test.TestCase):
                               hydration.Progress(1, 2, 3))
         self.assertNotIn(cl.VOLUME_ID, h.b.tracker.progress)
         self.assertEqual({}, h.b.tracker.progress_report())
+
+
+class ExtendRaceTestCase(test.TestCase):
+    """An extend of the volume on node B and abandon-source, both orders.
+
+    Both take the volume's lock, for the whole of their work on node B;
+    Cinder's API marks the volume ``extending`` before it asks node B,
+    and the command acts only on a volume with no request in flight.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.h = Harness(self, hydrated=range(10))
+        self.h.lose_a()
+        self.grown = []
+
+    def grow(self):
+        """The driver's LV extend: always under the volume's lock."""
+        h = self.h
+        self.assertIn('dmclone-%s' % cl.VOLUME_ID, h.c.held)
+        h.b.vg.extend_volume(cl.LV, '2g')
+        self.grown.append(2 * cl.SECTORS)
+
+    def extend(self):
+        return self.h.b.destination.extend(self.h.c.volume(), self.grow)
+
+    def set_status(self, status):
+        self.h.c.db.volumes[cl.VOLUME_ID]['status'] = status
+
+    def test_abandon_first_the_extend_is_refused_then_it_finishes(self):
+        # The API takes the extend while the command runs (its request
+        # to node B waits for the lock the command holds): the command's
+        # end finds the volume 'extending' and records nothing; the
+        # extend then finds the move being abandoned and is refused
+        # before the LV grows; Cinder marks it 'error_extending'.
+        # Review 4, finding 7: that status then refused every run of the
+        # command again ('wait until it is one of ...'), for good.
+        h = self.h
+
+        def extend_requested():
+            h.after_probe = None
+            self.set_status('extending')
+        h.after_probe = extend_requested
+        exc = self.assertRaises(lost_source.Refused, h.run)
+        self.assertIn('status changed while the command ran', str(exc))
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        exc = self.assertRaises(move.MoveInProgress, self.extend)
+        self.assertIn('its lost source is being abandoned', str(exc))
+        self.assertEqual([], self.grown)
+        self.assertEqual(cl.SECTORS, h.b.dm.device_sectors(cl.LV_PATH))
+        self.set_status('error_extending')      # the volume manager
+        h.assert_abandoned(h.run())
+
+    def test_extend_first_the_abandon_covers_the_new_size(self):
+        # The extend holds the lock while the LV and the clone grow; the
+        # command, run meanwhile, finds the volume 'extending' and changes
+        # nothing; once the extend is done it maps the whole new LV and
+        # zeroes only the regions the clone never copied.
+        h = self.h
+        self.set_status('extending')
+        refused = []
+
+        def grow_while_the_command_runs():
+            self.grow()
+            before = h.c.transfer_keys()
+            refused.append(self.assertRaises(
+                lost_source.Refused, h.command().check, h.c.ctxt,
+                h.c.volume(), h.c.transfer(), False))
+            self.assertEqual(before, h.c.transfer_keys())
+        self.assertTrue(h.b.destination.extend(
+            h.c.volume(), grow_while_the_command_runs))
+        self.assertIn('its status is extending', str(refused[0]))
+        self.assertEqual(['clone', 'linear'],
+                         [s.target for s in h.b.dm.devices[cl.HANDLE]])
+        self.set_status('in-use')               # the volume manager
+        h.assert_extended_tail_kept(h.run())
+
+    def test_an_extend_while_a_run_is_to_be_resumed_is_refused(self):
+        h = self.h
+        h.crash_in = 'zero'
+        self.assertRaises(Crash, h.run)
+        self.assertRaises(move.MoveInProgress, self.extend)
+        self.assertEqual([], self.grown)
+        h.assert_abandoned(h.run())
 
 
 class ReviewTestCase(test.TestCase):
@@ -978,10 +1072,43 @@ class LaterAbandonTestCase(LostCopyScenario):
 
     def setUp(self):
         super().setUp()
-        self.h.c.db.admin_metadata[cl.VOLUME_ID].update({
-            'dmclone_lost_source': 'node-c',
-            'dmclone_lost_at': '2027-01-01T00:00:00Z',
-            'dmclone_lost_source_lv': cl.LV})
+        # (What abandon-source on node D records when node C is lost.)
+        self.h.b.store.record_loss(self.h.c.ctxt, cl.VOLUME_ID, {
+            'lost_source': 'node-c', 'lost_at': '2027-01-01T00:00:00Z',
+            'lost_regions': '7', 'lost_bytes': str(7 * REGION_BYTES),
+            'lost_ranges': '0+448K',
+            'lost_ranges_file': '/var/lib/cinder/dmclone/lost-x.json',
+            'lost_source_lv': cl.LV,
+            'lost_source_target': '10.0.0.3:3260 %s' % cl.FakeTargetIQN})
+
+    def told(self, log):
+        return [c[0][1] for c in log.call_args_list
+                if 'move was abandoned' in c[0][0]]
+
+    def test_node_a_still_reports_its_old_copy_at_start(self):
+        # Review 4: after the later abandon, node A's start no longer
+        # said that it holds an old copy (the report followed the
+        # latest loss record only).
+        h = self.h
+        log = self.mock_object(recovery.LOG, 'warning')
+        h.a.restart()
+        h.a.recover()
+        said = self.told(log)
+        self.assertEqual(1, len(said))
+        self.assertEqual((cl.VOLUME_ID, cl.LV), (said[0]['vol'],
+                                                 said[0]['lv']))
+        # until the operator removes it
+        h.a.vg.delete(cl.LV)
+        log.reset_mock()
+        h.a.restart()
+        h.a.recover()
+        self.assertEqual([], self.told(log))
+
+    def test_the_record_names_every_node_holding_an_old_copy(self):
+        md = self.h.c.db.admin_metadata[cl.VOLUME_ID]
+        self.assertEqual({'node-a': cl.LV, 'node-c': cl.LV},
+                         move.Store.old_copies_of(md))
+        self.assertEqual('node-c', md['dmclone_lost_source'])
 
     def test_a_later_abandon_unprotects_the_old_copy(self):
         exc = self.assertRaises(exception.VolumeBackendAPIException,

@@ -60,7 +60,7 @@ class MoveRecordTestCase(test.TestCase):
 
     def test_round_trip(self):
         t = make_move(state=move.HYDRATING, target_lun=3,
-                      prepared_at=1790000000)
+                      prepared_at=1790000000, prepare_deadline=1790000165)
         md = t.to_metadata()
         self.assertEqual(set('dmclone_' + f for f in move.Move.FIELDS
                              + move.Move.OPTIONAL_FIELDS),
@@ -82,6 +82,26 @@ class MoveRecordTestCase(test.TestCase):
         md['dmclone_prepared_at'] = value
         self.assertRaises(move.MoveStateInvalid, move.Move.from_metadata,
                           VOLUME_ID, md)
+
+    def test_deadline_before_the_start_refused(self):
+        md = make_move(prepared_at=1790000000,
+                       prepare_deadline=1789999999).to_metadata()
+        self.assertRaises(move.MoveStateInvalid, move.Move.from_metadata,
+                          VOLUME_ID, md)
+
+    def test_save_records_the_deadline_of_its_attempt(self):
+        db = mock.Mock()
+        db.volume_admin_metadata_get.return_value = {}
+        store = move.Store(db, clock=lambda: 1790000000.7)
+        t = make_move()
+        store.save(context.get_admin_context(), t, budget=165)
+        written = db.volume_admin_metadata_update.call_args[0][2]
+        self.assertEqual(('1790000000', '1790000165'),
+                         (written['dmclone_prepared_at'],
+                          written['dmclone_prepare_deadline']))
+        self.assertEqual(165, move.Move.from_metadata(
+            VOLUME_ID, written).prepare_budget)
+        self.assertIsNone(make_move(prepared_at=1).prepare_budget)
 
     def test_save_records_the_start_time(self):
         db = mock.Mock()

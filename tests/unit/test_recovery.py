@@ -382,7 +382,8 @@ class RunTestCase(test.TestCase):
                          return_value=self.volume)
         self._run(A(recovery.ABANDON))
         lock.assert_called_once_with(fake.VOLUME_ID)
-        lock.return_value.__enter__.assert_called_once_with()
+        lock.return_value.acquire.assert_called_once_with(blocking=True)
+        lock.return_value.release.assert_called_once_with()
 
     def test_abandon(self):
         self._abandon_under_lock(self.t)
@@ -393,6 +394,14 @@ class RunTestCase(test.TestCase):
         # (Read again under the lock: the move committed meanwhile.)
         self._abandon_under_lock(make_move(state))
         self.source.abandon.assert_not_called()
+
+    def test_abandon_waits_for_a_lock_service_that_is_down(self):
+        lock = self.mock_object(move, 'lock')
+        lock.return_value.acquire.side_effect = Exception('etcd down')
+        self._run(A(recovery.ABANDON))
+        self.source.abandon.assert_not_called()
+        self.assertEqual({fake.VOLUME_ID: self.t},
+                         self.recovery.pending_abandon)
 
     def test_leave_to_destination(self):
         self._run(A(recovery.LEAVE_TO_DEST))

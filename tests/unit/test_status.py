@@ -32,6 +32,7 @@ from tests.unit.cli_fakes import FakeNode
 from tests.unit.cli_fakes import H1
 from tests.unit.cli_fakes import H2
 from tests.unit.cli_fakes import H3
+from tests.unit.cli_fakes import LVS
 from tests.unit.cli_fakes import status_text
 from tests.unit.cli_fakes import TABLES
 from tests.unit.cli_fakes import U1
@@ -255,6 +256,48 @@ class StatusToolTestCase(CLITestCase):
         self.assertEqual('node-a', report['transfers'][0][key])
         row = self.move_row(args, FakeNode(), read_metadata=read)
         self.assertEqual(shown, row[1])
+
+    def test_an_abandoned_old_copy_is_a_leftover(self):
+        # Review 4: a node holding the old copy of a move abandoned as
+        # lost (it was the lost source) shows it until it is removed,
+        # whichever abandon of the volume came last.
+        u5 = '55555555-5555-5555-5555-555555555555'
+        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % u5)
+        records = {U2: {'dmclone_state': 'hydrating'},
+                   u5: {'dmclone_old_copy_node-a': 'volume-' + u5,
+                        'dmclone_lost_source': 'node-c',
+                        'dmclone_lost_source_lv': 'volume-' + u5}}
+        read = mock.Mock(side_effect=records.get)
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '0']
+        code, report = self.run_json(args, node, read_metadata=read)
+        (item,) = [i for i in report['leftovers']
+                   if i['kind'] == 'abandoned_copy']
+        self.assertEqual(('cinder-volumes', 'volume-' + u5, u5,
+                          ['node-a', 'node-c']),
+                         (item['volume_group'], item['lv_name'],
+                          item['volume_id'], item['nodes']))
+        self.assertIn('remove it by hand', item['hint'])
+        self.assertEqual(1, code)
+        # (only the LV without a handle is looked up, besides the clone)
+        self.assertEqual([mock.call(U2), mock.call(u5)],
+                         read.call_args_list)
+        # removed: nothing to show
+        code, report = self.run_json(args, FakeNode(), read_metadata=read)
+        self.assertNotIn('abandoned_copy',
+                         [i['kind'] for i in report['leftovers']])
+
+    def test_an_lv_without_handle_and_no_loss_is_no_leftover(self):
+        u5 = '55555555-5555-5555-5555-555555555555'
+        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % u5)
+        read = mock.Mock(return_value={})
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes',
+             '--metadata-volume-group', 'meta', '--interval', '0'], node,
+            read_metadata=read)
+        self.assertNotIn('abandoned_copy',
+                         [i['kind'] for i in report['leftovers']])
+        self.assertEqual([], report['warnings'])
 
     def test_database_error_is_a_warning(self):
         read = mock.Mock(side_effect=RuntimeError('db down'))

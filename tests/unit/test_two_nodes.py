@@ -177,6 +177,11 @@ class ClusterTestCase(test.TestCase):
         return [call[2]['op'] if call[2] else None
                 for call in self.c.rpc.calls]
 
+    def extend_on(self, node):
+        """The driver's extend to 2 GiB on ``node`` (Destination.extend)."""
+        return node.destination.extend(
+            self.volume(), lambda: node.vg.extend_volume(LV, '2g'))
+
     def features(self):
         return dmsetup.parse_clone_table(
             self.b.dm.devices[HANDLE][0]).features
@@ -2411,8 +2416,7 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
 
     def test_extend(self):
         self.moved()
-        self.b.vg.extend_volume(LV, '2g')
-        self.assertTrue(self.b.destination.extend(self.volume()))
+        self.assertTrue(self.extend_on(self.b))
         self.assertEqual(['clone', 'linear'],
                          [s.target for s in self.b.dm.devices[HANDLE]])
         self.c.settle()
@@ -2425,27 +2429,25 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         # later move was refused because the LV was smaller than its
         # record.)
         src, dst = self.moved(live=True)
-        self.assertRaises(move.MoveInProgress,
-                          self.b.destination.refuse_extend_while_undecided,
-                          self.volume())
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.b)
+        self.assertEqual(SECTORS, self.b.dm.device_sectors(LV_PATH))
         self.c.detach(src)
-        self.b.destination.refuse_extend_while_undecided(self.volume())
+        self.assertTrue(self.extend_on(self.b))
         # (node-a's LV is no longer the volume once the move committed.)
-        self.assertRaises(move.MoveInProgress,
-                          self.a.destination.refuse_extend_while_undecided,
-                          self.volume())
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.a)
+        self.assertEqual(SECTORS, self.a.dm.device_sectors(LV_PATH))
 
     def test_no_extend_on_the_source_while_the_move_is_prepared(self):
         # The destination builds a clone of the old size meanwhile.
         self.saved()
-        self.assertRaises(move.MoveInProgress,
-                          self.a.destination.refuse_extend_while_undecided,
-                          self.volume())
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.a)
+        self.assertEqual(SECTORS, self.a.dm.device_sectors(LV_PATH))
 
     def test_extend_not_here(self):
         self.moved()
-        self.assertFalse(self.a.destination.extend(self.volume()))
-        self.assertFalse(self.b.destination.extend(self._other_volume()))
+        # (node-a, the source: refused, see above)
+        self.assertFalse(self.b.destination.extend(self._other_volume(),
+                                                   lambda: None))
 
     def _other_volume(self):
         self.c.db.volumes[fake.VOLUME2_ID] = {}
@@ -2454,7 +2456,7 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
     def test_extend_while_finalizing(self):
         self.moved()
         self.c.set_state(self.c.transfer(), move.FINALIZING)
-        self.assertFalse(self.b.destination.extend(self.volume()))
+        self.assertFalse(self.extend_on(self.b))
 
     def test_retune(self):
         self.moved(live=True)
