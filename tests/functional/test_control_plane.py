@@ -120,10 +120,14 @@ def nothing_on_b(cloud, volume_id):
 
 
 def check_moved(cloud, vol, image, att=None):
-    """The move completed: finalized, every byte, nothing left on A."""
-    assert cloud.node_of(vol.id) == 'b'
+    """The move completed: finalized, every byte, nothing left on A.
+
+    ``att``: node B's attachment that moved it; without one, an attach
+    on node B moves it now (the retry after a failed move).
+    """
     if att is None:
         att = steps.attached_on(cloud, vol.id, 'b')
+    assert cloud.node_of(vol.id) == 'b'
     steps.wait_finalized(cloud, vol.id)
     image.check(cloud, att)
     assert steps.kept_on(cloud, 'a', vol.id) == []
@@ -147,9 +151,11 @@ def check_failed_cleanly(cloud, vol, image):
     # Nothing moving (an 'aborted' record is inert: the volume is A's)
     # once node A's monitor ticked with the database back: node A saw
     # its attempt fail, so it needs no timeout to give the move up.
+    # (Its export gone first, node B's logout waits out open-iscsi's
+    # replacement timeout: two minutes.)
     testbed.wait_until(
         lambda: cloud.transfer_state(vol.id).get('dmclone_state') in (
-            None, 'aborted'), 120, 'the failed move of %s given up' % vol.id,
+            None, 'aborted'), 300, 'the failed move of %s given up' % vol.id,
         interval=2, diagnostics=lambda: cloud.transfer_state(vol.id))
     testbed.wait_until(lambda: nothing_on_b(cloud, vol.id), 300,
                        'node B keeps nothing of %s' % vol.id, interval=5,
