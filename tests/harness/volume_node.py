@@ -84,6 +84,12 @@ def configure_process(node_key):
     topo = testbed.topology()
     conf = cfg.CONF
     conf([], project='cinder', default_config_files=[])
+    # What a volume service's RPC transport registers (the driver reads
+    # rpc_response_timeout when it records a move); no transport here.
+    from oslo_messaging import opts as messaging_opts
+    for group, opts in messaging_opts.list_opts():
+        if group is None:
+            conf.register_opts(opts)
     objects.register_all()
     os.makedirs(LOCK_DIR, exist_ok=True)
     conf.set_override('connection', 'sqlite:///' + DB_PATH,
