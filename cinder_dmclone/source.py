@@ -175,7 +175,7 @@ class Source(side.Side):
             return False
         return True
 
-    def move(self, volume, connector, lv_sectors):
+    def move(self, volume, connector, read_sectors):
         """Move ``volume`` to the connector's node; return conn info.
 
         Runs inside the attach request.  The destination's service builds
@@ -185,11 +185,16 @@ class Source(side.Side):
         nothing left on either node.  None: the volume stays here and the
         connector's node reaches it over iSCSI (that node runs no service
         of this backend, or this node's export admits another node).
+        ``read_sectors()`` gives the LV's length now: read under the lock,
+        which an online extend takes too, the clone recorded covers the
+        whole LV (read before, an extend in between would leave its tail
+        on this node only, to be wiped with the old copy).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
-        self._check_source_size(volume, lv_sectors)
         with move.lock(volume['id']):
+            lv_sectors = read_sectors()
+            self._check_source_size(volume, lv_sectors)
             self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
