@@ -313,12 +313,14 @@ class Source(side.Side):
         Under the volume's lock, and only the very move remembered (its
         secret), still recorded as that attempt left it: a later move of
         the volume is never touched.  Kept for the next tick while the
-        database is still away.
+        database is still away, or while another step holds the lock
+        (:func:`~cinder_dmclone.move.lock_if_free`: the tick never waits).
         """
         for volume_id in list(self.unrecorded):
             try:
-                with move.lock(volume_id):
-                    self._retry_give_up(volume_id)
+                with move.lock_if_free(volume_id) as locked:
+                    if locked:
+                        self._retry_give_up(volume_id)
             except Exception:
                 LOG.warning('Volume %s: giving up its failed move failed '
                             'again; retrying at the next tick.', volume_id,
