@@ -328,7 +328,11 @@ class Source(side.Side):
 
     def _retry_give_up(self, volume_id):
         ended = self.unrecorded.get(volume_id)
-        t = self.load_any(volume_id)
+        try:
+            t = self.load_any(volume_id)
+        except exception.VolumeNotFound:
+            self.unrecorded.pop(volume_id, None)
+            return
         if (ended is None or not ended.same_move(t)
                 or t.state not in (move.PREPARING, move.ABORTED)):
             self.unrecorded.pop(volume_id, None)
@@ -631,11 +635,17 @@ class Source(side.Side):
                         exc_info=True)
 
     def give_up_aborted(self, volume):
-        """Before a delete here: end an aborted move of the volume.
+        """Before a delete here: end a move from here that never committed.
 
-        The destination is asked once more to remove what it built; if
-        it still cannot, its own recovery does (the record stays).
+        A move left ``preparing`` by an attempt here that failed (or one
+        outlived, :meth:`end_stale_prepare`) is given up first: its
+        destination may hold a clone hydrated with the volume's data,
+        which nothing would remove once the volume is gone.  Then an
+        ``aborted`` one: the destination is asked once more to remove
+        what it built; if it still cannot, its own recovery does (the
+        record stays).
         """
+        self.end_stale_prepare(volume)
         t = self.load_any(volume['id'])
         if t is None or t.state != move.ABORTED or not self.is_source(t):
             return
