@@ -591,9 +591,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         update = self.create_export(ctxt, volume, connector)
         volume.update(update)
         volume.save()
-        info = self.source.move(
-            volume, connector,
-            self.dm.device_sectors(self._lv_path(volume['name'])))
+        info = self.source.move(volume, connector,
+                                self._lv_sectors_reader(volume))
         if info is None:
             self.remove_export(ctxt, volume)
             return False, None
@@ -917,9 +916,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                           self._ensure_handle(volume))
         if self.source.wants_move(volume, connector):
             try:
-                info = self.source.move(
-                    volume, connector,
-                    self.dm.device_sectors(self._lv_path(volume['name'])))
+                info = self.source.move(volume, connector,
+                                        self._lv_sectors_reader(volume))
             except Exception:
                 with excutils.save_and_reraise_exception():
                     self._user_message(volume,
@@ -929,6 +927,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 return info
         return self.source.connect_over_iscsi(
             volume, connector, super().initialize_connection)
+
+    def _lv_sectors_reader(self, volume):
+        """The LV's length, read when called (Source.move: under the lock)."""
+        path = self._lv_path(volume['name'])
+        return lambda: self.dm.device_sectors(path)
 
     @staticmethod
     def _user_message(volume, action, detail):

@@ -193,19 +193,23 @@ def volumes_with_old_copies(ctxt, node_names, lv_names, touching):
     ``lv_names`` are this node's data LVs, ``touching`` the volumes whose
     record or move names this node (:func:`volumes_touching`): every
     other LV named like a volume is looked up by its node key, one query
-    each (a node holds few such LVs).  A candidate list, as
+    each (a node holds few such LVs).  A volume in ``touching`` is never
+    one: it lives or moves here, and its LV here is no old copy whatever
+    a key outliving the copy's removal says.  A candidate list, as
     :func:`volumes_naming` gives.
     """
-    found = {volume.id: volume for volume in volumes_naming(
-        ctxt, 'lost_source', node_names)}
     taken = {v.name for v in touching}
+    live = {v.id for v in touching}
+    found = {volume.id: volume for volume in volumes_naming(
+        ctxt, 'lost_source', node_names) if volume.id not in live}
     for lv in sorted(set(lv_names) - taken):
         if not _may_be_old_copy(lv):
             continue
         for name in sorted(node_names):
             for volume in objects.VolumeList.get_all(ctxt, filters={
                     'metadata': {move.old_copy_key(name): lv}}):
-                found.setdefault(volume.id, volume)
+                if volume.id not in live:
+                    found.setdefault(volume.id, volume)
     return [found[vid] for vid in sorted(found)]
 
 
@@ -287,8 +291,14 @@ class Recovery(object):
                         exc_info=True)
 
     def _report_lost_copy(self, volume):
+        """Warn of ``volume``'s old copy here, unless it lives or moves here.
+
+        The keys naming an old copy outlive its removal: an LV of a
+        volume whose record or current move names this node is the
+        volume itself (or a move's source), never to be removed.
+        """
         copies = move.Store.old_copies_of(volume.admin_metadata)
-        if self.source.lives_here(volume):
+        if self.source.lives_here(volume) or self._moves_here(volume):
             return
         loss = move.Store.loss_of(volume.admin_metadata)
         for node in sorted(self.source.node_names & set(copies)):
@@ -321,6 +331,14 @@ class Recovery(object):
                     '(see the operations guide).',
                     {'vol': volume.id, 'later': loss.get('lost_source'),
                      'at': loss.get('lost_at'), 'lv': lv})
+
+    def _moves_here(self, volume):
+        """True if the volume's move names this node (or is unreadable)."""
+        try:
+            t = move.Move.from_metadata(volume.id, volume.admin_metadata)
+        except move.MoveStateInvalid:
+            return True         # unsure: advise no removal
+        return self.source.is_source(t) or self.destination.is_dest(t)
 
     def resolve_aborted(self, volume_id, t):
         """The monitor found move ``t`` aborted: act if it still is.

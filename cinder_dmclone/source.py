@@ -175,7 +175,7 @@ class Source(side.Side):
             return False
         return True
 
-    def move(self, volume, connector, lv_sectors):
+    def move(self, volume, connector, read_sectors):
         """Move ``volume`` to the connector's node; return conn info.
 
         Runs inside the attach request.  The destination's service builds
@@ -185,11 +185,16 @@ class Source(side.Side):
         nothing left on either node.  None: the volume stays here and the
         connector's node reaches it over iSCSI (that node runs no service
         of this backend, or this node's export admits another node).
+        ``read_sectors()`` gives the LV's length now: read under the lock,
+        which an online extend takes too, the clone recorded covers the
+        whole LV (read before, an extend in between would leave its tail
+        on this node only, to be wiped with the old copy).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
-        self._check_source_size(volume, lv_sectors)
         with move.lock(volume['id']):
+            lv_sectors = read_sectors()
+            self._check_source_size(volume, lv_sectors)
             self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
@@ -308,12 +313,14 @@ class Source(side.Side):
         Under the volume's lock, and only the very move remembered (its
         secret), still recorded as that attempt left it: a later move of
         the volume is never touched.  Kept for the next tick while the
-        database is still away.
+        database is still away, or while another step holds the lock
+        (:func:`~cinder_dmclone.move.lock_if_free`: the tick never waits).
         """
         for volume_id in list(self.unrecorded):
             try:
-                with move.lock(volume_id):
-                    self._retry_give_up(volume_id)
+                with move.lock_if_free(volume_id) as locked:
+                    if locked:
+                        self._retry_give_up(volume_id)
             except Exception:
                 LOG.warning('Volume %s: giving up its failed move failed '
                             'again; retrying at the next tick.', volume_id,
@@ -321,7 +328,11 @@ class Source(side.Side):
 
     def _retry_give_up(self, volume_id):
         ended = self.unrecorded.get(volume_id)
-        t = self.load_any(volume_id)
+        try:
+            t = self.load_any(volume_id)
+        except exception.VolumeNotFound:
+            self.unrecorded.pop(volume_id, None)
+            return
         if (ended is None or not ended.same_move(t)
                 or t.state not in (move.PREPARING, move.ABORTED)):
             self.unrecorded.pop(volume_id, None)
@@ -624,11 +635,17 @@ class Source(side.Side):
                         exc_info=True)
 
     def give_up_aborted(self, volume):
-        """Before a delete here: end an aborted move of the volume.
+        """Before a delete here: end a move from here that never committed.
 
-        The destination is asked once more to remove what it built; if
-        it still cannot, its own recovery does (the record stays).
+        A move left ``preparing`` by an attempt here that failed (or one
+        outlived, :meth:`end_stale_prepare`) is given up first: its
+        destination may hold a clone hydrated with the volume's data,
+        which nothing would remove once the volume is gone.  Then an
+        ``aborted`` one: the destination is asked once more to remove
+        what it built; if it still cannot, its own recovery does (the
+        record stays).
         """
+        self.end_stale_prepare(volume)
         t = self.load_any(volume['id'])
         if t is None or t.state != move.ABORTED or not self.is_source(t):
             return

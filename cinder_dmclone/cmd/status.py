@@ -69,6 +69,7 @@ fails.
 import dataclasses
 import os
 import re
+import socket
 import time
 
 from oslo_concurrency import processutils
@@ -109,6 +110,11 @@ class Scope:
     metadata_vgs: dict = dataclasses.field(default_factory=dict)
     name_template: str = 'volume-%s'
     database: bool = False
+    #: The names this node goes by in volume and move records (its
+    #: backends' ``dmclone_node_name``, or the host part of their
+    #: ``backend_host``/``host``, and ``dmclone_node_aliases``); empty
+    #: when unknown (no configuration given).
+    node_names: frozenset = frozenset()
 
     @property
     def everything(self):
@@ -156,6 +162,9 @@ _BACKEND_OPTS = [
     cfg.StrOpt('volume_driver'),
     cfg.StrOpt('volume_group'),
     cfg.StrOpt('dmclone_metadata_volume_group'),
+    cfg.StrOpt('backend_host'),
+    cfg.StrOpt('dmclone_node_name'),
+    cfg.ListOpt('dmclone_node_aliases'),
 ]
 
 
@@ -175,7 +184,8 @@ def load_config(path, backends=None):
     conf = cfg.ConfigOpts()
     conf.register_opts([cfg.ListOpt('enabled_backends', default=[]),
                         cfg.StrOpt('volume_name_template',
-                                   default='volume-%s')])
+                                   default='volume-%s'),
+                        cfg.StrOpt('host', default=socket.gethostname())])
     conf.register_opts([cfg.StrOpt('connection', secret=True)],
                        group='database')
     conf.register_opts(_BACKEND_OPTS, group='backend_defaults')
@@ -195,13 +205,25 @@ def load_config(path, backends=None):
             'section with --backend' % (path, DRIVER))
     scope = Scope(name_template=conf.volume_name_template,
                   database=bool(conf.database.connection))
+    names = set()
     for section in sections:
         if section not in conf.list_all_sections():
             raise UsageError('%s has no [%s] section' % (path, section))
         vg = _backend_value(conf, section, 'volume_group', 'cinder-volumes')
         scope.metadata_vgs[vg] = _backend_value(
             conf, section, 'dmclone_metadata_volume_group', vg)
+        names |= _node_names(conf, section)
+    scope.node_names = frozenset(names)
     return scope
+
+
+def _node_names(conf, section):
+    """The names a backend's driver goes by (its ``node_name``, aliases)."""
+    host = _backend_value(conf, section, 'backend_host') or conf.host
+    name = (_backend_value(conf, section, 'dmclone_node_name')
+            or host.partition('@')[0])
+    return {name} | set(_backend_value(conf, section,
+                                       'dmclone_node_aliases') or [])
 
 
 def scope_from_args(args):
@@ -251,6 +273,17 @@ def database_reader(config_file):
     cfg.CONF(args=[], project='cinder', default_config_files=[config_file])
     ctxt = context.get_admin_context()
     return lambda volume_id: db.volume_admin_metadata_get(ctxt, volume_id)
+
+
+def host_reader(config_file):
+    """A function volume_id -> the volume's ``host``, through Cinder's DB."""
+    from cinder.common import config  # noqa: F401 (registers options)
+    from cinder import context
+    from cinder.db import api as db
+
+    cfg.CONF(args=[], project='cinder', default_config_files=[config_file])
+    ctxt = context.get_admin_context()
+    return lambda volume_id: db.volume_get(ctxt, volume_id)['host']
 
 
 def volume_id(lv_name, template):
@@ -384,7 +417,8 @@ def _unreadable(scope, status_errors, table_errors, report):
 
 
 def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
-                 read_metadata=None, status_errors=None, table_errors=None):
+                 read_metadata=None, status_errors=None, table_errors=None,
+                 read_host=None):
     """Everything the tool prints, as one JSON-ready dict."""
     statuses = second if second is not None else first
     report = {'volume_groups': dict(scope.metadata_vgs) or None,
@@ -439,7 +473,7 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
         handled = {(h['volume_group'], h['lv_name'])
                    for h in report['handles']}
         report['leftovers'] += _abandoned_copies(
-            scope, lvs, handled, read_metadata, report)
+            scope, lvs, handled, read_metadata, read_host, report)
     return report
 
 
@@ -479,14 +513,21 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
     return leftovers
 
 
-def _abandoned_copies(scope, lvs, handled, read_metadata, report):
+def _abandoned_copies(scope, lvs, handled, read_metadata, read_host,
+                      report):
     """Old copies of moves abandoned as lost, named by their volume.
 
     Looked for among the data LVs named like a volume's that have no
     handle (a volume living here has one once its service started; the
-    old copy never gets one again): one database read each.
+    old copy never gets one again): one database read each.  The LV
+    after a move has the old copy's name on every node, and a key naming
+    an old copy outlives its removal: an LV is one only if the record
+    names this node as holding it, and neither the volume's record nor
+    its current move names this node (:func:`_lives_or_moves_here`).
+    When the node's names or the volume's host are unknown, the tool
+    advises nothing and says so.
     """
-    leftovers, unread = [], []
+    leftovers, unread, unsure = [], [], []
     for vg, name in sorted(lvs):
         vol_id = volume_id(name, scope.name_template)
         if (vol_id is None or (vg, name) in handled
@@ -504,6 +545,18 @@ def _abandoned_copies(scope, lvs, handled, read_metadata, report):
                        if lv == name)
         if not nodes:
             continue
+        if not scope.node_names or read_host is None:
+            unsure.append('%s/%s' % (vg, name))
+            continue
+        if not scope.node_names & set(nodes):
+            continue
+        try:
+            host = read_host(vol_id)
+        except Exception as exc:
+            unread.append('%s/%s (%s)' % (vg, name, exc))
+            continue
+        if _lives_or_moves_here(scope, host, metadata):
+            continue
         leftovers.append({
             'kind': ABANDONED_COPY, 'volume_group': vg, 'lv_name': name,
             'volume_id': vol_id, 'nodes': nodes,
@@ -517,7 +570,24 @@ def _abandoned_copies(scope, lvs, handled, read_metadata, report):
         report['warnings'].append(
             'LVs without a handle not checked for old copies of abandoned '
             'moves: %s' % ', '.join(unread))
+    if unsure:
+        report['warnings'].append(
+            'LVs without a handle that a record names as the old copy of '
+            'an abandoned move, on some node; without --config-file and '
+            'the database this tool cannot tell whether they are this '
+            'node\'s old copies or the live volumes: %s' % ', '.join(unsure))
     return leftovers
+
+
+def _lives_or_moves_here(scope, host, metadata):
+    """True if the volume's host or its current move names this node."""
+    named = {(host or '').partition('@')[0]}
+    for key in ('source_node', 'dest_node', 'source_host', 'dest_host'):
+        value = metadata.get(move.KEY_PREFIX + key) or ''
+        named.add(value.partition('@')[0])
+    aliases = metadata.get(move.KEY_PREFIX + 'source_aliases') or ''
+    named |= set(aliases.split(','))
+    return bool(scope.node_names & named)
 
 
 def _retiring_leftovers(scope, lvs):
@@ -540,7 +610,8 @@ def _retiring_leftovers(scope, lvs):
 
 
 def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
-            clock=time.monotonic, links=None, read_metadata=None):
+            clock=time.monotonic, links=None, read_metadata=None,
+            read_host=None):
     """Read the node and build the report (see the module docstring)."""
     execute = execute or processutils.execute
     dm = dm or privileged.DMSetup(execute=execute)
@@ -557,12 +628,13 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
             and args.config_file):
         try:
             read_metadata = database_reader(args.config_file)
+            read_host = read_host or host_reader(args.config_file)
         except Exception as exc:
             warnings.append('database not readable, transfer state and '
                             'the monitor\'s rate unknown: %s' % exc)
     report = build_report(scope, first, second, elapsed, uuids, tables,
                           lvs, links, read_metadata, status_errors,
-                          table_errors)
+                          table_errors, read_host)
     report['warnings'] = warnings + report['warnings']
     return report
 

@@ -298,8 +298,8 @@ class Node(object):
             self.source.refuse_local_attach(volume, 'attaching it here')
             return self._local(volume, self.ensure_handle())
         if self.source.wants_move(volume, connector):
-            info = self.source.move(volume, connector,
-                                    self.dm.device_sectors(LV_PATH))
+            info = self.source.move(
+                volume, connector, lambda: self.dm.device_sectors(LV_PATH))
             if info is not None:
                 return info
         return self.source.connect_over_iscsi(
@@ -336,7 +336,7 @@ class Node(object):
         self._save(volume, self.create_export(self.cluster.ctxt, volume,
                                               connector))
         info = self.source.move(volume, connector,
-                                self.dm.device_sectors(LV_PATH))
+                                lambda: self.dm.device_sectors(LV_PATH))
         if info is None:
             self.remove_export(self.cluster.ctxt, volume)
             return False, None

@@ -112,6 +112,40 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual({}, self.b.dm.devices)
         self.c.assert_rolled_back()
 
+    def test_the_tick_never_waits_for_a_busy_lock(self):
+        # Review 5: retry_give_ups took the lock blocking, unlike every
+        # other retry of the tick (a step holding it may wait on a peer
+        # up to the transfer timeout).  It waits for the next tick.
+        self.failed_attach_while_db_down()
+        self.assertIn(VOLUME_ID, self.a.source.unrecorded)
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.c.tick(self.a)
+        self.assertEqual([], self.c.violations)
+        self.assertIn(VOLUME_ID, self.a.source.unrecorded)
+        self.c.busy.discard('dmclone-%s' % VOLUME_ID)
+        self.c.tick(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.c.assert_rolled_back()
+
+    def test_delete_drops_the_clone_of_the_failed_move(self):
+        # Review 5: a delete before node-a's next tick gave up only an
+        # 'aborted' move: node-b's hydrated clone (the tenant's data)
+        # stayed for good, and the tick's retry failed on the deleted
+        # volume at every tick.
+        self.failed_attach_while_db_down()
+        self.c.delete()
+        self.c.db.volumes.pop(VOLUME_ID)        # Cinder: the row goes
+        self.c.settle()
+        self.assertEqual(({}, {}), (self.b.dm.devices, self.b.vg.lvs))
+        self.assertEqual({}, self.a.source.unrecorded)
+
+    def test_a_retried_give_up_of_a_deleted_volume_is_dropped(self):
+        self.failed_attach_while_db_down()
+        self.c.db.volumes.pop(VOLUME_ID)
+        self.c.db.admin_metadata.pop(VOLUME_ID, None)
+        self.c.tick(self.a)
+        self.assertEqual({}, self.a.source.unrecorded)
+
     def test_source_retries_while_the_database_stays_away(self):
         self.db_down_once_built()
         self.assertRaises(exception.VolumeBackendAPIException,

@@ -129,7 +129,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         save.assert_called_once_with()
         self.assertEqual('CHAP u p', self.volume.provider_auth)
         self.source.move.assert_called_once_with(self.volume, connector,
-                                                 2097152)
+                                                 mock.ANY)
+        # (the LV's length, read when Source.move holds the lock)
+        self.assertEqual(2097152, self.source.move.call_args[0][2]())
 
     def test_migrate_without_the_destination_service_is_generic(self):
         self.volume.host = 'node-a@dmclone#dmclone'
@@ -265,7 +267,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.assertEqual({'driver_volume_type': 'local'}, info)
         self.source.wants_move.assert_called_once_with(self.volume, REMOTE)
         self.source.move.assert_called_once_with(self.volume, REMOTE,
-                                                 4194304)
+                                                 mock.ANY)
+        self.dm.sizes[LV_PATH] = 8388608    # an extend before the lock
+        self.assertEqual(8388608, self.source.move.call_args[0][2]())
         self.endpoint.receive.assert_not_called()
 
     def test_failed_move_leaves_a_user_message(self):

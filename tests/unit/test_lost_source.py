@@ -1126,3 +1126,50 @@ class LaterAbandonTestCase(LostCopyScenario):
         h.a.vg.delete(cl.LV)
         h.c.attach(h.a)
         self.assert_moved_to_a()
+
+
+class StaleOldCopyKeyTestCase(LostCopyScenario):
+    """dmclone_old_copy_<node> outlives the copy it names (review 5).
+
+    The operator does what the guide says (copies back, lvremove on node
+    A); the key stays (Cinder has no API to delete admin metadata).  The
+    volume moves back to A, then away again: while B hydrates from A's
+    LV, A's start must not take that LV for the abandoned old copy.
+    """
+
+    def told(self, log):
+        return [c[0][1] for c in log.call_args_list
+                if 'move was abandoned' in c[0][0]]
+
+    def test_the_live_source_lv_is_no_abandoned_copy(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)                # the operator, as told
+        att, _info = h.c.attach(h.a)        # the volume moves B -> A
+        h.c.settle()
+        self.assertEqual(h.a.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        h.c.detach(att)
+        h.c.attach(h.b)                     # ... and away again, A -> B
+        self.assertEqual(move.HYDRATING, h.c.transfer().state)
+        # (A's LV is the only copy of every region B has not copied.)
+        self.assertIn(cl.LV, h.a.vg.lvs)
+        self.assertIn('dmclone_old_copy_node-a',
+                      h.c.db.admin_metadata[cl.VOLUME_ID])
+        log = self.mock_object(recovery.LOG, 'warning')
+        h.a.restart()                       # node A's service restarts
+        h.a.recover()
+        said = self.told(log)
+        self.assertEqual(
+            [], said,
+            'node A tells the operator to remove by hand LV %s, the live '
+            'source of a move still hydrating: %s' % (cl.LV, said))
+
+    def test_the_live_volume_lv_is_no_abandoned_copy(self):
+        h = self.h
+        h.a.vg.delete(cl.LV)
+        att, _info = h.c.attach(h.a)        # the volume moves B -> A
+        h.c.settle()
+        h.c.detach(att)
+        log = self.mock_object(recovery.LOG, 'warning')
+        h.a.restart()
+        h.a.recover()
+        self.assertEqual([], self.told(log))

@@ -257,35 +257,93 @@ class StatusToolTestCase(CLITestCase):
         row = self.move_row(args, FakeNode(), read_metadata=read)
         self.assertEqual(shown, row[1])
 
+    U5 = '55555555-5555-5555-5555-555555555555'
+
+    def node_conf(self, node_name):
+        """A cinder.conf of one backend on cinder-volumes, on node_name."""
+        fd, path = tempfile.mkstemp(suffix='.conf')
+        with os.fdopen(fd, 'w') as f:
+            f.write('[DEFAULT]\nenabled_backends = dmclone\nhost = %s\n'
+                    '[dmclone]\nvolume_driver = %s\n'
+                    'volume_group = cinder-volumes\n'
+                    'dmclone_metadata_volume_group = meta\n'
+                    % (node_name, status.DRIVER))
+        self.addCleanup(os.unlink, path)
+        return ['--config-file', path, '--interval', '0']
+
+    def abandoned(self, node_name, records, host='node-b@dmclone#p'):
+        """(exit status, abandoned_copy items, report) on node_name."""
+        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % self.U5)
+        read = mock.Mock(side_effect=lambda vid: records.get(vid, {}))
+        code, report = self.run_json(
+            self.node_conf(node_name), node, read_metadata=read,
+            read_host=mock.Mock(return_value=host), links={})
+        return code, [i for i in report['leftovers']
+                      if i['kind'] == 'abandoned_copy'], report
+
     def test_an_abandoned_old_copy_is_a_leftover(self):
         # Review 4: a node holding the old copy of a move abandoned as
         # lost (it was the lost source) shows it until it is removed,
         # whichever abandon of the volume came last.
-        u5 = '55555555-5555-5555-5555-555555555555'
-        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % u5)
-        records = {U2: {'dmclone_state': 'hydrating'},
-                   u5: {'dmclone_old_copy_node-a': 'volume-' + u5,
+        u5 = self.U5
+        records = {u5: {'dmclone_old_copy_node-a': 'volume-' + u5,
                         'dmclone_lost_source': 'node-c',
                         'dmclone_lost_source_lv': 'volume-' + u5}}
-        read = mock.Mock(side_effect=records.get)
-        args = ['--volume-group', 'cinder-volumes',
-                '--metadata-volume-group', 'meta', '--interval', '0']
-        code, report = self.run_json(args, node, read_metadata=read)
-        (item,) = [i for i in report['leftovers']
-                   if i['kind'] == 'abandoned_copy']
+        code, (item,), _ = self.abandoned('node-a', records)
         self.assertEqual(('cinder-volumes', 'volume-' + u5, u5,
                           ['node-a', 'node-c']),
                          (item['volume_group'], item['lv_name'],
                           item['volume_id'], item['nodes']))
         self.assertIn('remove it by hand', item['hint'])
         self.assertEqual(1, code)
-        # (only the LV without a handle is looked up, besides the clone)
-        self.assertEqual([mock.call(U2), mock.call(u5)],
-                         read.call_args_list)
+        # on node-c too; on another node, not
+        self.assertEqual(1, len(self.abandoned('node-c', records)[1]))
+        self.assertEqual([], self.abandoned('node-d', records)[1])
         # removed: nothing to show
-        code, report = self.run_json(args, FakeNode(), read_metadata=read)
+        read = mock.Mock(side_effect=records.get)
+        code, report = self.run_json(
+            self.node_conf('node-a'), FakeNode(), read_metadata=read,
+            read_host=mock.Mock(return_value='node-b'), links={})
         self.assertNotIn('abandoned_copy',
                          [i['kind'] for i in report['leftovers']])
+
+    def test_destination_lv_is_not_an_abandoned_copy(self):
+        # Review 5: right after abandon-source the volume lives on node-b
+        # in an LV named like node-a's old copy; after node-b's reboot
+        # (no handle yet) its only copy is no old copy to remove.
+        records = {self.U5: {
+            'dmclone_old_copy_node-a': 'volume-' + self.U5,
+            'dmclone_lost_source': 'node-a',
+            'dmclone_lost_source_lv': 'volume-' + self.U5}}
+        self.assertEqual([], self.abandoned('node-b', records)[1])
+        # without the node's configuration: nothing advised, a warning
+        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % self.U5)
+        read = mock.Mock(side_effect=lambda vid: records.get(vid, {}))
+        args = ['--volume-group', 'cinder-volumes',
+                '--metadata-volume-group', 'meta', '--interval', '0']
+        code, report = self.run_json(args, node, read_metadata=read)
+        self.assertEqual([], [i for i in report['leftovers']
+                              if i['kind'] == status.ABANDONED_COPY])
+        self.assertIn('cinder-volumes/volume-' + self.U5,
+                      report['warnings'][-1])
+
+    def test_a_stale_old_copy_key_names_no_live_volume(self):
+        # The operator removed node-a's old copy; the key stays.  The
+        # volume moved back to node-a: its LV there is the live volume,
+        # and while it moves away again, the move's source.
+        records = {self.U5: {
+            'dmclone_old_copy_node-a': 'volume-' + self.U5}}
+        self.assertEqual(
+            [], self.abandoned('node-a', records, 'node-a@dmclone#p')[1])
+        records[self.U5].update({'dmclone_state': 'hydrating',
+                                 'dmclone_source_node': 'node-a',
+                                 'dmclone_dest_node': 'node-b'})
+        self.assertEqual([], self.abandoned('node-a', records)[1])
+
+    def test_node_names_from_the_configuration(self):
+        args = self.node_conf('node-a@dmclone')
+        scope = status.load_config(args[1])
+        self.assertEqual({'node-a'}, scope.node_names)
 
     def test_an_lv_without_handle_and_no_loss_is_no_leftover(self):
         u5 = '55555555-5555-5555-5555-555555555555'

@@ -393,7 +393,7 @@ class MoveTestCase(ClusterTestCase):
         self.saved(move.HYDRATING, dest='node-c', percent='42.0')
         exc = self.assertRaises(move.MoveInProgress,
                                 self.a.source.move, self.volume(),
-                                self.b.props, SECTORS)
+                                self.b.props, lambda: SECTORS)
         for text in ('node-a', 'node-c', 'hydrating', '42.0%',
                      'attaching on node-b'):
             self.assertIn(text, str(exc))
@@ -403,7 +403,7 @@ class MoveTestCase(ClusterTestCase):
     def test_refuses_with_snapshots(self):
         self.c.snapshots = [mock.sentinel.snapshot]
         exc = self.assertRaises(exception.InvalidVolume, self.a.source.move,
-                                self.volume(), self.b.props, SECTORS)
+                                self.volume(), self.b.props, lambda: SECTORS)
         self.assertIn('1 snapshot(s) on node node-a', str(exc))
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.a.target.calls)
@@ -411,7 +411,7 @@ class MoveTestCase(ClusterTestCase):
     def test_no_service_on_destination(self):
         self.b.has_service = False
         self.assertIsNone(self.a.source.move(self.volume(), self.b.props,
-                                             SECTORS))
+                                             lambda: SECTORS))
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.a.target.calls)
 
@@ -419,7 +419,7 @@ class MoveTestCase(ClusterTestCase):
         self.b.service_up = False
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.a.source.move, self.volume(), self.b.props,
-                          SECTORS)
+                          lambda: SECTORS)
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.c.rpc.calls)
 
@@ -440,7 +440,7 @@ class MoveTestCase(ClusterTestCase):
             other = dict(self.b.props, host='node-c',
                          initiator='iqn.2024-01.org.example.nodec:i')
             try:
-                self.a.source.move(self.volume(), other, SECTORS)
+                self.a.source.move(self.volume(), other, lambda: SECTORS)
             except move.MoveInProgress as exc:
                 errors.append(str(exc))
         racer = threading.Thread(target=second_attach)
@@ -2442,6 +2442,29 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.saved()
         self.assertRaises(move.MoveInProgress, self.extend_on, self.a)
         self.assertEqual(SECTORS, self.a.dm.device_sectors(LV_PATH))
+
+    def test_move_records_the_length_the_lv_has_under_the_lock(self):
+        # Review 5: an online extend served after the attach's driver
+        # code ran, before Source.move took the lock.  Before: the LV's
+        # length was read in between, and the move recorded (and node-b
+        # built) a clone of the old length; the tail written on node-a
+        # after the extend went with node-a's copy at the retire.
+        a = self.a
+        self.c.attach(a)                    # the instance runs on node-a
+        move_ = a.source.move
+
+        def extend_gets_the_lock_first(volume, connector, read_sectors):
+            self.extend_on(a)
+            return move_(volume, connector, read_sectors)
+        self.mock_object(a.source, 'move',
+                         side_effect=extend_gets_the_lock_first)
+        self.c.attach(self.b)               # live migration: node-b
+        t = self.c.transfer()
+        self.assertEqual(2 * SECTORS, a.dm.device_sectors(LV_PATH))
+        self.assertEqual(
+            a.dm.device_sectors(LV_PATH), t.clone_sectors,
+            'move recorded a clone of %d sectors over a source LV of %d'
+            % (t.clone_sectors, a.dm.device_sectors(LV_PATH)))
 
     def test_extend_not_here(self):
         self.moved()
