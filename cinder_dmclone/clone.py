@@ -108,6 +108,10 @@ class Clones(object):
         # crash between the two creations leaves nothing it cannot see.
         meta_name = layout.metadata_lv_name(t.lv_name)
         if self.meta_vg.get_volume(meta_name) is None:
+            if self.has_data(t):
+                # Never a fresh metadata LV beside a data LV that may hold
+                # writes: it would say that no region does.
+                raise self.metadata_lost(t)
             size = self.metadata_bytes(t)
             self.meta_vg.create_volume(meta_name, '%dm' % (size // units.Mi),
                                        'default')
@@ -166,6 +170,8 @@ class Clones(object):
             raise dmc_exception.InvalidTable(
                 reason='handle %s exists without a clone table; refusing '
                        'to replace it' % name)
+        if not self.has_metadata(t):
+            raise self.metadata_lost(t)
         self.dm.create(name, self.clone_table(t, source_path, hydrate,
                                               threshold, batch_size),
                        uuid=layout.handle_uuid(self.vg.vg_name, t.lv_name))
@@ -257,6 +263,22 @@ class Clones(object):
     def has_metadata(self, t):
         return self.meta_vg.get_volume(
             layout.metadata_lv_name(t.lv_name)) is not None
+
+    def lost_metadata(self, t):
+        """True if the data LV is here but neither its clone nor metadata.
+
+        (The metadata LV was removed, or its device failed, while the
+        clone was not loaded: a reboot.)  Nothing tells any more which
+        regions hold writes made here, and no clone can be built again.
+        """
+        return self.has_data(t) and not self.has_metadata(t) and \
+            not self.dm.exists(self.handle_name(t))
+
+    def metadata_lost(self, t):
+        """The CloneMetadataLost error for move ``t`` on this node."""
+        return dmc_exception.CloneMetadataLost(
+            volume=t.volume_id, node=t.dest_node, lv=t.lv_name,
+            meta=layout.metadata_lv_name(t.lv_name))
 
     def needs_rebuild(self, t):
         """True if the clone is gone (a reboot) while its metadata is not."""

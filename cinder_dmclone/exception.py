@@ -179,6 +179,24 @@ class StrayCopyHere(exception.VolumeBackendAPIException):
                 "again.")
 
 
+class CloneMetadataLost(exception.VolumeBackendAPIException):
+    """A clone's data LV is here, its metadata LV is not.
+
+    The metadata says which regions hold writes made here; without it no
+    clone may be built over the data LV again (one over a fresh, zeroed
+    metadata LV would read every region from the source: the writes made
+    here hidden, and overwritten once hydration runs), so the move can
+    never commit.
+    """
+
+    message = _("The clone of volume %(volume)s on node %(node)s cannot be "
+                "built again: its metadata LV %(meta)s is gone, so which "
+                "regions of LV %(lv)s hold writes made there is unknown. "
+                "The move cannot commit; detaching the volume on %(node)s "
+                "rolls it back to its source, keeping LV %(lv)s for an "
+                "operator.")
+
+
 class NodeLocalCoordination(exception.InvalidConfigurationValue):
     """The coordination backend's locks hold on one node only.
 

@@ -175,10 +175,21 @@ class ClonesTestCase(test.TestCase):
                          self.vg.calls)
 
     def test_existing_data_lv_is_kept(self):
+        self.meta_vg.add(META, '8m', complete=False)
         self.vg.add(LV, '1g')
         self.node.create_volumes(self.t, 1)
         self.assertEqual([], self.vg.calls)
-        self.execute.assert_called_once()
+        self.execute.assert_not_called()
+
+    def test_no_fresh_metadata_beside_an_existing_data_lv(self):
+        # A zeroed metadata LV says no region holds writes: a clone over
+        # it would hide (and with hydration overwrite) those of the data
+        # LV.  (Before: created and zeroed.)
+        self.vg.add(LV, '1g')
+        self.assertRaises(dmc_exception.CloneMetadataLost,
+                          self.node.create_volumes, self.t, 1)
+        self.assertEqual([], self.meta_vg.calls)
+        self.execute.assert_not_called()
 
     def test_zero_failure_propagates(self):
         self.execute.side_effect = exception.VolumeBackendAPIException(
@@ -269,10 +280,12 @@ class ClonesTestCase(test.TestCase):
         self.assertEqual('linear', self.dm.devices[HANDLE][0].target)
 
     def test_build_clone_needs_its_devices(self):
-        # No metadata LV: the kernel would refuse the table.
-        self.assertRaises(dmc_exception.DMSetupCommandFailed,
+        # No metadata LV: refused before the kernel is asked (which would
+        # refuse the table too).
+        self.assertRaises(dmc_exception.CloneMetadataLost,
                           self.node.build_clone, self.t, SOURCE, True)
         self.assertNotIn(HANDLE, self.dm.devices)
+        self.assertNotIn(('create', HANDLE), [c[:2] for c in self.dm.calls])
 
     def test_enable_hydration_and_tune(self):
         self._build(hydrate=False)
