@@ -197,7 +197,7 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
         raise exc
 
-    def tear_down(self, volume, t):
+    def tear_down(self, volume, t, keep_data=False):
         """Remove what move ``t`` built here; never an old copy.
 
         A move that was refused because this node holds an old copy of
@@ -209,9 +209,9 @@ class Destination(side.Side):
         past ``preparing`` was built (the check passed), so its data LV
         is its own.
         """
-        keep = (t.state in (move.PREPARING, move.ABORTED)
-                and self.old_copy(t))
-        if keep:
+        keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
+                             and self.old_copy(t))
+        if keep and not keep_data:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
                         'volume %(vol)s built here: it has no metadata LV, '
                         'so no move built it; it is an old copy of the '
@@ -415,6 +415,10 @@ class Destination(side.Side):
             if host in self.node_names and on_source > 0:
                 self.roll_back_unless_written(volume, t)
                 return True
+            if host in self.node_names and self.clones.lost_metadata(t):
+                # (The source detached first: the move could not commit.)
+                self.roll_back_without_metadata(volume, t)
+                return True
         return False
 
     def _send_to_source(self, ctxt, volume, t, op):
@@ -472,9 +476,20 @@ class Destination(side.Side):
         or no answer (the source's service restarting) keeps the move in
         ``cloned``, hydration off, reads going to the source: the detach
         itself succeeds, as Nova would not retry it, and the monitor asks
-        again at each tick (:meth:`commit_pending`).  Returns True once
+        again at each tick (:meth:`commit_pending`).  A clone that lost
+        its metadata LV never commits (no clone can be built over its data
+        LV again; logged once): the move waits in ``cloned`` until the
+        volume is detached here, which rolls it back
+        (:meth:`roll_back_without_metadata`).  Returns True once
         committed.
         """
+        if self.clones.lost_metadata(t):
+            # No clone can be built again here: nothing to hydrate, and
+            # the source's copy stays the only whole one.  Said once.
+            if volume['id'] not in self.held:
+                LOG.error('%s', self.clones.metadata_lost(t).msg)
+            self.held.add(volume['id'])
+            return False
         try:
             self._send_to_source(self.ctxt(), volume, t, peer.CLOSED)
         except Exception as exc:
@@ -571,12 +586,17 @@ class Destination(side.Side):
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '
                  '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
 
-    def rollback(self, volume, t):
+    def rollback(self, volume, t, keep_data=False):
+        """The volume stays on the source; what was built here goes.
+
+        With ``keep_data`` the clone's data LV stays, neither wiped nor
+        mapped (see :meth:`roll_back_without_metadata`).
+        """
         ctxt = self.ctxt()
         LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
-        self.tear_down(volume, t)
+        self.tear_down(volume, t, keep_data=keep_data)
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                source.host_zone(ctxt, t.source_host))
         try:
@@ -599,6 +619,9 @@ class Destination(side.Side):
         left to keep, and the rollback is finished.
         """
         clones = self.clones
+        if clones.lost_metadata(t):
+            self.roll_back_without_metadata(volume, t)
+            return
         if clones.has_data(t):
             if clones.needs_rebuild(t):
                 self.rebuild(volume, t, hydrate=False)
@@ -607,12 +630,49 @@ class Destination(side.Side):
                 return
         self.rollback(volume, t)
 
+    def roll_back_without_metadata(self, volume, t):
+        """Roll back a move whose clone lost its metadata LV; keep its LV.
+
+        Its destination detached (Nova's rollback of the live migration:
+        the source still has its attachment, or a detach here after the
+        source's): no clone can ever be built here again
+        (:meth:`~cinder_dmclone.clone.Clones.lost_metadata`), so the move
+        cannot commit, and only the source holds a whole copy.  Nothing
+        tells whether the instance ever wrote here (after a switch-over
+        whose source attachment outlived it): the data LV is kept,
+        neither wiped nor mapped, for an operator -- and as a copy no
+        move built, it keeps any later move here refused until it is
+        removed (:meth:`refuse_if_lost_copy`).
+        """
+        self.rollback(volume, t, keep_data=True)
+        self.held.discard(volume['id'])
+        self.awaiting_source.discard(volume['id'])
+        LOG.error('Volume %(vol)s was rolled back to %(src)s although its '
+                  'clone here had lost its metadata LV %(meta)s: which '
+                  'regions of LV %(lv)s the instance wrote here, if it ever '
+                  'ran here, is unknown. The volume is %(src)s\'s copy, '
+                  'whole up to the moment the instance would have switched '
+                  'over. LV %(lv)s on %(dst)s is kept, not wiped: if the '
+                  'instance never ran on %(dst)s (check its migration '
+                  'history) remove it (lvremove); else recover what it '
+                  'needs from it first. Until it is removed the volume '
+                  'cannot move to %(dst)s.',
+                  {'vol': volume['id'], 'src': t.source_node,
+                   'dst': t.dest_node, 'lv': t.lv_name,
+                   'meta': layout.metadata_lv_name(t.lv_name)})
+
     def rebuild(self, volume, t, hydrate):
         """Build the clone again after a restart or reboot took it.
 
         SourceUnreachable if the login to the source's export fails (see
-        Recovery.retry_rebuilds); any other failure is this node's.
+        Recovery.retry_rebuilds); CloneMetadataLost, before anything is
+        done, if the metadata LV is gone (never a clone without it); any
+        other failure is this node's.
         """
+        if not self.clones.has_metadata(t):
+            exc = self.clones.metadata_lost(t)
+            LOG.error('%s', exc.msg)
+            raise exc
         threshold, batch = self.tuning(volume.volume_type)
         try:
             path = self.clones.connect_source(t, volume.provider_auth)

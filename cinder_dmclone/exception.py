@@ -172,11 +172,12 @@ class StrayCopyHere(exception.VolumeBackendAPIException):
                 "the metadata LV %(meta)s a move builds first, so no move "
                 "there made it. It is an old copy of the volume (its move "
                 "away from %(node)s abandoned as lost, even if the admin "
-                "metadata dmclone_lost_* now describe a later one) and may "
-                "hold the only copy of some regions. Copy what is needed "
-                "from it, remove it by hand on %(node)s (see \"If the lost "
-                "node comes back\" in the operations guide), then try "
-                "again.")
+                "metadata dmclone_lost_* now describe a later one; or a "
+                "move to %(node)s rolled back after its metadata LV was "
+                "lost) and may hold the only copy of some regions. Copy "
+                "what is needed from it, remove it by hand on %(node)s "
+                "(see \"If the lost node comes back\" in the operations "
+                "guide), then try again.")
 
 
 class CloneMetadataLost(exception.VolumeBackendAPIException):

@@ -813,6 +813,100 @@ class DetachedTestCase(ClusterTestCase):
         self.b.recover()
         self.c.assert_rolled_back()
 
+    # -- a clone whose metadata LV is lost ----------------------------
+    def lose_metadata(self, writes=0):
+        """node-b reboots in the window and its metadata LV is gone.
+
+        (A failed metadata device, or an lvremove by hand.)  Its
+        recovery runs; returns the attachments.
+        """
+        src, dst = self.moved(live=True)
+        if writes:
+            self.b.dm.write(HANDLE, writes)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        return src, dst
+
+    def test_no_clone_without_its_metadata_after_a_reboot(self):
+        # A clone over the data LV with no metadata (or a fresh, zeroed
+        # one) would read every region from node-a: the writes made
+        # here hidden, and overwritten once hydration runs.
+        self.lose_metadata(writes=2)
+        self.assertEqual([], self.c.violations)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertNotIn(META, self.b.vg.lvs)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn('metadata LV', str(self.log.error.call_args))
+
+    def test_rollback_with_the_metadata_lost_keeps_the_data_lv(self):
+        # Nova's rollback of the live migration (the destination detaches
+        # while the source holds its attachment).  Without its metadata
+        # nothing tells whether the instance ever wrote on node-b: the
+        # volume goes back to node-a, whose copy is whole (before: held
+        # in ``cloned`` on node-b, where no clone can ever be built
+        # again, and told to commit, which cannot work), and node-b's LV
+        # is kept, not wiped, for an operator.
+        src, dst = self.lose_metadata(writes=2)
+        self.c.detach(dst)
+        self.assertEqual([], self.c.violations)
+        self.c.assert_no_transfer()
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
+        self.assertEqual([HANDLE], list(self.a.dm.devices))
+        self.assertEqual(set(), self.b.destination.held)
+        self.assertIn(LV, self.log.error.call_args[0][1].values())
+        # The kept LV blocks a move to node-b until an operator removed
+        # it (see Destination.refuse_if_lost_copy) ...
+        self.assertRaises(exception.VolumeBackendAPIException, self.c.attach,
+                          self.b)
+        self.assertIn(LV, self.b.vg.lvs)
+        # ... and then the volume moves there again.
+        self.b.vg.delete(LV)
+        self.c.attach(self.b)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual([], self.c.violations)
+
+    def test_switch_over_with_the_metadata_lost_never_commits(self):
+        # The source detaches after node-b lost its metadata LV: no clone
+        # can be built over node-b's LV again, so nothing hydrates (before:
+        # enable_hydration on a handle that is gone, at every tick).
+        src, dst = self.lose_metadata(writes=2)
+        self.log.reset_mock()
+        self.c.detach(src)
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertNotIn('enable_hydration', str(self.b.dm.calls))
+        self.assertEqual(1, str(self.log.error.call_args_list).count(
+            'cannot be built again'))
+        # The volume is detached on node-b (its instance cannot use it):
+        # back to node-a, node-b's LV kept for an operator.
+        self.c.detach(dst)
+        self.c.assert_no_transfer()
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+        self.assertEqual([], self.c.violations)
+
+    def test_lost_rollback_detach_with_the_metadata_lost(self):
+        # Nova's rollback detach was lost with the reboot: recovery rolls
+        # back, keeping node-b's LV.
+        src, dst = self.moved(live=True)
+        self.c.attachments.remove(dst)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        self.c.assert_no_transfer()
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+
     def test_rollback_interrupted_after_the_data_lv_went(self):
         # The crash came inside the rollback's teardown, between the data
         # LV and the metadata LV: recovery finishes the rollback.
