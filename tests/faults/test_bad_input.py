@@ -84,16 +84,27 @@ def test_metadata_lv_missing_after_reboot(cluster, fault):
     att_a, info_a = cluster.attach(vid, 'a')
     att_b, _info = cluster.attach(vid, 'b')         # cloned
     helpers.reboot_b(cluster)
-    meta_vg = testbed.topology().b.meta_vg
+    topo = testbed.topology().b
     testbed.lvm('lvremove', '-q', '-f',
-                '%s/volume-%s-dmcmeta' % (meta_vg, vid))
-    cluster.start('b')          # recovery of this volume fails, logged
+                '%s/volume-%s-dmcmeta' % (topo.meta_vg, vid))
+    cluster.start('b')      # recovery refuses a clone without its metadata
     assert not any(vid in n for n in testbed.dm_devices()
                    if 'dmc--b' in n)
-    fault.detail = 'recovery refused to build the clone; rolled back'
     # The source never stopped holding the data.
     assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
         image.digest()
     # The migration is abandoned: the destination detaches (rollback).
     cluster.detach(vid, att_b)
+    # Rolled back to A, but B's data LV is kept, not wiped: without its
+    # metadata nothing tells whether the instance ever wrote there (after
+    # a switch-over whose source attachment outlived it).  Until
+    # 2026-11-26 this test expected B's copy wiped too; the driver then
+    # held the move on B instead, a hold no commit could ever end.
+    data_lv = '%s/volume-%s' % (topo.vg, vid)
+    assert data_lv in testbed.list_lvs()
+    assert helpers.nothing_on_b(vid) == ['LVs %s' % [data_lv]]
+    fault.detail = ('recovery refused to build the clone; rolled back, '
+                    "B's LV kept for the operator")
+    # The operator checks that the instance never ran on B and removes it.
+    testbed.lvm('lvremove', '-q', '-f', data_lv)
     helpers.end_on_a(cluster, vid, image, att_a)
