@@ -32,6 +32,9 @@ so that each suite states which it shares:
   it if anything is left behind (see :func:`testbed.leaks`) and then
   cleans up by force so the next test starts clean (on every node's
   kernel);
+* ``control_plane``: the session's MariaDB, RabbitMQ and etcd (a
+  :class:`services.Stack` whose parts start when first needed), shared
+  by ``stack`` and ``cluster``;
 * ``stack`` and ``cloud``: the full Cinder stack (:mod:`services`) and its
   API (:mod:`api`), one per session; ``module_stack`` and
   ``module_cloud`` are the same fixtures (named ``stack`` and ``cloud``)
@@ -96,13 +99,31 @@ def cleanup():
 # -- the full stack ----------------------------------------------------------
 
 @pytest.fixture(scope='session')
-def stack():
+def control_plane():
+    """The session's :class:`services.Stack`, started piecemeal.
+
+    One MariaDB and one etcd per testbed: the full stack (:func:`stack`)
+    and, on separate kernels, the driver cluster (:func:`cluster`) share
+    them, in whichever order a session's modules come.  Whoever comes
+    first starts what it needs (:meth:`services.Stack.
+    start_control_plane`); the other finds it running; everything stops
+    when the session ends.
+    """
+    if not testbed.in_testbed():
+        pytest.skip('needs the testbed guest')
+    s = services.Stack(testbed.topology())
+    yield s
+    services.finish(s)
+
+
+@pytest.fixture(scope='session')
+def stack(control_plane):
     """The full stack, one per session (test_fullstack.py has its own).
 
     The separate-kernel scenarios of several modules share it: each
     module starting its own cost two minutes of CI.
     """
-    yield from services.running()
+    yield from services.running(control_plane)
 
 
 @pytest.fixture(scope='session')
@@ -112,11 +133,12 @@ def cloud(stack):
 
 @pytest.fixture(scope='module', name='stack')
 def module_stack():
-    """The full stack, for the importing module only.
+    """The full stack, for the importing module only (one-kernel layout).
 
     In the one-kernel tier the next modules' harnesses use the same volume
     groups and must not meet the stack's services (the separate-kernel
-    modules share one: :func:`stack`).
+    modules share one: :func:`stack`; this one's MariaDB would meet the
+    session's :func:`control_plane`).
     """
     yield from services.running()
 

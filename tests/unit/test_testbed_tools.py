@@ -18,6 +18,7 @@ runner's power control is what the reboot scenarios stand on: both are
 checked here with real processes on the loopback interface, in seconds.
 """
 
+import functools
 import importlib.util
 import os
 import signal
@@ -401,3 +402,74 @@ class EndGroupTestCase(test.TestCase):
         services.end_group(proc, grace=1)
         self.assertGone(proc.pid)
         self.assertLess(time.monotonic() - t0, 20)
+
+
+def fake_topology(layout, artifacts_dir='/nonexistent'):
+    """A topology as the guest's init writes it, for ``layout``."""
+    from tests.harness import testbed
+    nodes = {}
+    for i, key in enumerate('abc', 1):
+        meta_vg = 'dmc-%s-meta' % key
+        if layout != 'separate' and key != 'b':
+            meta_vg = None
+        nodes[key] = testbed.Node(
+            key=key, name='node-' + key, hostname='node' + key,
+            netns=None, ip='10.0.0.%d' % i, exec_prefix=(),
+            vg='dmc-' + key, initiator_iqn=None, meta_vg=meta_vg)
+    if layout != 'separate':
+        del nodes['c']
+    return testbed.Topology(
+        raw={}, a=nodes['a'], b=nodes['b'], lvm_conf='/etc/cinder/lvm.conf',
+        lvm_system_dir='/etc/cinder', python=sys.executable, src='/src',
+        artifacts_dir=artifacts_dir, iscsi_port=3260, layout=layout,
+        nodes=nodes)
+
+
+class ControlPlaneTestCase(test.TestCase):
+    """The control plane's servers start once, for the stack or cluster."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import services
+        self.stack = services.Stack(fake_topology(
+            'separate', self.useFixture(fixtures.TempDir()).path))
+        self.started = []
+        self.waited = []
+        for name in services.CONTROL_PLANE:
+            self.useFixture(fixtures.MockPatchObject(
+                self.stack, 'start_' + name,
+                side_effect=functools.partial(self.started.append, name)))
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_install_control_plane'))
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_wait',
+            side_effect=lambda predicate, timeout, what, procs: (
+                self.waited.extend(procs))))
+
+    def test_what_runs_already_is_kept(self):
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'alive', side_effect=lambda name: name == 'mariadb'))
+        self.stack.start_control_plane(('mariadb', 'etcd'))
+        self.assertEqual(['etcd'], self.started)
+        self.assertEqual(['mariadb', 'etcd'], self.waited)
+
+    def test_the_whole_control_plane_by_default(self):
+        self.useFixture(fixtures.MockPatchObject(self.stack, 'alive',
+                                                 return_value=False))
+        self.stack.start_control_plane()
+        self.assertEqual(['mariadb', 'rabbitmq', 'etcd'], self.started)
+        self.assertEqual(['mariadb', 'etcd', 'rabbitmq'], self.waited)
+
+    def test_only_the_volume_services_stop(self):
+        procs = {name: subprocess.Popen(['sleep', '60'],
+                                        start_new_session=True)
+                 for name in ('volume-a', 'mariadb', 'etcd')}
+        for proc in procs.values():
+            self.addCleanup(EndGroupTestCase._kill, proc.pid)
+        procs['volume-b'] = subprocess.Popen(['true'])
+        procs['volume-b'].wait()
+        self.stack.procs.update(procs)
+        self.stack.stop_volumes()
+        self.assertIsNotNone(procs['volume-a'].poll())
+        self.assertEqual({'mariadb', 'etcd'},
+                         {n for n, p in procs.items() if p.poll() is None})
