@@ -42,7 +42,6 @@ from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
 from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
 from tests.harness.pytest_fixtures import topo  # noqa: F401
 from tests.harness import selection
-from tests.harness import services
 from tests.harness import testbed
 from tests.harness import volume_node
 
@@ -69,14 +68,14 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope='session')
 def rootwrap():
-    """Root commands of the workers go through cinder-rootwrap."""
+    """Root commands of the workers go through cinder-rootwrap.
+
+    (Node B's configuration is installed here; a worker on another
+    kernel installs its node's, volume_node.use_rootwrap.)
+    """
     os.makedirs(volume_node.RUN_DIR, exist_ok=True)
-    # DM_DISABLE_UDEV: the guest has no udev, so dmsetup must create its
-    # device nodes itself (a real node runs udev).
-    path = services.install_rootwrap(ROOTWRAP_DIR,
-                                     sudo_env_keep=('DM_DISABLE_UDEV',))
-    if os.path.exists(volume_node.ROOTWRAP_LOG):
-        os.unlink(volume_node.ROOTWRAP_LOG)
+    path = volume_node.install_rootwrap(ROOTWRAP_DIR)
+    volume_node.clear_root_commands()
     os.environ[volume_node.ROOTWRAP_ENV] = path
     yield path
     os.environ.pop(volume_node.ROOTWRAP_ENV, None)
@@ -115,10 +114,10 @@ def fault(request):
     if not testbed.in_testbed():
         yield None
         return
-    before = len(volume_node.root_commands())
+    before = volume_node.root_command_marks()
     row = Row(request.node.name)
     yield row
-    lines = volume_node.root_commands()[before:]
+    lines = volume_node.root_commands(before)
     refused = [line for line in lines if line.startswith('REFUSED')]
     call = getattr(request.node, 'report_call', None)
     if call is not None and call.skipped:

@@ -276,7 +276,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
     att_b, _info_b = cluster.attach(vid, 'b')
     assert helpers.state(cluster, vid) == 'cloned'
@@ -319,7 +319,7 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
     seed_value = 700 + 10 * ABORT_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
 
     cluster['b'].call(volume_node.arm_withdrawn_attach, point)
@@ -359,7 +359,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     seed_value = 800 + 10 * DELETE_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image = driver_steps.seeded_volume(cluster, seed_value)
     # The kernel's slowest hydration: the copy is under way at the delete.
     cluster.use_type(vid, 'slow', helpers.SLOW)
@@ -436,7 +436,7 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
             testbed.pattern(seed_value + 2, MiB)
         found = 'zeros over its first %d MiB' % wipe_mb
 
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     t0 = time.monotonic()
     helpers.restart(cluster, 'a', overrides=helpers.WIPING)
     testbed.wait_until(lambda: old[0] not in testbed.list_lvs(), 300,

@@ -169,6 +169,17 @@ def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
     return proc
 
 
+def read_text(path, node='b'):
+    """The text of file ``path`` on ``node``'s kernel; '' if it is missing."""
+    if topology().separate and node != local_node():
+        return run(['cat', path], node=node, check=False).stdout
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ''
+
+
 class WaitTimeout(AssertionError):
     pass
 

@@ -18,6 +18,7 @@ runner's power control is what the reboot scenarios stand on: both are
 checked here with real processes on the loopback interface, in seconds.
 """
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -423,6 +424,169 @@ def fake_topology(layout, artifacts_dir='/nonexistent'):
         lvm_system_dir='/etc/cinder', python=sys.executable, src='/src',
         artifacts_dir=artifacts_dir, iscsi_port=3260, layout=layout,
         nodes=nodes)
+
+
+class DriverClusterLayoutTestCase(test.TestCase):
+    """What the driver cluster's two services share, per testbed layout."""
+
+    def test_one_kernel_shares_a_file_system(self):
+        from cinder_dmclone import move
+        from tests.harness import volume_node
+        shared = volume_node.shared_state(separate=False)
+        self.assertEqual('sqlite:////srv/cinder-ft/cinder.sqlite',
+                         shared.database)
+        self.assertEqual('file:///srv/cinder-ft/locks', shared.coordination)
+        # The driver accepts file locks only when they are stated shared.
+        move.check_coordination(shared.coordination,
+                                shared.shared_file_locks)
+        self.assertTrue(shared.shared_file_locks)
+
+    def test_separate_kernels_share_the_control_plane(self):
+        from cinder_dmclone import exception
+        from cinder_dmclone import move
+        from tests.harness import volume_node
+        shared = volume_node.shared_state(separate=True)
+        self.assertEqual(
+            'mysql+pymysql://cinder:cinder@10.0.0.2/cinder_ft?charset=utf8',
+            shared.database)
+        self.assertEqual(
+            'etcd3+http://10.0.0.2:2379?api_version=v3&timeout=60',
+            shared.coordination)
+        self.assertFalse(shared.shared_file_locks)
+        move.check_coordination(shared.coordination,
+                                shared.shared_file_locks)
+        # (What each kernel's own file locks would meet.)
+        self.assertRaises(exception.NodeLocalCoordination,
+                          move.check_coordination,
+                          volume_node.shared_state(False).coordination,
+                          shared.shared_file_locks)
+
+    def test_peer_calls_go_to_a_socket_file_or_the_node_address(self):
+        from tests.harness import volume_node
+        one = fake_topology('one-kernel')
+        self.assertEqual('/srv/cinder-ft/peer-a.sock',
+                         volume_node.peer_address(one, 'a'))
+        self.assertEqual('/srv/cinder-ft/peer-b.sock',
+                         volume_node.peer_address(one, 'b'))
+        separate = fake_topology('separate')
+        self.assertEqual(('10.0.0.1', volume_node.PEER_PORT),
+                         volume_node.peer_address(separate, 'a'))
+        self.assertEqual(('10.0.0.2', volume_node.PEER_PORT),
+                         volume_node.peer_address(separate, 'b'))
+
+    def test_one_kernel_looks_at_a_node_here(self):
+        from tests.harness import testbed
+        from tests.harness import workers
+        self.useFixture(fixtures.MockPatchObject(
+            testbed, 'topology', return_value=fake_topology('one-kernel')))
+        calls = workers.NodeCalls()
+        self.assertEqual(os.getpid(), calls.call('a', os.getpid))
+        self.assertEqual({}, calls._workers)
+
+    def test_root_commands_since_marks_per_node(self):
+        from tests.harness import testbed
+        from tests.harness import volume_node
+        logs = {'a': 'ok lvs\n', 'b': 'ok dmsetup status\n'}
+        read = self.useFixture(fixtures.MockPatchObject(
+            testbed, 'read_text', side_effect=lambda path, node: logs[node]
+        )).mock
+        marks = volume_node.root_command_marks()
+        self.assertEqual({'a': 1, 'b': 1}, marks)
+        read.assert_any_call('/srv/cinder-ft/rootwrap-commands-a.log', 'a')
+        logs['a'] += 'REFUSED dd if=/dev/zero of=/dev/x\n'
+        logs['b'] += 'ok lvs\nfailed lvremove x\n'
+        self.assertEqual(['REFUSED dd if=/dev/zero of=/dev/x', 'ok lvs',
+                          'failed lvremove x'],
+                         volume_node.root_commands(marks))
+        self.assertEqual(5, len(volume_node.root_commands()))
+
+
+REPO = os.path.dirname(os.path.dirname(TOOLS))
+
+#: Node A's peer endpoint on the loopback (port: argv[1]); a caller with
+#: a wrong key, then one with the right key.
+PEER_SCRIPT = """
+import multiprocessing
+import multiprocessing.connection
+import sys
+import types
+from unittest import mock
+
+from tests.harness import testbed
+from tests.harness import volume_node
+
+port = int(sys.argv[1])
+node = types.SimpleNamespace(ip='127.0.0.1')
+topo = types.SimpleNamespace(separate=True, node=lambda key: node)
+with mock.patch.object(testbed, 'topology', return_value=topo), \\
+        mock.patch.object(volume_node, 'PEER_PORT', port), \\
+        mock.patch.object(volume_node, '_handle',
+                          side_effect=lambda *args: args):
+    volume_node._serve_peer('a')
+    address = ('127.0.0.1', port)
+    try:
+        multiprocessing.connection.Client(address, authkey=b'wrong')
+    except multiprocessing.AuthenticationError as exc:
+        print('refused', type(exc).__name__)
+    with multiprocessing.connection.Client(
+            address, authkey=volume_node.PEER_AUTHKEY) as conn:
+        conn.send(('terminate_connection', {'v': 1}, {'host': 'x'}))
+        assert conn.poll(30)
+        print('served', conn.recv())
+"""
+
+
+class PeerListenerTestCase(test.TestCase):
+    """The driver cluster's peer calls over TCP, between separate kernels."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import testbed
+        from tests.harness import volume_node
+        self.vn = volume_node
+        self.port = free_port()
+        self.useFixture(fixtures.MockPatchObject(volume_node, 'PEER_PORT',
+                                                 self.port))
+        topo = fake_topology('separate')
+        topo.nodes['a'] = dataclasses.replace(topo.a, ip='127.0.0.1')
+        self.useFixture(fixtures.MockPatchObject(testbed, 'topology',
+                                                 return_value=topo))
+        self.addCleanup(volume_node._STATE.pop, 'listener', None)
+
+    def test_a_caller_without_the_key_is_refused_then_others_served(self):
+        # In a fresh interpreter: these unit tests run under eventlet's
+        # monkey patching, whose sockets multiprocessing cannot use (the
+        # workers in the guest are not patched).
+        proc = subprocess.run(
+            [sys.executable, '-c', PEER_SCRIPT, str(self.port)],
+            capture_output=True, text=True, timeout=60,
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+        self.assertEqual(0, proc.returncode, proc.stderr)
+        self.assertEqual(['refused AuthenticationError',
+                          "served (True, ('terminate_connection', "
+                          "{'v': 1}, {'host': 'x'}))"],
+                         proc.stdout.splitlines())
+
+    def test_a_port_still_held_is_waited_for(self):
+        address = ('127.0.0.1', self.port)
+        first = self.vn._listen(address)
+        timer = threading.Timer(1.0, first.close)
+        timer.start()
+        self.addCleanup(timer.cancel)
+        t0 = time.monotonic()
+        second = self.vn._listen(address)
+        second.close()
+        self.assertGreater(time.monotonic() - t0, 0.5)
+
+    def test_a_port_held_too_long_fails_the_start(self):
+        import errno
+        self.useFixture(fixtures.MockPatchObject(self.vn,
+                                                 'PEER_BIND_TIMEOUT', 1))
+        address = ('127.0.0.1', self.port)
+        first = self.vn._listen(address)
+        self.addCleanup(first.close)
+        err = self.assertRaises(OSError, self.vn._listen, address)
+        self.assertEqual(errno.EADDRINUSE, err.errno)
 
 
 class ControlPlaneTestCase(test.TestCase):
