@@ -25,6 +25,10 @@ import pytest
 
 from tests.bench import bench
 from tests.harness import pytest_fixtures
+from tests.harness.pytest_fixtures import cluster  # noqa: F401
+from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
+from tests.harness.pytest_fixtures import control_plane  # noqa: F401
+from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
 from tests.harness import selection
 from tests.harness import testbed
 

@@ -27,14 +27,12 @@ import time
 
 from tests.bench import bench
 from tests.harness import driver_steps
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
 GiB = 1024 * bench.MiB
 
-# The functional suite's two volume services, for the session.
-cluster = pytest_fixtures.cluster
+# The functional suite's two volume services: conftest.py's cluster.
 
 
 def in_transfer(cluster, volume_id):

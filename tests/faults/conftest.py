@@ -38,6 +38,8 @@ import pytest
 from tests.harness import pytest_fixtures
 from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
 from tests.harness.pytest_fixtures import cleanup  # noqa: F401
+from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
+from tests.harness.pytest_fixtures import control_plane  # noqa: F401
 from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
 from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
 from tests.harness.pytest_fixtures import topo  # noqa: F401
@@ -82,16 +84,9 @@ def rootwrap():
 
 
 @pytest.fixture(scope='session')
-def cluster(rootwrap):
+def cluster(rootwrap, control_plane):  # noqa: F811 (the fixture above)
     """Both nodes' volume services (through rootwrap) for the session."""
-    yield from pytest_fixtures.running_cluster()
-
-
-@pytest.fixture(autouse=True)
-def services_up(request):
-    """Both volume services run at the start of every test."""
-    if 'cluster' in request.fixturenames:
-        request.getfixturevalue('cluster').ensure_running()
+    yield from pytest_fixtures.running_cluster(control_plane)
 
 
 class Row(object):

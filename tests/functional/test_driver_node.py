@@ -22,12 +22,10 @@ import time
 
 import pytest
 
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-# The session's two volume services.
-cluster = pytest_fixtures.cluster
+# The session's two volume services: conftest.py's cluster.
 
 MiB = testbed.MiB
 GiB = 1024 * MiB

@@ -24,25 +24,14 @@ import os
 import pytest
 
 from tests.harness import driver_steps
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-# The session's two volume services.
-cluster = pytest_fixtures.cluster
+# The session's two volume services: conftest.py's cluster.
 
 MiB = testbed.MiB
 GiB = driver_steps.GiB
 REGION = driver_steps.REGION
-
-
-@pytest.fixture(autouse=True)
-def services_up(cluster):
-    """Both volume services run at the start of every test.
-
-    Even after a test that killed one failed before restarting it.
-    """
-    cluster.ensure_running()
 
 
 # CI runs its successor on separate kernels:

@@ -42,7 +42,12 @@ so that each suite states which it shares:
   (automatic) keeps the nodes up and their services running around a
   test that uses the stack;
 * ``cluster``: both nodes' volume services of :mod:`driver_cluster`, for
-  the session (:func:`running_cluster` for a suite's own variant).
+  the session (:func:`running_cluster` for a suite's own variant);
+  ``cluster_running`` (automatic) makes sure they run, and only they,
+  at the start of each test that uses it.
+
+One suite a session: each suite's conftest.py has its own session
+fixtures, and two suites' clusters would meet on the same nodes.
 """
 
 import dataclasses
@@ -56,6 +61,7 @@ from tests.harness import api
 from tests.harness import driver_cluster
 from tests.harness import services
 from tests.harness import testbed
+from tests.harness import volume_node
 from tests.harness import workers
 
 
@@ -163,12 +169,23 @@ def services_running(request):
 
 # -- the driver's two volume services -----------------------------------------
 
-def running_cluster():
-    """Start both nodes' services over a fresh database; yield, stop."""
+def running_cluster(control_plane):
+    """Start both nodes' services over a fresh database; yield, stop.
+
+    One kernel: the database is a SQLite file, the locks files, both
+    on the one file system.  Separate kernels: database ``cinder_ft`` on
+    the control plane's MariaDB and its etcd, started here unless the
+    session's full stack runs already (see :func:`control_plane`).
+    """
     if not testbed.in_testbed():
         pytest.skip('needs the testbed guest')
+    if testbed.topology().separate:
+        control_plane.start_control_plane(volume_node.CONTROL_PLANE)
+        control_plane.create_database(volume_node.FT_DATABASE, fresh=True)
+    # (A start recovers what it finds on the node: not beside others.)
+    control_plane.stop_volumes()
     driver_cluster.setup_database()
-    c = driver_cluster.Cluster()
+    c = driver_cluster.Cluster(control_plane)
     try:
         c.start('a')
         c.start('b')
@@ -178,9 +195,26 @@ def running_cluster():
 
 
 @pytest.fixture(scope='session')
-def cluster():
-    """Both nodes' volume services over one database, for the session."""
-    yield from running_cluster()
+def cluster(control_plane):
+    """Both nodes' volume services over one database, for the session.
+
+    A suite's conftest.py imports it (with ``control_plane``), never a
+    test module: a fixture imported into two modules is two fixtures,
+    and two clusters would meet on the same volume groups and ports.
+    """
+    yield from running_cluster(control_plane)
+
+
+@pytest.fixture(autouse=True)
+def cluster_running(nodes_answer, request):
+    """Before a test of the cluster: its services run, and only theirs.
+
+    (:meth:`driver_cluster.Cluster.ensure_running`: a worker a test
+    killed is started again, the full stack's volume services stopped.)
+    """
+    if 'cluster' in request.fixturenames:
+        request.getfixturevalue('cluster').ensure_running()
+    yield
 
 
 # -- every test: nodes up, nothing left behind -------------------------------

@@ -835,12 +835,21 @@ def reboot_a():
     """
     targetcli(['clearconfig confirm=True'])
     assert lio_targets() == []
-    handles = [n for n, u in dm_devices().items()
-               if not u.startswith('LVM-') and 'dmc--a' in n]
-    for name in handles:
+    removed = handles('a')
+    for name in removed:
         run(['dmsetup', 'remove', name])
     lvm('vgchange', '-q', '-an', topology().a.vg)
-    return handles
+    return removed
+
+
+def handles(node):
+    """Names of the device-mapper devices over ``node``'s VG, not LVM's.
+
+    (The driver's handles and clones; on this kernel.)
+    """
+    vg = topology().node(node).vg.replace('-', '--')
+    return [n for n, u in dm_devices().items()
+            if not u.startswith('LVM-') and vg in n]
 
 
 # --------------------------------------------------------------------------

@@ -474,6 +474,30 @@ class DriverClusterLayoutTestCase(test.TestCase):
         self.assertEqual(('10.0.0.2', volume_node.PEER_PORT),
                          volume_node.peer_address(separate, 'b'))
 
+    def test_a_device_is_on_the_node_of_its_volume_group(self):
+        from tests.harness import driver_cluster
+        topo = fake_topology('separate')
+        for path, node in [
+                ('/dev/mapper/dmclone-dmc--a-volume-1-2', 'a'),
+                ('/dev/mapper/dmclone-dmc--b-volume-1-2', 'b'),
+                ('/dev/dmc-a/volume-1-2', 'a'),
+                ('/dev/dmc-b/volume-1-2-dmcwipe-3', 'b'),
+                ('/dev/dmc-b-meta/volume-1-2-dmcmeta', 'b'),
+                ('/dev/dmc-a-meta/volume-1-2-dmcmeta', 'a'),
+                ('/dev/mapper/dmclone-dmc--c-volume-1', 'c')]:
+            self.assertEqual(node, driver_cluster.device_node(topo, path),
+                             path)
+        for path in ('/dev/sdb', '/dev/dmc-ab/volume-1',
+                     '/dev/mapper/dmc--a-volume--1',
+                     '/dev/mapper/dmclone-dmc--ab-volume-1'):
+            self.assertRaises(ValueError, driver_cluster.device_node, topo,
+                              path)
+        one = fake_topology('one-kernel')
+        self.assertEqual('b', driver_cluster.device_node(
+            one, '/dev/dmc-b-meta/volume-1-dmcmeta'))
+        self.assertRaises(ValueError, driver_cluster.device_node, one,
+                          '/dev/dmc-c/volume-1')
+
     def test_one_kernel_looks_at_a_node_here(self):
         from tests.harness import testbed
         from tests.harness import workers
