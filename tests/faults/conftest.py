@@ -24,6 +24,8 @@ the real driver on the real kernel) with two differences:
   recover), printed at the end of the run and written to
   ``artifacts/faults/matrix.{json,md}``.
 
+``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts a
+test is written for (unmarked: one-kernel); the others deselect it.
 Outside the guest every test here is SKIPPED, never reported as passed.
 """
 
@@ -57,7 +59,12 @@ ROOTWRAP_DIR = volume_node.RUN_DIR + '/rootwrap'
 _MATRIX = []
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', selection.LAYOUT_MARKER)
+
+
 def pytest_collection_modifyitems(config, items):
+    selection.select_layout(config, items)
     selection.skip_outside_testbed(items, 'tests/faults/', NOT_IN_TESTBED)
 
 

@@ -209,6 +209,29 @@ def wait_until(predicate, timeout, what, interval=0.25, diagnostics=None):
         time.sleep(interval)
 
 
+def netem_on_port(dev, port, netem_args):
+    """tc commands: netem ``netem_args`` on ``dev``'s TCP ``port`` only.
+
+    For a device that carries other traffic too (between separate
+    kernels: the harness's commands, the database): a ``prio`` root
+    with a fourth band that no priority maps to, netem on that band, and
+    u32 filters that send it the packets from or to ``port``.  Run them
+    on a device without a root qdisc (``tc qdisc del dev DEV root``
+    removes it all).
+    """
+    band = '1:4'
+    commands = [['tc', 'qdisc', 'add', 'dev', dev, 'root', 'handle', '1:',
+                 'prio', 'bands', '4']]
+    for direction in ('sport', 'dport'):
+        commands.append(['tc', 'filter', 'add', 'dev', dev, 'parent', '1:',
+                         'protocol', 'ip', 'prio', '1', 'u32', 'match',
+                         'ip', direction, str(port), '0xffff',
+                         'flowid', band])
+    commands.append(['tc', 'qdisc', 'add', 'dev', dev, 'parent', band,
+                     'handle', '40:', 'netem'] + list(netem_args))
+    return commands
+
+
 def kernel_log(lines=40):
     return run(['dmesg'], check=False).stdout.splitlines()[-lines:]
 

@@ -525,6 +525,25 @@ class DriverClusterLayoutTestCase(test.TestCase):
         self.assertEqual(5, len(volume_node.root_commands()))
 
 
+class NetemOnPortTestCase(test.TestCase):
+    """The network fault's tc commands between separate kernels."""
+
+    def test_only_the_ports_packets_meet_netem(self):
+        from tests.harness import testbed
+        commands = testbed.netem_on_port('eth0', 3260,
+                                         ('delay', '2ms', 'loss', '100%'))
+        self.assertEqual(
+            'tc qdisc add dev eth0 root handle 1: prio bands 4',
+            ' '.join(commands[0]))
+        self.assertEqual(
+            ['tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match '
+             'ip %s 3260 0xffff flowid 1:4' % d for d in ('sport', 'dport')],
+            [' '.join(c) for c in commands[1:3]])
+        self.assertEqual('tc qdisc add dev eth0 parent 1:4 handle 40: netem '
+                         'delay 2ms loss 100%', ' '.join(commands[3]))
+        self.assertEqual(4, len(commands))
+
+
 REPO = os.path.dirname(os.path.dirname(TOOLS))
 
 #: Node A's peer endpoint on the loopback (port: argv[1]); a caller with
