@@ -16,6 +16,10 @@
 child (the fault scenarios kill services with -9 through it), and the
 runner's power control is what the reboot scenarios stand on: both are
 checked here with real processes on the loopback interface, in seconds.
+So are the harness's choices per layout: what the driver cluster's two
+services share, where their peer calls go (and the TCP listener), which
+node holds a device, the network cut's tc commands between kernels, and
+the control plane that the full stack and the cluster start piecemeal.
 """
 
 import dataclasses
