@@ -17,6 +17,9 @@ run them with ``tox -e bench`` (or ``tools/testbed/run -- tests/bench``).
 
 ``--bench-scale quick`` (smaller volumes, fewer points, shorter fio runs)
 is for developing the benchmarks; the figures in doc/ come from ``full``.
+``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts a
+benchmark is written for (unmarked: one-kernel); the others deselect it.
+The driver's two volume services are the harness's ``cluster``.
 """
 
 import os
@@ -25,6 +28,10 @@ import pytest
 
 from tests.bench import bench
 from tests.harness import pytest_fixtures
+from tests.harness.pytest_fixtures import cluster  # noqa: F401
+from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
+from tests.harness.pytest_fixtures import control_plane  # noqa: F401
+from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
 from tests.harness import selection
 from tests.harness import testbed
 
@@ -41,7 +48,12 @@ def pytest_addoption(parser):
                      default='full', help='benchmark size (default: full)')
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', selection.LAYOUT_MARKER)
+
+
 def pytest_collection_modifyitems(config, items):
+    selection.select_layout(config, items)
     selection.skip_outside_testbed(items, 'tests/bench/', NOT_IN_TESTBED)
 
 

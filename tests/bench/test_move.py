@@ -13,7 +13,8 @@
 """Time to move a volume end to end, through the real driver.
 
 Both nodes' volume services run the driver (tests/harness/driver_cluster.py,
-the functional suite's harness); the benchmark plays Nova: it attaches a
+the functional suite's harness; conftest.py's ``cluster``, in either
+layout); the benchmark plays Nova: it attaches a
 volume of node A on node B (nothing else attached, so hydration starts at
 once) and ticks node B's monitor every second, as a service with
 ``dmclone_monitor_interval = 1`` would, until the transfer is finalized
@@ -25,16 +26,16 @@ copies region by region like any other data.
 
 import time
 
+import pytest
+
 from tests.bench import bench
 from tests.harness import driver_steps
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-GiB = 1024 * bench.MiB
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
 
-# The functional suite's two volume services, for the session.
-cluster = pytest_fixtures.cluster
+GiB = 1024 * bench.MiB
 
 
 def in_transfer(cluster, volume_id):

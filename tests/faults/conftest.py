@@ -24,6 +24,8 @@ the real driver on the real kernel) with two differences:
   recover), printed at the end of the run and written to
   ``artifacts/faults/matrix.{json,md}``.
 
+``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts a
+test is written for (unmarked: one-kernel); the others deselect it.
 Outside the guest every test here is SKIPPED, never reported as passed.
 """
 
@@ -38,11 +40,12 @@ import pytest
 from tests.harness import pytest_fixtures
 from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
 from tests.harness.pytest_fixtures import cleanup  # noqa: F401
+from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
+from tests.harness.pytest_fixtures import control_plane  # noqa: F401
 from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
 from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
 from tests.harness.pytest_fixtures import topo  # noqa: F401
 from tests.harness import selection
-from tests.harness import services
 from tests.harness import testbed
 from tests.harness import volume_node
 
@@ -56,7 +59,12 @@ ROOTWRAP_DIR = volume_node.RUN_DIR + '/rootwrap'
 _MATRIX = []
 
 
+def pytest_configure(config):
+    config.addinivalue_line('markers', selection.LAYOUT_MARKER)
+
+
 def pytest_collection_modifyitems(config, items):
+    selection.select_layout(config, items)
     selection.skip_outside_testbed(items, 'tests/faults/', NOT_IN_TESTBED)
 
 
@@ -69,30 +77,23 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope='session')
 def rootwrap():
-    """Root commands of the workers go through cinder-rootwrap."""
+    """Root commands of the workers go through cinder-rootwrap.
+
+    (Node B's configuration is installed here; a worker on another
+    kernel installs its node's, volume_node.use_rootwrap.)
+    """
     os.makedirs(volume_node.RUN_DIR, exist_ok=True)
-    # DM_DISABLE_UDEV: the guest has no udev, so dmsetup must create its
-    # device nodes itself (a real node runs udev).
-    path = services.install_rootwrap(ROOTWRAP_DIR,
-                                     sudo_env_keep=('DM_DISABLE_UDEV',))
-    if os.path.exists(volume_node.ROOTWRAP_LOG):
-        os.unlink(volume_node.ROOTWRAP_LOG)
+    path = volume_node.install_rootwrap(ROOTWRAP_DIR)
+    volume_node.clear_root_commands()
     os.environ[volume_node.ROOTWRAP_ENV] = path
     yield path
     os.environ.pop(volume_node.ROOTWRAP_ENV, None)
 
 
 @pytest.fixture(scope='session')
-def cluster(rootwrap):
+def cluster(rootwrap, control_plane):  # noqa: F811 (the fixture above)
     """Both nodes' volume services (through rootwrap) for the session."""
-    yield from pytest_fixtures.running_cluster()
-
-
-@pytest.fixture(autouse=True)
-def services_up(request):
-    """Both volume services run at the start of every test."""
-    if 'cluster' in request.fixturenames:
-        request.getfixturevalue('cluster').ensure_running()
+    yield from pytest_fixtures.running_cluster(control_plane)
 
 
 class Row(object):
@@ -115,10 +116,10 @@ def fault(request):
     if not testbed.in_testbed():
         yield None
         return
-    before = len(volume_node.root_commands())
+    before = volume_node.root_command_marks()
     row = Row(request.node.name)
     yield row
-    lines = volume_node.root_commands()[before:]
+    lines = volume_node.root_commands(before)
     refused = [line for line in lines if line.startswith('REFUSED')]
     call = getattr(request.node, 'report_call', None)
     if call is not None and call.skipped:

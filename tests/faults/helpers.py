@@ -119,15 +119,16 @@ def wait_nothing_on_b(volume_id, timeout=300):
                        diagnostics=lambda: str(nothing_on_b(volume_id)))
 
 
-def wipes(device_prefix, since=0):
-    """Wipes of old copies that ran to the end, from line ``since`` on.
+def wipes(device_prefix, since=None):
+    """Wipes of old copies that ran to the end, since ``since``.
 
     The ``dd`` from /dev/zero that Cinder's clear_volume runs, over a
     device whose path starts with ``device_prefix``; its verdict in the
-    root command log is "ok" only if it exited 0.
+    root command log is "ok" only if it exited 0.  ``since``: the logs'
+    marks (volume_node.root_command_marks) before the scenario.
     """
     prefix = 'ok dd if=/dev/zero of=%s' % device_prefix
-    return [line for line in volume_node.root_commands()[since:]
+    return [line for line in volume_node.root_commands(since)
             if line.startswith(prefix)]
 
 
@@ -143,8 +144,7 @@ def stays_on_a(cluster, volume_id, expected):
     assert state(cluster, volume_id) in (None, 'aborted'), \
         cluster.admin_metadata(volume_id)
     assert nothing_on_b(volume_id) == []
-    assert testbed.sha256_of_device(
-        driver_steps.handle(volume_id, 'a')) == expected
+    assert cluster.sha256(driver_steps.handle(volume_id, 'a')) == expected
 
 
 def end_on_a(cluster, volume_id, image, attachment):

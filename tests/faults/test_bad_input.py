@@ -22,6 +22,8 @@ from tests.faults import helpers
 from tests.harness import driver_steps
 from tests.harness import testbed
 
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
+
 
 @pytest.mark.parametrize('option,value,message', [
     ('dmclone_region_size', 100, 'region'),

@@ -43,6 +43,8 @@ from tests.harness import driver_steps
 from tests.harness import testbed
 from tests.harness import volume_node
 
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
+
 REGION = helpers.REGION
 MiB = helpers.MiB
 # The move's own steps; the teardowns' have scenarios of their own below.
@@ -128,8 +130,7 @@ def test_source_killed_during_hydration(cluster, fault):
         lambda: cluster['b'].call(volume_node.tick) is not None
         and helpers.state(cluster, vid) == 'finalizing', 900,
         'finalization blocked on the dead source', interval=2)
-    assert testbed.run(['test', '-e', driver_steps.lv(vid, 'a')],
-                       check=False).returncode == 0, 'source LV gone early'
+    assert cluster.exists(driver_steps.lv(vid, 'a')), 'source LV gone early'
     t0 = time.monotonic()
     cluster.start('a')
     driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
@@ -276,7 +277,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     seed_value = 500 + 10 * ROLLBACK_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
     att_b, _info_b = cluster.attach(vid, 'b')
     assert helpers.state(cluster, vid) == 'cloned'
@@ -319,7 +320,7 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
     seed_value = 700 + 10 * ABORT_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image, att_a, path_a = _live_migration_start(cluster, seed_value)
 
     cluster['b'].call(volume_node.arm_withdrawn_attach, point)
@@ -359,7 +360,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     seed_value = 800 + 10 * DELETE_POINTS.index(point)
     helpers.with_options(cluster, 'a')
     helpers.with_options(cluster, 'b', helpers.WIPING)
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     vid, image = driver_steps.seeded_volume(cluster, seed_value)
     # The kernel's slowest hydration: the copy is under way at the delete.
     cluster.use_type(vid, 'slow', helpers.SLOW)
@@ -376,10 +377,12 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
     cluster.delete_volume(vid)                        # deleted again
     helpers.wait_nothing_on_b(vid)
-    assert not [n for n in testbed.list_lvs() if vid in n]
-    assert not any(vid in n for n in testbed.dm_devices())     # handles
-    assert testbed.lio_targets() == []
-    assert testbed.iscsi_sessions() == {}
+    for key, lvs in cluster.on_each(testbed.list_lvs).items():
+        assert not [n for n in lvs if vid in n], key
+    for key, devices in cluster.on_each(testbed.dm_devices).items():
+        assert not [n for n in devices if vid in n], key       # handles
+    for fn in (testbed.lio_targets, testbed.iscsi_sessions):
+        assert driver_steps.nowhere(cluster, fn) == {'a': [], 'b': []}
     wiped = _b_copy_wiped(vid, since)
     fault.detail = ('at the crash: %s; the second delete removed both '
                     'copies (B\'s wiped, %d dd)' % (at_crash, wiped))
@@ -417,31 +420,30 @@ def test_source_killed_wiping_its_old_copy(cluster, fault, options, point):
         time.sleep(2)
     at_crash = helpers.state(cluster, vid) or 'cleared'
     vg = testbed.topology().a.vg
-    old = sorted(n for n in testbed.list_lvs()
+    old = sorted(n for n in cluster.on_node('a', testbed.list_lvs)
                  if n.startswith(vg + '/') and vid in n)
     assert len(old) == 1 and '-dmcwipe-' in old[0], old
     path = '/dev/' + old[0]
     wipe_mb = helpers.WIPE_MB
     if point == 'wipe: old copy renamed':
         assert not helpers.wipes(path)
-        assert testbed.read_direct(path, 0, 4 * MiB) == \
+        assert cluster.read(path, 0, 4 * MiB) == \
             testbed.pattern(seed_value, 4 * MiB)
         found = 'the volume\'s data'
     else:
         assert len(helpers.wipes(path)) == 1
-        assert testbed.read_direct(path, 0, wipe_mb * MiB) == \
-            bytes(wipe_mb * MiB)
+        assert cluster.read(path, 0, wipe_mb * MiB) == bytes(wipe_mb * MiB)
         # (Beyond volume_clear_size nothing is cleared, as with Cinder.)
-        assert testbed.read_direct(path, image.size // 2, MiB) == \
+        assert cluster.read(path, image.size // 2, MiB) == \
             testbed.pattern(seed_value + 2, MiB)
         found = 'zeros over its first %d MiB' % wipe_mb
 
-    since = len(volume_node.root_commands())
+    since = volume_node.root_command_marks()
     t0 = time.monotonic()
     helpers.restart(cluster, 'a', overrides=helpers.WIPING)
-    testbed.wait_until(lambda: old[0] not in testbed.list_lvs(), 300,
-                       '%s wiped and removed after the restart' % old[0],
-                       interval=1)
+    testbed.wait_until(
+        lambda: old[0] not in cluster.on_node('a', testbed.list_lvs), 300,
+        '%s wiped and removed after the restart' % old[0], interval=1)
     fault.recovered(t0)
     assert helpers.wipes(path, since), 'no complete wipe of %s after the ' \
         'restart' % path

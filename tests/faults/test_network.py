@@ -12,13 +12,19 @@
 
 """The network between the nodes drops every packet.
 
-sch_netem on both ends of the veth pair: first a 2 ms delay each way so
-that a 1 GiB hydration with the kernel's defaults (one region in flight)
-lasts minutes, then ``loss 100%`` for the cut.  The cut is the fault
-itself, not a wait for something to happen: 30 s (well under
-open-iscsi's 120 s replacement timeout), or longer than a bound that
-matters (the transfer timeout of the attach, the replacement timeout
-during hydration).
+sch_netem on both ends of the link between the nodes: first a 2 ms delay
+each way so that a 1 GiB hydration with the kernel's defaults (one
+region in flight) lasts minutes, then ``loss 100%`` for the cut.  The cut
+is the fault itself, not a wait for something to happen: 30 s (well
+under open-iscsi's 120 s replacement timeout), or longer than a bound
+that matters (the transfer timeout of the attach, the replacement
+timeout during hydration).
+
+What is cut is the iSCSI traffic: in one kernel the veth pair carries
+nothing else; between kernels each node's ``eth0`` also carries the
+harness's commands, the peer calls, the database and etcd, so netem
+takes only the packets to or from the iSCSI port there
+(:func:`tests.harness.testbed.netem_on_port`).
 """
 
 import threading
@@ -43,16 +49,38 @@ LONG_HYDRATION_CUT_S = 150
 STALL_S = 20
 
 
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
+
+
+def link():
+    """(node, device) of both ends of the link between the nodes."""
+    if testbed.topology().separate:
+        return (('b', 'eth0'), ('a', 'eth0'))
+    return (('b', 'vethB'), ('a', 'vethA'))
+
+
 def netem(*args):
-    for node, dev in (('b', 'vethB'), ('a', 'vethA')):
-        testbed.run(['tc', 'qdisc', 'replace', 'dev', dev, 'root', 'netem']
-                    + list(args), node=node)
+    """netem ``args`` on both ends of the link (see the module's doc)."""
+    topo = testbed.topology()
+    for node, dev in link():
+        if topo.separate:
+            unshaped(node, dev)
+            commands = testbed.netem_on_port(dev, topo.iscsi_port, args)
+        else:
+            commands = [['tc', 'qdisc', 'replace', 'dev', dev, 'root',
+                         'netem'] + list(args)]
+        for argv in commands:
+            testbed.run(argv, node=node)
+
+
+def unshaped(node, dev):
+    testbed.run(['tc', 'qdisc', 'del', 'dev', dev, 'root'], node=node,
+                check=False)
 
 
 def netem_off():
-    for node, dev in (('b', 'vethB'), ('a', 'vethA')):
-        testbed.run(['tc', 'qdisc', 'del', 'dev', dev, 'root'], node=node,
-                    check=False)
+    for node, dev in link():
+        unshaped(node, dev)
 
 
 def slow():
@@ -67,7 +95,9 @@ def cut():
 
 @pytest.fixture
 def slow_link(cleanup):
-    testbed.run(['modprobe', 'sch_netem'])
+    for node, _dev in link():
+        testbed.run(['modprobe', '-a', 'sch_netem', 'sch_prio', 'cls_u32'],
+                    node=node)
     slow()
     cleanup(netem_off)
 
@@ -84,7 +114,7 @@ def restart_with(cluster, key, overrides, cleanup):
     """Run a node's service with other options for this test only."""
     cluster.stop(key)
     cluster.start(key, overrides)
-    # The next test's services_up starts it again with the defaults.
+    # The next test's cluster_running starts it again with the defaults.
     cleanup(cluster.stop, key)
 
 
@@ -267,8 +297,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
         # What is local stays readable, the source still holds it all.
         assert testbed.read_direct(path, 30 * REGION, REGION) == \
             testbed.pattern(431, REGION)
-        assert testbed.sha256_of_device(driver_steps.lv(vid, 'a')) == \
-            source_digest
+        assert cluster.sha256(driver_steps.lv(vid, 'a')) == source_digest
         time.sleep(max(0.0, LONG_HYDRATION_CUT_S
                        - (time.monotonic() - cut_at)))
     finally:

@@ -24,6 +24,8 @@ import pytest
 from tests.harness import driver_steps
 from tests.harness import testbed
 
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
+
 INTRUDER_IQN = 'iqn.2024-01.org.example.intruder:node'
 
 

@@ -19,7 +19,8 @@ reported as passed): run the suite with ``tools/testbed/run`` (or
 The fixtures are the harness's (:mod:`tests.harness.pytest_fixtures`:
 ``topo``, ``cleanup``, ``node_a``, ``make_lv``, ``iscsi_source``,
 ``clone_parts``, the automatic leak check ``no_leaks``, the session's
-``stack`` and ``cloud``).  Here:
+``stack`` and ``cloud``, and its ``cluster`` of the driver's two volume
+services, both over the session's ``control_plane``).  Here:
 
 * ``--tier``: ``ci`` (what CI runs: ``tox -e functional``), ``extended``
   (the tests marked ``extended``: ``tox -e functional-extended``, run by
@@ -33,6 +34,9 @@ from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
 from tests.harness.pytest_fixtures import cleanup  # noqa: F401
 from tests.harness.pytest_fixtures import clone_parts  # noqa: F401
 from tests.harness.pytest_fixtures import cloud  # noqa: F401
+from tests.harness.pytest_fixtures import cluster  # noqa: F401
+from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
+from tests.harness.pytest_fixtures import control_plane  # noqa: F401
 from tests.harness.pytest_fixtures import iscsi_source  # noqa: F401
 from tests.harness.pytest_fixtures import make_lv  # noqa: F401
 from tests.harness.pytest_fixtures import no_leaks  # noqa: F401

@@ -13,21 +13,23 @@
 """The driver's node-local lifecycle on the real kernel (node A).
 
 Node A's volume service runs the real driver in node A's network
-namespace (LVM on its VG, LIO exports with CHAP and ACLs); node B (this
-process) logs in with os-brick's iSCSI connector as a remote host would.
+namespace or its own kernel (LVM on its VG, LIO exports with CHAP and
+ACLs); node B (this process) logs in with os-brick's iSCSI connector as a
+remote host would.  What node A's kernel holds is looked at there
+(``on_a``); the session's two volume services are conftest.py's
+``cluster``.
 """
 
+import functools
 import os
 import time
 
 import pytest
 
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-# The session's two volume services.
-cluster = pytest_fixtures.cluster
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
@@ -44,13 +46,14 @@ def lv(volume, node='a'):
 
 def test_node_local_lifecycle(cluster, topo):
     a = cluster['a']
+    on_a = functools.partial(cluster.on_node, 'a')
     vid = cluster.create_volume('a')
     path = handle(vid)
     lv = 'dmc-a/volume-%s' % vid
-    assert lv in testbed.list_lvs()
-    table = testbed.dm_table(path.split('/')[-1])
+    assert lv in on_a(testbed.list_lvs)
+    table = on_a(testbed.dm_table, path.split('/')[-1])
     assert table.split()[2] == 'linear', table
-    assert testbed.device_size(path) == GiB
+    assert on_a(testbed.device_size, path) == GiB
 
     # Local attach on node A: the handle itself, no export.
     info = a.call(volume_node.manager_initialize_connection, vid,
@@ -58,9 +61,9 @@ def test_node_local_lifecycle(cluster, topo):
     assert info == {'driver_volume_type': 'local',
                     'data': {'device_path': path, 'volume_id': vid,
                              'access_mode': 'rw'}}
-    assert testbed.lio_targets() == []
+    assert on_a(testbed.lio_targets) == []
     first = testbed.pattern(1, 4 * MiB)
-    testbed.write_direct(path, 0, first)
+    cluster.write(path, 0, first)
 
     # Remote, non-instance attach from node B: iSCSI with CHAP and an ACL
     # for node B's initiator only.
@@ -70,9 +73,9 @@ def test_node_local_lifecycle(cluster, topo):
     data = conn['data']
     assert data['auth_method'] == 'CHAP'
     assert data['target_portal'] == topo.a.portal
-    assert testbed.lio_targets() == [data['target_iqn']]
+    assert on_a(testbed.lio_targets) == [data['target_iqn']]
     acls = testbed.run(['ls', testbed.lio_tpg_path(data['target_iqn'])
-                        + '/acls']).stdout.split()
+                        + '/acls'], node='a').stdout.split()
     assert acls == [topo.b.initiator_iqn]
     brick = testbed.iscsi_connector()
     dev = brick.connect_volume(data)
@@ -82,13 +85,13 @@ def test_node_local_lifecycle(cluster, topo):
         testbed.write_direct(dev['path'], 8 * MiB, second)
     finally:
         brick.disconnect_volume(data, dev, force=True)
-    assert testbed.read_direct(path, 8 * MiB, 1 * MiB) == second
+    assert cluster.read(path, 8 * MiB, 1 * MiB) == second
     a.call(volume_node.call, 'terminate_connection', vid,
            cluster.connector('b'))
     a.call(volume_node.call_ctxt, 'remove_export', vid)
-    assert testbed.lio_targets() == []
+    assert on_a(testbed.lio_targets) == []
 
-    expected = testbed.sha256_of_device(path)
+    expected = cluster.sha256(path)
 
     # Snapshot, then a clone of the volume and a volume from the snapshot.
     snap = cluster.create_snapshot(vid)
@@ -97,9 +100,9 @@ def test_node_local_lifecycle(cluster, topo):
     from_snap = cluster.create_volume('a',
                                       method='create_volume_from_snapshot',
                                       source_id=snap)
-    testbed.write_direct(path, 0, testbed.pattern(4, MiB))  # after both
-    assert testbed.sha256_of_device(handle(clone)) == expected
-    assert testbed.sha256_of_device(handle(from_snap)) == expected
+    cluster.write(path, 0, testbed.pattern(4, MiB))  # after both
+    assert cluster.sha256(handle(clone)) == expected
+    assert cluster.sha256(handle(from_snap)) == expected
 
     # Deleting a volume with a snapshot is refused; then all goes.
     with pytest.raises(Exception, match='busy|snapshot'):
@@ -109,18 +112,19 @@ def test_node_local_lifecycle(cluster, topo):
         cluster.delete_volume(v)
 
     # Extend online: the handle grows with the LV, data stays.
-    head = testbed.read_direct(path, 0, 4 * MiB)
+    head = cluster.read(path, 0, 4 * MiB)
     a.call(volume_node.call, 'extend_volume', vid, 2)
-    assert testbed.device_size(path) == 2 * GiB
-    assert testbed.read_direct(path, 0, 4 * MiB) == head
-    testbed.write_direct(path, 2 * GiB - MiB, testbed.pattern(3, MiB))
-    assert testbed.read_direct(path, 2 * GiB - MiB, MiB) == \
-        testbed.pattern(3, MiB)
+    assert on_a(testbed.device_size, path) == 2 * GiB
+    assert cluster.read(path, 0, 4 * MiB) == head
+    cluster.write(path, 2 * GiB - MiB, testbed.pattern(3, MiB))
+    assert cluster.read(path, 2 * GiB - MiB, MiB) == testbed.pattern(3, MiB)
     cluster.set_size(vid, 2)
 
     cluster.delete_volume(vid)
-    assert not any('volume-' in lv for lv in testbed.list_lvs())
-    assert not [n for n in testbed.dm_devices() if n.startswith('dmclone')]
+    for lvs in cluster.on_each(testbed.list_lvs).values():
+        assert not any('volume-' in lv for lv in lvs)
+    for devices in cluster.on_each(testbed.dm_devices).values():
+        assert not [n for n in devices if n.startswith('dmclone')]
 
 
 def _read_over_iscsi(brick, data, length):
@@ -144,17 +148,18 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
     handle), two from node B without an instance (backup hosts: iSCSI
     exports of their handles).  Cinder's start calls ensure_export for
     in-use volumes: after a restart nothing changes under them; after a
-    reboot, with device-mapper tables, LV activation and LIO's targets
-    gone, every handle and every export is back and node B reads what
-    it wrote.
+    reboot (separate kernels: a power-off and a boot), with
+    device-mapper tables, LV activation and LIO's targets gone, every
+    handle and every export is back and node B reads what it wrote.
     """
     cleanup(cluster.ensure_running)
+    on_a = functools.partial(cluster.on_node, 'a')
     local = cluster.create_volume('a')
     att_local, info = cluster.attach(local, 'a')
     cluster.complete(local, att_local)
     assert info['data']['device_path'] == handle(local)
     local_data = testbed.pattern(81, 4 * MiB)
-    testbed.write_direct(handle(local), 0, local_data)
+    cluster.write(handle(local), 0, local_data)
     brick = testbed.iscsi_connector()
     remotes = {}
     for seed in (82, 83):
@@ -171,21 +176,23 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
         remotes[vid] = (attachment, conn['data'], seed)
     in_use = {local} | set(remotes)
     assert {cluster.volume(v).status for v in in_use} == {'in-use'}
-    tables = {v: testbed.dm_table(handle(v).split('/')[-1]) for v in in_use}
+
+    def tables():
+        return {v: on_a(testbed.dm_table, handle(v).split('/')[-1])
+                for v in in_use}
+    before = tables()
     targets = sorted(d['target_iqn'] for _a, d, _s in remotes.values())
-    assert testbed.lio_targets() == targets
+    assert on_a(testbed.lio_targets) == targets
 
     # A service restart: the kernel keeps everything, nothing changes.
     cluster.stop('a')
     cluster.start('a')
     assert outcomes(cluster, in_use) == {v: 'ok' for v in in_use}
-    assert {v: testbed.dm_table(handle(v).split('/')[-1])
-            for v in in_use} == tables
-    assert testbed.lio_targets() == targets
+    assert tables() == before
+    assert on_a(testbed.lio_targets) == targets
 
     # A reboot.
-    cluster.stop('a', kill=True)
-    assert sorted(testbed.reboot_a()) == sorted(
+    assert sorted(cluster.reboot('a')) == sorted(
         handle(v).split('/')[-1] for v in in_use)
     t0 = time.monotonic()
     cluster.start('a')
@@ -193,21 +200,21 @@ def test_start_reexports_in_use_volumes(cluster, topo, cleanup):
                      time.monotonic() - t0, cluster['a'].info['driver'])
     assert outcomes(cluster, in_use) == {v: 'ok' for v in in_use}
     assert {cluster.volume(v).status for v in in_use} == {'in-use'}
-    for vid in in_use:
-        table = testbed.dm_table(handle(vid).split('/')[-1]).split()
-        assert table[2:4] == ['linear', testbed.dm_devno(lv(vid))], table
-    assert testbed.sha256_of_device(handle(local), 4 * MiB) == \
+    for vid, table in tables().items():
+        assert table.split()[2:4] == ['linear',
+                                      on_a(testbed.dm_devno, lv(vid))], table
+    assert cluster.sha256(handle(local), 4 * MiB) == \
         testbed.sha256(local_data)
-    assert testbed.lio_targets() == targets
+    assert on_a(testbed.lio_targets) == targets
     for vid, (attachment, data, seed) in remotes.items():
         lun = testbed.lio_tpg_path(data['target_iqn']) + '/lun/lun_0'
-        assert os.path.isdir(lun), 'no LUN in %s' % data['target_iqn']
+        assert on_a(os.path.isdir, lun), 'no LUN in %s' % data['target_iqn']
         assert testbed.sha256(_read_over_iscsi(brick, data, 4 * MiB)) == \
             testbed.sha256(testbed.pattern(seed, 4 * MiB)), vid
 
     for vid, (attachment, _data, _seed) in remotes.items():
         cluster.detach(vid, attachment)
         cluster.delete_volume(vid)
-    assert testbed.lio_targets() == []
+    assert on_a(testbed.lio_targets) == []
     cluster.detach(local, att_local)
     cluster.delete_volume(local)

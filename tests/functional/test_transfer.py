@@ -16,7 +16,9 @@ Both nodes' volume services run the real driver; the pytest process plays
 Cinder's API and Nova (see tests/harness/driver_cluster.py).  Every scenario
 writes known data before and during the move and checks the sha256 of the
 final device against the expected image; the automatic leak check then
-finds nothing left on either node.
+finds nothing left on either node.  Node A's devices are read and written
+on node A's kernel (``cluster.on_node``), so the module runs in both
+layouts; the session's two volume services are conftest.py's ``cluster``.
 """
 
 import os
@@ -24,25 +26,14 @@ import os
 import pytest
 
 from tests.harness import driver_steps
-from tests.harness import pytest_fixtures
 from tests.harness import testbed
 from tests.harness import volume_node
 
-# The session's two volume services.
-cluster = pytest_fixtures.cluster
+pytestmark = pytest.mark.layouts('one-kernel', 'separate')
 
 MiB = testbed.MiB
 GiB = driver_steps.GiB
 REGION = driver_steps.REGION
-
-
-@pytest.fixture(autouse=True)
-def services_up(cluster):
-    """Both volume services run at the start of every test.
-
-    Even after a test that killed one failed before restarting it.
-    """
-    cluster.ensure_running()
 
 
 # CI runs its successor on separate kernels:
@@ -138,15 +129,16 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
     att_b, info_b = cluster.attach(vid, 'b')
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
     clone = driver_steps.handle(vid, 'b').split('/')[-1]
-    instance = os.open(info_a['data']['device_path'], os.O_RDWR)
+    path_a = info_a['data']['device_path']
+    cluster.on_node('a', driver_steps.hold_open, path_a)
     try:
         cluster.detach(vid, att_a)
         cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
         assert 'no_hydration' in testbed.dm_status(clone)
         # The instance on A goes on writing; B reads it through the clone.
-        os.pwrite(instance, testbed.pattern(36, REGION), 70 * REGION)
-        os.fsync(instance)
+        cluster.on_node('a', driver_steps.write_held, path_a, 70 * REGION,
+                        testbed.pattern(36, REGION))
         image.writes.append((70 * REGION, testbed.pattern(36, REGION)))
         assert testbed.read_direct(info_b['data']['device_path'],
                                    70 * REGION, REGION) == \
@@ -154,7 +146,7 @@ def test_no_commit_while_the_source_instance_holds_the_volume(cluster):
         cluster['b'].call(volume_node.tick)
         assert cluster.admin_metadata(vid)['dmclone_state'] == 'cloned'
     finally:
-        os.close(instance)
+        cluster.on_node('a', driver_steps.release, path_a)
     # The instance has left A: the next tick commits.
     cluster['b'].call(volume_node.tick)
     assert cluster.admin_metadata(vid)['dmclone_state'] == 'hydrating'
@@ -181,9 +173,11 @@ def test_failed_live_migration_rolls_back(cluster):
                 if k.startswith('dmclone_')]
     assert not any('dmc--b' in n for n in testbed.dm_devices())
     assert not any(vid in n for n in testbed.list_lvs() if 'dmc-b' in n)
-    assert testbed.iscsi_sessions() == {}
-    assert testbed.lio_targets() == []
-    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == expected
+    assert driver_steps.nowhere(cluster, testbed.iscsi_sessions) == {
+        'a': [], 'b': []}
+    assert driver_steps.nowhere(cluster, testbed.lio_targets) == {
+        'a': [], 'b': []}
+    assert cluster.sha256(driver_steps.handle(vid, 'a')) == expected
     cluster.detach(vid, att_a)
     cluster.delete_volume(vid)
 
@@ -237,14 +231,15 @@ def test_destination_restart_mid_hydration(cluster):
 def test_source_reboot_mid_move(cluster, cleanup):
     """Node A reboots while node B still reads from it.
 
-    (One kernel: A's service is killed, then LIO's targets, A's handles
-    and its LVs' activation go; /etc/target/saveconfig.json stays, as on
-    a real disk.)  The move is in its live-migration window, hydration
-    off, so node B reads every region it has not been written from node
-    A.  The record names node B, so Cinder's start calls no ensure_export
-    for the volume on node A: A's recovery must rebuild the handle and
-    restore LIO's saved targets itself.  Node B's initiator logs in
-    again, reads A's data, and the move commits and finishes.
+    (Separate kernels: a power-off and a boot.  One kernel: A's service
+    is killed, then LIO's targets, A's handles and its LVs' activation
+    go; /etc/target/saveconfig.json stays, as on a real disk.)  The move
+    is in its live-migration window, hydration off, so node B reads
+    every region it has not been written from node A.  The record names
+    node B, so Cinder's start calls no ensure_export for the volume on
+    node A: A's recovery must rebuild the handle and restore LIO's saved
+    targets itself.  Node B's initiator logs in again, reads A's data,
+    and the move commits and finishes.
     """
     cleanup(cluster.ensure_running)
     vid, image = driver_steps.seeded_volume(cluster, 95)
@@ -256,12 +251,12 @@ def test_source_reboot_mid_move(cluster, cleanup):
     path = info['data']['device_path']
     image.write(path, 300 * REGION, testbed.pattern(96, REGION))
     iqn = cluster.admin_metadata(vid)['dmclone_target_iqn']
-    assert iqn in testbed.lio_targets()
+    assert iqn in cluster.on_node('a', testbed.lio_targets)
 
-    cluster.stop('a', kill=True)
-    testbed.reboot_a()
+    cluster.reboot('a')
     cluster.start('a')
-    assert iqn in testbed.lio_targets(), testbed.lio_targets()
+    targets = cluster.on_node('a', testbed.lio_targets)
+    assert iqn in targets, targets
     status = testbed.dm_status(path.split('/')[-1])
     testbed.LOG.info('clone after the source came back: %s', status)
     assert 'no_hydration' in status, status
@@ -314,8 +309,7 @@ def test_start_never_maps_a_partial_copy(cluster):
         cluster.on_volume_node(vid, volume_node.attach, vid, att_b,
                                cluster.connector('b'))
     assert name not in testbed.dm_devices()
-    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
-        image.digest()
+    assert cluster.sha256(driver_steps.handle(vid, 'a')) == image.digest()
 
     # Without its metadata the move cannot go on: the operator gives it
     # up by hand (operations.rst, recovery checklist), the volume stays
@@ -331,8 +325,7 @@ def test_start_never_maps_a_partial_copy(cluster):
     db.volume_update(ctxt, vid, {'host': volume_node.volume_host('a'),
                                  'status': 'in-use'})
     objects.VolumeAttachment.get_by_id(ctxt, att_b).destroy()
-    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
-        image.digest()
+    assert cluster.sha256(driver_steps.handle(vid, 'a')) == image.digest()
     cluster.detach(vid, att_a)
     cluster.delete_volume(vid)
 
@@ -400,7 +393,8 @@ def lvm_conf_without_discards():
     tmpfs-backed loop devices a discarded extent reads as zeros: that
     would hide an old copy that was never wiped.  LVM reads ``lvm.conf``
     in ``LVM_SYSTEM_DIR`` (Cinder's ``lvm_conf_file`` sets it to that
-    file's directory), so the copy gets a directory of its own.
+    file's directory), so the copy gets a directory of its own.  Runs on
+    the node whose service uses it.
     """
     with open(testbed.topology().lvm_conf) as f:
         text = f.read()
@@ -433,7 +427,7 @@ def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
     LVM driver); with ``none``, the volume's data itself: why the setting
     matters, and proof that this test can see an old copy.
     """
-    conf = lvm_conf_without_discards()
+    conf = cluster.on_node('a', lvm_conf_without_discards)
     cluster.stop('a')
     cleanup(cluster.start, 'a')
     cleanup(cluster.stop, 'a')
@@ -457,15 +451,15 @@ def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
                32 * MiB: testbed.pattern(96, MiB),             # cleared
                512 * MiB: testbed.pattern(97, MiB)}            # beyond
     for offset, data in secrets.items():
-        testbed.write_direct(driver_steps.handle(vid, 'a'), offset, data)
-    extents = testbed.lv_pe_ranges(vg, 'volume-' + vid)
+        cluster.write(driver_steps.handle(vid, 'a'), offset, data)
+    extents = cluster.on_node('a', testbed.lv_pe_ranges, vg, 'volume-' + vid)
     testbed.LOG.info('volume-%s on %s', vid, extents)
 
     attachment, _info = cluster.attach(vid, 'b')          # moves to B
     driver_steps.wait_finalized(cluster, vid)
 
     def old_copies():
-        return sorted(n for n in testbed.list_lvs()
+        return sorted(n for n in cluster.on_node('a', testbed.list_lvs)
                       if n.startswith(vg + '/') and vid in n)
     testbed.LOG.info('node A right after the move: %s', old_copies())
     testbed.wait_until(lambda: old_copies() == [], 600,
@@ -474,12 +468,13 @@ def test_source_copy_wiped_after_a_move(cluster, cleanup, volume_clear):
                            old_copies(),))
 
     name = 'ft-wipe-check-' + volume_clear
-    cleanup(testbed.remove_lv, vg, name)
-    path = testbed.create_lv_on_extents(vg, name, extents)
-    assert testbed.lv_pe_ranges(vg, name) == extents
-    found = {offset: testbed.read_direct(path, offset, len(data)) == data
+    cleanup(cluster.on_node, 'a', testbed.remove_lv, vg, name)
+    path = cluster.on_node('a', testbed.create_lv_on_extents, vg, name,
+                           extents)
+    assert cluster.on_node('a', testbed.lv_pe_ranges, vg, name) == extents
+    found = {offset: cluster.read(path, offset, len(data)) == data
              for offset, data in secrets.items()}
-    head = testbed.read_direct(path, 0, CLEAR_MB * MiB)
+    head = cluster.read(path, 0, CLEAR_MB * MiB)
     testbed.LOG.info('new LV over the old extents (volume_clear=%s): %d '
                      'non-zero bytes in the first %d MiB; old data found '
                      'at %s', volume_clear, nonzero_bytes(head), CLEAR_MB,

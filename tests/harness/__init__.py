@@ -34,9 +34,11 @@ Cinder services; importing them anywhere is harmless):
   it (cinderclient, Nova's attachment flow with os-brick on the node);
 * ``volume_node``: one node's volume service in a worker (the real
   driver, what the volume manager does around it, the peer calls over a
-  UNIX socket, crash points);
+  UNIX socket or TCP between kernels, crash points);
 * ``driver_cluster``: :class:`driver_cluster.Cluster`, both nodes'
-  volume services and the records the API side keeps;
+  volume services over one database (a SQLite file in one kernel, the
+  control plane's MariaDB and etcd on separate kernels), the records the
+  API side keeps, and each node's kernel looked at where it is;
 * ``steps`` and ``driver_steps``: the scenario steps the suites share,
   over :class:`api.Cloud` and over :class:`driver_cluster.Cluster`.
 

@@ -153,8 +153,7 @@ class Cloud(object):
         sess = session.Session(auth=NoAuth('admin', 'admin',
                                            endpoint=services.API))
         self.c = client.Client(services.MICROVERSION, session=sess)
-        self._workers = {}
-        self._worker_log = worker_log
+        self._nodes = workers.NodeCalls(stderr_path=worker_log)
 
     def on_node(self, node_key, fn, *args):
         """Run ``fn(*args)`` on compute node ``node_key``.
@@ -162,25 +161,18 @@ class Cloud(object):
         Here, unless the node is another kernel (separate layout): then in
         a worker process on it, kept until :meth:`close`.
         """
-        if not self.topo.separate or node_key == testbed.local_node():
-            return fn(*args)
-        worker = self._workers.get(node_key)
-        if worker is None:
-            worker = workers.NodeProcess(
-                node_key, stderr_path=self._worker_log).start()
-            self._workers[node_key] = worker
-        return worker.call(fn, *args)
+        return self._nodes.call(node_key, fn, *args)
 
     def forget_node(self, node_key):
         """Drop the worker on a node that was powered off."""
-        worker = self._workers.pop(node_key, None)
-        if worker is not None:
-            worker.kill()
+        self._nodes.forget(node_key)
+
+    def forget_silent_nodes(self):
+        """Drop the workers on nodes rebooted since (by another harness)."""
+        self._nodes.forget_silent()
 
     def close(self):
-        for worker in self._workers.values():
-            worker.close()
-        self._workers.clear()
+        self._nodes.close()
 
     # -- volumes -------------------------------------------------------------
 

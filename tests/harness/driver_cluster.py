@@ -15,8 +15,13 @@
 The pytest process plays Cinder's API and Nova: it creates volume and
 attachment records in the shared database and routes each request to the
 worker of the node the volume record names, as the volume RPC API would.
+It looks at a node's kernel (its LVs, LIO targets, the data of its
+devices) through :meth:`Cluster.on_node`, which is a plain call in the
+one-kernel layout and a call in a worker on that node when the node has
+a kernel of its own.
 """
 
+import os
 import uuid
 
 from tests.harness import testbed
@@ -24,10 +29,35 @@ from tests.harness import volume_node
 from tests.harness import workers
 
 
+def device_node(topo, path):
+    """The node whose kernel holds ``path``: a handle or LV of its VGs.
+
+    ``/dev/mapper/dmclone-<vg>-volume-...`` (the VG's dashes doubled, as
+    device-mapper names show them) or ``/dev/<vg>/...``, for the VGs the
+    topology gives each node.  Anything else is refused: which kernel
+    holds it cannot be told from its name.
+    """
+    for key, node in sorted(topo.nodes.items()):
+        for vg in (node.vg, node.meta_vg):
+            if vg and (path.startswith('/dev/%s/' % vg) or path.startswith(
+                    '/dev/mapper/dmclone-%s-volume-'
+                    % vg.replace('-', '--'))):
+                return key
+    raise ValueError('%s is no handle or LV of a node\'s volume groups'
+                     % path)
+
+
 class Cluster(object):
 
-    def __init__(self):
+    def __init__(self, control_plane=None):
+        """Both nodes' services, none started yet.
+
+        ``control_plane``: the session's :class:`services.Stack`, whose
+        volume services must not run beside these (:meth:`ensure_running`).
+        """
+        self.control_plane = control_plane
         self.workers = {}
+        self.nodes = workers.NodeCalls()
 
     # -- services ----------------------------------------------------------
 
@@ -63,12 +93,23 @@ class Cluster(object):
             worker.close()
 
     def ensure_running(self):
-        """Restart a node's service whose worker is gone."""
-        for key in ('a', 'b'):
+        """Both nodes' services run, and only theirs: before every test.
+
+        The full stack's volume services (the session's, when a module
+        of the stack ran before) act on the same volume groups and LIO
+        targets: they are stopped, and the stack's fixtures start them
+        again before its next test (:func:`services.keep_running`).  A
+        worker that is gone, or on separate kernels does not answer (its
+        node powered off or rebooted by a test of the stack), is started
+        again; so are the workers that look at the nodes.
+        """
+        if self.control_plane is not None:
+            self.control_plane.stop_volumes()
+        self.nodes.forget_silent()
+        for key in volume_node.NODES:
             worker = self.workers.get(key)
-            if worker is None or worker.proc is None \
-                    or worker.proc.poll() is not None:
-                self.workers.pop(key, None)
+            if worker is None or not worker.answers():
+                self.forget(key)
                 self.start(key)
 
     def stop(self, key, kill=False):
@@ -83,12 +124,59 @@ class Cluster(object):
             finally:
                 worker.close()
 
+    def reboot(self, key):
+        """Node ``key`` reboots; returns the device-mapper handles it had.
+
+        It loses its service and its kernel's state.  Separate kernels: a
+        hard power-off and a boot, its disks (VGs, LIO's saved
+        configuration) kept.  One kernel: node A's reboot simulated
+        (:func:`testbed.reboot_a`).  The service is not started again.
+        """
+        self.stop(key, kill=True)
+        if not testbed.topology().separate:
+            assert key == 'a', 'one kernel: only node A can reboot'
+            return testbed.reboot_a()
+        handles = self.on_node(key, testbed.handles, key)
+        self.nodes.forget(key)
+        testbed.power_off(key)
+        testbed.boot(key)
+        return handles
+
     def close(self):
         for key in list(self.workers):
             self.stop(key)
+        self.nodes.close()
 
     def __getitem__(self, key):
         return self.workers[key]
+
+    # -- the nodes' kernels --------------------------------------------------
+
+    def on_node(self, key, fn, *args):
+        """``fn(*args)`` on node ``key``'s kernel (see the module's doc)."""
+        return self.nodes.call(key, fn, *args)
+
+    def on_each(self, fn, *args):
+        """{node: ``fn(*args)`` on its kernel} for both nodes."""
+        return {key: self.on_node(key, fn, *args)
+                for key in volume_node.NODES}
+
+    def write(self, path, offset, data):
+        """Write ``data`` at ``offset`` of a node's handle or LV (O_DIRECT)."""
+        self.on_node(device_node(testbed.topology(), path),
+                     testbed.write_direct, path, offset, data)
+
+    def read(self, path, offset, length):
+        return self.on_node(device_node(testbed.topology(), path),
+                            testbed.read_direct, path, offset, length)
+
+    def sha256(self, path, length=None, offset=0):
+        return self.on_node(device_node(testbed.topology(), path),
+                            testbed.sha256_of_device, path, length, offset)
+
+    def exists(self, path):
+        return self.on_node(device_node(testbed.topology(), path),
+                            os.path.exists, path)
 
     # -- records -----------------------------------------------------------
 

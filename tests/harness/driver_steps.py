@@ -16,11 +16,15 @@ What the tests of :class:`driver_cluster.Cluster` (the functional suite's
 test_transfer.py, the fault suite, the move benchmark) do again and
 again: a volume of node A with known data and the :class:`Image` of what
 it must read, node B's monitor ticked until a move is finalized, and the
-check that node B alone holds the volume afterwards.  Testbed guest only.
+check that node B alone holds the volume afterwards.  Testbed guest only;
+a node's devices are read and written on its own kernel
+(:meth:`driver_cluster.Cluster.on_node`).
 """
 
 import hashlib
+import os
 
+from tests.harness import driver_cluster
 from tests.harness import testbed
 from tests.harness import volume_node
 
@@ -40,32 +44,68 @@ def lv(volume_id, node):
 
 
 class Image(object):
-    """The expected content of a volume: a base device plus our writes."""
+    """The expected content of a volume: a base device plus our writes.
 
-    def __init__(self, base_path, size):
+    The base is a node's LV (or handle); the writes go to whichever
+    node's device the test names, on that node's kernel.
+    """
+
+    def __init__(self, cluster, base_path, size):
+        self.cluster = cluster
         self.base_path = base_path
         self.size = size
         self.writes = []
 
     def write(self, path, offset, data):
-        testbed.write_direct(path, offset, data)
+        self.cluster.write(path, offset, data)
         self.writes.append((offset, bytes(data)))
 
-    def digest(self, chunk=4 * MiB):
+    def digest(self):
         """sha256 of the base device with the writes applied on top."""
-        h = hashlib.sha256()
-        pos = 0
-        blocks = testbed.iter_direct(self.base_path, 0, self.size, chunk)
-        for block in blocks:
-            block = bytearray(block)
-            for offset, data in self.writes:
-                lo, hi = max(offset, pos), min(offset + len(data),
-                                               pos + len(block))
-                if lo < hi:
-                    block[lo - pos:hi - pos] = data[lo - offset:hi - offset]
-            h.update(block)
-            pos += len(block)
-        return h.hexdigest()
+        node = driver_cluster.device_node(testbed.topology(), self.base_path)
+        return self.cluster.on_node(node, digest_with_writes, self.base_path,
+                                    self.size, self.writes)
+
+
+def digest_with_writes(base_path, size, writes, chunk=4 * MiB):
+    """sha256 of a device with ``writes`` applied on top of it.
+
+    ``size`` bytes of ``base_path``, ``writes`` (offset, data); run on the
+    base's kernel.
+    """
+    h = hashlib.sha256()
+    pos = 0
+    for block in testbed.iter_direct(base_path, 0, size, chunk):
+        block = bytearray(block)
+        for offset, data in writes:
+            lo, hi = max(offset, pos), min(offset + len(data),
+                                           pos + len(block))
+            if lo < hi:
+                block[lo - pos:hi - pos] = data[lo - offset:hi - offset]
+        h.update(block)
+        pos += len(block)
+    return h.hexdigest()
+
+
+#: devices an instance holds open, by path: the file descriptors, in the
+#: process that looks at the device's node (Cluster.on_node)
+_HELD = {}
+
+
+def hold_open(path):
+    """An instance opens ``path`` and keeps it open (call on its node)."""
+    _HELD[path] = os.open(path, os.O_RDWR)
+
+
+def write_held(path, offset, data):
+    """The instance holding ``path`` writes ``data`` and syncs it."""
+    os.pwrite(_HELD[path], data, offset)
+    os.fsync(_HELD[path])
+
+
+def release(path):
+    """The instance holding ``path`` closes it."""
+    os.close(_HELD.pop(path))
 
 
 def seed(image, path, seed_value):
@@ -81,7 +121,7 @@ def seed(image, path, seed_value):
 def seeded_volume(cluster, seed_value):
     """A 1 GiB volume on node A with known data; returns (id, Image)."""
     vid = cluster.create_volume('a')
-    image = Image(lv(vid, 'a'), GiB)
+    image = Image(cluster, lv(vid, 'a'), GiB)
     seed(image, handle(vid, 'a'), seed_value)
     return vid, image
 
@@ -101,17 +141,26 @@ def wait_finalized(cluster, volume_id, timeout=900):
                        interval=2, diagnostics=diagnostics)
 
 
+def nowhere(cluster, fn, *args):
+    """What ``fn(*args)`` lists on each node's kernel, as {node: [...]}.
+
+    (E.g. testbed.lio_targets, testbed.iscsi_sessions: ``{'a': [], 'b':
+    []}`` when neither node has any.)
+    """
+    return {key: list(found)
+            for key, found in cluster.on_each(fn, *args).items()}
+
+
 def assert_only_on_b(cluster, volume_id, expected):
     b_path = handle(volume_id, 'b')
     assert cluster.node_of(volume_id) == 'b'
     table = testbed.dm_table(b_path.split('/')[-1]).split()
     assert table[2] == 'linear', table
-    assert not testbed.run(['test', '-e', lv(volume_id, 'a')],
-                           check=False).returncode == 0
-    assert not any(volume_id in n for n in testbed.dm_devices()
-                   if 'dmc--a' in n)
-    assert testbed.iscsi_sessions() == {}
-    assert testbed.lio_targets() == []
+    assert not cluster.exists(lv(volume_id, 'a'))
+    assert not any(volume_id in n
+                   for n in cluster.on_node('a', testbed.handles, 'a'))
+    assert nowhere(cluster, testbed.iscsi_sessions) == {'a': [], 'b': []}
+    assert nowhere(cluster, testbed.lio_targets) == {'a': [], 'b': []}
     md = cluster.admin_metadata(volume_id)
     assert not [k for k in md if k.startswith('dmclone_')], md
     vol = cluster.volume(volume_id)

@@ -32,6 +32,9 @@ so that each suite states which it shares:
   it if anything is left behind (see :func:`testbed.leaks`) and then
   cleans up by force so the next test starts clean (on every node's
   kernel);
+* ``control_plane``: the session's MariaDB, RabbitMQ and etcd (a
+  :class:`services.Stack` whose parts start when first needed), shared
+  by ``stack`` and ``cluster``;
 * ``stack`` and ``cloud``: the full Cinder stack (:mod:`services`) and its
   API (:mod:`api`), one per session; ``module_stack`` and
   ``module_cloud`` are the same fixtures (named ``stack`` and ``cloud``)
@@ -39,7 +42,12 @@ so that each suite states which it shares:
   (automatic) keeps the nodes up and their services running around a
   test that uses the stack;
 * ``cluster``: both nodes' volume services of :mod:`driver_cluster`, for
-  the session (:func:`running_cluster` for a suite's own variant).
+  the session (:func:`running_cluster` for a suite's own variant);
+  ``cluster_running`` (automatic) makes sure they run, and only they,
+  at the start of each test that uses it.
+
+One suite a session: each suite's conftest.py has its own session
+fixtures, and two suites' clusters would meet on the same nodes.
 """
 
 import dataclasses
@@ -53,6 +61,7 @@ from tests.harness import api
 from tests.harness import driver_cluster
 from tests.harness import services
 from tests.harness import testbed
+from tests.harness import volume_node
 from tests.harness import workers
 
 
@@ -96,13 +105,31 @@ def cleanup():
 # -- the full stack ----------------------------------------------------------
 
 @pytest.fixture(scope='session')
-def stack():
+def control_plane():
+    """The session's :class:`services.Stack`, started piecemeal.
+
+    One MariaDB and one etcd per testbed: the full stack (:func:`stack`)
+    and, on separate kernels, the driver cluster (:func:`cluster`) share
+    them, in whichever order a session's modules come.  Whoever comes
+    first starts what it needs (:meth:`services.Stack.
+    start_control_plane`); the other finds it running; everything stops
+    when the session ends.
+    """
+    if not testbed.in_testbed():
+        pytest.skip('needs the testbed guest')
+    s = services.Stack(testbed.topology())
+    yield s
+    services.finish(s)
+
+
+@pytest.fixture(scope='session')
+def stack(control_plane):
     """The full stack, one per session (test_fullstack.py has its own).
 
     The separate-kernel scenarios of several modules share it: each
     module starting its own cost two minutes of CI.
     """
-    yield from services.running()
+    yield from services.running(control_plane)
 
 
 @pytest.fixture(scope='session')
@@ -112,11 +139,12 @@ def cloud(stack):
 
 @pytest.fixture(scope='module', name='stack')
 def module_stack():
-    """The full stack, for the importing module only.
+    """The full stack, for the importing module only (one-kernel layout).
 
     In the one-kernel tier the next modules' harnesses use the same volume
     groups and must not meet the stack's services (the separate-kernel
-    modules share one: :func:`stack`).
+    modules share one: :func:`stack`; this one's MariaDB would meet the
+    session's :func:`control_plane`).
     """
     yield from services.running()
 
@@ -141,12 +169,23 @@ def services_running(request):
 
 # -- the driver's two volume services -----------------------------------------
 
-def running_cluster():
-    """Start both nodes' services over a fresh database; yield, stop."""
+def running_cluster(control_plane):
+    """Start both nodes' services over a fresh database; yield, stop.
+
+    One kernel: the database is a SQLite file, the locks files, both
+    on the one file system.  Separate kernels: database ``cinder_ft`` on
+    the control plane's MariaDB and its etcd, started here unless the
+    session's full stack runs already (see :func:`control_plane`).
+    """
     if not testbed.in_testbed():
         pytest.skip('needs the testbed guest')
+    if testbed.topology().separate:
+        control_plane.start_control_plane(volume_node.CONTROL_PLANE)
+        control_plane.create_database(volume_node.FT_DATABASE, fresh=True)
+    # (A start recovers what it finds on the node: not beside others.)
+    control_plane.stop_volumes()
     driver_cluster.setup_database()
-    c = driver_cluster.Cluster()
+    c = driver_cluster.Cluster(control_plane)
     try:
         c.start('a')
         c.start('b')
@@ -156,9 +195,26 @@ def running_cluster():
 
 
 @pytest.fixture(scope='session')
-def cluster():
-    """Both nodes' volume services over one database, for the session."""
-    yield from running_cluster()
+def cluster(control_plane):
+    """Both nodes' volume services over one database, for the session.
+
+    A suite's conftest.py imports it (with ``control_plane``), never a
+    test module: a fixture imported into two modules is two fixtures,
+    and two clusters would meet on the same volume groups and ports.
+    """
+    yield from running_cluster(control_plane)
+
+
+@pytest.fixture(autouse=True)
+def cluster_running(nodes_answer, request):
+    """Before a test of the cluster: its services run, and only theirs.
+
+    (:meth:`driver_cluster.Cluster.ensure_running`: a worker a test
+    killed is started again, the full stack's volume services stopped.)
+    """
+    if 'cluster' in request.fixturenames:
+        request.getfixturevalue('cluster').ensure_running()
+    yield
 
 
 # -- every test: nodes up, nothing left behind -------------------------------

@@ -43,6 +43,11 @@ LOG = logging.getLogger('stack')
 
 API_IP = '10.0.0.2'
 API = 'http://%s:8776/v3' % API_IP
+#: etcd of the control plane, as the volume services' [coordination]
+#: backend_url names it (tools/testbed/stack/cinder.conf)
+ETCD_URL = 'etcd3+http://%s:2379?api_version=v3&timeout=60' % API_IP
+#: the servers of the control plane, in the order they are started
+CONTROL_PLANE = ('mariadb', 'rabbitmq', 'etcd')
 ETC = '/etc/cinder'
 CONF_DIR = '/src/tools/testbed/stack'
 STATE = '/var/lib/cinder'
@@ -90,6 +95,12 @@ def install_rootwrap(directory, sudo_env_keep=()):
             f.write('Defaults env_keep += "%s"\n' % name)
     os.chmod('/etc/sudoers.d/testbed', 0o440)
     return path
+
+
+def database_url(name):
+    """The SQLAlchemy URL of database ``name`` on the control plane."""
+    return 'mysql+pymysql://cinder:cinder@%s/%s?charset=utf8' % (API_IP,
+                                                                 name)
 
 
 def install_volume_node(*nodes):
@@ -266,7 +277,7 @@ class Stack(object):
 
     def install_configs(self):
         """Put the stack's configuration where the services look."""
-        os.makedirs(self.log_dir, exist_ok=True)
+        self._install_control_plane()
         venv = os.path.dirname(os.path.dirname(self.topo.python))
         # Every node's service configuration: in the one-kernel layout
         # node A's service runs in this guest too.  (privsep starts its
@@ -280,6 +291,10 @@ class Stack(object):
         if self.topo.separate:
             with workers.NodeProcess('a') as node_a:
                 node_a.call(install_volume_node, 'a')
+
+    def _install_control_plane(self):
+        """The servers' configuration (MariaDB, RabbitMQ) and the logs."""
+        os.makedirs(self.log_dir, exist_ok=True)
         shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
                     '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
         for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
@@ -317,12 +332,23 @@ class Stack(object):
         return subprocess.run(['mysqladmin', 'ping'], capture_output=True,
                               timeout=30).returncode == 0
 
-    def create_database(self):
-        testbed.run(['mysql', '-e',
-                     "CREATE DATABASE IF NOT EXISTS cinder; "
-                     "CREATE USER IF NOT EXISTS 'cinder'@'%' IDENTIFIED BY "
-                     "'cinder'; GRANT ALL ON cinder.* TO 'cinder'@'%'; "
-                     "FLUSH PRIVILEGES;"])
+    def create_database(self, name='cinder', fresh=False):
+        """Database ``name`` for the services' user (empty if ``fresh``).
+
+        ``fresh``: dropped first.  The stack's own is ``cinder``; the
+        driver cluster of the separate-kernel layout has one of its own on
+        the same server (:func:`tests.harness.volume_node.shared_state`).
+        """
+        sql = ("CREATE DATABASE IF NOT EXISTS {0}; "
+               "CREATE USER IF NOT EXISTS 'cinder'@'%' IDENTIFIED BY "
+               "'cinder'; GRANT ALL ON {0}.* TO 'cinder'@'%'; "
+               "FLUSH PRIVILEGES;").format(name)
+        if fresh:
+            sql = 'DROP DATABASE IF EXISTS %s; %s' % (name, sql)
+        testbed.run(['mysql', '-e', sql])
+
+    def sync_database(self):
+        """Cinder's schema in the stack's database (``cinder-manage``)."""
         testbed.run(['cinder-manage', '--config-file', ETC + '/cinder.conf',
                      'db', 'sync'], timeout=600,
                     env=self._env())
@@ -351,6 +377,39 @@ class Stack(object):
                               timeout=5).get('health') == 'true'
         except (OSError, ValueError):
             return False
+
+    def rabbitmq_ready(self):
+        return _port_open(API_IP, 5672)
+
+    def start_control_plane(self, parts=CONTROL_PLANE):
+        """Start the servers ``parts`` names; return once they all serve.
+
+        Those already running are left as they are: the full stack
+        (:meth:`start`) completes a control plane whose database and
+        etcd the driver cluster started first, and the cluster uses those
+        of a running stack (:func:`tests.harness.pytest_fixtures.
+        control_plane`).  MariaDB starts over a fresh copy of its data
+        directory: nothing but the first start may spawn it.
+        """
+        self._install_control_plane()
+        self._spawn_control_plane(parts)
+        self._wait_control_plane(parts)
+
+    def _spawn_control_plane(self, parts):
+        """Spawn the servers of ``parts`` that do not run."""
+        for name in CONTROL_PLANE:
+            if name in parts and not self.alive(name):
+                getattr(self, 'start_' + name)()
+
+    def _wait_control_plane(self, parts):
+        ready = {'mariadb': (self.mariadb_ready, 300, 'MariaDB answering'),
+                 'etcd': (self.etcd_ready, 300, 'etcd healthy'),
+                 'rabbitmq': (self.rabbitmq_ready, 900,
+                              'RabbitMQ listening')}
+        for name in ('mariadb', 'etcd', 'rabbitmq'):
+            if name in parts:
+                predicate, timeout, what = ready[name]
+                self._wait(predicate, timeout, what, procs=[name])
 
     # -- cinder ---------------------------------------------------------------
 
@@ -388,17 +447,37 @@ class Stack(object):
         self.kill_volume(node)
 
     def boot(self, node):
-        """Boot ``node`` again; its volume service starts as at boot.
-
-        The node's guest comes back with its disks only: Cinder's
-        configuration is installed again (a real node has it on disk), then
-        cinder-volume starts and reports.
-        """
+        """Boot ``node`` again; its volume service starts as at boot."""
         testbed.boot(node)
-        with workers.NodeProcess(node) as worker:
-            worker.call(install_volume_node, node)
+        self.restart_volume(node)
+
+    def restart_volume(self, node):
+        """Start ``node``'s cinder-volume again; return once it reports.
+
+        On another kernel the node's Cinder configuration is installed
+        first (a real node has it on disk): the node may have booted since
+        it was installed (a power-off, or the driver cluster's reboot of
+        it), and a booted guest comes back with its disks only.
+        """
+        if self.topo.separate and node != testbed.local_node():
+            with workers.NodeProcess(node) as worker:
+                worker.call(install_volume_node, node)
         self.start_volume(node)
         self.wait_volume_up(node)
+
+    def stop_volumes(self):
+        """Stop every node's cinder-volume, as a service manager stops it.
+
+        SIGTERM to its process group (on another kernel, nodelink passes
+        it on), SIGKILL for what outlives the grace period.  For the
+        driver cluster, whose services use the same volume groups
+        (:meth:`tests.harness.driver_cluster.Cluster.ensure_running`);
+        :func:`keep_running` starts them again.
+        """
+        for name in sorted(self.procs):
+            if name.startswith('volume-') and self.alive(name):
+                end_group(self.procs[name])
+                LOG.info('%s stopped', name)
 
     def _db(self, query, check=True):
         """A query's rows as text.
@@ -455,17 +534,18 @@ class Stack(object):
     # -- the whole stack ------------------------------------------------------
 
     def start(self):
+        """Start the whole stack; return once every pool is listed.
+
+        (The control plane's servers that run already are kept.)
+        """
         self.install_configs()
-        self.start_mariadb()
-        self.start_rabbitmq()
-        self.start_etcd()
-        self._wait(self.mariadb_ready, 300, 'MariaDB answering',
-                   procs=['mariadb'])
+        self._spawn_control_plane(CONTROL_PLANE)
+        # The schema is synced while RabbitMQ boots (the slowest part).
+        self._wait_control_plane(('mariadb',))
         self.create_database()
+        self.sync_database()
         self._stamp('cinder database synced')
-        self._wait(self.etcd_ready, 300, 'etcd healthy', procs=['etcd'])
-        self._wait(lambda: _port_open(API_IP, 5672), 900,
-                   'RabbitMQ listening', procs=['rabbitmq'])
+        self._wait_control_plane(('etcd', 'rabbitmq'))
         self._cinder('cinder-api', extra=('--config-file',
                                           ETC + '/api.conf'))
         self._cinder('cinder-scheduler')
@@ -513,8 +593,8 @@ class Stack(object):
         """Kill the broker and start it again; wait until it serves."""
         self.stop_rabbitmq()
         self.start_rabbitmq()
-        self._wait(lambda: _port_open(API_IP, 5672), 900,
-                   'RabbitMQ listening again', procs=['rabbitmq'])
+        self._wait(self.rabbitmq_ready, 900, 'RabbitMQ listening again',
+                   procs=['rabbitmq'])
 
     @staticmethod
     def rpc_consumers(queue):
@@ -630,20 +710,36 @@ class Stack(object):
         return found
 
 
-def running():
+def running(s=None):
     """A started :class:`Stack` for a fixture to yield; stopped after.
 
-    The cinder services' ERROR lines are logged when it stops (expected
-    for refusal scenarios; for the record otherwise).
+    ``s``: a stack whose owner stops it (the session's control plane,
+    :func:`tests.harness.pytest_fixtures.control_plane`): it is completed
+    here, what already runs of it kept, and left running after.
     """
-    s = Stack(testbed.topology())
+    owned = s is None
+    if owned:
+        s = Stack(testbed.topology())
     try:
         s.start()
     except BaseException:
-        s.stop()
+        if owned:
+            s.stop()
         raise
     LOG.info('stack up: %s', s.timings)
     yield s
+    if owned:
+        finish(s)
+
+
+def finish(s):
+    """Stop ``s``; log the cinder services' ERROR lines first.
+
+    (Expected for the refusal scenarios; for the record otherwise.)  A
+    stack that never started anything has neither.
+    """
+    if not s.procs:
+        return
     errors = s.errors_in_logs()
     if errors:
         LOG.warning('ERROR lines in the service logs (expected for the '
@@ -655,14 +751,17 @@ def keep_running(s, cloud):
     """Boot a node a scenario left powered off; restart dead services.
 
     (A scenario that fails between a power-off and the boot, or after it
-    killed a volume service, must not fail every later test.)
+    killed a volume service, must not fail every later test; the driver
+    cluster's tests stop the volume services, see :meth:`Stack.
+    stop_volumes`.)
     """
     if s.topo.separate and not testbed.answers('a'):
         LOG.warning('node A is down: booting it')
         cloud.forget_node('a')
         s.boot('a')
+    # (The driver cluster's tests reboot node A.)
+    cloud.forget_silent_nodes()
     for key in ('a', 'b'):
         if not s.alive('volume-' + key):
-            LOG.warning('volume-%s is not running: starting it', key)
-            s.start_volume(key)
-            s.wait_volume_up(key)
+            LOG.info('volume-%s is not running: starting it', key)
+            s.restart_volume(key)

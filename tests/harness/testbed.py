@@ -169,6 +169,17 @@ def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
     return proc
 
 
+def read_text(path, node='b'):
+    """The text of file ``path`` on ``node``'s kernel; '' if it is missing."""
+    if topology().separate and node != local_node():
+        return run(['cat', path], node=node, check=False).stdout
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ''
+
+
 class WaitTimeout(AssertionError):
     pass
 
@@ -196,6 +207,29 @@ def wait_until(predicate, timeout, what, interval=0.25, diagnostics=None):
             raise WaitTimeout('timed out after %d s waiting for %s; last '
                               'value %r\n%s' % (timeout, what, value, diag))
         time.sleep(interval)
+
+
+def netem_on_port(dev, port, netem_args):
+    """tc commands: netem ``netem_args`` on ``dev``'s TCP ``port`` only.
+
+    For a device that carries other traffic too (between separate
+    kernels: the harness's commands, the database): a ``prio`` root
+    with a fourth band that no priority maps to, netem on that band, and
+    u32 filters that send it the packets from or to ``port``.  Run them
+    on a device without a root qdisc (``tc qdisc del dev DEV root``
+    removes it all).
+    """
+    band = '1:4'
+    commands = [['tc', 'qdisc', 'add', 'dev', dev, 'root', 'handle', '1:',
+                 'prio', 'bands', '4']]
+    for direction in ('sport', 'dport'):
+        commands.append(['tc', 'filter', 'add', 'dev', dev, 'parent', '1:',
+                         'protocol', 'ip', 'prio', '1', 'u32', 'match',
+                         'ip', direction, str(port), '0xffff',
+                         'flowid', band])
+    commands.append(['tc', 'qdisc', 'add', 'dev', dev, 'parent', band,
+                     'handle', '40:', 'netem'] + list(netem_args))
+    return commands
 
 
 def kernel_log(lines=40):
@@ -824,12 +858,21 @@ def reboot_a():
     """
     targetcli(['clearconfig confirm=True'])
     assert lio_targets() == []
-    handles = [n for n, u in dm_devices().items()
-               if not u.startswith('LVM-') and 'dmc--a' in n]
-    for name in handles:
+    removed = handles('a')
+    for name in removed:
         run(['dmsetup', 'remove', name])
     lvm('vgchange', '-q', '-an', topology().a.vg)
-    return handles
+    return removed
+
+
+def handles(node):
+    """Names of the device-mapper devices over ``node``'s VG, not LVM's.
+
+    (The driver's handles and clones; on this kernel.)
+    """
+    vg = topology().node(node).vg.replace('-', '--')
+    return [n for n, u in dm_devices().items()
+            if not u.startswith('LVM-') and vg in n]
 
 
 # --------------------------------------------------------------------------

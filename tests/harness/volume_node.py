@@ -14,22 +14,28 @@
 
 Each node's driver runs in a :class:`tests.harness.workers.NodeProcess`
 worker on that node (node A's inside its network namespace, so LIO binds
-its portal there).  Both share one Cinder database (SQLite file) and one
-coordination backend (file locks), as the services of a real deployment
-share theirs.  What Cinder's volume *manager* would do around the driver
-(create_export, model update, initialize_connection; terminate, remove
-export) is done by :func:`attach` and :func:`detach` here, so the tests
-exercise the driver exactly as the manager calls it.
+its portal there, or in node A's own kernel).  Both share one Cinder
+database and one coordination backend, as the services of a real
+deployment share theirs (:func:`shared_state`: a SQLite file and file
+locks on the one kernel's file system; on separate kernels a database of
+the control plane's MariaDB and its etcd).  What Cinder's volume
+*manager* would do around the driver (create_export, model update,
+initialize_connection; terminate, remove export) is done by
+:func:`attach` and :func:`detach` here, so the tests exercise the driver
+exactly as the manager calls it.
 
 Only the message bus is not real here: a :class:`SocketRPC` replaces the
 volume RPC API under the driver's own PeerClient and carries its two calls
 (initialize_connection, terminate_connection, with the volume serialised
-as Cinder's RPC would) over a UNIX socket to the other node's worker,
-which runs them as the volume manager's RPC endpoints do.  What a step
-carries is built by the real PeerClient.  The full stack (RabbitMQ, real
-services) is exercised separately.
+as Cinder's RPC would) to the other node's worker (:func:`peer_address`:
+a UNIX socket in one kernel, TCP between kernels), which runs them as the
+volume manager's RPC endpoints do.  What a step carries is built by the
+real PeerClient.  The full stack (RabbitMQ, real services) is exercised
+separately.
 """
 
+import dataclasses
+import errno
 import importlib
 import multiprocessing.connection
 import os
@@ -37,20 +43,76 @@ import shlex
 import signal
 import sys
 import threading
+import time
 import traceback
 
+from tests.harness import services
 from tests.harness import testbed
 
 BACKEND = 'dmclone'
+#: the nodes of the cluster
+NODES = ('a', 'b')
+#: the worker's state on its node (each kernel has its own)
 RUN_DIR = '/srv/cinder-ft'
 DB_PATH = RUN_DIR + '/cinder.sqlite'
 LOCK_DIR = RUN_DIR + '/locks'
+#: separate kernels: the cluster's database on the control plane's
+#: MariaDB, and what it needs of the control plane
+FT_DATABASE = 'cinder_ft'
+CONTROL_PLANE = ('mariadb', 'etcd')
+#: separate kernels: the port of each worker's peer calls, on its node's
+#: address; the key that admits a caller (multiprocessing's challenge)
+PEER_PORT = 7010
+PEER_AUTHKEY = b'cinder-dmclone-testbed-peer'
+#: how long a new worker waits for its predecessor's port (on another
+#: kernel a killed worker's process ends when nodelink notices)
+PEER_BIND_TIMEOUT = 60
 
 _STATE = {}
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedState:
+    """What both nodes' services share, as a deployment's services do."""
+    database: str             # SQLAlchemy URL of the Cinder database
+    coordination: str         # tooz backend URL: the cross-node locks
+    #: dmclone_shared_file_locks: file:// locks every node sees
+    shared_file_locks: bool
+
+
+def shared_state(separate):
+    """The cluster's database and coordination backend for a layout.
+
+    One kernel: a SQLite file and file locks in RUN_DIR, one file system
+    for both nodes (the driver accepts file locks only when stated
+    shared).  Separate kernels share nothing but the network: database
+    FT_DATABASE on the control plane's MariaDB and its etcd (the
+    driver's own check refuses node-local locks).
+    """
+    if separate:
+        return SharedState(database=services.database_url(FT_DATABASE),
+                           coordination=services.ETCD_URL,
+                           shared_file_locks=False)
+    return SharedState(database='sqlite:///' + DB_PATH,
+                       coordination='file://' + LOCK_DIR,
+                       shared_file_locks=True)
+
+
 def socket_path(node_key):
     return '%s/peer-%s.sock' % (RUN_DIR, node_key)
+
+
+def peer_address(topo, node_key):
+    """Where node ``node_key``'s worker takes the peer calls.
+
+    One kernel: a UNIX socket in RUN_DIR (both workers see it).  Separate
+    kernels: the node's own address and PEER_PORT (the run's switch
+    carries its guests only; PEER_AUTHKEY still keeps stray connections
+    from unpickling anything).
+    """
+    if topo.separate:
+        return (topo.node(node_key).ip, PEER_PORT)
+    return socket_path(node_key)
 
 
 def service_host(node_key):
@@ -81,7 +143,9 @@ def configure_process(node_key):
     from cinder import privsep as cinder_privsep
     from cinder import service  # noqa: F401
 
+    _STATE['node'] = node_key
     topo = testbed.topology()
+    shared = shared_state(topo.separate)
     conf = cfg.CONF
     conf([], project='cinder', default_config_files=[])
     # What a volume service's RPC transport registers (the driver reads
@@ -92,9 +156,8 @@ def configure_process(node_key):
             conf.register_opts(opts)
     objects.register_all()
     os.makedirs(LOCK_DIR, exist_ok=True)
-    conf.set_override('connection', 'sqlite:///' + DB_PATH,
-                      group='database')
-    conf.set_override('backend_url', 'file://' + LOCK_DIR,
+    conf.set_override('connection', shared.database, group='database')
+    conf.set_override('backend_url', shared.coordination,
                       group='coordination')
     conf.set_override('lock_path', LOCK_DIR, group='oslo_concurrency')
     conf.set_override('host', topo.node(node_key).name)
@@ -128,8 +191,14 @@ def configure_process(node_key):
 #: Path of a rootwrap.conf; when set, every root command of the workers
 #: goes through ``sudo cinder-rootwrap`` with it.
 ROOTWRAP_ENV = 'DMCLONE_FT_ROOTWRAP'
-#: One line per command rootwrap ran ("ok") or refused ("REFUSED").
-ROOTWRAP_LOG = RUN_DIR + '/rootwrap-commands.log'
+#: DM_DISABLE_UDEV: the guest has no udev, so dmsetup must create its
+#: device nodes itself (a real node runs udev).
+SUDO_ENV_KEEP = ('DM_DISABLE_UDEV',)
+
+
+def install_rootwrap(directory):
+    """The workers' rootwrap.conf and filters in ``directory``; its path."""
+    return services.install_rootwrap(directory, sudo_env_keep=SUDO_ENV_KEEP)
 
 
 def use_rootwrap(rootwrap_conf):
@@ -140,12 +209,16 @@ def use_rootwrap(rootwrap_conf):
     becomes ``sudo cinder-rootwrap <conf> <cmd>`` exactly as on a compute
     node where cinder-volume runs unprivileged, so a command the filter
     files do not admit fails here too (rootwrap exits 99).  Each command
-    and its verdict is logged to ROOTWRAP_LOG for the suite to check.
+    and its verdict is logged to the node's :func:`root_command_log` for
+    the suite to check.  A node without ``rootwrap_conf`` (another kernel,
+    booted since) gets it installed first, as a real node has it on disk.
     """
     from cinder import utils
     from oslo_concurrency import processutils
     from oslo_config import cfg
 
+    if not os.path.exists(rootwrap_conf):
+        install_rootwrap(os.path.dirname(rootwrap_conf))
     cfg.CONF.set_override('rootwrap_config', rootwrap_conf)
     helper = utils.get_root_helper()
     original = processutils.execute
@@ -169,18 +242,45 @@ def use_rootwrap(rootwrap_conf):
     processutils.execute = execute
 
 
+def root_command_log(node_key):
+    """The log of the root commands of node ``node_key``'s workers.
+
+    On that node: one line per command, "ok", "failed" or "REFUSED" (by
+    rootwrap) and the command.
+    """
+    return '%s/rootwrap-commands-%s.log' % (RUN_DIR, node_key)
+
+
 def _log_root_command(verdict, cmd):
-    with open(ROOTWRAP_LOG, 'a') as f:
+    with open(root_command_log(_STATE['node']), 'a') as f:
         f.write('%s %s\n' % (verdict, shlex.join(str(c) for c in cmd)))
 
 
-def root_commands():
-    """The lines of ROOTWRAP_LOG so far: "<verdict> <command>" each."""
-    try:
-        with open(ROOTWRAP_LOG) as f:
-            return f.read().splitlines()
-    except FileNotFoundError:
-        return []
+def _root_command_lines(node_key):
+    return testbed.read_text(root_command_log(node_key),
+                             node_key).splitlines()
+
+
+def root_command_marks():
+    """{node: lines} of the root command logs so far (see root_commands)."""
+    return {key: len(_root_command_lines(key)) for key in NODES}
+
+
+def root_commands(since=None):
+    """"<verdict> <command>" lines of both nodes' logs, A's then B's.
+
+    ``since``: what :func:`root_command_marks` returned; only the lines
+    written after it.
+    """
+    lines = []
+    for key in NODES:
+        lines += _root_command_lines(key)[(since or {}).get(key, 0):]
+    return lines
+
+
+def clear_root_commands():
+    for key in NODES:
+        testbed.run(['rm', '-f', root_command_log(key)], node=key)
 
 
 # --------------------------------------------------------------------------
@@ -392,10 +492,16 @@ def arm_withdrawn_attach(point):
 
 
 def create_database():
-    """A fresh Cinder schema in the shared SQLite file."""
+    """Cinder's schema in a fresh shared database (:func:`shared_state`).
+
+    One kernel: a new SQLite file.  Separate kernels: the empty database
+    the control plane made (:meth:`services.Stack.create_database`).
+    Cinder's own migrations either way, as ``cinder-manage db sync``
+    runs them.
+    """
     from cinder.db import migration
     os.makedirs(RUN_DIR, exist_ok=True)
-    if os.path.exists(DB_PATH):
+    if not testbed.topology().separate and os.path.exists(DB_PATH):
         os.unlink(DB_PATH)
     configure_process('b')
     migration.db_sync()
@@ -453,9 +559,11 @@ def start_driver(node_key, overrides=None):
                   # under emulation can take a minute).
                   dmclone_transfer_timeout=240,
                   dmclone_metadata_volume_group=node.meta_vg,
-                  # Both workers' file locks are in one directory of one
-                  # file system (LOCK_DIR), so they hold across the nodes.
-                  dmclone_shared_file_locks=True)
+                  # One kernel: both workers' file locks are in one
+                  # directory of one file system (LOCK_DIR), so they hold
+                  # across the nodes.
+                  dmclone_shared_file_locks=shared_state(
+                      topo.separate).shared_file_locks)
     if node.target_iqn_prefix:
         values['target_prefix'] = node.target_iqn_prefix.rstrip(':') + ':'
     values.update(overrides or {})
@@ -474,7 +582,6 @@ def start_driver(node_key, overrides=None):
     # monitor with tick() instead.
     drv.monitor.stop()
     _STATE['driver'] = drv
-    _STATE['node'] = node_key
     _serve_peer(node_key)
     from cinder.brick.local_dev import lvm as brick_lvm
     return {'host': drv.host, 'node_name': drv.node_name,
@@ -725,7 +832,8 @@ class SocketRPC(object):
         from cinder.objects import base
         target = 'b' if routed.host.startswith(service_host('b')) else 'a'
         serializer = base.CinderObjectSerializer()
-        conn = multiprocessing.connection.Client(socket_path(target))
+        conn = multiprocessing.connection.Client(
+            peer_address(testbed.topology(), target), authkey=PEER_AUTHKEY)
         try:
             conn.send((method, serializer.serialize_entity(None, routed),
                        connector))
@@ -763,17 +871,40 @@ def _handle(method, primitive, connector):
     return driver().terminate_connection(volume, connector, force=False)
 
 
+def _listen(address):
+    """A listener on ``address``, once its last holder has let it go.
+
+    (A UNIX socket's file outlives a killed worker; on another kernel a
+    killed worker's port is free only once nodelink has ended it.)
+    """
+    if isinstance(address, str) and os.path.exists(address):
+        os.unlink(address)
+    deadline = time.monotonic() + PEER_BIND_TIMEOUT
+    while True:
+        try:
+            # (A backlog as a busy RPC server's: a TCP caller beyond it
+            # would wait for SYN retries, not in the queue.)
+            return multiprocessing.connection.Listener(
+                address, backlog=16, authkey=PEER_AUTHKEY)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 def _serve_peer(node_key):
-    path = socket_path(node_key)
-    if os.path.exists(path):
-        os.unlink(path)
-    listener = multiprocessing.connection.Listener(path)
+    listener = _listen(peer_address(testbed.topology(), node_key))
     _STATE['listener'] = listener
 
     def loop():
         while True:
             try:
                 conn = listener.accept()
+            except (multiprocessing.AuthenticationError, EOFError,
+                    ConnectionError):
+                # A caller without the key, or gone during the challenge.
+                traceback.print_exc()
+                continue
             except OSError:
                 return
             try:

@@ -182,6 +182,20 @@ class NodeProcess(object):
             raise NodeProcessDied('worker on %s closed its pipe during %s'
                                   % (self.node.name, what))
 
+    def answers(self, timeout=60):
+        """True while the worker runs and answers a call within ``timeout``.
+
+        A worker whose node was powered off or rebooted does not (its
+        local end notices only when it next sends): it is killed then.
+        """
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            self.call_with_timeout(timeout, os.getpid)
+        except NodeProcessDied:
+            return False
+        return True
+
     def kill(self):
         """Kill the worker (if it still runs) and let it go.
 
@@ -192,6 +206,54 @@ class NodeProcess(object):
             self.proc.kill()
             self.proc.wait()
         self.close()
+
+
+class NodeCalls(object):
+    """Functions run on a node's kernel: here, or in a worker on it.
+
+    In the one-kernel layout, and for the caller's own node, a call is a
+    plain call; on another kernel it runs in a :class:`NodeProcess` on
+    that node, one per node, kept until :meth:`forget` or :meth:`close`.
+    For the harness's views of a node (its LVs, LIO targets, devices'
+    data), not for a node's services, whose workers are their own.
+    """
+
+    def __init__(self, stderr_path=None):
+        """``stderr_path``: the workers' stderr (see NodeProcess)."""
+        self.stderr_path = stderr_path
+        self._workers = {}
+
+    def call(self, node_key, fn, *args):
+        """``fn(*args)`` on node ``node_key``'s kernel; its result."""
+        if not testbed.topology().separate \
+                or node_key == testbed.local_node():
+            return fn(*args)
+        worker = self._workers.get(node_key)
+        if worker is None:
+            worker = NodeProcess(node_key,
+                                 stderr_path=self.stderr_path).start()
+            self._workers[node_key] = worker
+        return worker.call(fn, *args)
+
+    def forget(self, node_key):
+        """Drop the worker on a node that was powered off."""
+        worker = self._workers.pop(node_key, None)
+        if worker is not None:
+            worker.kill()
+
+    def forget_silent(self):
+        """Drop the workers that no longer answer.
+
+        (Their node was powered off or rebooted since they started.)
+        """
+        for key, worker in list(self._workers.items()):
+            if not worker.answers():
+                self.forget(key)
+
+    def close(self):
+        for worker in self._workers.values():
+            worker.close()
+        self._workers.clear()
 
 
 def _describe(fn):

@@ -16,8 +16,14 @@
 child (the fault scenarios kill services with -9 through it), and the
 runner's power control is what the reboot scenarios stand on: both are
 checked here with real processes on the loopback interface, in seconds.
+So are the harness's choices per layout: what the driver cluster's two
+services share, where their peer calls go (and the TCP listener), which
+node holds a device, the network cut's tc commands between kernels, and
+the control plane that the full stack and the cluster start piecemeal.
 """
 
+import dataclasses
+import functools
 import importlib.util
 import os
 import signal
@@ -401,3 +407,280 @@ class EndGroupTestCase(test.TestCase):
         services.end_group(proc, grace=1)
         self.assertGone(proc.pid)
         self.assertLess(time.monotonic() - t0, 20)
+
+
+def fake_topology(layout, artifacts_dir='/nonexistent'):
+    """A topology as the guest's init writes it, for ``layout``."""
+    from tests.harness import testbed
+    nodes = {}
+    for i, key in enumerate('abc', 1):
+        meta_vg = 'dmc-%s-meta' % key
+        if layout != 'separate' and key != 'b':
+            meta_vg = None
+        nodes[key] = testbed.Node(
+            key=key, name='node-' + key, hostname='node' + key,
+            netns=None, ip='10.0.0.%d' % i, exec_prefix=(),
+            vg='dmc-' + key, initiator_iqn=None, meta_vg=meta_vg)
+    if layout != 'separate':
+        del nodes['c']
+    return testbed.Topology(
+        raw={}, a=nodes['a'], b=nodes['b'], lvm_conf='/etc/cinder/lvm.conf',
+        lvm_system_dir='/etc/cinder', python=sys.executable, src='/src',
+        artifacts_dir=artifacts_dir, iscsi_port=3260, layout=layout,
+        nodes=nodes)
+
+
+class DriverClusterLayoutTestCase(test.TestCase):
+    """What the driver cluster's two services share, per testbed layout."""
+
+    def test_one_kernel_shares_a_file_system(self):
+        from cinder_dmclone import move
+        from tests.harness import volume_node
+        shared = volume_node.shared_state(separate=False)
+        self.assertEqual('sqlite:////srv/cinder-ft/cinder.sqlite',
+                         shared.database)
+        self.assertEqual('file:///srv/cinder-ft/locks', shared.coordination)
+        # The driver accepts file locks only when they are stated shared.
+        move.check_coordination(shared.coordination,
+                                shared.shared_file_locks)
+        self.assertTrue(shared.shared_file_locks)
+
+    def test_separate_kernels_share_the_control_plane(self):
+        from cinder_dmclone import exception
+        from cinder_dmclone import move
+        from tests.harness import volume_node
+        shared = volume_node.shared_state(separate=True)
+        self.assertEqual(
+            'mysql+pymysql://cinder:cinder@10.0.0.2/cinder_ft?charset=utf8',
+            shared.database)
+        self.assertEqual(
+            'etcd3+http://10.0.0.2:2379?api_version=v3&timeout=60',
+            shared.coordination)
+        self.assertFalse(shared.shared_file_locks)
+        move.check_coordination(shared.coordination,
+                                shared.shared_file_locks)
+        # (What each kernel's own file locks would meet.)
+        self.assertRaises(exception.NodeLocalCoordination,
+                          move.check_coordination,
+                          volume_node.shared_state(False).coordination,
+                          shared.shared_file_locks)
+
+    def test_peer_calls_go_to_a_socket_file_or_the_node_address(self):
+        from tests.harness import volume_node
+        one = fake_topology('one-kernel')
+        self.assertEqual('/srv/cinder-ft/peer-a.sock',
+                         volume_node.peer_address(one, 'a'))
+        self.assertEqual('/srv/cinder-ft/peer-b.sock',
+                         volume_node.peer_address(one, 'b'))
+        separate = fake_topology('separate')
+        self.assertEqual(('10.0.0.1', volume_node.PEER_PORT),
+                         volume_node.peer_address(separate, 'a'))
+        self.assertEqual(('10.0.0.2', volume_node.PEER_PORT),
+                         volume_node.peer_address(separate, 'b'))
+
+    def test_a_device_is_on_the_node_of_its_volume_group(self):
+        from tests.harness import driver_cluster
+        topo = fake_topology('separate')
+        for path, node in [
+                ('/dev/mapper/dmclone-dmc--a-volume-1-2', 'a'),
+                ('/dev/mapper/dmclone-dmc--b-volume-1-2', 'b'),
+                ('/dev/dmc-a/volume-1-2', 'a'),
+                ('/dev/dmc-b/volume-1-2-dmcwipe-3', 'b'),
+                ('/dev/dmc-b-meta/volume-1-2-dmcmeta', 'b'),
+                ('/dev/dmc-a-meta/volume-1-2-dmcmeta', 'a'),
+                ('/dev/mapper/dmclone-dmc--c-volume-1', 'c')]:
+            self.assertEqual(node, driver_cluster.device_node(topo, path),
+                             path)
+        for path in ('/dev/sdb', '/dev/dmc-ab/volume-1',
+                     '/dev/mapper/dmc--a-volume--1',
+                     '/dev/mapper/dmclone-dmc--ab-volume-1'):
+            self.assertRaises(ValueError, driver_cluster.device_node, topo,
+                              path)
+        one = fake_topology('one-kernel')
+        self.assertEqual('b', driver_cluster.device_node(
+            one, '/dev/dmc-b-meta/volume-1-dmcmeta'))
+        self.assertRaises(ValueError, driver_cluster.device_node, one,
+                          '/dev/dmc-c/volume-1')
+
+    def test_one_kernel_looks_at_a_node_here(self):
+        from tests.harness import testbed
+        from tests.harness import workers
+        self.useFixture(fixtures.MockPatchObject(
+            testbed, 'topology', return_value=fake_topology('one-kernel')))
+        calls = workers.NodeCalls()
+        self.assertEqual(os.getpid(), calls.call('a', os.getpid))
+        self.assertEqual({}, calls._workers)
+
+    def test_root_commands_since_marks_per_node(self):
+        from tests.harness import testbed
+        from tests.harness import volume_node
+        logs = {'a': 'ok lvs\n', 'b': 'ok dmsetup status\n'}
+        read = self.useFixture(fixtures.MockPatchObject(
+            testbed, 'read_text', side_effect=lambda path, node: logs[node]
+        )).mock
+        marks = volume_node.root_command_marks()
+        self.assertEqual({'a': 1, 'b': 1}, marks)
+        read.assert_any_call('/srv/cinder-ft/rootwrap-commands-a.log', 'a')
+        logs['a'] += 'REFUSED dd if=/dev/zero of=/dev/x\n'
+        logs['b'] += 'ok lvs\nfailed lvremove x\n'
+        self.assertEqual(['REFUSED dd if=/dev/zero of=/dev/x', 'ok lvs',
+                          'failed lvremove x'],
+                         volume_node.root_commands(marks))
+        self.assertEqual(5, len(volume_node.root_commands()))
+
+
+class NetemOnPortTestCase(test.TestCase):
+    """The network fault's tc commands between separate kernels."""
+
+    def test_only_the_ports_packets_meet_netem(self):
+        from tests.harness import testbed
+        commands = testbed.netem_on_port('eth0', 3260,
+                                         ('delay', '2ms', 'loss', '100%'))
+        self.assertEqual(
+            'tc qdisc add dev eth0 root handle 1: prio bands 4',
+            ' '.join(commands[0]))
+        self.assertEqual(
+            ['tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match '
+             'ip %s 3260 0xffff flowid 1:4' % d for d in ('sport', 'dport')],
+            [' '.join(c) for c in commands[1:3]])
+        self.assertEqual('tc qdisc add dev eth0 parent 1:4 handle 40: netem '
+                         'delay 2ms loss 100%', ' '.join(commands[3]))
+        self.assertEqual(4, len(commands))
+
+
+REPO = os.path.dirname(os.path.dirname(TOOLS))
+
+#: Node A's peer endpoint on the loopback (port: argv[1]); a caller with
+#: a wrong key, then one with the right key.
+PEER_SCRIPT = """
+import multiprocessing
+import multiprocessing.connection
+import sys
+import types
+from unittest import mock
+
+from tests.harness import testbed
+from tests.harness import volume_node
+
+port = int(sys.argv[1])
+node = types.SimpleNamespace(ip='127.0.0.1')
+topo = types.SimpleNamespace(separate=True, node=lambda key: node)
+with mock.patch.object(testbed, 'topology', return_value=topo), \\
+        mock.patch.object(volume_node, 'PEER_PORT', port), \\
+        mock.patch.object(volume_node, '_handle',
+                          side_effect=lambda *args: args):
+    volume_node._serve_peer('a')
+    address = ('127.0.0.1', port)
+    try:
+        multiprocessing.connection.Client(address, authkey=b'wrong')
+    except multiprocessing.AuthenticationError as exc:
+        print('refused', type(exc).__name__)
+    with multiprocessing.connection.Client(
+            address, authkey=volume_node.PEER_AUTHKEY) as conn:
+        conn.send(('terminate_connection', {'v': 1}, {'host': 'x'}))
+        assert conn.poll(30)
+        print('served', conn.recv())
+"""
+
+
+class PeerListenerTestCase(test.TestCase):
+    """The driver cluster's peer calls over TCP, between separate kernels."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import testbed
+        from tests.harness import volume_node
+        self.vn = volume_node
+        self.port = free_port()
+        self.useFixture(fixtures.MockPatchObject(volume_node, 'PEER_PORT',
+                                                 self.port))
+        topo = fake_topology('separate')
+        topo.nodes['a'] = dataclasses.replace(topo.a, ip='127.0.0.1')
+        self.useFixture(fixtures.MockPatchObject(testbed, 'topology',
+                                                 return_value=topo))
+        self.addCleanup(volume_node._STATE.pop, 'listener', None)
+
+    def test_a_caller_without_the_key_is_refused_then_others_served(self):
+        # In a fresh interpreter: these unit tests run under eventlet's
+        # monkey patching, whose sockets multiprocessing cannot use (the
+        # workers in the guest are not patched).
+        proc = subprocess.run(
+            [sys.executable, '-c', PEER_SCRIPT, str(self.port)],
+            capture_output=True, text=True, timeout=60,
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+        self.assertEqual(0, proc.returncode, proc.stderr)
+        self.assertEqual(['refused AuthenticationError',
+                          "served (True, ('terminate_connection', "
+                          "{'v': 1}, {'host': 'x'}))"],
+                         proc.stdout.splitlines())
+
+    def test_a_port_still_held_is_waited_for(self):
+        address = ('127.0.0.1', self.port)
+        first = self.vn._listen(address)
+        timer = threading.Timer(1.0, first.close)
+        timer.start()
+        self.addCleanup(timer.cancel)
+        t0 = time.monotonic()
+        second = self.vn._listen(address)
+        second.close()
+        self.assertGreater(time.monotonic() - t0, 0.5)
+
+    def test_a_port_held_too_long_fails_the_start(self):
+        import errno
+        self.useFixture(fixtures.MockPatchObject(self.vn,
+                                                 'PEER_BIND_TIMEOUT', 1))
+        address = ('127.0.0.1', self.port)
+        first = self.vn._listen(address)
+        self.addCleanup(first.close)
+        err = self.assertRaises(OSError, self.vn._listen, address)
+        self.assertEqual(errno.EADDRINUSE, err.errno)
+
+
+class ControlPlaneTestCase(test.TestCase):
+    """The control plane's servers start once, for the stack or cluster."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import services
+        self.stack = services.Stack(fake_topology(
+            'separate', self.useFixture(fixtures.TempDir()).path))
+        self.started = []
+        self.waited = []
+        for name in services.CONTROL_PLANE:
+            self.useFixture(fixtures.MockPatchObject(
+                self.stack, 'start_' + name,
+                side_effect=functools.partial(self.started.append, name)))
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_install_control_plane'))
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_wait',
+            side_effect=lambda predicate, timeout, what, procs: (
+                self.waited.extend(procs))))
+
+    def test_what_runs_already_is_kept(self):
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'alive', side_effect=lambda name: name == 'mariadb'))
+        self.stack.start_control_plane(('mariadb', 'etcd'))
+        self.assertEqual(['etcd'], self.started)
+        self.assertEqual(['mariadb', 'etcd'], self.waited)
+
+    def test_the_whole_control_plane_by_default(self):
+        self.useFixture(fixtures.MockPatchObject(self.stack, 'alive',
+                                                 return_value=False))
+        self.stack.start_control_plane()
+        self.assertEqual(['mariadb', 'rabbitmq', 'etcd'], self.started)
+        self.assertEqual(['mariadb', 'etcd', 'rabbitmq'], self.waited)
+
+    def test_only_the_volume_services_stop(self):
+        procs = {name: subprocess.Popen(['sleep', '60'],
+                                        start_new_session=True)
+                 for name in ('volume-a', 'mariadb', 'etcd')}
+        for proc in procs.values():
+            self.addCleanup(EndGroupTestCase._kill, proc.pid)
+        procs['volume-b'] = subprocess.Popen(['true'])
+        procs['volume-b'].wait()
+        self.stack.procs.update(procs)
+        self.stack.stop_volumes()
+        self.assertIsNotNone(procs['volume-a'].poll())
+        self.assertEqual({'mariadb', 'etcd'},
+                         {n for n, p in procs.items() if p.poll() is None})
