@@ -17,7 +17,8 @@ namespace or its own kernel (LVM on its VG, LIO exports with CHAP and
 ACLs); node B (this process) logs in with os-brick's iSCSI connector as a
 remote host would.  What node A's kernel holds is looked at there
 (``on_a``); the session's two volume services are conftest.py's
-``cluster``.
+``cluster``.  Written for both layouts, run on separate kernels only
+(as test_transfer.py).
 """
 
 import functools
@@ -29,7 +30,7 @@ import pytest
 from tests.harness import testbed
 from tests.harness import volume_node
 
-pytestmark = pytest.mark.layouts('one-kernel', 'separate')
+pytestmark = pytest.mark.layouts('separate')
 
 MiB = testbed.MiB
 GiB = 1024 * MiB
