@@ -327,28 +327,33 @@ class Source(side.Side):
                             exc_info=True)
 
     def _retry_give_up(self, volume_id):
-        ended = self.unrecorded.get(volume_id)
-        try:
-            t = self.load_any(volume_id)
-        except exception.VolumeNotFound:
-            self.unrecorded.pop(volume_id, None)
-            return
-        if (ended is None or not ended.same_move(t)
-                or t.state not in (move.PREPARING, move.ABORTED)):
-            self.unrecorded.pop(volume_id, None)
-            return
-        try:
-            volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
-        except exception.VolumeNotFound:
-            self.unrecorded.pop(volume_id, None)
-            return
-        if not self.lives_here(volume):
+        volume, t = self._failed_move_here(volume_id)
+        if t is None:
             self.unrecorded.pop(volume_id, None)
             return
         LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
                  'attach failed while the database was away.',
                  {'vol': volume_id, 'dst': t.dest_node})
         self.give_up(self.ctxt(), volume, t)
+
+    def _failed_move_here(self, volume_id):
+        """The volume and the move its failed attempt left, if it stands.
+
+        ``(None, None)`` once the record holds another move or one past
+        ``preparing``/``aborted``, or the volume is gone or no longer
+        lives here: nothing is left to give up.
+        """
+        try:
+            t = self.load_any(volume_id)
+            if (t is None or not self._ended_here(t)
+                    or t.state not in (move.PREPARING, move.ABORTED)):
+                return None, None
+            volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+        except exception.VolumeNotFound:
+            return None, None
+        if not self.lives_here(volume):
+            return None, None
+        return volume, t
 
     def _ended_here(self, t):
         """True if ``t`` is a move whose attempt here failed and returned."""
