@@ -95,12 +95,16 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    def test_local_attach_right_after_ends_the_failed_move(self):
-        self.failed_attach_while_db_down()
+    def local_attach_rolls_back(self):
+        """A local attach on node-a works, and the move is gone after it."""
         att, info = self.c.attach(self.a)
         self.assertEqual('local', info['driver_volume_type'])
         self.c.attachments.remove(att)
         self.c.assert_rolled_back()
+
+    def test_local_attach_right_after_ends_the_failed_move(self):
+        self.failed_attach_while_db_down()
+        self.local_attach_rolls_back()
 
     def test_source_ends_its_failed_move_once_the_database_is_back(self):
         # Nobody retries the attach: node-a's next monitor tick gives the
@@ -189,10 +193,7 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
     def test_local_attach_ends_a_move_left_preparing(self):
         self.failed_attach_while_db_down()
         self.outlive_the_prepare()
-        att, info = self.c.attach(self.a)
-        self.assertEqual('local', info['driver_volume_type'])
-        self.c.attachments.remove(att)
-        self.c.assert_rolled_back()
+        self.local_attach_rolls_back()
 
     def test_destination_drops_a_clone_nobody_waits_for(self):
         # Before: node-b kept the clone (hydrating from node-a, with an
