@@ -152,6 +152,22 @@ class Destination(side.Side):
         """
         return self.clones.has_data(t) and not self.clones.has_metadata(t)
 
+    def kept_copy(self, volume, t):
+        """True if move ``t``'s data LV here is an old copy kept by a rollback.
+
+        A rollback of a clone that lost its metadata LV keeps the data LV
+        and records it under this node's old-copy key first
+        (:meth:`roll_back_without_metadata`): a later abort of the same
+        move (its source finishing the cut rollback, or its restart)
+        must not wipe it.  Read from the database only for a data LV
+        with no metadata LV beside it (:meth:`old_copy`); a failed read
+        fails the teardown, which keeps everything.
+        """
+        if not self.old_copy(t):
+            return False
+        copies = self.store.old_copies(self.ctxt(), volume['id'])
+        return any(copies.get(name) == t.lv_name for name in self.node_names)
+
     def _recorded_lost_copy(self, loss):
         """The old LV the loss record says is here, if it still is.
 
@@ -210,7 +226,7 @@ class Destination(side.Side):
         is its own.
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
-                             and self.old_copy(t))
+                             and self.old_copy(t)) or self.kept_copy(volume, t)
         if keep and not keep_data:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
                         'volume %(vol)s built here: it has no metadata LV, '
@@ -644,10 +660,13 @@ class Destination(side.Side):
         move built, it keeps any later move here refused until it is
         removed (:meth:`refuse_if_lost_copy`).
         """
-        self.rollback(volume, t, keep_data=True)
-        self.held.discard(volume['id'])
-        self.awaiting_source.discard(volume['id'])
-        LOG.error('Volume %(vol)s was rolled back to %(src)s although its '
+        # The keep is recorded before the volume record stops naming this
+        # node: if the rollback is cut short after that, the source's
+        # abort of the same move (finish_rollback, its restart) meets the
+        # key and keeps the LV (tear_down), and a start here reports it.
+        self.store.record_old_copy(self.ctxt(), volume['id'],
+                                   self.node_name, t.lv_name)
+        LOG.error('Volume %(vol)s is rolled back to %(src)s although its '
                   'clone here had lost its metadata LV %(meta)s: which '
                   'regions of LV %(lv)s the instance wrote here, if it ever '
                   'ran here, is unknown. The volume is %(src)s\'s copy, '
@@ -660,6 +679,9 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'src': t.source_node,
                    'dst': t.dest_node, 'lv': t.lv_name,
                    'meta': layout.metadata_lv_name(t.lv_name)})
+        self.rollback(volume, t, keep_data=True)
+        self.held.discard(volume['id'])
+        self.awaiting_source.discard(volume['id'])
 
     def rebuild(self, volume, t, hydrate):
         """Build the clone again after a restart or reboot took it.

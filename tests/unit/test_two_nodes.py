@@ -27,6 +27,7 @@ import threading
 from unittest import mock
 
 import ddt
+from oslo_db import exception as db_exc
 import oslo_messaging
 from tooz import coordination as tooz_coordination
 
@@ -906,6 +907,48 @@ class DetachedTestCase(ClusterTestCase):
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual([LV], list(self.b.vg.lvs))
         self.assertEqual([], self.b.wiped)
+
+    def test_kept_lv_survives_a_rollback_whose_clear_failed(self):
+        # The keep was not durable: the record pointed at node-a, then
+        # the clear failed (the detach fails), the move still 'cloned'.
+        src, dst = self.lose_metadata(writes=2)
+        clear = self.b.store.clear
+        failed = []
+
+        def clear_once_failing(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise db_exc.DBConnectionError()
+            return clear(*args, **kwargs)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=clear_once_failing)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.detach, dst)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn(LV, self.b.vg.lvs)
+        # Nova retries the detach, on node-a now, whose finish_rollback
+        # gives the move up: ABORT to node-b (before: its tear_down of a
+        # 'cloned' move wiped the LV it had kept).
+        self.c.detach(dst)
+        self.c.assert_no_transfer()
+        self.assertEqual([], self.b.wiped)
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_kept_lv_survives_the_sources_restart_after_a_cut_rollback(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=db_exc.DBConnectionError())
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.detach, dst)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=move.Store.clear.__get__(self.b.store))
+        # node-a's recovery ABANDONs the 'cloned' move whose record names
+        # node-a again -> ABORT to node-b (before: its LV wiped).
+        self.a.restart()
+        self.a.recover()
+        self.assertEqual([], self.b.wiped)
+        self.assertIn(LV, self.b.vg.lvs)
 
     def test_rollback_interrupted_after_the_data_lv_went(self):
         # The crash came inside the rollback's teardown, between the data
