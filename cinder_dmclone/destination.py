@@ -432,8 +432,9 @@ class Destination(side.Side):
                 self.roll_back_unless_written(volume, t)
                 return True
             if host in self.node_names and self.clones.lost_metadata(t):
-                # (The source detached first: the move could not commit.)
-                self.roll_back_without_metadata(volume, t)
+                # The source detached first: the instance most likely ran
+                # here and wrote, which the source's copy lacks.
+                self.hold_without_metadata(volume, t)
                 return True
         return False
 
@@ -494,9 +495,9 @@ class Destination(side.Side):
         itself succeeds, as Nova would not retry it, and the monitor asks
         again at each tick (:meth:`commit_pending`).  A clone that lost
         its metadata LV never commits (no clone can be built over its data
-        LV again; logged once): the move waits in ``cloned`` until the
-        volume is detached here, which rolls it back
-        (:meth:`roll_back_without_metadata`).  Returns True once
+        LV again; logged once): the move waits in ``cloned``; a detach
+        here then keeps it for an operator (:meth:`hold_without_metadata`),
+        never rolls it back.  Returns True once
         committed.
         """
         if self.clones.lost_metadata(t):
@@ -592,6 +593,29 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'dst': t.dest_node,
                    'src': t.source_node})
 
+    def hold_without_metadata(self, volume, t):
+        """Keep a move whose clone lost its metadata, detached here last.
+
+        The source's attachment went first (Nova's detach after the
+        switch-over): the instance most likely ran here and wrote, and
+        which regions only the lost metadata said.  Rolling back would
+        make the source's stale copy the volume and leave the writes in
+        an LV nobody reads; nothing is rolled back, wiped or committed:
+        the move stays in ``cloned``, naming this node, for an operator.
+        """
+        self.held.add(volume['id'])
+        LOG.error('Volume %(vol)s was detached on %(dst)s after %(src)s had '
+                  'detached it (its instance most likely switched over and '
+                  'wrote here), but its clone lost its metadata LV %(meta)s: '
+                  'the move is kept in "cloned", neither rolled back to '
+                  '%(src)s\'s older copy nor committed, and LV %(lv)s here is '
+                  'kept. An operator must decide which copy is the volume '
+                  '(see the operations guide: a move whose destination lost '
+                  'its metadata LV).',
+                  {'vol': volume['id'], 'dst': t.dest_node,
+                   'src': t.source_node, 'lv': t.lv_name,
+                   'meta': layout.metadata_lv_name(t.lv_name)})
+
     def commit(self, volume, t):
         self.clones.enable_hydration(t)
         self.store.transition(self.ctxt(), t, (move.CLONED,),
@@ -649,9 +673,10 @@ class Destination(side.Side):
     def roll_back_without_metadata(self, volume, t):
         """Roll back a move whose clone lost its metadata LV; keep its LV.
 
-        Its destination detached (Nova's rollback of the live migration:
-        the source still has its attachment, or a detach here after the
-        source's): no clone can ever be built here again
+        Its destination detached while the source still has its
+        attachment (Nova's rollback of the live migration; after the
+        source's detach see :meth:`hold_without_metadata`): no clone
+        can ever be built here again
         (:meth:`~cinder_dmclone.clone.Clones.lost_metadata`), so the move
         cannot commit, and only the source holds a whole copy.  Nothing
         tells whether the instance ever wrote here (after a switch-over

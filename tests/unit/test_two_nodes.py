@@ -886,14 +886,16 @@ class DetachedTestCase(ClusterTestCase):
         self.assertNotIn('enable_hydration', str(self.b.dm.calls))
         self.assertEqual(1, str(self.log.error.call_args_list).count(
             'cannot be built again'))
-        # The volume is detached on node-b (its instance cannot use it):
-        # back to node-a, node-b's LV kept for an operator.
+        # The volume is detached on node-b after node-a's detach: its
+        # instance ran there, so node-a's copy lacks its writes: the move
+        # is kept for an operator, never rolled back; nothing is wiped.
         self.c.detach(dst)
-        self.c.assert_no_transfer()
-        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual([LV], list(self.b.vg.lvs))
         self.assertEqual([], self.b.wiped)
         self.assertEqual([], self.c.violations)
+        self.assertIn('kept in "cloned"', str(self.log.error.call_args))
 
     def test_lost_rollback_detach_with_the_metadata_lost(self):
         # Nova's rollback detach was lost with the reboot: recovery rolls
@@ -949,6 +951,27 @@ class DetachedTestCase(ClusterTestCase):
         self.a.recover()
         self.assertEqual([], self.b.wiped)
         self.assertIn(LV, self.b.vg.lvs)
+
+    def test_switch_over_then_lost_metadata_keeps_the_move_for_an_operator(
+            self):
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)      # the instance runs on node-b
+        self.a.down = True              # node-a's service restarting
+        self.c.detach(src)              # Nova's post-migration detach
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.b.reboot()                 # node-b crashes ...
+        self.b.vg.delete(META)          # ... and its metadata LV is lost
+        self.b.recover()
+        self.a.down = False
+        self.c.detach(dst)              # the instance there is deleted
+        # The source detached first: the instance ran on node-b, whose
+        # writes node-a's copy lacks: never rolled back to node-a's copy
+        # (before: it silently became the volume).
+        self.assertNotEqual(self.a.host,
+                            self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual([], self.b.wiped)
 
     def test_rollback_interrupted_after_the_data_lv_went(self):
         # The crash came inside the rollback's teardown, between the data
