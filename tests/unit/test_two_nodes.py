@@ -43,6 +43,7 @@ from cinder.tests.unit import test
 from cinder_dmclone import attachments
 from cinder_dmclone import destination as dmc_destination
 from cinder_dmclone import dmsetup
+from cinder_dmclone import driver as dmc_driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import move
@@ -951,6 +952,35 @@ class DetachedTestCase(ClusterTestCase):
         self.a.recover()
         self.assertEqual([], self.b.wiped)
         self.assertIn(LV, self.b.vg.lvs)
+
+    def test_local_attach_racing_the_rollback_is_refused(self):
+        # An attach on node-b, read by cinder-api while the record named
+        # node-b, waits for the lock the rollback detach holds (before:
+        # it then mapped the kept LV linearly as the volume).
+        src, dst = self.lose_metadata(writes=2)
+        stale = self.volume()
+        self.assertEqual(self.b.host, stale.host)
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+
+        def attach_here_as_the_driver_does(volume):
+            self.b.source.refuse_local_attach(volume, 'attaching it here')
+            drv = mock.Mock(destination=self.b.destination,
+                            metadata_vg=None, vg=self.b.vg)
+            drv.moves.recovery.pending_rebuild = {}
+            dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(
+                drv, volume)
+            return self.b.ensure_handle()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          attach_here_as_the_driver_does, stale)
+        self.assertNotIn(HANDLE, self.b.dm.devices)
 
     def test_switch_over_then_lost_metadata_keeps_the_move_for_an_operator(
             self):
