@@ -953,6 +953,35 @@ class DetachedTestCase(ClusterTestCase):
         self.assertEqual([], self.b.wiped)
         self.assertIn(LV, self.b.vg.lvs)
 
+    def test_kept_lv_is_reported_at_the_next_start(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.c.detach(dst)
+        self.assertIn(LV, self.b.vg.lvs)
+        # The volume's record names node-b's copy ...
+        self.assertEqual({'node-b': LV}, move.Store.old_copies_of(
+            self.c.db.admin_metadata.get(VOLUME_ID, {})))
+        # ... the user deletes the volume (on node-a) ...
+        self.c.detach(src)
+        self.c.delete()
+        del self.c.db.volumes[VOLUME_ID]
+        self.assertIn(LV, self.b.vg.lvs)     # the tenant's data, unwiped
+        # ... and node-b's next start reports it (before: nothing).
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        self.assertIn(LV, str(self.log.mock_calls))
+
+    def test_kept_lv_of_a_live_volume_is_reported_at_the_next_start(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.c.detach(dst)
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        self.assertIn('rolled back after its clone lost its metadata',
+                      str(self.log.warning.call_args_list))
+        self.assertIn(LV, str(self.log.warning.call_args_list))
+        self.assertIn(LV, self.b.vg.lvs)
+
     def test_local_attach_racing_the_rollback_is_refused(self):
         # An attach on node-b, read by cinder-api while the record named
         # node-b, waits for the lock the rollback detach holds (before:
