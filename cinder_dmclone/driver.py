@@ -699,6 +699,14 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             elif layout.is_retiring_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'old copy being wiped'
+            elif entry['safe_to_manage'] and \
+                    volume_utils.extract_id_from_volume_name(name):
+                # Named like a volume that does not live here: an old
+                # copy kept by a move (rolled back, abandoned as lost).
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = ('named like another volume: '
+                                            'maybe an old copy kept by a '
+                                            'move')
         return entries
 
     # ------------------------------------------------------------------
