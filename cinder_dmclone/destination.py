@@ -152,6 +152,22 @@ class Destination(side.Side):
         """
         return self.clones.has_data(t) and not self.clones.has_metadata(t)
 
+    def kept_copy(self, volume, t):
+        """True if move ``t``'s data LV here is an old copy kept by a rollback.
+
+        A rollback of a clone that lost its metadata LV keeps the data LV
+        and records it under this node's old-copy key first
+        (:meth:`roll_back_without_metadata`): a later abort of the same
+        move (its source finishing the cut rollback, or its restart)
+        must not wipe it.  Read from the database only for a data LV
+        with no metadata LV beside it (:meth:`old_copy`); a failed read
+        fails the teardown, which keeps everything.
+        """
+        if not self.old_copy(t):
+            return False
+        copies = self.store.old_copies(self.ctxt(), volume['id'])
+        return any(copies.get(name) == t.lv_name for name in self.node_names)
+
     def _recorded_lost_copy(self, loss):
         """The old LV the loss record says is here, if it still is.
 
@@ -210,7 +226,7 @@ class Destination(side.Side):
         is its own.
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
-                             and self.old_copy(t))
+                             and self.old_copy(t)) or self.kept_copy(volume, t)
         if keep and not keep_data:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
                         'volume %(vol)s built here: it has no metadata LV, '
@@ -416,8 +432,9 @@ class Destination(side.Side):
                 self.roll_back_unless_written(volume, t)
                 return True
             if host in self.node_names and self.clones.lost_metadata(t):
-                # (The source detached first: the move could not commit.)
-                self.roll_back_without_metadata(volume, t)
+                # The source detached first: the instance most likely ran
+                # here and wrote, which the source's copy lacks.
+                self.hold_without_metadata(volume, t)
                 return True
         return False
 
@@ -478,9 +495,9 @@ class Destination(side.Side):
         itself succeeds, as Nova would not retry it, and the monitor asks
         again at each tick (:meth:`commit_pending`).  A clone that lost
         its metadata LV never commits (no clone can be built over its data
-        LV again; logged once): the move waits in ``cloned`` until the
-        volume is detached here, which rolls it back
-        (:meth:`roll_back_without_metadata`).  Returns True once
+        LV again; logged once): the move waits in ``cloned``; a detach
+        here then keeps it for an operator (:meth:`hold_without_metadata`),
+        never rolls it back.  Returns True once
         committed.
         """
         if self.clones.lost_metadata(t):
@@ -576,6 +593,29 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'dst': t.dest_node,
                    'src': t.source_node})
 
+    def hold_without_metadata(self, volume, t):
+        """Keep a move whose clone lost its metadata, detached here last.
+
+        The source's attachment went first (Nova's detach after the
+        switch-over): the instance most likely ran here and wrote, and
+        which regions only the lost metadata said.  Rolling back would
+        make the source's stale copy the volume and leave the writes in
+        an LV nobody reads; nothing is rolled back, wiped or committed:
+        the move stays in ``cloned``, naming this node, for an operator.
+        """
+        self.held.add(volume['id'])
+        LOG.error('Volume %(vol)s was detached on %(dst)s after %(src)s had '
+                  'detached it (its instance most likely switched over and '
+                  'wrote here), but its clone lost its metadata LV %(meta)s: '
+                  'the move is kept in "cloned", neither rolled back to '
+                  '%(src)s\'s older copy nor committed, and LV %(lv)s here is '
+                  'kept. An operator must decide which copy is the volume '
+                  '(see the operations guide: a move whose destination lost '
+                  'its metadata LV).',
+                  {'vol': volume['id'], 'dst': t.dest_node,
+                   'src': t.source_node, 'lv': t.lv_name,
+                   'meta': layout.metadata_lv_name(t.lv_name)})
+
     def commit(self, volume, t):
         self.clones.enable_hydration(t)
         self.store.transition(self.ctxt(), t, (move.CLONED,),
@@ -633,9 +673,10 @@ class Destination(side.Side):
     def roll_back_without_metadata(self, volume, t):
         """Roll back a move whose clone lost its metadata LV; keep its LV.
 
-        Its destination detached (Nova's rollback of the live migration:
-        the source still has its attachment, or a detach here after the
-        source's): no clone can ever be built here again
+        Its destination detached while the source still has its
+        attachment (Nova's rollback of the live migration; after the
+        source's detach see :meth:`hold_without_metadata`): no clone
+        can ever be built here again
         (:meth:`~cinder_dmclone.clone.Clones.lost_metadata`), so the move
         cannot commit, and only the source holds a whole copy.  Nothing
         tells whether the instance ever wrote here (after a switch-over
@@ -644,10 +685,13 @@ class Destination(side.Side):
         move built, it keeps any later move here refused until it is
         removed (:meth:`refuse_if_lost_copy`).
         """
-        self.rollback(volume, t, keep_data=True)
-        self.held.discard(volume['id'])
-        self.awaiting_source.discard(volume['id'])
-        LOG.error('Volume %(vol)s was rolled back to %(src)s although its '
+        # The keep is recorded before the volume record stops naming this
+        # node: if the rollback is cut short after that, the source's
+        # abort of the same move (finish_rollback, its restart) meets the
+        # key and keeps the LV (tear_down), and a start here reports it.
+        self.store.record_old_copy(self.ctxt(), volume['id'],
+                                   self.node_name, t.lv_name)
+        LOG.error('Volume %(vol)s is rolled back to %(src)s although its '
                   'clone here had lost its metadata LV %(meta)s: which '
                   'regions of LV %(lv)s the instance wrote here, if it ever '
                   'ran here, is unknown. The volume is %(src)s\'s copy, '
@@ -660,6 +704,9 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'src': t.source_node,
                    'dst': t.dest_node, 'lv': t.lv_name,
                    'meta': layout.metadata_lv_name(t.lv_name)})
+        self.rollback(volume, t, keep_data=True)
+        self.held.discard(volume['id'])
+        self.awaiting_source.discard(volume['id'])
 
     def rebuild(self, volume, t, hydrate):
         """Build the clone again after a restart or reboot took it.

@@ -360,10 +360,16 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         meta_lvs = [lv['name'] for lv in self.metadata_vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
+        lv_names = [lv['name'] for lv in self.vg.get_volumes()]
         self.moves.recovery.report_lost_copies(
             recovery.volumes_with_old_copies(
-                ctxt, self._node_names(),
-                [lv['name'] for lv in self.vg.get_volumes()], volumes))
+                ctxt, self._node_names(), lv_names, volumes))
+        try:
+            self.moves.recovery.report_lvs_of_deleted_volumes(
+                recovery.lvs_of_deleted_volumes(ctxt, lv_names, volumes))
+        except Exception:
+            LOG.warning('Could not look for old copies of deleted volumes.',
+                        exc_info=True)
 
     # ------------------------------------------------------------------
     # Handles
@@ -693,6 +699,14 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             elif layout.is_retiring_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'old copy being wiped'
+            elif entry['safe_to_manage'] and \
+                    volume_utils.extract_id_from_volume_name(name):
+                # Named like a volume that does not live here: an old
+                # copy kept by a move (rolled back, abandoned as lost).
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = ('named like another volume: '
+                                            'maybe an old copy kept by a '
+                                            'move')
         return entries
 
     # ------------------------------------------------------------------

@@ -616,6 +616,25 @@ class Store(object):
                             'old copy.', node)
         self.db.volume_admin_metadata_update(ctxt, volume_id, values, False)
 
+    def record_old_copy(self, ctxt, volume_id, node, lv):
+        """Record that ``node`` keeps ``lv``, an old copy of the volume.
+
+        Under the key an abandon as lost also writes (:func:`old_copy_key`):
+        the start's report, the status tool and the destination's
+        teardown (Destination.tear_down) know it so.  Written before the
+        volume record stops naming ``node`` (see
+        Destination.roll_back_without_metadata).
+        """
+        if len(old_copy_key(node)) > VALUE_LIMIT:
+            raise ValueError('node name %s too long for a key' % node)
+        self.db.volume_admin_metadata_update(
+            ctxt, volume_id, {old_copy_key(node): str(lv)}, False)
+
+    def old_copies(self, ctxt, volume_id):
+        """{node: LV} of the old copies recorded (see old_copies_of)."""
+        return self.old_copies_of(self.db.volume_admin_metadata_get(
+            ctxt, volume_id))
+
     def loss(self, ctxt, volume_id):
         """The loss recorded for ``volume_id`` (see :meth:`loss_of`)."""
         return self.loss_of(self.db.volume_admin_metadata_get(ctxt,

@@ -213,6 +213,30 @@ def volumes_with_old_copies(ctxt, node_names, lv_names, touching):
     return [found[vid] for vid in sorted(found)]
 
 
+def lvs_of_deleted_volumes(ctxt, lv_names, touching):
+    """{LV: volume id} of this node's LVs named like a deleted volume.
+
+    An old copy kept here (by a rollback whose clone lost its metadata
+    LV, or an abandon as lost) outlives its volume's delete on the node
+    the volume lived on: no record names it any more, so the keys of
+    :func:`volumes_with_old_copies` cannot find it.  ``lv_names`` are
+    this node's data LVs, ``touching`` the volumes whose record or move
+    names this node: every other LV named like a volume is looked up,
+    one read each (a node holds few such LVs).
+    """
+    taken = {v.name for v in touching}
+    found = {}
+    for lv in sorted(set(lv_names) - taken):
+        if not _may_be_old_copy(lv):
+            continue
+        volume_id = volume_utils.extract_id_from_volume_name(lv)
+        try:
+            objects.Volume.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            found[lv] = volume_id
+    return found
+
+
 class Recovery(object):
     """Carries out :func:`plan` for the moves touching this node."""
 
@@ -290,6 +314,22 @@ class Recovery(object):
             LOG.warning('Could not look for old copies of abandoned moves.',
                         exc_info=True)
 
+    def report_lvs_of_deleted_volumes(self, lvs):
+        """At start: LVs here named like a volume that no longer exists.
+
+        ``lvs`` as :func:`lvs_of_deleted_volumes` gives.  Most likely an
+        old copy a rollback or an abandon kept here, never wiped: said at
+        every start while it is here, never removed automatically.
+        """
+        for lv in sorted(lvs):
+            LOG.warning('LV %(lv)s here is named like volume %(vol)s, which '
+                        'no longer exists: most likely an old copy kept by '
+                        'a rolled-back move (its clone had lost its '
+                        'metadata LV) or a move abandoned as lost, never '
+                        'wiped. Copy out what is needed, then wipe and '
+                        'remove it by hand (see the operations guide).',
+                        {'lv': lv, 'vol': lvs[lv]})
+
     def _report_lost_copy(self, volume):
         """Warn of ``volume``'s old copy here, unless it lives or moves here.
 
@@ -319,6 +359,15 @@ class Recovery(object):
                      'n': loss.get('lost_regions'),
                      'file': loss.get('lost_ranges_file'), 'lv': lv,
                      'target': loss.get('lost_source_target')})
+            elif not loss:
+                LOG.warning(
+                    'Volume %(vol)s lives on %(host)s; LV %(lv)s here is '
+                    'an old copy of it kept (not wiped) when a move here '
+                    'was rolled back after its clone lost its metadata LV '
+                    '(or by an abandon as lost). If the instance never '
+                    'ran here, wipe and remove it; else copy out what is '
+                    'needed first (see the operations guide).',
+                    {'vol': volume.id, 'host': volume.host, 'lv': lv})
             else:
                 LOG.warning(
                     'Volume %(vol)s moved away from this node and its '

@@ -23,6 +23,10 @@ from oslo_config import cfg
 from oslo_log import log as logging
 
 from cinder import context
+from cinder import exception
+from cinder.i18n import _
+from cinder import objects
+from cinder.volume import volume_utils
 
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
@@ -156,9 +160,35 @@ class Side(object):
             return
         with move.lock(volume['id']):
             t = self.load(volume['id'])
+            if t is None:
+                # The move ended while this waited for the lock (a
+                # rollback, with a destination's kept LV): the caller's
+                # volume object predates it.
+                self.refuse_unless_here(volume, action)
         if t is not None and not (self.is_dest(t)
                                   and t.state != move.PREPARING):
             self.raise_moving(volume, t, action)
+
+    def refuse_unless_here(self, volume, action):
+        """Refuse if the volume record, read now, does not name this node.
+
+        An LV here named like a volume that lives elsewhere is no copy to
+        serve: an old copy kept by a rollback (see
+        Destination.roll_back_without_metadata) or an abandon as lost.
+        """
+        current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        if volume_utils.extract_host(current.host, 'host') \
+                not in self.node_names:
+            LOG.error('Refusing %(action)s for volume %(vol)s on this node: '
+                      'its record names %(host)s now; an LV here named '
+                      'like it is no copy to serve.',
+                      {'action': action, 'vol': volume['id'],
+                       'host': current.host})
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %(vol)s lives on %(host)s, not on this '
+                       'node: refusing %(action)s.')
+                % {'vol': volume['id'], 'host': current.host,
+                   'action': action})
 
     def raise_moving(self, volume, t, action, percent=None):
         if percent is None:

@@ -163,10 +163,13 @@ class Node(object):
         meta_lvs = [lv['name'] for lv in self.vg.get_volumes()
                     if layout.lv_name_from_metadata_lv(lv['name'])]
         self.moves.recovery.recover(volumes, meta_lvs)
+        lv_names = [lv['name'] for lv in self.vg.get_volumes()]
         self.moves.recovery.report_lost_copies(
             recovery.volumes_with_old_copies(
-                self.cluster.ctxt, {self.name},
-                [lv['name'] for lv in self.vg.get_volumes()], volumes))
+                self.cluster.ctxt, {self.name}, lv_names, volumes))
+        self.moves.recovery.report_lvs_of_deleted_volumes(
+            recovery.lvs_of_deleted_volumes(self.cluster.ctxt, lv_names,
+                                            volumes))
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):

@@ -651,6 +651,18 @@ class ManageTestCase(DriverTestBase):
         self.assertEqual('old copy being wiped',
                          by_name[LV + '-dmcwipe-0123abcd']['reason_not_safe'])
 
+    def test_an_lv_named_like_another_nodes_volume_is_not_safe(self):
+        # A copy kept after a move's rollback (or an abandon as lost) is
+        # named like its volume, which lives on another node: never
+        # offered as safe to manage (before: it was).
+        kept = 'volume-%s' % fake.VOLUME2_ID
+        self.vg.get_volumes.return_value = [{'name': kept, 'size': '1.0'}]
+        self.vg.lv_is_snapshot.return_value = False
+        self.vg.lv_is_open.return_value = False
+        entries = self.drv.get_manageable_volumes([], None, 10, 0,
+                                                  ['size'], ['asc'])
+        self.assertFalse(entries[0]['safe_to_manage'])
+
 
 class StatsTestCase(DriverTestBase):
 

@@ -27,6 +27,7 @@ import threading
 from unittest import mock
 
 import ddt
+from oslo_db import exception as db_exc
 import oslo_messaging
 from tooz import coordination as tooz_coordination
 
@@ -42,6 +43,7 @@ from cinder.tests.unit import test
 from cinder_dmclone import attachments
 from cinder_dmclone import destination as dmc_destination
 from cinder_dmclone import dmsetup
+from cinder_dmclone import driver as dmc_driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import move
@@ -885,14 +887,16 @@ class DetachedTestCase(ClusterTestCase):
         self.assertNotIn('enable_hydration', str(self.b.dm.calls))
         self.assertEqual(1, str(self.log.error.call_args_list).count(
             'cannot be built again'))
-        # The volume is detached on node-b (its instance cannot use it):
-        # back to node-a, node-b's LV kept for an operator.
+        # The volume is detached on node-b after node-a's detach: its
+        # instance ran there, so node-a's copy lacks its writes: the move
+        # is kept for an operator, never rolled back; nothing is wiped.
         self.c.detach(dst)
-        self.c.assert_no_transfer()
-        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual([LV], list(self.b.vg.lvs))
         self.assertEqual([], self.b.wiped)
         self.assertEqual([], self.c.violations)
+        self.assertIn('kept in "cloned"', str(self.log.error.call_args))
 
     def test_lost_rollback_detach_with_the_metadata_lost(self):
         # Nova's rollback detach was lost with the reboot: recovery rolls
@@ -905,6 +909,127 @@ class DetachedTestCase(ClusterTestCase):
         self.c.assert_no_transfer()
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+
+    def test_kept_lv_survives_a_rollback_whose_clear_failed(self):
+        # The keep was not durable: the record pointed at node-a, then
+        # the clear failed (the detach fails), the move still 'cloned'.
+        src, dst = self.lose_metadata(writes=2)
+        clear = self.b.store.clear
+        failed = []
+
+        def clear_once_failing(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise db_exc.DBConnectionError()
+            return clear(*args, **kwargs)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=clear_once_failing)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.detach, dst)
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn(LV, self.b.vg.lvs)
+        # Nova retries the detach, on node-a now, whose finish_rollback
+        # gives the move up: ABORT to node-b (before: its tear_down of a
+        # 'cloned' move wiped the LV it had kept).
+        self.c.detach(dst)
+        self.c.assert_no_transfer()
+        self.assertEqual([], self.b.wiped)
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_kept_lv_survives_the_sources_restart_after_a_cut_rollback(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=db_exc.DBConnectionError())
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.detach, dst)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=move.Store.clear.__get__(self.b.store))
+        # node-a's recovery ABANDONs the 'cloned' move whose record names
+        # node-a again -> ABORT to node-b (before: its LV wiped).
+        self.a.restart()
+        self.a.recover()
+        self.assertEqual([], self.b.wiped)
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_kept_lv_is_reported_at_the_next_start(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.c.detach(dst)
+        self.assertIn(LV, self.b.vg.lvs)
+        # The volume's record names node-b's copy ...
+        self.assertEqual({'node-b': LV}, move.Store.old_copies_of(
+            self.c.db.admin_metadata.get(VOLUME_ID, {})))
+        # ... the user deletes the volume (on node-a) ...
+        self.c.detach(src)
+        self.c.delete()
+        del self.c.db.volumes[VOLUME_ID]
+        self.assertIn(LV, self.b.vg.lvs)     # the tenant's data, unwiped
+        # ... and node-b's next start reports it (before: nothing).
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        self.assertIn(LV, str(self.log.mock_calls))
+
+    def test_kept_lv_of_a_live_volume_is_reported_at_the_next_start(self):
+        src, dst = self.lose_metadata(writes=2)
+        self.c.detach(dst)
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        self.assertIn('rolled back after its clone lost its metadata',
+                      str(self.log.warning.call_args_list))
+        self.assertIn(LV, str(self.log.warning.call_args_list))
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_local_attach_racing_the_rollback_is_refused(self):
+        # An attach on node-b, read by cinder-api while the record named
+        # node-b, waits for the lock the rollback detach holds (before:
+        # it then mapped the kept LV linearly as the volume).
+        src, dst = self.lose_metadata(writes=2)
+        stale = self.volume()
+        self.assertEqual(self.b.host, stale.host)
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+
+        def attach_here_as_the_driver_does(volume):
+            self.b.source.refuse_local_attach(volume, 'attaching it here')
+            drv = mock.Mock(destination=self.b.destination,
+                            metadata_vg=None, vg=self.b.vg)
+            drv.moves.recovery.pending_rebuild = {}
+            dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(
+                drv, volume)
+            return self.b.ensure_handle()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          attach_here_as_the_driver_does, stale)
+        self.assertNotIn(HANDLE, self.b.dm.devices)
+
+    def test_switch_over_then_lost_metadata_keeps_the_move_for_an_operator(
+            self):
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)      # the instance runs on node-b
+        self.a.down = True              # node-a's service restarting
+        self.c.detach(src)              # Nova's post-migration detach
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.b.reboot()                 # node-b crashes ...
+        self.b.vg.delete(META)          # ... and its metadata LV is lost
+        self.b.recover()
+        self.a.down = False
+        self.c.detach(dst)              # the instance there is deleted
+        # The source detached first: the instance ran on node-b, whose
+        # writes node-a's copy lacks: never rolled back to node-a's copy
+        # (before: it silently became the volume).
+        self.assertNotEqual(self.a.host,
+                            self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn(LV, self.b.vg.lvs)
         self.assertEqual([], self.b.wiped)
 
     def test_rollback_interrupted_after_the_data_lv_went(self):
