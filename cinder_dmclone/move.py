@@ -84,6 +84,10 @@ FINALIZING = 'finalizing'
 ABORTED = 'aborted'
 SOURCE_LOST = 'source_lost'
 STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED, SOURCE_LOST)
+#: The states of a move whose source may still give it up: none of them
+#: lets its destination hydrate (from ``hydrating`` on, the move is
+#: committed and its clone is the volume).
+UNCOMMITTED = (PREPARING, CLONED, ABORTED)
 
 KEY_PREFIX = 'dmclone_'
 #: bytes of randomness in a move's secret (hex encoded in the record).

@@ -44,6 +44,10 @@ from cinder_dmclone import side
 
 LOG = logging.getLogger(__name__)
 
+#: The connector a give-up names when it no longer knows the
+#: destination's: removing the export removes its ACLs with it.
+ANY_INITIATOR = {'initiator': None, 'host': None}
+
 
 def service_host(ctxt, volume, node):
     """The volume host string and AZ of ``node``'s service, or None.
@@ -244,29 +248,21 @@ class Source(side.Side):
         move committed; the destination hydrates from this node's export
         and names itself in the volume record when it finalizes, so
         everything stays (the destination would refuse an abort anyway).
-        Otherwise the move never committed and is given up
-        (:meth:`_give_up_failed_move`) -- also when the record cannot be
-        read: with the database away the export is removed but stays
-        named in the volume record, and a start here restores it for a
-        committed move (Cinder's ``ensure_export``).
+        Otherwise the move is given up (:meth:`_give_up_failed_move`),
+        which reads the record again before it drops the export: while
+        the database cannot tell whether the commit landed, the export
+        stays and the give-up is retried.
         """
         try:
             current = self.load_any(volume['id'])
         except Exception:
             LOG.warning('Volume %s: cannot read its move again to tell '
-                        'whether it committed; giving it up.', volume['id'],
+                        'whether it committed; it is given up once the '
+                        'database tells it never did.', volume['id'],
                         exc_info=True)
             current = None
-        if t.same_move(current) and current.state not in (
-                move.PREPARING, move.CLONED, move.ABORTED):
-            LOG.error('Volume %(vol)s: its move to %(dst)s is recorded '
-                      '%(state)s although this attach failed (the '
-                      'database took the commit but its answer was '
-                      'lost). The move stands: %(dst)s hydrates from the '
-                      'export here and names itself in the volume record '
-                      'when it finishes; nothing is undone.',
-                      {'vol': volume['id'], 'dst': t.dest_node,
-                       'state': current.state})
+        if self._stands(t, current):
+            self._report_stands(t, current.state)
             return
         LOG.error('Destination %(dst)s could not take volume %(vol)s; it '
                   'stays on %(src)s.', {'dst': t.dest_node,
@@ -274,38 +270,42 @@ class Source(side.Side):
                                         'src': self.node_name})
         self._give_up_failed_move(ctxt, volume, connector, t)
 
+    @staticmethod
+    def _stands(t, current):
+        """True if ``current`` records move ``t`` committed after all."""
+        return t.same_move(current) and current.state not in move.UNCOMMITTED
+
+    @staticmethod
+    def _report_stands(t, state):
+        """Say that move ``t``, whose attach failed, is ``state`` after all."""
+        LOG.error('Volume %(vol)s: its move to %(dst)s is recorded '
+                  '%(state)s although its attach failed (the database '
+                  'took the commit but its answer was lost). The move '
+                  'stands: %(dst)s hydrates from the export here and '
+                  'names itself in the volume record when it finishes; '
+                  'nothing is undone.',
+                  {'vol': t.volume_id, 'dst': t.dest_node, 'state': state})
+
     def _give_up_failed_move(self, ctxt, volume, connector, t):
-        """Drop the export of a move that never committed, and give it up.
+        """Give up a move that never committed, with the export made for it.
 
         The destination may have built (part of) the clone before failing
         to answer (a timeout, a restart): it is asked to drop its side
         while the state still describes the move -- also when the
-        database did not let the export be forgotten.
+        database did not let the export be forgotten.  A failure is
+        logged and remembered: this attempt is over, so the move is given
+        up as soon as the database answers again (the next attach, or
+        :meth:`retry_give_ups` at the next monitor tick), not only once it
+        outlived any attempt.  Its export stays until then (see
+        :meth:`_drop_export_unless_committed`).
         """
         try:
-            self.drop_and_forget_export(volume, connector)
-        except Exception:
-            LOG.exception('Could not forget the export of volume %s made '
-                          'for its move.', volume['id'])
-        self._give_up_quietly(ctxt, volume, t)
-
-    def _give_up_quietly(self, ctxt, volume, t):
-        """:meth:`give_up`, logging a failure; True if it succeeded.
-
-        A failure is remembered: this attempt is over, so the move is
-        given up as soon as the database answers again (the next attach,
-        or :meth:`retry_give_ups` at the next monitor tick), not only once
-        it outlived any attempt.
-        """
-        try:
-            self.give_up(ctxt, volume, t)
+            self.give_up(ctxt, volume, t, connector)
         except Exception:
             self.unrecorded[volume['id']] = t
             LOG.exception('Could not give up the move of volume %(vol)s to '
                           '%(dst)s; retrying while this service runs.',
                           {'vol': volume['id'], 'dst': t.dest_node})
-            return False
-        return True
 
     def retry_give_ups(self):
         """Give up the moves whose failed attempt could not (monitor tick).
@@ -334,19 +334,22 @@ class Source(side.Side):
         LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
                  'attach failed while the database was away.',
                  {'vol': volume_id, 'dst': t.dest_node})
-        self.give_up(self.ctxt(), volume, t)
+        self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
 
     def _failed_move_here(self, volume_id):
         """The volume and the move its failed attempt left, if it stands.
 
-        ``(None, None)`` once the record holds another move or one past
-        ``preparing``/``aborted``, or the volume is gone or no longer
-        lives here: nothing is left to give up.
+        ``(None, None)`` once the record holds another move or a
+        committed one (the attempt's commit landed unseen: it stands,
+        with its export), or the volume is gone or no longer lives here:
+        nothing is left to give up.
         """
         try:
             t = self.load_any(volume_id)
-            if (t is None or not self._ended_here(t)
-                    or t.state not in (move.PREPARING, move.ABORTED)):
+            if t is None or not self._ended_here(t):
+                return None, None
+            if t.state not in move.UNCOMMITTED:
+                self._report_stands(t, t.state)
                 return None, None
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
         except exception.VolumeNotFound:
@@ -486,7 +489,7 @@ class Source(side.Side):
         Takes the volume's lock only when the record shows such a move
         (see :meth:`_give_up_stale_prepare`).
         """
-        if not self._stale_prepare(volume, self.load(volume['id'])):
+        if not self._stale_prepare(volume, self.load_any(volume['id'])):
             return
         with move.lock(volume['id']):
             self._give_up_stale_prepare(volume)
@@ -504,9 +507,17 @@ class Source(side.Side):
         return self.store.prepare_age(t)
 
     def _stale_prepare(self, volume, t):
-        return (t is not None and t.state == move.PREPARING
-                and self.is_source(t) and self.lives_here(volume)
-                and (self._ended_here(t) or self.prepare_outlived(t)))
+        """True for a move from here that no attempt will still record.
+
+        One whose attempt failed here (whatever it left uncommitted: it
+        goes before anything else here lets another node in to its
+        export), or a ``preparing`` one older than any attempt.
+        """
+        if t is None or not (self.is_source(t) and self.lives_here(volume)):
+            return False
+        if self._ended_here(t):
+            return t.state in move.UNCOMMITTED
+        return t.state == move.PREPARING and self.prepare_outlived(t)
 
     def _give_up_stale_prepare(self, volume):
         """Under the volume's lock: give up a move from here left preparing.
@@ -522,29 +533,39 @@ class Source(side.Side):
         node, the destination's clone was never handed to an instance.
         Left in place it would refuse every later attach as "moving"
         until this service restarts; it is given up instead, as the
-        attempt itself would have done (the destination drops its side).
+        attempt itself would have done (the destination drops its side,
+        the export made for it goes).  So is a move whose attempt this
+        service saw fail, in whatever uncommitted state it was left
+        (:meth:`_stale_prepare`).
         """
-        t = self.load(volume['id'])
+        t = self.load_any(volume['id'])
         if not self._stale_prepare(volume, t):
             return
         volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
         if not self._stale_prepare(volume, t):
             return
         LOG.warning('The move of volume %(vol)s to %(dst)s was left '
-                    'preparing by an attempt that could not record its '
+                    '%(state)s by an attempt that could not record its '
                     'outcome (was the database away?); giving it up.',
-                    {'vol': volume['id'], 'dst': t.dest_node})
-        self.give_up(self.ctxt(), volume, t)
+                    {'vol': volume['id'], 'dst': t.dest_node,
+                     'state': t.state})
+        self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
 
-    def give_up(self, ctxt, volume, t):
+    def give_up(self, ctxt, volume, t, connector=None):
         """End a move that never committed.
 
+        With ``connector`` (the one the move's export admits, or
+        ANY_INITIATOR), the export made for the move goes too, once the
+        record shows the move never committed
+        (:meth:`_drop_export_unless_committed`).
         The state goes once the destination confirmed it removed its
         side.  A destination that cannot be reached (dead mid-prepare)
         would otherwise keep its half-built clone, metadata LV and iSCSI
         session forever with nothing describing them: the move is kept
         as ``aborted`` for its recovery to clean up.
         """
+        if connector is not None:
+            self._drop_export_unless_committed(volume, t, connector)
         if self._abort_peer(ctxt, volume, t):
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != move.ABORTED:
@@ -557,6 +578,34 @@ class Source(side.Side):
                                      'dst': t.dest_node})
         if self._ended_here(t):
             del self.unrecorded[t.volume_id]
+
+    def _drop_export_unless_committed(self, volume, t, connector):
+        """Drop the export made for move ``t`` unless the move may stand.
+
+        The record is read again first, under the volume's lock (only
+        this node records the outcome of its own move).  A record that
+        cannot be read leaves the outcome unknown, and a move recorded
+        committed (its commit landed although its answer was lost)
+        hydrates from this export: either keeps the export and raises
+        (the database's error, or MoveStateConflict), for the caller to
+        try again once the database tells.  A record of another move,
+        or of none, leaves the export alone too: it is not this move's.
+        Once the export is removed, a database that does not let it be
+        forgotten does not stop the give-up (the record keeps naming it,
+        for the next detach here to remove).
+        """
+        current = self.load_any(volume['id'])
+        if not t.same_move(current):
+            return
+        if current.state not in move.UNCOMMITTED:
+            raise move.MoveStateConflict(
+                volume_id=volume['id'], expected='/'.join(move.UNCOMMITTED),
+                found=current.state)
+        try:
+            self.drop_and_forget_export(volume, connector)
+        except Exception:
+            LOG.exception('Could not forget the export of volume %s made '
+                          'for its move.', volume['id'])
 
     def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""
@@ -703,8 +752,7 @@ class Source(side.Side):
         LOG.warning('Transfer of volume %s never completed; asking %s to '
                     'drop its side.', volume.id, t.dest_node)
         self._restore_saved_exports(volume)
-        self.drop_and_forget_export(volume, {'initiator': None,
-                                             'host': None})
+        self.drop_and_forget_export(volume, ANY_INITIATOR)
         self.give_up(self.ctxt(), volume, t)
 
     # -- steps the destination asks for ------------------------------------

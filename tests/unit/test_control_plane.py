@@ -25,6 +25,7 @@ from tooz import coordination as tooz_coordination
 from cinder import exception
 
 from cinder_dmclone import move
+from tests.harness.fake_cluster import FakeTargetIQN
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import META
 from tests.harness.fake_cluster import VOLUME_ID
@@ -116,6 +117,39 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual({}, self.b.dm.devices)
         self.c.assert_rolled_back()
 
+    def test_the_export_stays_until_the_move_is_known_never_committed(
+            self):
+        # Review 5, finding 3: node-a could not read whether its commit
+        # landed: its export stays (node-b's clone may be the volume)
+        # until the database tells the move never committed.
+        self.failed_attach_while_db_down()
+        self.assertEqual({self.b.props['initiator']},
+                         self.a.target.exports[FakeTargetIQN]['acl'])
+        self.c.tick(self.a)
+        self.assertNotIn(FakeTargetIQN, self.a.target.exports)
+        self.c.assert_rolled_back()
+
+    def test_an_attach_elsewhere_first_ends_a_failed_move_and_its_export(
+            self):
+        # The export node-a kept for its failed move must go with the
+        # move, never under another node let in to it meanwhile: here
+        # node-b aborted the move (node-a's database was away longer than
+        # the prepare's budget) and node-c, without a service of this
+        # backend, attaches over iSCSI before node-a's next tick.
+        self.failed_attach_while_db_down()
+        self.outlive_the_prepare()
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        props = dict(self.b.props, host='node-c',
+                     initiator='iqn.1993-08.org.debian:01:node-c')
+        info = self.a.attach(self.c.volume(), props)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIsNone(self.c.transfer())
+        self.c.tick(self.a)
+        self.assertEqual({props['initiator']},
+                         self.a.target.exports[FakeTargetIQN]['acl'])
+        self.assertEqual({}, self.a.source.unrecorded)
+
     def test_the_tick_never_waits_for_a_busy_lock(self):
         # Review 5: retry_give_ups took the lock blocking, unlike every
         # other retry of the tick (a step holding it may wait on a peer
@@ -202,10 +236,15 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.failed_attach_while_db_down()
         self.a.restart()
         self.c.settle()
-        # (Kept 'aborted', inert, for node-a to end: see the next test.)
-        self.c.assert_rolled_back(aborted_ok=True)
+        self.assertEqual(({}, {}, {}), (self.b.dm.devices, self.b.vg.lvs,
+                                        self.b.connector.sessions))
+        # (Kept 'aborted', inert, for node-a to end.)
         self.assertEqual(move.ABORTED, self.c.transfer().state)
         self.log.warning.assert_called()
+        # node-a never saw the commit refused, so it kept the export made
+        # for the move: its recovery ends the move, and the export.
+        self.a.recover()
+        self.c.assert_rolled_back()
 
     def test_a_half_built_clone_goes_while_the_database_is_away(self):
         # The build fails with the database away: its teardown removes
@@ -496,6 +535,69 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
 class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
     """Review 2: the commit's write lands, but its answer is lost."""
 
+    def commit_lands_unseen(self):
+        """node-a's commit lands; its answer and the re-read after it fail.
+
+        The database flaps right at the commit: the transition to
+        'hydrating' is written but raises, and the read of the record
+        that would tell node-a so fails too.
+        """
+        transition = self.a.store.transition
+        get = self.c.db.volume_admin_metadata_get
+        flaps = []
+
+        def get_flapping(ctxt, volume_id):
+            if flaps:
+                flaps.pop()
+                raise db_exc.DBConnectionError('flap')
+            return get(ctxt, volume_id)
+
+        def transition_then_raise(ctxt, t, expected, state):
+            transition(ctxt, t, expected, state)
+            if state == move.HYDRATING:
+                t.state = move.PREPARING    # (the caller never saw it)
+                flaps.append('the re-read')
+                raise db_exc.DBConnectionError('lost answer')
+        self.mock_object(self.c.db, 'volume_admin_metadata_get',
+                         side_effect=get_flapping)
+        self.mock_object(self.a.store, 'transition',
+                         side_effect=transition_then_raise)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.mock_object(self.a.store, 'transition', side_effect=transition)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.hydrate_from_the_export_only()
+
+    def hydrate_from_the_export_only(self):
+        """dm-clone copies a region only by reading node-a's export."""
+        hydrate = self.b.dm.hydrate
+
+        def hydrate_from_export(name, regions=None):
+            if FakeTargetIQN not in self.a.target.exports:
+                regions = 0
+            return hydrate(name, regions)
+        self.b.dm.hydrate = hydrate_from_export
+
+    def test_committed_move_unseen_keeps_its_export(self):
+        # Review 5, finding 3: node-a could not tell whether the commit
+        # landed, and gave the move up anyway: it dropped the export,
+        # node-b refused the abort (committed), the give-up failed, and
+        # the monitor's retry then found 'hydrating' and forgot it.
+        # node-b hydrated from an export that no longer existed, every
+        # attach was refused as "moving", until node-a restarted.
+        self.commit_lands_unseen()
+        self.assertIn(FakeTargetIQN, self.a.target.exports)
+        self.c.settle(ticks=8)
+        self.c.assert_completed()
+        self.assertEqual({}, self.a.source.unrecorded)
+
+    def test_committed_move_unseen_finishes_after_restarts(self):
+        self.commit_lands_unseen()
+        self.c.restart(self.a)
+        self.c.restart(self.b)
+        self.c.settle(ticks=8)
+        self.c.assert_completed()
+
     def test_commit_written_but_reported_failed_never_sticks(self):
         # node-a's transition to 'hydrating' reaches the database, but the
         # connection drops before the answer (oslo.db raises): move()'s
@@ -505,7 +607,6 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
         # clone hydrates from an export that no longer exists; node-a's
         # recovery leaves it to node-b (LEAVE_TO_DEST) and restores no
         # export (provider_location was forgotten).
-        from tests.harness.fake_cluster import FakeTargetIQN
         transition = self.a.store.transition
 
         def transition_then_raise(ctxt, t, expected, state):
