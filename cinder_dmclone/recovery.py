@@ -39,9 +39,9 @@ LOG = logging.getLogger(__name__)
 
 #: Nothing to do here (the move is the other node's business).
 NOTHING = 'nothing'
-#: Source: the move never completed; drop the export, ask the destination
-#: to remove its side, forget the move (under the volume's lock, only in
-#: ABANDONABLE states).
+#: Source: the move never completed; ask the destination to remove its
+#: side, drop the export, forget the move (under the volume's lock, only
+#: in ABANDONABLE states).
 ABANDON = 'abandon'
 #: Source, the record still names it but the move is committed (the
 #: database lost the write that points the record at the destination):

@@ -554,19 +554,25 @@ class Source(side.Side):
     def give_up(self, ctxt, volume, t, connector=None):
         """End a move that never committed.
 
-        With ``connector`` (the one the move's export admits, or
-        ANY_INITIATOR), the export made for the move goes too, once the
-        record shows the move never committed
-        (:meth:`_drop_export_unless_committed`).
-        The state goes once the destination confirmed it removed its
-        side.  A destination that cannot be reached (dead mid-prepare)
-        would otherwise keep its half-built clone, metadata LV and iSCSI
+        The destination is asked first to remove its side, while the
+        export it reads is still there: its logout from a target that is
+        gone would wait out open-iscsi's replacement timeout (two
+        minutes) inside the abort's call.  With ``connector`` (the one
+        the move's export admits, or ANY_INITIATOR), the export made for
+        the move goes next, once the record shows the move never
+        committed (:meth:`_drop_export_unless_committed`; the destination
+        refuses to abort a committed move).  The record goes last (a
+        crash before leaves the move for recovery to abandon again):
+        cleared if the destination confirmed it removed its side.  A
+        destination that cannot be reached (dead mid-prepare) would
+        otherwise keep its half-built clone, metadata LV and iSCSI
         session forever with nothing describing them: the move is kept
         as ``aborted`` for its recovery to clean up.
         """
+        aborted = self._abort_peer(ctxt, volume, t)
         if connector is not None:
             self._drop_export_unless_committed(volume, t, connector)
-        if self._abort_peer(ctxt, volume, t):
+        if aborted:
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != move.ABORTED:
             # (Never a committed move: MoveStateConflict then.)
@@ -747,13 +753,13 @@ class Source(side.Side):
         """Recovery: a move from here that never completed.
 
         The source crashed before the move was committed, or gave it up
-        while the destination was unreachable.
+        while the destination was unreachable.  Given up with the export
+        made for it, as a failed attempt is (see :meth:`give_up`).
         """
         LOG.warning('Transfer of volume %s never completed; asking %s to '
                     'drop its side.', volume.id, t.dest_node)
         self._restore_saved_exports(volume)
-        self.drop_and_forget_export(volume, ANY_INITIATOR)
-        self.give_up(self.ctxt(), volume, t)
+        self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
 
     # -- steps the destination asks for ------------------------------------
 

@@ -188,6 +188,23 @@ class ClusterTestCase(test.TestCase):
         return dmsetup.parse_clone_table(
             self.b.dm.devices[HANDLE][0]).features
 
+    def exported_at_logout(self):
+        """At each of node-b's logouts: did node-a still export the volume?
+
+        A real logout from a target that is gone waits out open-iscsi's
+        replacement timeout (two minutes).
+        """
+        seen = []
+        disconnect = self.b.connector.disconnect_volume
+
+        def watched(props, *args, **kwargs):
+            if props['target_iqn'] in self.b.connector.sessions:
+                seen.append(props['target_iqn'] in self.a.target.exports)
+            return disconnect(props, *args, **kwargs)
+        self.mock_object(self.b.connector, 'disconnect_volume',
+                         side_effect=watched)
+        return seen
+
 
 class WantsMoveTestCase(ClusterTestCase):
 
@@ -1127,6 +1144,52 @@ class WithdrawnAttachTestCase(ClusterTestCase):
                           self.c.attach, self.b)
         self.c.assert_rolled_back()
         self.assertEqual([src], self.c.attachments)
+
+    def test_the_destination_logs_out_before_the_export_goes(self):
+        # node-a gives the move up: node-b removes its clone while the
+        # export it reads still exists, then the export goes.  (Before:
+        # the export went first, and node-b's logout waited out the
+        # replacement timeout inside the abort's call.)
+        exported = self.exported_at_logout()
+        self.c.withdraw_attach_during_build()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual([True], exported)
+        self.c.assert_rolled_back()
+
+    def test_a_destination_dying_in_the_abort_still_ends_clean(self):
+        # The abort's call times out (node-b died in it): node-a drops
+        # the export and records the move aborted; node-b's recovery
+        # removes its side.  (The record stays 'aborted', inert.)
+        self.c.withdraw_attach_during_build()
+        self.c.crash_at(self.b.destination, 'abort')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertNotIn(IQN, self.a.target.exports)
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_an_abort_that_fails_still_drops_the_export(self):
+        # node-b answers the abort with an error and keeps its clone:
+        # node-a drops the export and records the move aborted; node-b's
+        # monitor removes the clone and ends the move.
+        self.c.withdraw_attach_during_build()
+        abort = self.b.destination.abort
+        failures = [exception.VolumeBackendAPIException(data='no')]
+
+        def abort_fails_once(volume, step):
+            if failures:
+                raise failures.pop()
+            return abort(volume, step)
+        self.mock_object(self.b.destination, 'abort',
+                         side_effect=abort_fails_once)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertNotIn(IQN, self.a.target.exports)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.c.settle()
+        self.c.assert_rolled_back()
 
 
 class ReviewFindingsTestCase(ClusterTestCase):
@@ -2099,6 +2162,16 @@ class RecoverTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
         self.assertEqual({}, self.b.dm.devices)
         self.assertIn(LV, self.a.vg.lvs)
+
+    def test_an_abandon_lets_the_destination_log_out_first(self):
+        exported = self.exported_at_logout()
+        self.saved()
+        self.b.destination.prepare(self.volume(), {
+            'op': 'prepare', 'secret': self.c.transfer().secret})
+        self.restart(self.a)
+        self.assertEqual([True], exported)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.target.exports)
 
     def test_abort_failure_still_cleans_the_source(self):
         self.saved()
