@@ -26,6 +26,8 @@ state              meaning, and what recovery on the destination does
 ``preparing``      the source asked the destination to build the clone; it
                    may be half built.  Recovery rolls the destination back
                    (never reuses a metadata LV that may not be initialised).
+                   The source commits it (to ``cloned`` or ``hydrating``)
+                   only before the deadline it recorded with it.
 ``cloned``         the clone serves I/O on the destination, hydration is off
                    because the source may still have an attachment (live
                    migration).  Recovery rebuilds the clone, hydration off.
@@ -136,6 +138,13 @@ class MoveStateConflict(exception.VolumeBackendAPIException):
     message = _("The move of volume %(volume_id)s changed under this "
                 "step (expected %(expected)s, found %(found)s); the step "
                 "was not taken.")
+
+
+class MoveDeadlinePassed(exception.VolumeBackendAPIException):
+    message = _("The move of volume %(volume_id)s was not committed: the "
+                "deadline its source recorded for it passed %(late)d s "
+                "ago, after which either node may give it up; nothing was "
+                "written.")
 
 
 class MoveInProgress(exception.VolumeIsBusy):
@@ -544,7 +553,10 @@ class Store(object):
 
         Raises MoveStateConflict, writing nothing, if the record no
         longer describes this move (cleared, replaced by another move) or
-        is in a state the step does not expect.
+        is in a state the step does not expect; MoveDeadlinePassed,
+        writing nothing, for a commit of a ``preparing`` move once the
+        deadline its source recorded has passed
+        (:meth:`_refuse_past_deadline`).
         """
         # A move recorded by release 1.1.0 gets its secret here first (the
         # caller holds the lock, as every writer does).
@@ -560,9 +572,34 @@ class Store(object):
             raise MoveStateConflict(
                 volume_id=t.volume_id,
                 expected='/'.join(expected), found=found)
+        if current.state == PREPARING and state in (CLONED, HYDRATING):
+            self._refuse_past_deadline(current)
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, {KEY_PREFIX + 'state': state}, False)
         t.state = state
+
+    def _refuse_past_deadline(self, t):
+        """Refuse to commit prepared move ``t`` once its deadline passed.
+
+        Only the source commits a prepared move, on the clock that
+        recorded its deadline (:meth:`save`).  From the deadline on,
+        either node takes the move for dead
+        (:meth:`~cinder_dmclone.side.Side.prepare_outlived`) and may be
+        giving it up or removing its clone right now (the lock does not
+        exclude them with per-node locks or a lost lease): a commit would
+        then name a clone that may be gone.  Checked after the record is
+        read again, right before the write.  A move recorded by an older
+        release has no deadline to check.
+        """
+        if t.prepare_deadline is None:
+            return
+        late = self._clock() - t.prepare_deadline
+        if late >= 0:
+            LOG.error('Not committing the move of volume %(vol)s to '
+                      '%(dst)s: its deadline passed %(late)d s ago.',
+                      {'vol': t.volume_id, 'dst': t.dest_node,
+                       'late': late})
+            raise MoveDeadlinePassed(volume_id=t.volume_id, late=late)
 
     def mark_stale_source_attachment(self, ctxt, t):
         """Say, for the status tool, that the move waits for an operator.

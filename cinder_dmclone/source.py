@@ -264,7 +264,7 @@ class Source(side.Side):
         if self._stands(t, current):
             self._report_stands(t, current.state)
             return
-        LOG.error('Destination %(dst)s could not take volume %(vol)s; it '
+        LOG.error('The move of volume %(vol)s to %(dst)s failed; it '
                   'stays on %(src)s.', {'dst': t.dest_node,
                                         'vol': volume['id'],
                                         'src': self.node_name})

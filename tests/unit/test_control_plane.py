@@ -354,6 +354,49 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def slow_prepare(self, seconds):
+        """node-b's prepare succeeds, ``seconds`` after node-a called it.
+
+        (A build slower than node-a's timeout: an RPC answer that comes
+        late, a call retried.)
+        """
+        prepare = self.b.destination.prepare
+
+        def slow(volume, step):
+            path = prepare(volume, step)
+            self.c.now += seconds
+            return path
+        self.b.destination.prepare = slow
+
+    def test_a_commit_past_the_deadline_is_refused(self):
+        # Review 5, finding 7: node-a never checked the deadline it had
+        # recorded before committing: past it, either node takes the
+        # move for dead and may be giving it up.  The attach now fails
+        # and the move is given up whole.
+        self.slow_prepare(self.a.source.stale_prepare_after())
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('deadline', str(exc))
+        self.c.assert_rolled_back()
+
+    def test_a_commit_before_the_deadline_goes_through(self):
+        self.slow_prepare(self.a.source.stale_prepare_after() - 1)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_clone_dropped_at_the_deadline_is_never_committed(self):
+        # node-b's monitor takes the move for dead once the deadline has
+        # passed, as node-a commits it (the lock does not exclude it),
+        # and removes the clone.  Before: node-a's commit, read before
+        # node-b's abort and written after it, named a clone that was
+        # gone: the volume record pointed at node-b, which held nothing.
+        self.slow_prepare(self.a.source.stale_prepare_after())
+        self.tick_b_as_a_commits()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.c.assert_rolled_back()
+
     def tick_b_as_a_commits(self):
         """node-b's monitor ticks as node-a records the commit.
 

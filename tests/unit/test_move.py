@@ -349,6 +349,41 @@ class StoreTestCase(test.TestCase):
         self.assertEqual(move.CLONED,
                          self.store.load(self.ctxt, VOLUME_ID).state)
 
+    def test_commit_past_the_deadline_writes_nothing(self):
+        now = [1000.0]
+        store = move.Store(self.db, clock=lambda: now[0])
+        t = make_move()
+        store.save(self.ctxt, t, budget=60)
+        now[0] += 60
+        for state in (move.CLONED, move.HYDRATING):
+            self.assertRaises(move.MoveDeadlinePassed, store.transition,
+                              self.ctxt, t, (move.PREPARING,), state)
+            self.assertEqual(move.PREPARING, t.state)
+            self.assertEqual(move.PREPARING,
+                             store.load(self.ctxt, VOLUME_ID).state)
+        # Giving it up is never refused.
+        store.transition(self.ctxt, t, (move.PREPARING,), move.ABORTED)
+        self.assertEqual(move.ABORTED,
+                         store.load(self.ctxt, VOLUME_ID).state)
+
+    def test_commit_before_the_deadline_or_without_one(self):
+        now = [1000.0]
+        store = move.Store(self.db, clock=lambda: now[0])
+        t = make_move()
+        store.save(self.ctxt, t, budget=60)
+        now[0] += 59.9
+        store.transition(self.ctxt, t, (move.PREPARING,), move.CLONED)
+        self.assertEqual(move.CLONED, store.load(self.ctxt, VOLUME_ID).state)
+        # (A move recorded by an older release has no deadline.)
+        store.clear(self.ctxt, VOLUME_ID)
+        t = make_move()
+        store.save(self.ctxt, t)
+        self.assertIsNone(store.load(self.ctxt, VOLUME_ID).prepare_deadline)
+        now[0] += 10 ** 6
+        store.transition(self.ctxt, t, (move.PREPARING,), move.HYDRATING)
+        self.assertEqual(move.HYDRATING,
+                         store.load(self.ctxt, VOLUME_ID).state)
+
     def test_progress_of_an_earlier_move_is_not_shown_for_a_new_one(self):
         # A clear cut short by a crash left the old move's progress.
         # (Before: the next move showed it as its own.)
