@@ -1336,6 +1336,21 @@ class NameIdTestCase(ClusterTestCase):
             self.c.db.admin_metadata[self.vid]))
         return src
 
+    def test_kept_copy_is_reported_as_the_volumes_at_the_next_start(self):
+        # The kept LV is named after the deleted temporary volume: it is
+        # the old copy of a volume that exists (before: also reported as
+        # the LV of a deleted volume, to be removed by hand).
+        self.lose_metadata_and_roll_back()
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        warnings = str(self.log.warning.call_args_list)
+        self.assertIn('rolled back after its clone lost its metadata',
+                      warnings)
+        self.assertIn(self.vid, warnings)
+        self.assertNotIn('no longer exists', warnings)
+        self.assertIn(LV, self.b.vg.lvs)
+
     def test_kept_copy_of_a_deleted_volume_is_reported_at_the_next_start(
             self):
         src = self.lose_metadata_and_roll_back()
