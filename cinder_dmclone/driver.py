@@ -666,6 +666,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.ManageExistingInvalidReference(
                 existing_ref=existing_ref,
                 reason=_('%s is an old copy being wiped.') % name)
+        # Cinder refuses an LV named after an existing volume's id; the
+        # LV of a volume with a _name_id is named after that instead.
+        if recovery.volume_of_lv(cinder_context.get_admin_context(),
+                                 name) is not None:
+            raise exception.ManageExistingAlreadyManaged(volume_ref=name)
 
     def manage_existing_get_size(self, volume, existing_ref):
         self._check_manage_reference(existing_ref)
@@ -688,22 +693,36 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def get_manageable_volumes(self, cinder_volumes, marker, limit, offset,
                                sort_keys, sort_dirs):
-        """Cinder's listing, with transfer metadata LVs marked unsafe."""
+        """Cinder's listing, with transfer metadata LVs marked unsafe.
+
+        Cinder tells a volume's LV by the id in its name; a volume with
+        a ``_name_id`` names its LV after that instead.  So an LV is
+        ``already managed`` by the volume of this node whose ``name`` it
+        is, and an LV named like a volume that is not that volume's LV
+        (an old copy kept by a move, a stale LV named after the id of a
+        volume with a ``_name_id``) is never offered.
+        """
         entries = super().get_manageable_volumes(
             cinder_volumes, marker, limit, offset, sort_keys, sort_dirs)
+        owners = {v['name']: v['id'] for v in cinder_volumes}
         for entry in entries:
             name = entry['reference']['source-name']
-            if layout.lv_name_from_metadata_lv(name):
+            if name in owners:
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = 'already managed'
+                entry['cinder_id'] = owners[name]
+            elif layout.lv_name_from_metadata_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'dm-clone transfer metadata'
             elif layout.is_retiring_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'old copy being wiped'
-            elif entry['safe_to_manage'] and \
+            elif (entry['safe_to_manage'] or entry['cinder_id']) and \
                     volume_utils.extract_id_from_volume_name(name):
-                # Named like a volume that does not live here: an old
-                # copy kept by a move (rolled back, abandoned as lost).
+                # Named like a volume whose LV it is not: an old copy
+                # kept by a move (rolled back, abandoned as lost).
                 entry['safe_to_manage'] = False
+                entry['cinder_id'] = None
                 entry['reason_not_safe'] = ('named like another volume: '
                                             'maybe an old copy kept by a '
                                             'move')

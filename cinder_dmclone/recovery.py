@@ -239,6 +239,26 @@ def lvs_of_deleted_volumes(ctxt, lv_names, touching):
     return found
 
 
+def volume_of_lv(ctxt, lv_name):
+    """The volume whose LV is named ``lv_name``, or None.
+
+    A volume's LV is named after its ``_name_id`` when it has one (after
+    Cinder's generic migration of an in-use volume), else after its id:
+    the id in the LV's name is looked up as both, and only a volume
+    whose ``name`` is exactly ``lv_name`` is its.
+    """
+    volume_id = volume_utils.extract_id_from_volume_name(lv_name)
+    if volume_id is None:
+        return None
+    candidates = list(objects.VolumeList.get_all(
+        ctxt, filters={'_name_id': volume_id}))
+    try:
+        candidates.append(objects.Volume.get_by_id(ctxt, volume_id))
+    except exception.VolumeNotFound:
+        pass
+    return next((v for v in candidates if v.name == lv_name), None)
+
+
 def _volume_named_after(ctxt, volume_id):
     """True if a volume has the id ``volume_id``, or its ``_name_id``.
 

@@ -31,6 +31,7 @@ from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_snapshot
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
+from cinder.tests.unit import utils as tests_utils
 from cinder.volume import configuration as conf
 from cinder.volume import driver as volume_driver_module
 from cinder.volume.drivers import lvm as cinder_lvm
@@ -662,6 +663,66 @@ class ManageTestCase(DriverTestBase):
         entries = self.drv.get_manageable_volumes([], None, 10, 0,
                                                   ['size'], ['asc'])
         self.assertFalse(entries[0]['safe_to_manage'])
+
+    # -- a volume whose LV is named after its _name_id ---------------------
+
+    def _listed(self, cinder_volumes, *lvs, open_lvs=()):
+        self.vg.get_volumes.return_value = [{'name': lv, 'size': '1.0'}
+                                            for lv in lvs]
+        self.vg.lv_is_snapshot.return_value = False
+        self.vg.lv_is_open.side_effect = lambda name: name in open_lvs
+        entries = self.drv.get_manageable_volumes(cinder_volumes, None, 10,
+                                                  0, ['size'], ['asc'])
+        return {e['reference']['source-name']: e for e in entries}
+
+    def test_the_lv_of_a_name_id_volume_is_listed_as_managed(self):
+        # After a generic migration of an in-use volume its LV keeps the
+        # temporary volume's name, whose id Cinder's listing takes for
+        # the volume's: it saw no volume of that id (before: "volume in
+        # use" with no volume named, or, without the handle, "named like
+        # another volume: maybe an old copy").
+        migrated = fake_volume.fake_volume_obj(
+            self.ctxt, id=fake.VOLUME2_ID, _name_id=fake.VOLUME_ID)
+        for open_lvs in ((LV,), ()):
+            entry = self._listed([migrated], LV, open_lvs=open_lvs)[LV]
+            self.assertEqual((False, 'already managed', fake.VOLUME2_ID),
+                             (entry['safe_to_manage'],
+                              entry['reason_not_safe'], entry['cinder_id']))
+
+    def test_an_lv_named_after_a_name_id_volumes_id_is_not_its(self):
+        # Cinder's listing calls volume-<id> "already managed" by that
+        # volume, whose LV has another name (its _name_id).
+        migrated = fake_volume.fake_volume_obj(
+            self.ctxt, id=fake.VOLUME2_ID, _name_id=fake.VOLUME_ID)
+        stale = 'volume-%s' % fake.VOLUME2_ID
+        entry = self._listed([migrated], stale)[stale]
+        self.assertFalse(entry['safe_to_manage'])
+        self.assertIsNone(entry['cinder_id'])
+        self.assertIn('named like another volume', entry['reason_not_safe'])
+
+    def test_manage_refuses_the_lv_of_a_name_id_volume(self):
+        # Cinder checks only that no volume has the id in the LV's name:
+        # the LV of a volume with a _name_id would be renamed to the new
+        # volume's, and the volume left without its data.
+        tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                  _name_id=fake.VOLUME_ID,
+                                  host='node-b@dmclone#dmclone')
+        ref = {'source-name': LV}
+        for call in (self.drv.manage_existing_get_size,
+                     self.drv.manage_existing):
+            self.assertRaises(exception.ManageExistingAlreadyManaged,
+                              call, self.volume, ref)
+        self.vg.rename_volume.assert_not_called()
+
+    @mock.patch.object(volume_utils, 'check_already_managed_volume',
+                       return_value=False)
+    def test_manage_an_lv_named_after_a_deleted_volume(self, mock_check):
+        gone = tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                         _name_id=fake.VOLUME_ID)
+        gone.destroy()
+        volume = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME3_ID)
+        self.drv.manage_existing(volume, {'source-name': LV})
+        self.vg.rename_volume.assert_called_once_with(LV, volume.name)
 
 
 class StatsTestCase(DriverTestBase):
