@@ -78,6 +78,12 @@ class DMStatusParseError(exception.VolumeBackendAPIException):
     message = _("Cannot parse device-mapper output %(line)r: %(reason)s")
 
 
+class LVSParseError(exception.VolumeBackendAPIException):
+    """LVM reported a line of ``lvs`` we cannot interpret."""
+
+    message = _("Cannot parse lvs output %(line)r: %(reason)s")
+
+
 class InvalidDMName(exception.InvalidInput):
     """A name or path refused before it could reach a command line."""
 
