@@ -320,7 +320,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             self._execute, utils.get_root_helper(),
             lvm_type=self.configuration.lvm_type,
             metadata_reserve=self.configuration.dmclone_metadata_reserve,
-            discard=self.wiper.discard)
+            discard=self.wiper.discard,
+            thin_pool=self._thin_pool_name(),
+            max_over_subscription_ratio=(
+                self.configuration.max_over_subscription_ratio),
+            reserved_percentage=self.configuration.reserved_percentage)
+
+    def _thin_pool_name(self):
+        """The thin pool of ``lvm_type = thin``, named as Cinder's driver."""
+        return '%s-pool' % self.configuration.volume_group
 
     @property
     def wiper(self):

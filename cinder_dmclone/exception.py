@@ -104,6 +104,18 @@ class DestinationFull(exception.VolumeBackendAPIException):
                 "Free space there or attach the volume on its node.")
 
 
+class ThinPoolFull(DestinationFull):
+    """The thin pool of the node a volume should move to cannot hold it.
+
+    ``kind`` says which bound (see :func:`cinder_dmclone.thin.shortfall`),
+    ``free`` and ``need`` are in GiB, ``reason`` says what they count.
+    """
+
+    message = _("Node %(node)s cannot take volume %(volume)s: thin pool "
+                "%(pool)s %(reason)s. Free space there or attach the "
+                "volume on its node.")
+
+
 class StepRefused(exception.NotAuthorized):
     """A node-to-node step without the transfer's secret.
 

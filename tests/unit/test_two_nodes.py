@@ -574,6 +574,39 @@ class PrepareTestCase(ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
         self.assertEqual({}, self.b.connector.sessions)
 
+    def thin_destination(self, data_percent):
+        """node-b runs thin: a 100 GiB pool, ``data_percent`` used."""
+        dest = self.b.dest
+        dest.lvm_type = 'thin'
+        report = '  %s|%d|%.2f|1.00|%d|65536|\n' % (
+            dest.thin_pool, 100 * 1024 ** 3, data_percent, 100 * 1024 ** 2)
+        execute = dest._execute
+
+        def lvs_or_execute(*cmd, **kwargs):
+            if cmd[2] == 'lvs':
+                return report, ''
+            return execute(*cmd, **kwargs)
+        dest._execute = lvs_or_execute
+
+    def test_full_thin_pool_refuses_before_building(self):
+        # The move would hydrate all of the 1 GiB volume into a pool with
+        # 0.5 GiB free.  (Before: a thin pool was never checked.)
+        self.saved()
+        self.thin_destination(99.5)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull, self.prepare,
+                                size_gb=1)
+        self.assertIn('node-b cannot take volume %s' % VOLUME_ID, str(exc))
+        self.assertEqual([], self.b.vg.calls)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_a_volume_moves_into_a_thin_pool_with_room(self):
+        self.thin_destination(40.0)
+        self.c.attach(self.b)
+        self.assertIn(('create_volume', LV, '1g', 'thin'), self.b.vg.calls)
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_leftovers_of_an_abandoned_attempt_are_not_reused(self):
         # An earlier attempt hydrated part of a clone here, then the source
         # gave up and cleared the transfer (e.g. an RPC timeout).
