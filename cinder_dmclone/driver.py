@@ -32,6 +32,7 @@ from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import excutils
+from oslo_utils import units
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context as cinder_context
@@ -61,6 +62,7 @@ from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import privileged  # noqa: E402
 from cinder_dmclone import recovery  # noqa: E402
 from cinder_dmclone import service  # noqa: E402
+from cinder_dmclone import thin  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -746,8 +748,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return
         self._stats['vendor_name'] = 'Open Source'
         self._stats['driver_version'] = self.VERSION
-        transfers = self._transfers_in_flight()
+        clones = self._own_clone_statuses()
+        transfers = None if clones is None else len(clones)
+        thin_pool = self._thin_pool_stats(clones)
         for pool in self._stats['pools']:
+            pool.update(thin_pool)
             pool.update(
                 location_info='DMCloneVolumeDriver:%s:%s:%s:%s' % (
                     self.node_name, self.configuration.volume_group,
@@ -781,14 +786,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         exc_info=True)
             return {}
 
-    def _transfers_in_flight(self):
-        """Clone targets of this backend's handles: moves into this node.
+    def _own_clone_statuses(self):
+        """{handle: status} of this backend's clones: moves into this node.
 
-        Published in the pool stats so an admin (``cinder get-pools
-        --detail``) sees how busy each node is with incoming transfers;
-        one ``dmsetup status --target clone`` call, as the monitor makes.
-        None when device-mapper cannot be read: a stats report must not
-        fail because of it.
+        Their number is published in the pool stats so an admin
+        (``cinder get-pools --detail``) sees how busy each node is with
+        incoming transfers, and on a thin pool what they will still
+        write; one ``dmsetup status --target clone`` call, as the
+        monitor makes.  None when device-mapper cannot be read: a stats
+        report must not fail because of it.
         """
         try:
             statuses = self.dm.clone_statuses()
@@ -797,8 +803,48 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             LOG.warning('Could not count the transfers in flight.',
                         exc_info=True)
             return None
-        return sum(1 for name in statuses if layout.lv_name_from_handle(
-            name, self.configuration.volume_group) is not None)
+        return {name: status for name, status in statuses.items()
+                if layout.lv_name_from_handle(
+                    name, self.configuration.volume_group) is not None}
+
+    def _thin_pool_stats(self, clones):
+        """A thin pool's figures for the pool stats, over Cinder's; or {}.
+
+        Cinder's LVM driver reports a thin pool's free data space as it
+        is now, and as provisioned every LV of the volume group but the
+        pool.  A clone moving here still writes every region it has not
+        hydrated, and a pool whose metadata is full takes no more data:
+        ``free_capacity_gb`` is what the pool can still take
+        (:func:`cinder_dmclone.thin.free_bytes`) less what the clones
+        will write (``dmclone_hydration_pending_gb``), and
+        ``provisioned_capacity_gb`` the virtual sizes of the pool's thin
+        LVs (not the thick metadata LVs of clones), as the destination
+        of a move counts them (:meth:`Clones.check_thin_pool
+        <cinder_dmclone.clone.Clones.check_thin_pool>`).  The other
+        thin figures (``thin_provisioning_support``,
+        ``max_over_subscription_ratio``, ``reserved_percentage``) are
+        Cinder's.  {} (Cinder's figures stay) for a thick backend, or
+        when LVM cannot be read.
+        """
+        if self.configuration.lvm_type != 'thin':
+            return {}
+        try:
+            lvs = privileged.thin_lvs(self.configuration.volume_group,
+                                      execute=self._execute,
+                                      root_helper=utils.get_root_helper())
+            pool = thin.pool_usage(lvs, self._thin_pool_name())
+        except (dmc_exception.PrivilegedCommandFailed,
+                dmc_exception.LVSParseError):
+            LOG.warning('Could not read thin pool %s: its free capacity is '
+                        'reported without the writes of the moves into '
+                        'this node.', self._thin_pool_name(), exc_info=True)
+            return {}
+        pending = thin.unhydrated_bytes((clones or {}).values())
+        return {
+            'free_capacity_gb': round(
+                thin.free_bytes(pool, pending) / units.Gi, 2),
+            'provisioned_capacity_gb': round(pool.provisioned / units.Gi, 2),
+            'dmclone_hydration_pending_gb': round(pending / units.Gi, 2)}
 
     # ------------------------------------------------------------------
     # Exports and connections
