@@ -24,12 +24,31 @@ but never reads or writes their state: that is the destination side's
 from oslo_log import log as logging
 from oslo_utils import units
 
+from cinder.scheduler import sched_utils
+from cinder.volume import volume_utils
+
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import privileged
+from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
+
+#: Why a thin pool cannot take a move (ThinPoolFull), per shortfall.
+_THIN_DATA = (
+    'has %(free).2f GiB of data space free beyond its reserved_percentage '
+    '(%(reserved)s%%), %(need).2f GiB needed: a move writes every region of '
+    'the volume (%(writes).2f GiB), and the moves into this node still '
+    'hydrating will write %(pending).2f GiB')
+_THIN_METADATA = (
+    'has %(free).2f MiB of metadata space free beyond its '
+    'reserved_percentage (%(reserved)s%%), %(need).2f MiB needed to map what '
+    'a move writes (every region of the volume, %(writes).2f GiB) and the '
+    'moves into this node still hydrating (%(pending).2f GiB)')
+_THIN_PROVISIONED = (
+    'would hold %(need).2f GiB of thin volumes, more than its '
+    'max_over_subscription_ratio (%(ratio)s) allows: %(free).2f GiB')
 
 
 class Clones(object):
@@ -40,11 +59,16 @@ class Clones(object):
     ``connector`` an os-brick iSCSI connector and ``execute`` Cinder's.
     ``discard(lv_name)`` removes the data LV (the driver's
     :class:`~cinder_dmclone.wiper.Wiper`, which honours ``volume_clear``);
-    by default it is simply deleted.
+    by default it is simply deleted.  With ``lvm_type = thin`` the data
+    LVs are thin LVs of ``thin_pool`` (Cinder's ``<vg>-pool``), which a
+    move must fit in as the backend's ``max_over_subscription_ratio``
+    and ``reserved_percentage`` say (see :meth:`check_space`).
     """
 
     def __init__(self, dm, vg, meta_vg, connector, execute, root_helper,
-                 lvm_type='default', metadata_reserve=2.0, discard=None):
+                 lvm_type='default', metadata_reserve=2.0, discard=None,
+                 thin_pool=None, max_over_subscription_ratio='20.0',
+                 reserved_percentage=0):
         self.discard = discard or vg.delete
         self.dm = dm
         self.vg = vg
@@ -54,6 +78,9 @@ class Clones(object):
         self._root_helper = root_helper
         self.lvm_type = lvm_type
         self.metadata_reserve = metadata_reserve
+        self.thin_pool = thin_pool or '%s-pool' % vg.vg_name
+        self.max_over_subscription_ratio = max_over_subscription_ratio
+        self.reserved_percentage = reserved_percentage
 
     # -- names ----------------------------------------------------------
 
@@ -80,22 +107,92 @@ class Clones(object):
 
         Checked before anything is created, so that a full node answers
         with a clear error instead of failing half way through the build.
-        Thin LVs are allocated on write: their pool is not checked here.
+        The metadata LV is always thick, in the metadata volume group; a
+        thick data LV takes ``size_gb`` of its volume group, a thin one
+        what :meth:`check_thin_pool` says of its pool.
         """
-        if self.lvm_type == 'thin':
-            return
         meta_gb = self.metadata_bytes(t) / units.Gi
-        needs = [(self.vg, float(size_gb))]
-        if self.meta_vg.vg_name == self.vg.vg_name:
+        if self.lvm_type == 'thin':
+            needs = [(self.meta_vg, meta_gb)]
+        elif self.meta_vg.vg_name == self.vg.vg_name:
             needs = [(self.vg, size_gb + meta_gb)]
         else:
-            needs.append((self.meta_vg, meta_gb))
+            needs = [(self.vg, float(size_gb)), (self.meta_vg, meta_gb)]
+        if self.lvm_type == 'thin':
+            self.check_thin_pool(t, size_gb, node_name)
         for vg, need in needs:
             vg.update_volume_group_info()
             if vg.vg_free_space < need:
                 raise dmc_exception.DestinationFull(
                     node=node_name, volume=t.volume_id, vg=vg.vg_name,
                     free=vg.vg_free_space, need=need)
+
+    def check_thin_pool(self, t, size_gb, node_name):
+        """Refuse a move into a thin pool that cannot hold it: ThinPoolFull.
+
+        A move hydrates every region of its clone: the destination's thin
+        LV ends fully allocated however little the source's held, so the
+        whole clone counts, with what the other clones here will still
+        write (:func:`~cinder_dmclone.thin.unhydrated_bytes`), against
+        the pool's free data and metadata space, and the volume's virtual
+        size against the over-subscription the backend allows
+        (:func:`~cinder_dmclone.thin.shortfall`).  The pool is read from
+        LVM now (:func:`~cinder_dmclone.privileged.thin_lvs`); a report
+        that cannot be read fails the move.
+        """
+        lvs = privileged.thin_lvs(self.vg.vg_name, execute=self._execute,
+                                  root_helper=self._root_helper)
+        pool = thin.pool_usage(lvs, self.thin_pool)
+        writes = t.clone_sectors * dmsetup.SECTOR_SIZE
+        pending = self.unhydrated_bytes()
+        ratio = self.max_ratio(pool)
+        short = thin.shortfall(pool, size_gb * units.Gi, writes, pending,
+                               ratio, self.reserved_percentage)
+        if short is None:
+            return
+        gib = {'free': short.available / units.Gi,
+               'need': short.needed / units.Gi,
+               'writes': writes / units.Gi, 'pending': pending / units.Gi,
+               'reserved': self.reserved_percentage, 'ratio': ratio}
+        if short.kind == 'data':
+            reason = _THIN_DATA % gib
+        elif short.kind == 'metadata':
+            reason = _THIN_METADATA % dict(
+                gib, free=short.available / units.Mi,
+                need=short.needed / units.Mi)
+        else:
+            reason = _THIN_PROVISIONED % gib
+        raise dmc_exception.ThinPoolFull(
+            node=node_name, volume=t.volume_id,
+            pool='%s/%s' % (self.vg.vg_name, self.thin_pool),
+            reason=reason, kind=short.kind, free=gib['free'],
+            need=gib['need'])
+
+    def unhydrated_bytes(self):
+        """What the clones of this volume group will still write to it.
+
+        One ``dmsetup status --target clone``, as the monitor reads.
+        """
+        statuses = self.dm.clone_statuses()
+        return thin.unhydrated_bytes(
+            status for name, status in statuses.items()
+            if layout.lv_name_from_handle(name, self.vg.vg_name))
+
+    def max_ratio(self, pool):
+        """The backend's max_over_subscription_ratio, ``auto`` resolved.
+
+        As Cinder's scheduler resolves it for the pool's figures.
+        """
+        ratio = volume_utils.get_max_over_subscription_ratio(
+            self.max_over_subscription_ratio, supports_auto=True)
+        if ratio != 'auto':
+            return ratio
+        return sched_utils.calculate_max_over_subscription_ratio(
+            {'thin_provisioning_support': True,
+             'total_capacity_gb': pool.size / units.Gi,
+             'free_capacity_gb': pool.data_free / units.Gi,
+             'provisioned_capacity_gb': pool.provisioned / units.Gi,
+             'max_over_subscription_ratio': 'auto'}, 'auto')
 
     def create_volumes(self, t, size_gb):
         """Create the data LV and a freshly zeroed metadata LV.

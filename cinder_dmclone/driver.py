@@ -32,6 +32,7 @@ from oslo_concurrency import processutils
 from oslo_config import cfg
 from oslo_log import log as logging
 from oslo_utils import excutils
+from oslo_utils import units
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import context as cinder_context
@@ -61,6 +62,7 @@ from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import privileged  # noqa: E402
 from cinder_dmclone import recovery  # noqa: E402
 from cinder_dmclone import service  # noqa: E402
+from cinder_dmclone import thin  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
 
 LOG = logging.getLogger(__name__)
@@ -320,7 +322,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             self._execute, utils.get_root_helper(),
             lvm_type=self.configuration.lvm_type,
             metadata_reserve=self.configuration.dmclone_metadata_reserve,
-            discard=self.wiper.discard)
+            discard=self.wiper.discard,
+            thin_pool=self._thin_pool_name(),
+            max_over_subscription_ratio=(
+                self.configuration.max_over_subscription_ratio),
+            reserved_percentage=self.configuration.reserved_percentage)
+
+    def _thin_pool_name(self):
+        """The thin pool of ``lvm_type = thin``, named as Cinder's driver."""
+        return '%s-pool' % self.configuration.volume_group
 
     @property
     def wiper(self):
@@ -666,6 +676,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.ManageExistingInvalidReference(
                 existing_ref=existing_ref,
                 reason=_('%s is an old copy being wiped.') % name)
+        # Cinder refuses an LV named after an existing volume's id; the
+        # LV of a volume with a _name_id is named after that instead.
+        if recovery.volume_of_lv(cinder_context.get_admin_context(),
+                                 name) is not None:
+            raise exception.ManageExistingAlreadyManaged(volume_ref=name)
 
     def manage_existing_get_size(self, volume, existing_ref):
         self._check_manage_reference(existing_ref)
@@ -688,22 +703,36 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def get_manageable_volumes(self, cinder_volumes, marker, limit, offset,
                                sort_keys, sort_dirs):
-        """Cinder's listing, with transfer metadata LVs marked unsafe."""
+        """Cinder's listing, with transfer metadata LVs marked unsafe.
+
+        Cinder tells a volume's LV by the id in its name; a volume with
+        a ``_name_id`` names its LV after that instead.  So an LV is
+        ``already managed`` by the volume of this node whose ``name`` it
+        is, and an LV named like a volume that is not that volume's LV
+        (an old copy kept by a move, a stale LV named after the id of a
+        volume with a ``_name_id``) is never offered.
+        """
         entries = super().get_manageable_volumes(
             cinder_volumes, marker, limit, offset, sort_keys, sort_dirs)
+        owners = {v['name']: v['id'] for v in cinder_volumes}
         for entry in entries:
             name = entry['reference']['source-name']
-            if layout.lv_name_from_metadata_lv(name):
+            if name in owners:
+                entry['safe_to_manage'] = False
+                entry['reason_not_safe'] = 'already managed'
+                entry['cinder_id'] = owners[name]
+            elif layout.lv_name_from_metadata_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'dm-clone transfer metadata'
             elif layout.is_retiring_lv(name):
                 entry['safe_to_manage'] = False
                 entry['reason_not_safe'] = 'old copy being wiped'
-            elif entry['safe_to_manage'] and \
+            elif (entry['safe_to_manage'] or entry['cinder_id']) and \
                     volume_utils.extract_id_from_volume_name(name):
-                # Named like a volume that does not live here: an old
-                # copy kept by a move (rolled back, abandoned as lost).
+                # Named like a volume whose LV it is not: an old copy
+                # kept by a move (rolled back, abandoned as lost).
                 entry['safe_to_manage'] = False
+                entry['cinder_id'] = None
                 entry['reason_not_safe'] = ('named like another volume: '
                                             'maybe an old copy kept by a '
                                             'move')
@@ -719,8 +748,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return
         self._stats['vendor_name'] = 'Open Source'
         self._stats['driver_version'] = self.VERSION
-        transfers = self._transfers_in_flight()
+        clones = self._own_clone_statuses()
+        transfers = None if clones is None else len(clones)
+        thin_pool = self._thin_pool_stats(clones)
         for pool in self._stats['pools']:
+            pool.update(thin_pool)
             pool.update(
                 location_info='DMCloneVolumeDriver:%s:%s:%s:%s' % (
                     self.node_name, self.configuration.volume_group,
@@ -754,14 +786,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         exc_info=True)
             return {}
 
-    def _transfers_in_flight(self):
-        """Clone targets of this backend's handles: moves into this node.
+    def _own_clone_statuses(self):
+        """{handle: status} of this backend's clones: moves into this node.
 
-        Published in the pool stats so an admin (``cinder get-pools
-        --detail``) sees how busy each node is with incoming transfers;
-        one ``dmsetup status --target clone`` call, as the monitor makes.
-        None when device-mapper cannot be read: a stats report must not
-        fail because of it.
+        Their number is published in the pool stats so an admin
+        (``cinder get-pools --detail``) sees how busy each node is with
+        incoming transfers, and on a thin pool what they will still
+        write; one ``dmsetup status --target clone`` call, as the
+        monitor makes.  None when device-mapper cannot be read: a stats
+        report must not fail because of it.
         """
         try:
             statuses = self.dm.clone_statuses()
@@ -770,8 +803,48 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             LOG.warning('Could not count the transfers in flight.',
                         exc_info=True)
             return None
-        return sum(1 for name in statuses if layout.lv_name_from_handle(
-            name, self.configuration.volume_group) is not None)
+        return {name: status for name, status in statuses.items()
+                if layout.lv_name_from_handle(
+                    name, self.configuration.volume_group) is not None}
+
+    def _thin_pool_stats(self, clones):
+        """A thin pool's figures for the pool stats, over Cinder's; or {}.
+
+        Cinder's LVM driver reports a thin pool's free data space as it
+        is now, and as provisioned every LV of the volume group but the
+        pool.  A clone moving here still writes every region it has not
+        hydrated, and a pool whose metadata is full takes no more data:
+        ``free_capacity_gb`` is what the pool can still take
+        (:func:`cinder_dmclone.thin.free_bytes`) less what the clones
+        will write (``dmclone_hydration_pending_gb``), and
+        ``provisioned_capacity_gb`` the virtual sizes of the pool's thin
+        LVs (not the thick metadata LVs of clones), as the destination
+        of a move counts them (:meth:`Clones.check_thin_pool
+        <cinder_dmclone.clone.Clones.check_thin_pool>`).  The other
+        thin figures (``thin_provisioning_support``,
+        ``max_over_subscription_ratio``, ``reserved_percentage``) are
+        Cinder's.  {} (Cinder's figures stay) for a thick backend, or
+        when LVM cannot be read.
+        """
+        if self.configuration.lvm_type != 'thin':
+            return {}
+        try:
+            lvs = privileged.thin_lvs(self.configuration.volume_group,
+                                      execute=self._execute,
+                                      root_helper=utils.get_root_helper())
+            pool = thin.pool_usage(lvs, self._thin_pool_name())
+        except (dmc_exception.PrivilegedCommandFailed,
+                dmc_exception.LVSParseError):
+            LOG.warning('Could not read thin pool %s: its free capacity is '
+                        'reported without the writes of the moves into '
+                        'this node.', self._thin_pool_name(), exc_info=True)
+            return {}
+        pending = thin.unhydrated_bytes((clones or {}).values())
+        return {
+            'free_capacity_gb': round(
+                thin.free_bytes(pool, pending) / units.Gi, 2),
+            'provisioned_capacity_gb': round(pool.provisioned / units.Gi, 2),
+            'dmclone_hydration_pending_gb': round(pending / units.Gi, 2)}
 
     # ------------------------------------------------------------------
     # Exports and connections

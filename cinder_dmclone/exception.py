@@ -78,6 +78,12 @@ class DMStatusParseError(exception.VolumeBackendAPIException):
     message = _("Cannot parse device-mapper output %(line)r: %(reason)s")
 
 
+class LVSParseError(exception.VolumeBackendAPIException):
+    """LVM reported a line of ``lvs`` we cannot interpret."""
+
+    message = _("Cannot parse lvs output %(line)r: %(reason)s")
+
+
 class InvalidDMName(exception.InvalidInput):
     """A name or path refused before it could reach a command line."""
 
@@ -96,6 +102,18 @@ class DestinationFull(exception.VolumeBackendAPIException):
     message = _("Node %(node)s cannot take volume %(volume)s: volume group "
                 "%(vg)s has %(free).2f GiB free, %(need).2f GiB needed. "
                 "Free space there or attach the volume on its node.")
+
+
+class ThinPoolFull(DestinationFull):
+    """The thin pool of the node a volume should move to cannot hold it.
+
+    ``kind`` says which bound (see :func:`cinder_dmclone.thin.shortfall`),
+    ``free`` and ``need`` are in GiB, ``reason`` says what they count.
+    """
+
+    message = _("Node %(node)s cannot take volume %(volume)s: thin pool "
+                "%(pool)s %(reason)s. Free space there or attach the "
+                "volume on its node.")
 
 
 class StepRefused(exception.NotAuthorized):

@@ -25,6 +25,9 @@ Here are:
   and node ACLs read from configfs (world-readable), to tell LIO's
   opener of a device from an instance's and to see which nodes an
   export admits;
+* :func:`thin_lvs`: ``lvs`` of a volume group's thin pool and thin LVs
+  (their data and metadata usage), parsed by the pure
+  :mod:`cinder_dmclone.thin`;
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap);
 * :func:`probe_regions`, :func:`zero_ranges`,
@@ -33,11 +36,12 @@ Here are:
   the volume service never runs them, so no rootwrap filter admits
   them).
 
-The driver's LVM commands go through Cinder's
-``cinder.brick.local_dev.lvm``, LIO through Cinder's target helper, the
-wiping of old copies through Cinder's ``volume_utils.clear_volume`` and
-iSCSI logins through os-brick (privsep): Cinder and os-brick build those
-command lines, not this project.
+The driver's other LVM commands go through Cinder's
+``cinder.brick.local_dev.lvm`` (which reads no pool's metadata usage),
+LIO through Cinder's target helper, the wiping of old copies through
+Cinder's ``volume_utils.clear_volume`` and iSCSI logins through os-brick
+(privsep): Cinder and os-brick build those command lines, not this
+project.
 
 Every command runs as ``/usr/bin/env LC_ALL=C <command> ...`` (see
 :data:`ENV_PREFIX`) through ``execute`` (Cinder's ``utils.execute`` unless
@@ -68,6 +72,7 @@ from cinder import utils
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
 from cinder_dmclone import layout
+from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
 
@@ -648,6 +653,29 @@ def load_module(name, execute=None, root_helper=None):
              Known(MODPROBE_FAILED, re.compile(
                  r"modprobe: ERROR: could not insert '%s': .+"
                  % re.escape(name)), exception.KernelModuleRefused)])
+
+
+# --------------------------------------------------------------------------
+# lvs: thin pools
+# --------------------------------------------------------------------------
+
+def thin_lvs(vg, execute=None, root_helper=None):
+    """{LV name: :class:`cinder_dmclone.thin.LV`} of volume group ``vg``.
+
+    One ``lvs`` of every LV of the group with :data:`thin.LVS_COLUMNS
+    <cinder_dmclone.thin.LVS_COLUMNS>`, sizes in bytes: a thin pool's
+    size, data and metadata usage and chunk size, each thin LV's virtual
+    size, allocated share and pool.  Read for a move into the node and
+    for the pool stats, as root (LVM reads the pool's status from the
+    kernel).  A line that cannot be parsed raises
+    :class:`~cinder_dmclone.exception.LVSParseError`.
+    """
+    out, _err = _run('lvs', '--noheadings', '--nosuffix', '--units', 'b',
+                     '--separator', thin.SEPARATOR, '-o',
+                     ','.join(thin.LVS_COLUMNS),
+                     layout.validate_vg_name(vg), execute=execute,
+                     root_helper=root_helper)
+    return thin.parse_lvs(out)
 
 
 # --------------------------------------------------------------------------

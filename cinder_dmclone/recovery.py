@@ -222,7 +222,11 @@ def lvs_of_deleted_volumes(ctxt, lv_names, touching):
     :func:`volumes_with_old_copies` cannot find it.  ``lv_names`` are
     this node's data LVs, ``touching`` the volumes whose record or move
     names this node: every other LV named like a volume is looked up,
-    one read each (a node holds few such LVs).
+    one read each (a node holds few such LVs).  The id in an LV's name
+    is not always its volume's: a volume whose ``_name_id`` holds it
+    (after Cinder's generic migration of an in-use volume) names its LV
+    after it, while the volume of that id is deleted
+    (:func:`_volume_named_after`).
     """
     taken = {v.name for v in touching}
     found = {}
@@ -230,11 +234,45 @@ def lvs_of_deleted_volumes(ctxt, lv_names, touching):
         if not _may_be_old_copy(lv):
             continue
         volume_id = volume_utils.extract_id_from_volume_name(lv)
-        try:
-            objects.Volume.get_by_id(ctxt, volume_id)
-        except exception.VolumeNotFound:
+        if not _volume_named_after(ctxt, volume_id):
             found[lv] = volume_id
     return found
+
+
+def volume_of_lv(ctxt, lv_name):
+    """The volume whose LV is named ``lv_name``, or None.
+
+    A volume's LV is named after its ``_name_id`` when it has one (after
+    Cinder's generic migration of an in-use volume), else after its id:
+    the id in the LV's name is looked up as both, and only a volume
+    whose ``name`` is exactly ``lv_name`` is its.
+    """
+    volume_id = volume_utils.extract_id_from_volume_name(lv_name)
+    if volume_id is None:
+        return None
+    candidates = list(objects.VolumeList.get_all(
+        ctxt, filters={'_name_id': volume_id}))
+    try:
+        candidates.append(objects.Volume.get_by_id(ctxt, volume_id))
+    except exception.VolumeNotFound:
+        pass
+    return next((v for v in candidates if v.name == lv_name), None)
+
+
+def _volume_named_after(ctxt, volume_id):
+    """True if a volume has the id ``volume_id``, or its ``_name_id``.
+
+    Such a volume's LV is named after ``volume_id`` (or was, for the
+    first: its LV keeps another name once it has a ``_name_id``): an LV
+    of that name is no LV of a deleted volume.
+    """
+    try:
+        objects.Volume.get_by_id(ctxt, volume_id)
+        return True
+    except exception.VolumeNotFound:
+        pass
+    return bool(objects.VolumeList.get_all(
+        ctxt, filters={'_name_id': volume_id}))
 
 
 class Recovery(object):

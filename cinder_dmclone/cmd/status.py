@@ -53,6 +53,10 @@ What it reads, and why the figures can be trusted:
 * With ``--config-file`` and a ``[database] connection`` there, the
   volume's admin metadata (``dmclone_state``, ``dmclone_source_node``,
   progress published by the monitor) is read too; ``--no-db`` skips it.
+  The volume of an LV is then the one whose name the LV has (its
+  ``_name_id`` when it has one: :func:`owner_reader`); without the
+  database, the id in the LV's name, which is the volume's own only
+  while it has no ``_name_id``.
 
 The commands run directly (the tool must run as root): the driver's
 rootwrap filters admit only the commands the service runs, not these.
@@ -260,34 +264,66 @@ def iscsi_links(by_path=BY_PATH):
     return links
 
 
-def database_reader(config_file):
-    """A function volume_id -> admin metadata, through Cinder's DB API.
+def _cinder_database(config_file):
+    """(admin context, Cinder's DB API) with ``config_file``'s settings.
 
-    Imported late: only this path needs the database and Cinder's global
-    configuration.
+    Imported late: only the readers below need the database and Cinder's
+    global configuration.
     """
     from cinder.common import config  # noqa: F401 (registers options)
     from cinder import context
     from cinder.db import api as db
 
     cfg.CONF(args=[], project='cinder', default_config_files=[config_file])
-    ctxt = context.get_admin_context()
+    return context.get_admin_context(), db
+
+
+def database_reader(config_file):
+    """A function volume_id -> admin metadata, through Cinder's DB API."""
+    ctxt, db = _cinder_database(config_file)
     return lambda volume_id: db.volume_admin_metadata_get(ctxt, volume_id)
 
 
 def host_reader(config_file):
     """A function volume_id -> the volume's ``host``, through Cinder's DB."""
-    from cinder.common import config  # noqa: F401 (registers options)
-    from cinder import context
-    from cinder.db import api as db
-
-    cfg.CONF(args=[], project='cinder', default_config_files=[config_file])
-    ctxt = context.get_admin_context()
+    ctxt, db = _cinder_database(config_file)
     return lambda volume_id: db.volume_get(ctxt, volume_id)['host']
 
 
+def owner_reader(config_file, template):
+    """A function LV name -> the id of the volume it is the LV of, or None.
+
+    A volume's LV is ``template`` % its ``_name_id`` when it has one
+    (after Cinder's generic migration of an in-use volume, the id of a
+    deleted temporary volume), else % its id: the id in the LV's name is
+    looked up as both, and only a volume whose name is exactly the LV's
+    owns it.
+    """
+    from cinder import exception
+
+    ctxt, db = _cinder_database(config_file)
+
+    def owner(lv_name):
+        named = volume_id(lv_name, template)
+        if named is None:
+            return None
+        volumes = list(db.volume_get_all(ctxt,
+                                         filters={'_name_id': named}))
+        try:
+            volumes.append(db.volume_get(ctxt, named))
+        except exception.VolumeNotFound:
+            pass
+        return next((v['id'] for v in volumes
+                     if template % v.name_id == lv_name), None)
+    return owner
+
+
 def volume_id(lv_name, template):
-    """The volume UUID in an LV name made from ``volume_name_template``."""
+    """The UUID in an LV name made from ``volume_name_template``.
+
+    The volume's own id, unless a volume has it as its ``_name_id``
+    (:func:`owner_reader` tells which).
+    """
     pattern = re.escape(template).replace(re.escape('%s'), '(?P<id>.+)')
     match = re.fullmatch(pattern, lv_name)
     return match.group('id') if match else None
@@ -416,9 +452,26 @@ def _unreadable(scope, status_errors, table_errors, report):
                                       % (name or 'a device', exc))
 
 
+def _owner(scope, lv_name, read_owner, report):
+    """The id of the volume whose LV ``lv_name`` is, or None.
+
+    With the database (``read_owner``, see :func:`owner_reader`) the
+    volume whose name the LV has; without it, the id in the LV's name,
+    which is the volume's unless it has a ``_name_id``.
+    """
+    if read_owner is None:
+        return volume_id(lv_name, scope.name_template)
+    try:
+        return read_owner(lv_name)
+    except Exception as exc:
+        report['warnings'].append('volume of LV %s not read from the '
+                                  'database: %s' % (lv_name, exc))
+        return None
+
+
 def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
                  read_metadata=None, status_errors=None, table_errors=None,
-                 read_host=None):
+                 read_host=None, read_owner=None):
     """Everything the tool prints, as one JSON-ready dict."""
     statuses = second if second is not None else first
     report = {'volume_groups': dict(scope.metadata_vgs) or None,
@@ -434,7 +487,7 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
         lines = statuses[name]
         handle = {'name': name, 'uuid': uuids.get(name),
                   'volume_group': vg, 'lv_name': lv,
-                  'volume_id': volume_id(lv, scope.name_template),
+                  'volume_id': _owner(scope, lv, read_owner, report),
                   'table': _table_type(lines),
                   'lv_exists': (vg, lv) in lvs}
         report['handles'].append(handle)
@@ -473,7 +526,8 @@ def build_report(scope, first, second, elapsed, uuids, tables, lvs, links,
         handled = {(h['volume_group'], h['lv_name'])
                    for h in report['handles']}
         report['leftovers'] += _abandoned_copies(
-            scope, lvs, handled, read_metadata, read_host, report)
+            scope, lvs, handled, read_metadata, read_host, report,
+            read_owner)
     return report
 
 
@@ -514,7 +568,7 @@ def _metadata_leftovers(scope, lvs, clone_lvs):
 
 
 def _abandoned_copies(scope, lvs, handled, read_metadata, read_host,
-                      report):
+                      report, read_owner=None):
     """Old copies of moves abandoned as lost, named by their volume.
 
     Looked for among the data LVs named like a volume's that have no
@@ -525,7 +579,9 @@ def _abandoned_copies(scope, lvs, handled, read_metadata, read_host,
     names this node as holding it, and neither the volume's record nor
     its current move names this node (:func:`_lives_or_moves_here`).
     When the node's names or the volume's host are unknown, the tool
-    advises nothing and says so.
+    advises nothing and says so.  The volume is the one of the id in the
+    LV's name, or (with ``read_owner``) the one whose ``_name_id`` it is:
+    either way, only a record naming this very LV counts.
     """
     leftovers, unread, unsure = [], [], []
     for vg, name in sorted(lvs):
@@ -536,13 +592,11 @@ def _abandoned_copies(scope, lvs, handled, read_metadata, read_host,
                 or layout.is_retiring_lv(name)):
             continue
         try:
-            metadata = read_metadata(vol_id) or {}
+            vol_id, metadata, nodes = _copy_record(
+                scope, name, vol_id, read_metadata, read_owner)
         except Exception as exc:
             unread.append('%s/%s (%s)' % (vg, name, exc))
             continue
-        nodes = sorted(node for node, lv in
-                       move.Store.old_copies_of(metadata).items()
-                       if lv == name)
         if not nodes:
             continue
         if not scope.node_names or read_host is None:
@@ -579,6 +633,41 @@ def _abandoned_copies(scope, lvs, handled, read_metadata, read_host,
     return leftovers
 
 
+def _copy_record(scope, name, vol_id, read_metadata, read_owner):
+    """(volume id, its admin metadata, nodes) of the record naming LV ``name``.
+
+    ``nodes`` are those the record says hold ``name`` as an old copy
+    (empty: no record does).  With ``read_owner``, the volume whose LV
+    the name is now is read first: one whose ``_name_id`` is the id in
+    the name, while the volume of that id is the deleted temporary one
+    of a generic migration; then the volume of the id in the name.  A
+    volume that cannot be read is skipped while another can; if none
+    can, the first error is raised.
+    """
+    candidates = []
+    if read_owner is not None:
+        owner = read_owner(name)
+        if owner is not None:
+            candidates.append(owner)
+    if vol_id not in candidates:
+        candidates.append(vol_id)
+    errors = []
+    for candidate in candidates:
+        try:
+            metadata = read_metadata(candidate) or {}
+        except Exception as exc:
+            errors.append(exc)
+            continue
+        nodes = sorted(node for node, lv in
+                       move.Store.old_copies_of(metadata).items()
+                       if lv == name)
+        if nodes:
+            return candidate, metadata, nodes
+    if len(errors) == len(candidates):
+        raise errors[0]
+    return vol_id, {}, []
+
+
 def _lives_or_moves_here(scope, host, metadata):
     """True if the volume's host or its current move names this node."""
     named = {(host or '').partition('@')[0]}
@@ -611,7 +700,7 @@ def _retiring_leftovers(scope, lvs):
 
 def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
             clock=time.monotonic, links=None, read_metadata=None,
-            read_host=None):
+            read_host=None, read_owner=None):
     """Read the node and build the report (see the module docstring)."""
     execute = execute or processutils.execute
     dm = dm or privileged.DMSetup(execute=execute)
@@ -629,12 +718,14 @@ def collect(args, scope, dm=None, execute=None, sleep=time.sleep,
         try:
             read_metadata = database_reader(args.config_file)
             read_host = read_host or host_reader(args.config_file)
+            read_owner = read_owner or owner_reader(args.config_file,
+                                                    scope.name_template)
         except Exception as exc:
             warnings.append('database not readable, transfer state and '
                             'the monitor\'s rate unknown: %s' % exc)
     report = build_report(scope, first, second, elapsed, uuids, tables,
                           lvs, links, read_metadata, status_errors,
-                          table_errors, read_host)
+                          table_errors, read_host, read_owner)
     report['warnings'] = warnings + report['warnings']
     return report
 

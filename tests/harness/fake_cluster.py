@@ -448,6 +448,9 @@ class Cluster(object):
         self.multiattach = False
         self._ids = itertools.cycle([fake.ATTACHMENT_ID,
                                      fake.ATTACHMENT2_ID])
+        #: the volume's id; its LV is ``LV`` whatever it is (see
+        #: give_name_id).
+        self.volume_id = VOLUME_ID
         self.a = Node(self, 'node-a', '10.0.0.1')
         self.b = Node(self, 'node-b', '10.0.0.2')
         self.nodes = {'node-a': self.a, 'node-b': self.b}
@@ -493,7 +496,7 @@ class Cluster(object):
         return self.nodes[volume_utils.extract_host(host, 'host')]
 
     def owner(self):
-        return self.node_of(self.db.volumes[VOLUME_ID]['host'])
+        return self.node_of(self.db.volumes[self.volume_id]['host'])
 
     def restart(self, node):
         if self.reboot:
@@ -535,13 +538,37 @@ class Cluster(object):
                 if rec['host'] == host]
 
     def _volumes_by_metadata(self, ctxt, filters):
-        """VolumeList.get_all with a ``metadata`` filter (admin or user)."""
-        wanted = filters['metadata'].items()
-        return [self.volume(vid) for vid in sorted(self.db.volumes)
-                if wanted <= self.db.admin_metadata.get(vid, {}).items()]
+        """VolumeList.get_all with a ``metadata`` filter (admin or user).
 
-    def volume(self, volume_id=VOLUME_ID):
+        Or with a column's value (``_name_id``), as Cinder's filters.
+        """
+        filters = dict(filters)
+        wanted = filters.pop('metadata', {}).items()
+        return [self.volume(vid) for vid in sorted(self.db.volumes)
+                if wanted <= self.db.admin_metadata.get(vid, {}).items()
+                and all(self.db.volumes[vid].get(key) == value
+                        for key, value in filters.items())]
+
+    def give_name_id(self, new_id=fake.VOLUME2_ID):
+        """The volume gets id ``new_id``; its LV keeps its name.
+
+        As Cinder's generic migration of an in-use volume leaves it: the
+        LV keeps the name of the temporary volume, whose id the
+        volume's ``_name_id`` holds (``volume.name`` is still ``LV``),
+        and that temporary volume is deleted.  Returns ``new_id``.
+        """
+        old = self.volume_id
+        rec = self.db.volumes.pop(old)
+        rec['_name_id'] = old
+        self.db.volumes[new_id] = rec
+        if old in self.db.admin_metadata:
+            self.db.admin_metadata[new_id] = self.db.admin_metadata.pop(old)
+        self.volume_id = new_id
+        return new_id
+
+    def volume(self, volume_id=None):
         """A fresh Volume object from the database, as a manager loads."""
+        volume_id = volume_id or self.volume_id
         rec = self.db.volumes.get(volume_id)
         if rec is None:
             raise exception.VolumeNotFound(volume_id=volume_id)
@@ -551,6 +578,7 @@ class Cluster(object):
             availability_zone=rec['availability_zone'],
             provider_location=rec['provider_location'],
             provider_auth=rec['provider_auth'],
+            _name_id=rec.get('_name_id'),
             status=rec.get('status', 'available'),
             multiattach=self.multiattach,
             volume_admin_metadata=[{'key': k, 'value': v}
@@ -587,12 +615,12 @@ class Cluster(object):
 
     def transfer(self):
         return move.Move.from_metadata(
-            VOLUME_ID, self.db.admin_metadata.get(VOLUME_ID))
+            self.volume_id, self.db.admin_metadata.get(self.volume_id))
 
     def set_state(self, t, state):
         """Put the recorded transfer in ``state`` (a test's arrangement)."""
         self.db.volume_admin_metadata_update(
-            self.ctxt, VOLUME_ID, {'dmclone_state': state}, False)
+            self.ctxt, self.volume_id, {'dmclone_state': state}, False)
         t.state = state
 
     # -- what Nova does ----------------------------------------------------
@@ -638,7 +666,8 @@ class Cluster(object):
                                    self.volume(), node)
         if moved:
             # (VolumeManager.migrate_volume records the new host itself.)
-            self.db.volume_update(self.ctxt, VOLUME_ID, {'host': node.host})
+            self.db.volume_update(self.ctxt, self.volume_id,
+                                  {'host': node.host})
         return moved
 
     def detach(self, att):
@@ -678,7 +707,7 @@ class Cluster(object):
 
     def transfer_keys(self):
         return {k: v for k, v in self.db.admin_metadata.get(
-            VOLUME_ID, {}).items() if k.startswith(move.KEY_PREFIX)}
+            self.volume_id, {}).items() if k.startswith(move.KEY_PREFIX)}
 
     def assert_no_transfer(self, aborted_ok=False):
         """No transfer: no state key.
@@ -690,7 +719,7 @@ class Cluster(object):
         """
         keys = self.transfer_keys()
         if aborted_ok and keys.get('dmclone_state') == move.ABORTED:
-            self.test.assertIsNone(self.a.source.load(VOLUME_ID))
+            self.test.assertIsNone(self.a.source.load(self.volume_id))
             return
         self.test.assertNotIn('dmclone_state', keys)
         self.test.assertIsNone(self.transfer())
@@ -699,9 +728,9 @@ class Cluster(object):
         t = self.test
         t.assertEqual([], self.violations)
         self.assert_no_transfer(aborted_ok)
-        t.assertEqual(self.a.host, self.db.volumes[VOLUME_ID]['host'])
+        t.assertEqual(self.a.host, self.db.volumes[self.volume_id]['host'])
         t.assertEqual(self.a.az,
-                      self.db.volumes[VOLUME_ID]['availability_zone'])
+                      self.db.volumes[self.volume_id]['availability_zone'])
         t.assertEqual({}, self.b.vg.lvs)
         t.assertEqual({}, self.b.dm.devices)
         t.assertEqual({}, self.b.connector.sessions)
@@ -725,10 +754,10 @@ class Cluster(object):
         t = self.test
         t.assertEqual([], self.violations)
         self.assert_no_transfer()
-        t.assertEqual(self.b.host, self.db.volumes[VOLUME_ID]['host'])
+        t.assertEqual(self.b.host, self.db.volumes[self.volume_id]['host'])
         t.assertEqual(self.b.az,
-                      self.db.volumes[VOLUME_ID]['availability_zone'])
-        t.assertIsNone(self.db.volumes[VOLUME_ID]['provider_location'])
+                      self.db.volumes[self.volume_id]['availability_zone'])
+        t.assertIsNone(self.db.volumes[self.volume_id]['provider_location'])
         t.assertEqual([LV], list(self.b.vg.lvs))
         t.assertTrue(self.b.vg.lvs[LV]['complete'])
         t.assertEqual({HANDLE: [dmsetup.linear_segment(0, SECTORS,

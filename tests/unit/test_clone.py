@@ -14,6 +14,8 @@
 
 from unittest import mock
 
+from oslo_concurrency import processutils
+
 from cinder import exception
 from cinder.tests.unit import test
 
@@ -38,6 +40,8 @@ META_PATH = '/dev/%s/%s' % (META_VG, META)
 HANDLE = layout.handle_name(VG, LV)
 HANDLE_PATH = layout.handle_path(VG, LV)
 SOURCE = '/dev/disk/by-path/ip-%s-iscsi-%s-lun-0' % (PORTAL, IQN)
+GIB = 1024 ** 3
+MIB = 1024 ** 2
 
 
 class ClonesTestCase(test.TestCase):
@@ -60,6 +64,10 @@ class ClonesTestCase(test.TestCase):
     def _execute(self, *cmd, **kwargs):
         if cmd[:3] == privileged.ENV_PREFIX + ('dd',):
             self.meta_vg.zero(cmd[4][3:])
+        if cmd[:3] == privileged.ENV_PREFIX + ('lvs',):
+            if isinstance(self.lvs_report, Exception):
+                raise self.lvs_report
+            return self.lvs_report, ''
         return '', ''
 
     def _build(self, hydrate=True, threshold=64, batch=16):
@@ -123,11 +131,135 @@ class ClonesTestCase(test.TestCase):
         self.vg.vg_free_space = 1.01
         node.check_space(self.t, 1, 'node-b')
 
-    def test_check_space_skips_thin(self):
-        self.node.lvm_type = 'thin'
-        self.vg.vg_free_space = 0.0
+    # -- check_space of a thin pool ------------------------------------------
+
+    def thin(self, pool_gib=100, data=40.0, metadata=10.0,
+             provisioned_gib=80, ratio='20.0', reserved=0):
+        """The node runs thin: the pool's lvs report, its options."""
+        node = self.node
+        node.lvm_type = 'thin'
+        node.thin_pool = VG + '-pool'
+        node.max_over_subscription_ratio = ratio
+        node.reserved_percentage = reserved
+        self.lvs_report = (
+            '  %s|%d|%.2f|%.2f|%d|%d|\n'
+            '  volume-other|%d|10.00|||0|%s\n'
+            % (node.thin_pool, pool_gib * GIB, data, metadata, 100 * MIB,
+               64 * 1024, provisioned_gib * GIB, node.thin_pool))
+
+    def lvs_calls(self):
+        return [c for c in self.execute.call_args_list
+                if c[0][2] == 'lvs']
+
+    def test_thin_pool_with_room(self):
+        self.thin()
+        self.vg.vg_free_space = 0.0    # the pool's space is not the VG's
         self.node.check_space(self.t, 1, 'node-b')
-        self.assertEqual(0, self.vg.refreshed)
+        (call,) = self.lvs_calls()
+        self.assertEqual(VG, call[0][-1])
+        self.assertEqual('sudo cinder-rootwrap', call[1]['root_helper'])
+        # The metadata LV is thick, in the metadata VG.
+        self.assertEqual(1, self.meta_vg.refreshed)
+        self.assertEqual([], self.vg.calls)
+
+    def test_thin_pool_data_full(self):
+        # A move hydrates every region: a 1 GiB volume writes 1 GiB into
+        # the pool, however little of it the source ever wrote.  (Before:
+        # a thin pool was not checked at all, and a move could fill it,
+        # stopping every thin volume of the node.)
+        self.thin(pool_gib=100, data=99.5)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIsInstance(exc, dmc_exception.DestinationFull)
+        for text in ('node-b', VG + '/' + VG + '-pool', '0.50 GiB',
+                     '1.00 GiB', 'every region'):
+            self.assertIn(text, str(exc))
+        self.assertEqual([], self.vg.calls)
+        self.assertEqual([], self.meta_vg.calls)
+
+    def test_thin_pool_keeps_the_reserved_percentage(self):
+        self.thin(pool_gib=100, data=98.5)
+        self.node.check_space(self.t, 1, 'node-b')
+        self.thin(pool_gib=100, data=98.5, reserved=1)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('reserved_percentage', str(exc))
+
+    def other_clone(self, hydrated):
+        """Another volume moving here, ``hydrated`` regions of 16384."""
+        other = layout.handle_name(VG, 'volume-other')
+        meta = '/dev/%s/volume-other-dmcmeta' % META_VG
+        self.dm.devices[other] = [dmsetup.clone_segment(
+            0, SECTORS, meta, '/dev/%s/volume-other' % VG, SOURCE, REGION)]
+        self.dm.hydration[other] = True
+        self.dm.meta_hydrated[meta] = hydrated
+
+    def test_thin_pool_counts_what_other_moves_will_write(self):
+        # 1.5 GiB free: this move's 1 GiB fits, unless another move here
+        # still has 0.75 GiB to hydrate.
+        self.thin(pool_gib=100, data=98.5)
+        self.other_clone(hydrated=4096)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('0.75 GiB', str(exc))
+        self.other_clone(hydrated=16384)
+        self.node.check_space(self.t, 1, 'node-b')
+
+    def test_thin_pool_metadata_full(self):
+        # 100 MiB of metadata, 0.01 % (10 KiB) free: it maps 13.3 MiB.
+        self.thin(metadata=99.99)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('metadata', str(exc))
+
+    def test_thin_pool_over_subscribed(self):
+        # 100 GiB x 1.0: 100 GiB of thin volumes already.
+        self.thin(provisioned_gib=100, ratio='1.0')
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('max_over_subscription_ratio', str(exc))
+        self.thin(provisioned_gib=100, ratio='1.5')
+        self.node.check_space(self.t, 1, 'node-b')
+
+    def test_thin_pool_auto_over_subscription(self):
+        # Cinder's "auto" ratio, resolved as its scheduler does: 20 while
+        # nothing is provisioned (then 1 + provisioned / (used + 1)).
+        self.thin(provisioned_gib=0, ratio='auto')
+        self.node.check_space(self.t, 2000, 'node-b')
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 2001,
+                                'node-b')
+        self.assertIn('max_over_subscription_ratio', str(exc))
+
+    def test_thin_metadata_lv_needs_room_in_its_vg(self):
+        self.thin()
+        self.meta_vg.vg_free_space = 0.001
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertNotIsInstance(exc, dmc_exception.ThinPoolFull)
+        self.assertIn(META_VG, str(exc))
+
+    def test_thin_metadata_lv_in_the_pools_vg(self):
+        # Outside the pool, the VG holds the thick metadata LV only.
+        node = clone.Clones(self.dm, self.vg, self.vg, self.connector,
+                            self.execute, 'rh')
+        self.node = node
+        self.thin()
+        self.vg.vg_free_space = 0.01
+        node.check_space(self.t, 1, 'node-b')
+        self.vg.vg_free_space = 0.001
+        self.assertRaises(dmc_exception.DestinationFull,
+                          node.check_space, self.t, 1, 'node-b')
+
+    def test_thin_pool_unreadable(self):
+        self.thin()
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "dmc-vg" not found')
+        self.assertRaises(dmc_exception.PrivilegedCommandFailed,
+                          self.node.check_space, self.t, 1, 'node-b')
+        self.lvs_report = '  %s|1|2|3|4|\n' % self.node.thin_pool
+        self.assertRaises(dmc_exception.LVSParseError,
+                          self.node.check_space, self.t, 1, 'node-b')
 
     def test_metadata_lv_created_first(self):
         order = []

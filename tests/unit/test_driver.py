@@ -31,6 +31,7 @@ from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_snapshot
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
+from cinder.tests.unit import utils as tests_utils
 from cinder.volume import configuration as conf
 from cinder.volume import driver as volume_driver_module
 from cinder.volume.drivers import lvm as cinder_lvm
@@ -41,6 +42,8 @@ from cinder_dmclone import driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import opts
+from cinder_dmclone import privileged
+from cinder_dmclone import thin
 from tests.unit import fakes
 
 VG = 'dmc-vg'
@@ -51,6 +54,15 @@ HANDLE_PATH = '/dev/mapper/' + HANDLE
 LOCAL = {'host': 'node-a', 'initiator': 'iqn.2024-01.org.example.a:i'}
 REMOTE = {'host': 'node-b', 'initiator': 'iqn.2024-01.org.example.b:i',
           'ip': '10.0.0.2'}
+GIB = 1024 ** 3
+#: LVM's report of a 100 GiB thin pool, 40 % of its data and 10 % of its
+#: 100 MiB of metadata used, two thin volumes of 50 and 30 GiB, a clone's
+#: thick metadata LV (as test_thin's).
+THIN_REPORT = '\n'.join([
+    '  dmc-vg-pool|%d|40.00|10.00|%d|65536|' % (100 * GIB, 100 * 1024 ** 2),
+    '  volume-1|%d|25.00|||0|dmc-vg-pool' % (50 * GIB),
+    '  volume-2|%d|100.00|||0|dmc-vg-pool' % (30 * GIB),
+    '  volume-2-dmcmeta|%d|||||' % (8 * 1024 ** 2)])
 
 
 GROUP = 'dmclone-test'
@@ -663,6 +675,66 @@ class ManageTestCase(DriverTestBase):
                                                   ['size'], ['asc'])
         self.assertFalse(entries[0]['safe_to_manage'])
 
+    # -- a volume whose LV is named after its _name_id ---------------------
+
+    def _listed(self, cinder_volumes, *lvs, open_lvs=()):
+        self.vg.get_volumes.return_value = [{'name': lv, 'size': '1.0'}
+                                            for lv in lvs]
+        self.vg.lv_is_snapshot.return_value = False
+        self.vg.lv_is_open.side_effect = lambda name: name in open_lvs
+        entries = self.drv.get_manageable_volumes(cinder_volumes, None, 10,
+                                                  0, ['size'], ['asc'])
+        return {e['reference']['source-name']: e for e in entries}
+
+    def test_the_lv_of_a_name_id_volume_is_listed_as_managed(self):
+        # After a generic migration of an in-use volume its LV keeps the
+        # temporary volume's name, whose id Cinder's listing takes for
+        # the volume's: it saw no volume of that id (before: "volume in
+        # use" with no volume named, or, without the handle, "named like
+        # another volume: maybe an old copy").
+        migrated = fake_volume.fake_volume_obj(
+            self.ctxt, id=fake.VOLUME2_ID, _name_id=fake.VOLUME_ID)
+        for open_lvs in ((LV,), ()):
+            entry = self._listed([migrated], LV, open_lvs=open_lvs)[LV]
+            self.assertEqual((False, 'already managed', fake.VOLUME2_ID),
+                             (entry['safe_to_manage'],
+                              entry['reason_not_safe'], entry['cinder_id']))
+
+    def test_an_lv_named_after_a_name_id_volumes_id_is_not_its(self):
+        # Cinder's listing calls volume-<id> "already managed" by that
+        # volume, whose LV has another name (its _name_id).
+        migrated = fake_volume.fake_volume_obj(
+            self.ctxt, id=fake.VOLUME2_ID, _name_id=fake.VOLUME_ID)
+        stale = 'volume-%s' % fake.VOLUME2_ID
+        entry = self._listed([migrated], stale)[stale]
+        self.assertFalse(entry['safe_to_manage'])
+        self.assertIsNone(entry['cinder_id'])
+        self.assertIn('named like another volume', entry['reason_not_safe'])
+
+    def test_manage_refuses_the_lv_of_a_name_id_volume(self):
+        # Cinder checks only that no volume has the id in the LV's name:
+        # the LV of a volume with a _name_id would be renamed to the new
+        # volume's, and the volume left without its data.
+        tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                  _name_id=fake.VOLUME_ID,
+                                  host='node-b@dmclone#dmclone')
+        ref = {'source-name': LV}
+        for call in (self.drv.manage_existing_get_size,
+                     self.drv.manage_existing):
+            self.assertRaises(exception.ManageExistingAlreadyManaged,
+                              call, self.volume, ref)
+        self.vg.rename_volume.assert_not_called()
+
+    @mock.patch.object(volume_utils, 'check_already_managed_volume',
+                       return_value=False)
+    def test_manage_an_lv_named_after_a_deleted_volume(self, mock_check):
+        gone = tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                         _name_id=fake.VOLUME_ID)
+        gone.destroy()
+        volume = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME3_ID)
+        self.drv.manage_existing(volume, {'source-name': LV})
+        self.vg.rename_volume.assert_called_once_with(LV, volume.name)
+
 
 class StatsTestCase(DriverTestBase):
 
@@ -684,15 +756,62 @@ class StatsTestCase(DriverTestBase):
         self.assertEqual('DMCloneVolumeDriver:node-a:dmc-vg:default:0',
                          pool['location_info'])
 
-    def test_thin_pool(self):
-        self.drv.configuration.lvm_type = 'thin'
-        self.vg.vg_thin_pool_size = 9.0
-        self.vg.vg_thin_pool_free_space = 7.0
-        self.vg.vg_provisioned_capacity = 2.0
+    def thin(self, report=None, **overrides):
+        """The backend runs thin; LVM's report of its pool (see test_thin)."""
+        self.drv = self._make_driver(lvm_type='thin', **overrides)
+        self.drv.dm = self.dm
+        self.vg.vg_thin_pool_size = 100.0
+        self.vg.vg_thin_pool_free_space = 60.0
+        self.vg.vg_provisioned_capacity = 80.01
         self.vg.get_volumes.return_value = []
+        self.thin_lvs = self.mock_object(
+            privileged, 'thin_lvs', return_value=thin.parse_lvs(
+                report or THIN_REPORT))
+
+    def test_thin_pool(self):
+        # Cinder's thin figures, with what will really be written: the
+        # regions the clones moving here have not hydrated yet (0.5 GiB)
+        # come off the free space, and the pool's own thin LVs make its
+        # provisioned capacity (not the thick metadata LVs of clones).
+        self.thin(reserved_percentage=5, max_over_subscription_ratio='auto')
+        self._clone_handle('dmclone-dmc--vg-volume-b', '/dev/dmc-vg/b',
+                           hydrated=8192)
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.thin_lvs.assert_called_once_with(VG, execute=self.drv._execute,
+                                              root_helper=mock.ANY)
         self.assertTrue(pool['thin_provisioning_support'])
-        self.assertEqual(7.0, pool['free_capacity_gb'])
+        self.assertFalse(pool['thick_provisioning_support'])
+        self.assertEqual(100.0, pool['total_capacity_gb'])
+        self.assertEqual(59.5, pool['free_capacity_gb'])
+        self.assertEqual(80.0, pool['provisioned_capacity_gb'])
+        self.assertEqual(0.5, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual('auto', pool['max_over_subscription_ratio'])
+        self.assertEqual(5, pool['reserved_percentage'])
+
+    def test_thin_pool_metadata_bounds_the_free_space(self):
+        # 100 MiB of metadata, 99.9 % used: 100 KiB map 133 MiB of data.
+        self.thin(THIN_REPORT.replace('|10.00|', '|99.90|'))
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(0.13, pool['free_capacity_gb'])
+
+    def test_unreadable_thin_pool_keeps_cinders_figures(self):
+        self.thin()
+        self.thin_lvs.side_effect = dmc_exception.PrivilegedCommandFailed(
+            command='lvs', reason='boom')
+        with self.assertLogs(driver.LOG.logger, 'WARNING') as logs:
+            pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertIn('thin pool', '\n'.join(logs.output))
+        self.assertEqual(60.0, pool['free_capacity_gb'])
+        self.assertEqual(80.01, pool['provisioned_capacity_gb'])
+        self.assertNotIn('dmclone_hydration_pending_gb', pool)
+        self.assertEqual('node-a', pool['dmclone_node'])
+
+    def test_thick_backend_reads_no_thin_pool(self):
+        thin_lvs = self.mock_object(privileged, 'thin_lvs')
+        self.vg.vg_size = 10.0
+        self.vg.vg_free_space = 8.0
+        self.drv.get_volume_stats(refresh=True)
+        thin_lvs.assert_not_called()
 
     def test_pool_publishes_the_initiator(self):
         # A migration to this node is a move: the source needs the
@@ -723,10 +842,14 @@ class StatsTestCase(DriverTestBase):
         self.drv.vg = None
         self.assertEqual({}, self.drv.get_volume_stats(refresh=True))
 
-    def _clone_handle(self, name, lv_path):
+    def _clone_handle(self, name, lv_path, hydrated=None):
+        """A clone of 1 GiB (16384 regions) with ``hydrated`` regions."""
+        meta = '/dev/%s/%s-dmcmeta' % (VG, name)
         self.dm.devices[name] = [dmsetup.clone_segment(
-            0, 2048, '/dev/%s/m-dmcmeta' % VG, lv_path,
+            0, 2097152, meta, lv_path,
             '/dev/disk/by-path/ip-10.0.0.2:3260-lun-0', 128)]
+        if hydrated is not None:
+            self.dm.meta_hydrated[meta] = hydrated
 
     def test_transfers_in_flight_counts_own_clones(self):
         self.vg.vg_size = 10.0

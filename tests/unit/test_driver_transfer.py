@@ -749,6 +749,20 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.assertEqual(2.0, clones.metadata_reserve)
 
     @mock.patch.object(volume_utils, 'brick_get_connector')
+    def test_clones_of_a_thin_backend(self, mock_connector):
+        # A move into a thin pool is checked against Cinder's pool and
+        # the backend's over-subscription and reserve.
+        drv = self._make_driver(lvm_type='thin',
+                                max_over_subscription_ratio='auto',
+                                reserved_percentage=5)
+        drv.dm = self.dm
+        clones = drv.moves.destination.clones
+        self.assertEqual(('thin', 'dmc-vg-pool', 'auto', 5),
+                         (clones.lvm_type, clones.thin_pool,
+                          clones.max_over_subscription_ratio,
+                          clones.reserved_percentage))
+
+    @mock.patch.object(volume_utils, 'brick_get_connector')
     def test_clones_share_the_vg(self, mock_connector):
         self.assertIs(self.vg, self.drv.moves.destination.clones.meta_vg)
 

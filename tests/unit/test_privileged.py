@@ -703,6 +703,47 @@ class KnownTestCase(test.TestCase):
         self.assertIsNone(privileged._exactly('a.b').fullmatch('axb'))
 
 
+class ThinLvsTestCase(test.TestCase):
+    """The lvs of a volume group's thin pool and thin LVs."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=(
+            '  vg-a-pool|10737418240|40.00|10.00|8388608|65536|\n'
+            '  volume-1|1073741824|25.00|||0|vg-a-pool\n', ''))
+
+    def test_command_and_result(self):
+        lvs = privileged.thin_lvs('vg-a', execute=self.execute,
+                                  root_helper='sudo cinder-rootwrap')
+        self.execute.assert_called_once_with(
+            '/usr/bin/env', 'LC_ALL=C', 'lvs', '--noheadings', '--nosuffix',
+            '--units', 'b', '--separator', '|', '-o',
+            'lv_name,lv_size,data_percent,metadata_percent,'
+            'lv_metadata_size,chunk_size,pool_lv', 'vg-a', run_as_root=True,
+            root_helper='sudo cinder-rootwrap')
+        self.assertEqual(['vg-a-pool', 'volume-1'], sorted(lvs))
+        self.assertEqual(268435456, lvs['volume-1'].allocated)
+
+    def test_volume_group_name_is_checked_first(self):
+        for bad in ('-o', '..', 'a b', 'vg;x', 'vg/pool', ''):
+            self.assertRaises(exception.InvalidDMName, privileged.thin_lvs,
+                              bad, execute=self.execute)
+        self.execute.assert_not_called()
+
+    def test_failure(self):
+        self.execute.side_effect = failure(
+            5, '  Volume group "nope" not found\n')
+        exc = self.assertRaises(exception.PrivilegedCommandFailed,
+                                privileged.thin_lvs, 'nope',
+                                execute=self.execute)
+        self.assertEqual(5, exc.exit_code)
+
+    def test_unreadable_output(self):
+        self.execute.return_value = ('  vg-a-pool|ten|40.00\n', '')
+        self.assertRaises(exception.LVSParseError, privileged.thin_lvs,
+                          'vg-a', execute=self.execute)
+
+
 class ListLvsTestCase(test.TestCase):
     """The lvs of cinder-dmclone."""
 

@@ -28,6 +28,7 @@ from cinder import objects
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
+from cinder.tests.unit import utils as tests_utils
 
 from cinder_dmclone import clone
 from cinder_dmclone import destination
@@ -457,3 +458,51 @@ class RunTestCase(test.TestCase):
         self.assertEqual(set(), self.dest.awaiting_source)
         self.assertEqual({fake.VOLUME_ID} if finalize else set(),
                          self.dest.pending_finalize)
+
+
+class LVsOfDeletedVolumesTestCase(test.TestCase):
+    """Which LVs a start reports as left by deleted volumes.
+
+    Against Cinder's own database (its sqlite test database), so that
+    the lookups are the queries Cinder runs, ``_name_id`` included.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.ctxt = context.get_admin_context()
+
+    def lvs(self, *ids):
+        return ['volume-%s' % vid for vid in ids]
+
+    def test_an_lv_named_after_a_live_volumes_name_id(self):
+        # After a generic migration of an in-use volume the volume with
+        # id VOLUME2 keeps its LV under VOLUME's name; VOLUME itself is
+        # the deleted temporary volume.  (Before: reported as an LV of a
+        # deleted volume, for an operator to remove.)
+        tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                  _name_id=fake.VOLUME_ID)
+        temporary = tests_utils.create_volume(self.ctxt, id=fake.VOLUME_ID)
+        temporary.destroy()
+        self.assertEqual({}, recovery.lvs_of_deleted_volumes(
+            self.ctxt, self.lvs(fake.VOLUME_ID), []))
+
+    def test_an_lv_of_a_deleted_volume(self):
+        volume = tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
+                                           _name_id=fake.VOLUME_ID)
+        volume.destroy()
+        self.assertEqual(
+            {'volume-%s' % fake.VOLUME_ID: fake.VOLUME_ID,
+             'volume-%s' % fake.VOLUME3_ID: fake.VOLUME3_ID},
+            recovery.lvs_of_deleted_volumes(
+                self.ctxt, self.lvs(fake.VOLUME_ID, fake.VOLUME3_ID), []))
+
+    def test_an_lv_named_after_a_live_volume(self):
+        tests_utils.create_volume(self.ctxt, id=fake.VOLUME_ID)
+        self.assertEqual({}, recovery.lvs_of_deleted_volumes(
+            self.ctxt, self.lvs(fake.VOLUME_ID), []))
+
+    def test_the_lv_of_a_volume_here_is_not_looked_up(self):
+        here = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME2_ID,
+                                           _name_id=fake.VOLUME_ID)
+        self.assertEqual({}, recovery.lvs_of_deleted_volumes(
+            self.ctxt, self.lvs(fake.VOLUME_ID), [here]))

@@ -54,7 +54,7 @@ class RootwrapFilterTestCase(test.TestCase):
         # rootwrap also wants the matched executable to exist in its
         # exec_dirs; stand-ins keep the test independent of this host.
         self.exec_dir = self.useFixture(fixtures.TempDir()).path
-        for name in ('dmsetup', 'blockdev', 'modprobe'):
+        for name in ('dmsetup', 'blockdev', 'modprobe', 'lvs'):
             path = os.path.join(self.exec_dir, name)
             with open(path, 'w') as f:
                 f.write('#!/bin/sh\nexit 0\n')
@@ -113,7 +113,8 @@ class RootwrapFilterTestCase(test.TestCase):
         dm.remove(NAME, retry=False)
         privileged.zero_metadata_head(META, execute=self._record)
         privileged.load_module('dm_clone', execute=self._record)
-        self.assertGreater(len(self.commands), 17)
+        privileged.thin_lvs('dmc-a', execute=self._record)
+        self.assertGreater(len(self.commands), 18)
         for cmd in self.commands:
             self.assertAdmitted(cmd)
 
@@ -151,6 +152,7 @@ class RootwrapFilterTestCase(test.TestCase):
         self.dm.device_sectors(LV)
         privileged.zero_metadata_head(META, execute=self._record)
         privileged.load_module('dm_clone', execute=self._record)
+        privileged.thin_lvs('cinder-volumes', execute=self._record)
         for dirs in ([cinder_dir, ours], [ours, cinder_dir]):
             filters = wrapper.load_filters(dirs)
             for cmd in self.commands:
@@ -298,6 +300,28 @@ class RootwrapFilterTestCase(test.TestCase):
                        'count=1', 'oflag=direct', 'conv=nocreat']):
             self.assertRefused(cmd)
 
+    def test_lvs_of_thin_pools_exactly(self):
+        privileged.thin_lvs('cinder-volumes', execute=self._record)
+        (cmd,) = self.commands
+        self.assertRunsAsBuilt(self.filters, cmd)
+        for vg in ('a', 'x.y+z_', 'a-b-c', 'vg--x'):
+            self.assertAdmitted(cmd[:-1] + [vg])
+        columns = cmd.index('-o') + 1
+        for bad in (
+                cmd[:-1] + ['vg/lv'],                     # one LV
+                cmd[:-1] + ['-a'],
+                cmd[:-1] + ['../x'],
+                cmd[:-1],                                 # every VG
+                cmd + ['other'],
+                cmd[:columns] + ['lv_name,lv_tags'] + cmd[columns + 1:],
+                cmd[:columns] + [cmd[columns] + ',lv_tags']
+                + cmd[columns + 1:],
+                [c if c != '|' else ':' for c in cmd],
+                ENV + ['lvs'],
+                ENV + ['lvremove', '-f', 'cinder-volumes'],
+                cmd[2:]):                                 # no LC_ALL=C
+            self.assertRefused(bad)
+
     def test_names_are_validated_before_any_command(self):
         for bad in ('../x', 'a b', '', 'x;rm -rf /', '-rf'):
             self.assertRaises(dmc_exception.InvalidDMName, self.dm.status,
@@ -318,3 +342,4 @@ class RootwrapFilterTestCase(test.TestCase):
         self.assertIn('blockdev_getsz', names)
         self.assertIn('dd_metadata_head', names)
         self.assertIn('modprobe_dm_clone', names)
+        self.assertIn('lvs_thin', names)

@@ -23,7 +23,9 @@ from unittest import mock
 import ddt
 from oslo_concurrency import processutils
 
+from cinder import context
 from cinder.tests.unit import test
+from cinder.tests.unit import utils as tests_utils
 
 from cinder_dmclone.cmd import status
 from tests.unit.cli_fakes import CLITestCase
@@ -340,6 +342,62 @@ class StatusToolTestCase(CLITestCase):
                                  'dmclone_dest_node': 'node-b'})
         self.assertEqual([], self.abandoned('node-a', records)[1])
 
+    # -- a volume whose LV is named after its _name_id ----------------------
+
+    U6 = '66666666-6666-4666-8666-666666666666'
+
+    def test_a_transfer_is_shown_under_its_volumes_id(self):
+        # H2's LV is named after U2, the deleted temporary volume of a
+        # generic migration; the volume is U6 (its _name_id is U2).
+        # (Before: shown as volume U2, whose record holds no move.)
+        records = {self.U6: {'dmclone_state': 'hydrating',
+                             'dmclone_source_node': 'node-a'}}
+        owners = {'volume-' + U1: U1, 'volume-' + U2: self.U6}
+        read = mock.Mock(side_effect=lambda vid: records.get(vid, {}))
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes', '--interval', '0'],
+            FakeNode(), read_metadata=read, read_owner=owners.get)
+        (t,) = report['transfers']
+        self.assertEqual((self.U6, 'hydrating', 'node-a'),
+                         (t['volume_id'], t['state'], t['source_node']))
+        by_lv = {h['lv_name']: h['volume_id'] for h in report['handles']}
+        # H3's LV is no volume's: no id is made up for it.
+        self.assertEqual({'volume-' + U1: U1, 'volume-' + U2: self.U6,
+                          'volume-' + U3: None}, by_lv)
+
+    def test_an_unreadable_owner_is_a_warning(self):
+        read_owner = mock.Mock(side_effect=RuntimeError('db down'))
+        code, report = self.run_json(
+            ['--volume-group', 'cinder-volumes', '--interval', '0'],
+            FakeNode(), read_metadata=mock.Mock(return_value={}),
+            read_owner=read_owner)
+        self.assertIsNone(report['transfers'][0]['volume_id'])
+        self.assertIn('db down', '\n'.join(report['warnings']))
+
+    def test_the_old_copy_of_a_name_id_volume_is_a_leftover(self):
+        # node-a holds volume U6's old copy, named after U5, the deleted
+        # temporary volume whose id U6's _name_id holds.  (Before: U5's
+        # record was read, which names no copy: nothing shown.)
+        u5 = self.U5
+        records = {self.U6: {'dmclone_old_copy_node-a': 'volume-' + u5}}
+        node = FakeNode(lvs=LVS + '  cinder-volumes|volume-%s\n' % u5)
+
+        def read(vid):
+            if vid == u5:   # (Cinder's API: a deleted volume has none)
+                raise RuntimeError('Volume %s could not be found.' % vid)
+            return records.get(vid, {})
+        owners = {'volume-' + u5: self.U6}
+        code, report = self.run_json(
+            self.node_conf('node-a'), node, read_metadata=read,
+            read_host=mock.Mock(return_value='node-b@dmclone#p'),
+            read_owner=owners.get, links={})
+        (item,) = [i for i in report['leftovers']
+                   if i['kind'] == 'abandoned_copy']
+        self.assertEqual(('volume-' + u5, self.U6, ['node-a']),
+                         (item['lv_name'], item['volume_id'],
+                          item['nodes']))
+        self.assertEqual([], report['warnings'])
+
     def test_node_names_from_the_configuration(self):
         args = self.node_conf('node-a@dmclone')
         scope = status.load_config(args[1])
@@ -472,11 +530,15 @@ class ConfigTestCase(CLITestCase):
         read = mock.Mock(return_value={'dmclone_state': 'cloned'})
         node = FakeNode(statuses=[local(status_text(0))],
                         tables=local(TABLES))
+        owners = {'vol-' + U2: U2}
         with mock.patch.object(status, 'database_reader',
-                               return_value=read) as reader:
+                               return_value=read) as reader, \
+                mock.patch.object(status, 'owner_reader',
+                                  return_value=owners.get) as owner:
             code, report = self.run_json(
                 ['--config-file', path, '--interval', '0'], node, links={})
         reader.assert_called_once_with(path)
+        owner.assert_called_once_with(path, 'vol-%s')
         self.assertEqual('cloned', report['transfers'][0]['state'])
         self.assertEqual('8:16', report['transfers'][0]['source_device'])
         self.assertIsNone(report['transfers'][0]['source_portal'])
@@ -522,6 +584,25 @@ class HelpersTestCase(test.TestCase):
         self.assertEqual('59s', status.duration_text(59))
         self.assertEqual('1m05s', status.duration_text(65))
         self.assertEqual('2h00m', status.duration_text(7200))
+
+    def test_owner_reader_on_cinders_database(self):
+        # A volume's LV is named after its _name_id when it has one.
+        ctxt = context.get_admin_context()
+        migrated, temporary, plain = U2, U3, U1
+        tests_utils.create_volume(ctxt, id=migrated, _name_id=temporary)
+        tests_utils.create_volume(ctxt, id=plain)
+        with mock.patch('oslo_config.cfg.CONF') as conf:
+            owner = status.owner_reader('/etc/cinder/cinder.conf',
+                                        'volume-%s')
+        conf.assert_called_once_with(
+            args=[], project='cinder',
+            default_config_files=['/etc/cinder/cinder.conf'])
+        self.assertEqual(migrated, owner('volume-' + temporary))
+        self.assertIsNone(owner('volume-' + migrated))
+        self.assertEqual(plain, owner('volume-' + plain))
+        self.assertIsNone(owner('volume-' + U4))
+        self.assertIsNone(owner('volume-%s-dmcmeta' % plain))
+        self.assertIsNone(owner('legacy'))
 
     def test_database_reader(self):
         with mock.patch('oslo_config.cfg.CONF') as conf, \

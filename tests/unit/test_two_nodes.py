@@ -143,14 +143,10 @@ class ClusterTestCase(test.TestCase):
     def name_id_volume(self):
         """Give the volume another id: its LV is no longer named after it.
 
-        (As a _name_id after a generic migration leaves it.)  Returns the
-        new id.
+        (As a _name_id after a generic migration leaves it: see
+        Cluster.give_name_id.)  Returns the new id.
         """
-        db = self.c.db
-        other = fake.VOLUME2_ID
-        db.volumes[other] = db.volumes.pop(VOLUME_ID)
-        db.admin_metadata[other] = db.admin_metadata.pop(VOLUME_ID)
-        return other
+        return self.c.give_name_id()
 
     def saved(self, state=move.PREPARING, dest='node-b', **progress):
         """A transfer as the source saves it, with its export for node-b."""
@@ -594,6 +590,39 @@ class PrepareTestCase(ClusterTestCase):
                          self.b.vg.calls)
         self.assertEqual({}, self.b.vg.lvs)
         self.assertEqual({}, self.b.connector.sessions)
+
+    def thin_destination(self, data_percent):
+        """node-b runs thin: a 100 GiB pool, ``data_percent`` used."""
+        dest = self.b.dest
+        dest.lvm_type = 'thin'
+        report = '  %s|%d|%.2f|1.00|%d|65536|\n' % (
+            dest.thin_pool, 100 * 1024 ** 3, data_percent, 100 * 1024 ** 2)
+        execute = dest._execute
+
+        def lvs_or_execute(*cmd, **kwargs):
+            if cmd[2] == 'lvs':
+                return report, ''
+            return execute(*cmd, **kwargs)
+        dest._execute = lvs_or_execute
+
+    def test_full_thin_pool_refuses_before_building(self):
+        # The move would hydrate all of the 1 GiB volume into a pool with
+        # 0.5 GiB free.  (Before: a thin pool was never checked.)
+        self.saved()
+        self.thin_destination(99.5)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull, self.prepare,
+                                size_gb=1)
+        self.assertIn('node-b cannot take volume %s' % VOLUME_ID, str(exc))
+        self.assertEqual([], self.b.vg.calls)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.connector.sessions)
+
+    def test_a_volume_moves_into_a_thin_pool_with_room(self):
+        self.thin_destination(40.0)
+        self.c.attach(self.b)
+        self.assertIn(('create_volume', LV, '1g', 'thin'), self.b.vg.calls)
+        self.c.settle()
+        self.c.assert_completed()
 
     def test_leftovers_of_an_abandoned_attempt_are_not_reused(self):
         # An earlier attempt hydrated part of a clone here, then the source
@@ -1288,8 +1317,7 @@ class ReviewFindingsTestCase(ClusterTestCase):
         self.assertNotIn('dmclone_state', db.admin_metadata[other])
         warnings = [c[0][0] for c in self.log.warning.call_args_list]
         self.assertEqual([], [w for w in warnings if 'no transfer' in w])
-        # (The model's volume objects carry no _name_id, so node-a's
-        # retire looks for volume-<other>: not checked here.)
+        self.c.assert_completed()
 
 
 class MigrateTestCase(ClusterTestCase):
@@ -1324,6 +1352,112 @@ class MigrateTestCase(ClusterTestCase):
                                 self.c.migrate, self.b)
         self.assertIn('a migration to node-b is possible once the move has '
                       'finished', str(exc))
+
+
+class NameIdTestCase(ClusterTestCase):
+    """A volume whose LV is not named after its id moves like any other.
+
+    After Cinder's generic migration of an in-use volume, the volume's
+    ``_name_id`` keeps the temporary volume's id and its LV that
+    volume's name: ``volume.name`` is ``LV``, its id another
+    (Cluster.give_name_id).  Every step finds the volume by its record,
+    and the LV by the name the move recorded: nothing takes the id in
+    the LV's name for the volume's.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.vid = self.c.give_name_id()
+        self.assertEqual(LV, self.volume().name)
+        self.assertNotEqual(VOLUME_ID, self.vid)
+
+    def test_attach_elsewhere_moves_monitors_and_finalizes(self):
+        src, dst = self.moved(live=True)
+        t = self.c.transfer()
+        self.assertEqual((self.vid, LV), (t.volume_id, t.lv_name))
+        # The destination's LV takes the volume's name (its _name_id):
+        # the name Cinder computes for it after the move, too.
+        self.assertEqual([LV], list(self.b.vg.lvs.keys() - {META}))
+        self.c.tick(self.b)
+        # The monitor publishes the progress under the volume's id.
+        self.assertIn('dmclone_percent', self.c.db.admin_metadata[self.vid])
+        self.assertIn(self.vid, self.b.tracker.progress)
+        self.assertEqual([], [c for c in self.log.warning.call_args_list
+                              if 'abandoned move' in c[0][0]])
+        self.c.detach(src)
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertEqual(LV, self.volume().name)
+
+    def test_migration_is_a_move(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_failed_live_migration_rolls_back(self):
+        src, dst = self.moved(live=True)
+        self.c.detach(dst)
+        self.c.assert_rolled_back()
+
+    def test_destination_reboot_rebuilds_and_finalizes(self):
+        self.moved()
+        self.b.dm.hydrate(HANDLE, 1000)
+        self.b.reboot()
+        self.b.recover()
+        self.assertEqual(1000, self.b.dm.status(HANDLE)[0].clone
+                         .hydrated_regions)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_source_reboot_exports_again(self):
+        self.moved()
+        self.a.reboot()
+        self.a.recover()
+        export = self.a.target.exports.get(
+            fakes.FakeTarget.iqn(self.volume()))
+        self.assertIn(self.b.props['initiator'], export['acl'])
+        self.c.settle()
+        self.c.assert_completed()
+
+    def lose_metadata_and_roll_back(self):
+        """A rollback keeps node-b's LV: its clone lost its metadata LV."""
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        self.c.detach(dst)
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual({'node-b': LV}, move.Store.old_copies_of(
+            self.c.db.admin_metadata[self.vid]))
+        return src
+
+    def test_kept_copy_is_reported_as_the_volumes_at_the_next_start(self):
+        # The kept LV is named after the deleted temporary volume: it is
+        # the old copy of a volume that exists (before: also reported as
+        # the LV of a deleted volume, to be removed by hand).
+        self.lose_metadata_and_roll_back()
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        warnings = str(self.log.warning.call_args_list)
+        self.assertIn('rolled back after its clone lost its metadata',
+                      warnings)
+        self.assertIn(self.vid, warnings)
+        self.assertNotIn('no longer exists', warnings)
+        self.assertIn(LV, self.b.vg.lvs)
+
+    def test_kept_copy_of_a_deleted_volume_is_reported_at_the_next_start(
+            self):
+        src = self.lose_metadata_and_roll_back()
+        self.c.detach(src)
+        self.c.delete()
+        del self.c.db.volumes[self.vid]
+        self.log.reset_mock()
+        self.b.restart()
+        self.b.recover()
+        self.assertIn('no longer exists', str(self.log.warning.call_args))
+        self.assertIn(LV, self.b.vg.lvs)
 
 
 class MultiattachTestCase(ClusterTestCase):
