@@ -126,10 +126,12 @@ def control_plane():
 
 @pytest.fixture(scope='session')
 def stack(control_plane):
-    """The full stack, one per session (test_fullstack.py has its own).
+    """The full stack, one per session.
 
-    The separate-kernel scenarios of several modules share it: each
-    module starting its own cost two minutes of CI.
+    The separate-kernel scenarios of several modules share it
+    (test_fullstack.py, test_moves.py, test_source_lost.py,
+    test_control_plane.py): each module starting its own cost two
+    minutes of CI.
     """
     yield from services.running(control_plane)
 
@@ -143,10 +145,11 @@ def cloud(stack):
 def module_stack():
     """The full stack, for the importing module only (one-kernel layout).
 
-    In the one-kernel tier the next modules' harnesses use the same volume
-    groups and must not meet the stack's services (the separate-kernel
-    modules share one: :func:`stack`; this one's MariaDB would meet the
-    session's :func:`control_plane`).
+    For the load test (tests/faults/test_load.py), which runs on the
+    one-kernel layout alone: there the next modules' harnesses use the
+    same volume groups and must not meet the stack's services.  On
+    separate kernels the modules share one (:func:`stack`); this one's
+    MariaDB would meet the session's :func:`control_plane`.
     """
     yield from services.running()
 
