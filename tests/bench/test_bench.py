@@ -21,12 +21,19 @@ measurement worked, never how fast it was.
 
 The source of every clone is one LV on node A, filled with data and read
 by node B over LIO iSCSI (veth inside the guest), as in a real move.
+
+Stays on the one-kernel layout for now (marked so): the path it measures
+and publishes (a veth pair inside one kernel, ``bench.Netem`` on vethA
+and vethB, VGs in guest RAM; conftest.py's ``source`` exported from this
+process) exists only there; separate kernels would measure another one.
 """
 
 import mmap
 import os
 import subprocess
 import time
+
+import pytest
 
 from cinder_dmclone import dmsetup as dms
 from cinder_dmclone import hydration
@@ -35,6 +42,8 @@ from cinder_dmclone import opts
 from cinder_dmclone import privileged
 from tests.bench import bench
 from tests.harness import testbed
+
+pytestmark = pytest.mark.layouts('one-kernel')
 
 KiB = bench.KiB
 MiB = bench.MiB

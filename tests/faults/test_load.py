@@ -30,6 +30,12 @@ attach calls go through a pool of ``ATTACHERS`` at a time: under emulation
 one prepare takes tens of seconds of the guest's single CPU, and twenty at
 once would only measure the emulator against the RPC timeouts.  The
 commit (twenty detaches) is not throttled.
+
+Stays on the one-kernel layout for now (marked so): it writes and hashes
+node A's attachments in this process (``att_a``), which sees node A's
+devices only when both nodes share one kernel, and it starts a stack of
+its own (``module_stack``) where the separate-kernel modules share the
+session's; porting it (``Cloud.on_node``, ``stack``) is not done yet.
 """
 
 import concurrent.futures
@@ -53,6 +59,8 @@ ATTACHERS = 4
 #: is compared with its source.
 FIO_OFFSET, FIO_SIZE = 256 * MiB, 16 * MiB
 HYDRATION_TIMEOUT = 3600
+
+pytestmark = pytest.mark.layouts('one-kernel')
 
 
 def _pool(fn, items, workers):

@@ -13,8 +13,9 @@
 """Hooks and fixtures of the functional suite; testbed guest only.
 
 Outside the guest every test here is SKIPPED with the reason below (never
-reported as passed): run the suite with ``tools/testbed/run`` (or
-``tox -e functional``), which boots the guest and runs pytest in it.
+reported as passed): run the suite with ``tools/testbed/run --layout
+separate`` (or ``tox -e functional-separate``), which boots the guests
+and runs pytest in node B's.
 
 The fixtures are the harness's (:mod:`tests.harness.pytest_fixtures`:
 ``topo``, ``cleanup``, ``node_a``, ``make_lv``, ``iscsi_source``,
@@ -22,12 +23,16 @@ The fixtures are the harness's (:mod:`tests.harness.pytest_fixtures`:
 ``stack`` and ``cloud``, and its ``cluster`` of the driver's two volume
 services, both over the session's ``control_plane``).  Here:
 
-* ``--tier``: ``ci`` (what CI runs: ``tox -e functional``), ``extended``
-  (the tests marked ``extended``: ``tox -e functional-extended``, run by
-  hand, last results in doc/source/contributor/testing.rst) or ``all``
-  (the default, so that naming one test always runs it);
+* ``--tier``: ``ci`` (what CI runs: ``tox -e functional-separate``),
+  ``extended`` (the tests marked ``extended``: ``tox -e
+  functional-separate-extended``, run by hand, last results in
+  doc/source/contributor/testing.rst) or ``all`` (the default, so that
+  naming one test always runs it);
 * ``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts
   a test is written for (unmarked: one-kernel); the others deselect it.
+  Every module here is marked ``separate``: each node its own kernel.
+  (The one-kernel layout is left to the load test and the benchmarks,
+  which say why.)
 """
 
 from tests.harness.pytest_fixtures import _testbed_logging  # noqa: F401
@@ -51,7 +56,8 @@ from tests.harness import testbed
 NOT_IN_TESTBED = (
     'NOT RUN: functional tests need the cinder-dmclone testbed guest '
     '(%s is missing, so this is not it); run them with tools/testbed/run '
-    'or tox -e functional' % testbed.TOPOLOGY_PATH)
+    '--layout separate or tox -e functional-separate'
+    % testbed.TOPOLOGY_PATH)
 
 
 def pytest_addoption(parser):
@@ -64,8 +70,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line(
         'markers', 'extended: a functional test outside the CI tier '
-        '(tox -e functional-extended); it mostly repeats, through another '
-        'door, a path the CI tier takes')
+        '(tox -e functional-separate-extended); it mostly repeats, '
+        'through another door, a path the CI tier takes')
     config.addinivalue_line('markers', selection.LAYOUT_MARKER)
 
 

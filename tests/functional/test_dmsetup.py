@@ -22,6 +22,13 @@ against a plain split of the raw text, so a parser bug cannot hide behind
 a symmetric builder bug.  The driver's other root commands (dd of a
 metadata LV's head, modprobe) run here too, with the messages of the
 real dd and modprobe.
+
+Separate kernels (each node its own guest): everything runs on node B's
+kernel, this process's, where the ``dm`` fixture's DMSetup runs as a
+volume service would; an iSCSI source is an LV on node A's kernel,
+exported by node A's LIO (``iscsi_source``), and a local source (behind
+dm-delay, or a plain one) is an LV of node B's VG, since a clone's
+devices must all be in its own kernel.
 """
 
 import os
@@ -31,6 +38,8 @@ import pytest
 
 from tests.harness import testbed
 from tests.harness.testbed import MiB
+
+pytestmark = pytest.mark.layouts('separate')
 
 REGION_SECTORS = 128                     # 64 KiB
 REGION = REGION_SECTORS * testbed.SECTOR
@@ -182,14 +191,14 @@ def test_clone_status_in_every_state(dm, dmsetup, topo, make_lv,
                                      clone_parts, cleanup):
     """Hydrating and disabled states need a slow source: dm-delay.
 
-    The source is a local LV behind a 'delay' target (I/O takes 40 ms),
-    with one region in flight at a time, so hydration is slow enough to be
-    seen in progress and stopped half way.
+    The source is a local LV (node B's) behind a 'delay' target (I/O
+    takes 40 ms), with one region in flight at a time, so hydration is
+    slow enough to be seen in progress and stopped half way.
     """
     size = 16 * MiB
     sectors = size // testbed.SECTOR
     total = size // REGION
-    lv = make_lv(topo.a.vg, size)
+    lv = make_lv(topo.b.vg, size)
     data = testbed.pattern(31, size)
     testbed.write_direct(lv, 0, data)
     testbed.run(['modprobe', 'dm-delay'])
@@ -247,7 +256,7 @@ def test_clone_status_in_every_state(dm, dmsetup, topo, make_lv,
 def test_custom_tuning_in_the_table(dm, dmsetup, topo, make_lv, clone_parts):
     size = 8 * MiB
     sectors = size // testbed.SECTOR
-    lv = make_lv(topo.a.vg, size)
+    lv = make_lv(topo.b.vg, size)
     dest, meta = clone_parts(size)
     name = 'ft-dms-tuned'
     dm.create(name, [dmsetup.clone_segment(
@@ -326,10 +335,10 @@ def test_errors_from_the_real_dmsetup(dm, dmsetup, topo, make_lv,
     with pytest.raises(dmsetup.exception.DMDeviceNotFound):
         dm.status('ft-dms-absent')
     assert 'clone' in dm.targets()
-    assert dm.device_sectors(make_lv(topo.a.vg, 4 * MiB)) == 8192
+    assert dm.device_sectors(make_lv(topo.b.vg, 4 * MiB)) == 8192
 
     # a clone longer than its destination: the kernel refuses the table
-    lv = make_lv(topo.a.vg, 8 * MiB)
+    lv = make_lv(topo.b.vg, 8 * MiB)
     dest, meta = clone_parts(4 * MiB)
     with pytest.raises(dmsetup.exception.DMSetupCommandFailed) as info:
         dm.create('ft-dms-bad', [dmsetup.clone_segment(

@@ -22,9 +22,14 @@ flow the API must tell the truth (status, host, AZ, attachments), the data
 must be what was written, and nothing may be left on either node (the
 ``no_leaks`` check of conftest.py).
 
-Node B has the one-kernel testbed's only iSCSI initiator, so volumes move
-from node A to node B here; test_moves.py moves them in every direction
-on the separate-kernel testbed.
+Separate kernels (each node its own guest; the stack and cloud are
+conftest.py's, one per session, shared with test_moves.py and the other
+modules of the stack): an attachment's device is read and written on
+the node it is attached on (:func:`write` and :func:`read`, through
+``cloud.on_node``: node A's in a worker on node A's kernel, node B's
+here), and what a node keeps is listed on that node's kernel.  Volumes
+move from node A to node B here, as in the one-kernel layout these
+scenarios were written for; test_moves.py moves them in every direction.
 """
 
 import logging
@@ -34,18 +39,34 @@ import uuid
 import pytest
 
 from tests.harness import api
-# The full stack for this module only: in the one-kernel tier the next
-# modules' harnesses use the same volume groups and must not meet its
-# services.
-from tests.harness.pytest_fixtures import module_cloud  # noqa: F401
-from tests.harness.pytest_fixtures import module_stack  # noqa: F401
 from tests.harness import services
 from tests.harness import steps
 from tests.harness import testbed
 
+pytestmark = pytest.mark.layouts('separate')
+
+# The stack and the cloud: conftest.py's, one per session.
+
 LOG = logging.getLogger('fullstack')
 MiB = testbed.MiB
 GiB = 1024 * MiB
+#: A host that runs no volume service of this backend, in any layout and
+#: any order of the modules.  (On separate kernels node C is a real node:
+#: once test_moves.py's chain has run there, Cinder knows its service,
+#: down since, and an instance's attach there is a move it refuses.)
+NODE_WITHOUT_SERVICE = 'node-x'
+
+
+def write(cloud, att, seed, length, offset=0):
+    """Write ``pattern(seed, length)`` through ``att``, on its node."""
+    cloud.write(att, seed, length, offset)
+    return testbed.pattern(seed, length)
+
+
+def read(cloud, att, offset, length):
+    """What ``att``'s device reads there (O_DIRECT), read on its node."""
+    return cloud.on_node(att.node, testbed.read_direct, att.path, offset,
+                         length)
 
 
 def assert_lives_on(cloud, volume_id, node_key, status):
@@ -69,7 +90,7 @@ def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
         # An instance on node A: a local connection to A's handle.
         att = cloud.attach(vol.id, 'a')
         assert att.connection_info['driver_volume_type'] == 'local'
-        head = testbed.write_pattern(att.path, 11, 8 * MiB)
+        head = write(cloud, att, 11, 8 * MiB)
         cloud.detach(att)
         cloud.wait_status(vol.id, 'available')
 
@@ -83,17 +104,18 @@ def test_volume_moves_when_attached_on_the_other_node(cloud, topo):
             'hydrating', 'finalizing', None)
         assert_lives_on(cloud, vol.id, 'b', 'in-use')
         # Reads on B come from A through the clone; writes stay on B.
-        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
-        tail = testbed.write_pattern(att.path, 12, 4 * MiB, offset=512 * MiB)
+        assert read(cloud, att, 0, 8 * MiB) == head
+        tail = write(cloud, att, 12, 4 * MiB, offset=512 * MiB)
         steps.wait_finalized(cloud, vol.id)
-        table = testbed.dm_table(att.path.rsplit('/', 1)[-1])
+        table = cloud.on_node('b', testbed.dm_table,
+                              att.path.rsplit('/', 1)[-1])
         assert ' linear ' in ' %s ' % table, table
-        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
-        assert testbed.read_direct(att.path, 512 * MiB, 4 * MiB) == tail
+        assert read(cloud, att, 0, 8 * MiB) == head
+        assert read(cloud, att, 512 * MiB, 4 * MiB) == tail
         cloud.detach(att)
         assert_lives_on(cloud, vol.id, 'b', 'available')
-        # Node A kept nothing of it.
-        assert not [lv for lv in testbed.list_lvs()
+        # Node A kept nothing of it (looked at on node A's kernel).
+        assert not [lv for lv in cloud.on_node('a', testbed.list_lvs)
                     if lv.startswith(topo.node('a').vg + '/')
                     and vol.id in lv]
     finally:
@@ -105,7 +127,7 @@ def seeded_on_a(cloud, seed, size_gb=1):
     vol = cloud.create(size=size_gb, az='az-a')
     att = cloud.attach(vol.id, 'a')
     assert att.connection_info['driver_volume_type'] == 'local'
-    head = testbed.write_pattern(att.path, seed, 8 * MiB)
+    head = write(cloud, att, seed, 8 * MiB)
     return vol, att, head
 
 
@@ -127,20 +149,20 @@ def test_live_migration_committed(cloud, topo):
         assert_lives_on(cloud, vol.id, 'b', 'in-use')
         assert len(cloud.attachments(vol.id)) == 2
         # The instance still runs on A and writes there; B reads it.
-        late = testbed.write_pattern(att_a.path, 22, 1 * MiB, offset=64 * MiB)
-        assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
-        assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
+        late = write(cloud, att_a, 22, 1 * MiB, offset=64 * MiB)
+        assert read(cloud, att_b, 64 * MiB, MiB) == late
+        assert read(cloud, att_b, 0, 8 * MiB) == head
         # The migration completes: Nova drops the source's attachment.
         cloud.detach(att_a)
         state = cloud.transfer_state(vol.id)
         assert state.get('dmclone_state') in ('hydrating', 'finalizing',
                                               None), state
         # The instance writes on B now.
-        mine = testbed.write_pattern(att_b.path, 23, 2 * MiB, offset=256 * MiB)
+        mine = write(cloud, att_b, 23, 2 * MiB, offset=256 * MiB)
         steps.wait_finalized(cloud, vol.id)
-        assert testbed.read_direct(att_b.path, 0, 8 * MiB) == head
-        assert testbed.read_direct(att_b.path, 64 * MiB, MiB) == late
-        assert testbed.read_direct(att_b.path, 256 * MiB, 2 * MiB) == mine
+        assert read(cloud, att_b, 0, 8 * MiB) == head
+        assert read(cloud, att_b, 64 * MiB, MiB) == late
+        assert read(cloud, att_b, 256 * MiB, 2 * MiB) == mine
         assert [a['server_id'] for a in cloud.attachments(vol.id)] == [
             att_a.instance]
         assert_lives_on(cloud, vol.id, 'b', 'in-use')
@@ -167,14 +189,14 @@ def test_failed_live_migration_rolls_back(cloud, topo):
         assert 'is moving from' in refusal, refusal
         # The instance keeps writing on A; the migration fails and Nova
         # removes the destination's attachment: the move is rolled back.
-        late = testbed.write_pattern(att_a.path, 32, MiB, offset=96 * MiB)
+        late = write(cloud, att_a, 32, MiB, offset=96 * MiB)
         cloud.detach(att_b)
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'in-use')
-        assert not [lv for lv in testbed.list_lvs()
+        assert not [lv for lv in cloud.on_node('b', testbed.list_lvs)
                     if lv.startswith(topo.node('b').vg) and vol.id in lv]
-        assert testbed.read_direct(att_a.path, 0, 8 * MiB) == head
-        assert testbed.read_direct(att_a.path, 96 * MiB, MiB) == late
+        assert read(cloud, att_a, 0, 8 * MiB) == head
+        assert read(cloud, att_a, 96 * MiB, MiB) == late
         cloud.detach(att_a)
         assert_lives_on(cloud, vol.id, 'a', 'available')
     finally:
@@ -192,6 +214,7 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
             att['id'], cloud.connector('b')), 'connection_info')
         assert info['driver_volume_type'] == 'iscsi', info
         assert info['target_portal'].startswith('10.0.0.1:')
+        # (node B's iSCSI disk: this process's kernel)
         device = cloud.connect(info, 'b')
         try:
             assert testbed.read_direct(device['path'], 0, 8 * MiB) == head
@@ -208,20 +231,22 @@ def test_attach_without_instance_is_iscsi_and_never_moves(cloud):
 def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
     """An instance on a node without the backend's service, migrating.
 
-    Node "node-c" runs no volume service of this backend, so its
-    instance reaches the volume over iSCSI (node B's initiator stands in
-    for it).  Live-migrated to node B, the volume must stay on node A:
-    moving it would hydrate node B from a copy node C still writes.
+    Host ``NODE_WITHOUT_SERVICE`` (node X) runs no volume service of this
+    backend, so its instance reaches the volume over iSCSI (node B's
+    initiator stands in for it).  Live-migrated to node B, the volume
+    must stay on node A: moving it would hydrate node B from a copy node
+    X still writes.
     """
     vol, att_a, head = seeded_on_a(cloud, 45)
     cloud.detach(att_a)
     instance = str(uuid.uuid4())
-    props_c = dict(cloud.connector('b'), host='node-c')
+    props_c = dict(cloud.connector('b'), host=NODE_WITHOUT_SERVICE)
     att_c = cloud.c.attachments.create(vol.id, props_c, instance_id=instance)
     info = api.field(att_c, 'connection_info')
     device = None
     try:
         assert info['driver_volume_type'] == 'iscsi', info
+        # (node B's iSCSI disk: this process's kernel)
         device = cloud.connect(info, 'b')
         cloud.c.attachments.complete(att_c['id'])
         late = testbed.write_pattern(device['path'], 46, 4 * MiB,
@@ -237,7 +262,7 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         assert testbed.read_direct(device['path'], 64 * MiB,
                                    4 * MiB) == late
     finally:
-        # (Node B's initiator stands in for node C's: the first delete
+        # (Node B's initiator stands in for node X's: the first delete
         # takes its ACL entry, so the session goes first.)
         if device is not None:
             api.brick_disconnect(info, device)
@@ -258,7 +283,7 @@ def test_forged_steps_through_the_api_change_nothing(cloud, topo):
     cloud.detach(att_a)
     try:
         att = cloud.attach(vol.id, 'b')
-        tail = testbed.write_pattern(att.path, 52, 4 * MiB, offset=512 * MiB)
+        tail = write(cloud, att, 52, 4 * MiB, offset=512 * MiB)
         cloud.detach(att)
         cloud.wait_status(vol.id, 'available')
         LOG.info('transfer when forging: %s', cloud.transfer_state(vol.id))
@@ -278,8 +303,8 @@ def test_forged_steps_through_the_api_change_nothing(cloud, topo):
         steps.wait_finalized(cloud, vol.id)
         assert_lives_on(cloud, vol.id, 'b', 'available')
         att = cloud.attach(vol.id, 'b')
-        assert testbed.read_direct(att.path, 0, 8 * MiB) == head
-        assert testbed.read_direct(att.path, 512 * MiB, 4 * MiB) == tail
+        assert read(cloud, att, 0, 8 * MiB) == head
+        assert read(cloud, att, 512 * MiB, 4 * MiB) == tail
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
@@ -297,15 +322,14 @@ def test_multiattach_volume_is_shared_not_moved(cloud, topo):
             att_b.connection_info
         assert cloud.transfer_state(vol.id) == {}
         assert_lives_on(cloud, vol.id, 'a', 'in-use')
-        from_a = testbed.write_pattern(att_a.path, 61, 4 * MiB)
-        assert testbed.read_direct(att_b.path, 0, 4 * MiB) == from_a
-        from_b = testbed.write_pattern(att_b.path, 62, 4 * MiB,
-                                       offset=64 * MiB)
-        assert testbed.read_direct(att_a.path, 64 * MiB, 4 * MiB) == from_b
+        from_a = write(cloud, att_a, 61, 4 * MiB)
+        assert read(cloud, att_b, 0, 4 * MiB) == from_a
+        from_b = write(cloud, att_b, 62, 4 * MiB, offset=64 * MiB)
+        assert read(cloud, att_a, 64 * MiB, 4 * MiB) == from_b
         cloud.detach(att_b)
         cloud.detach(att_a)
         assert_lives_on(cloud, vol.id, 'a', 'available')
-        assert not [lv for lv in testbed.list_lvs()
+        assert not [lv for lv in cloud.on_node('b', testbed.list_lvs)
                     if lv.startswith(topo.node('b').vg + '/')
                     and vol.id in lv]
     finally:

@@ -14,10 +14,15 @@
 
 Later tests instantiate the Cinder driver for node A inside a
 :class:`NodeProcess` and attach its exports from the pytest process with
-os-brick; this proves the pieces: the worker really is in node A's network
-namespace with configfs visible, results, state and exceptions cross back,
-and an LIO export created by rtslib-fb inside the worker is reachable from
-node B's os-brick iSCSI connector.
+os-brick; this proves the pieces: the worker really runs on node A with
+configfs visible, results, state and exceptions cross back, and an LIO
+export created by rtslib-fb inside the worker is reachable from node B's
+os-brick iSCSI connector.
+
+Separate kernels: "on node A" is node A's own kernel (its boot id and
+host name, not this process's), where node A's LV is made and read; the
+pytest process is node B.  (In the one-kernel layout the worker was in
+network namespace ``nodeA`` of the one kernel.)
 """
 
 import os
@@ -29,9 +34,14 @@ from tests.harness import testbed
 from tests.harness.testbed import MiB
 from tests.harness import workers
 
+pytestmark = pytest.mark.layouts('separate')
+
 
 def _whoami():
-    return {'pid': os.getpid(), 'netns': workers.netns_inode(),
+    with open('/proc/sys/kernel/random/boot_id') as f:
+        boot_id = f.read().strip()
+    return {'process': (boot_id, os.getpid()), 'kernel': boot_id,
+            'hostname': os.uname().nodename,
             'configfs': os.path.isdir(testbed.LIO_ROOT + '/core')}
 
 
@@ -42,9 +52,12 @@ def _fail(message):
 def test_worker_runs_in_node_a(topo, node_a):
     me = _whoami()
     there = node_a.call(_whoami)
-    assert there['pid'] != me['pid']
-    assert there['netns'] == os.stat('/run/netns/%s' % topo.a.netns).st_ino
-    assert there['netns'] != me['netns']
+    # another process (a pid alone could repeat in another kernel)
+    assert there['process'] != me['process']
+    # on node A's kernel, not this one (node B's)
+    assert (there['hostname'], me['hostname']) == (topo.a.hostname,
+                                                   topo.b.hostname)
+    assert there['kernel'] != me['kernel']
     assert there['configfs'], 'configfs not visible in node A'
     addresses = node_a.run(['ip', '-o', '-4', 'addr', 'show']).stdout
     assert topo.a.ip + '/' in addresses
@@ -66,22 +79,23 @@ def test_worker_state_and_errors(node_a):
 def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(
         topo, node_a, cleanup):
     size = 16 * MiB
-    lv = testbed.create_lv(topo.a.vg, 'worker-vol', size)
-    cleanup(testbed.remove_lv, topo.a.vg, 'worker-vol')
+    lv = testbed.create_lv(topo.a.vg, 'worker-vol', size, node='a')
+    cleanup(testbed.remove_lv, topo.a.vg, 'worker-vol', node='a')
     data = testbed.pattern(11, size)
     node_a.call(testbed.write_direct, lv, 0, data)
 
     export = node_a.call(testbed.export_iscsi_rtslib, lv, 'worker-vol')
-    cleanup(testbed.unexport_iscsi, export)     # fallback: targetcli
+    # fallback: targetcli, on node A's kernel (whose LIO it is)
+    cleanup(node_a.call, testbed.unexport_iscsi, export)
     assert export.portal == topo.a.portal
     tpg = testbed.lio_tpg_path(export.target_iqn)
-    assert os.path.isdir(tpg + '/np/' + export.portal)
+    assert node_a.call(os.path.isdir, tpg + '/np/' + export.portal)
     # What a move reads before it goes (Source._admits_only): the export
     # admits node B's initiator alone, seen from node A's service.
     assert node_a.call(privileged.lio_acls, export.target_iqn) == {
         topo.b.initiator_iqn.lower()}
 
-    # node B: os-brick, in this process (the initial namespace)
+    # node B: os-brick, in this process (node B's kernel)
     connector = testbed.iscsi_connector()
     props = export.connection_properties()
     device = connector.connect_volume(props)
@@ -99,4 +113,4 @@ def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(
     connector.disconnect_volume(props, device)
     assert export.target_iqn not in testbed.iscsi_sessions().values()
     node_a.call(testbed.unexport_iscsi_rtslib, export)
-    assert export.target_iqn not in testbed.lio_targets()
+    assert export.target_iqn not in node_a.call(testbed.lio_targets)

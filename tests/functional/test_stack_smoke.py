@@ -12,16 +12,25 @@
 
 """Smoke test of the guest's kernel stack with plain commands only.
 
-LV on node A -> LIO iSCSI export (targetcli, in node A's namespace, ACL for
-node B) -> login from node B (iscsiadm) -> dm-clone on node B (dest LV on
+LV on node A -> LIO iSCSI export (targetcli, on node A, ACL for node
+B) -> login from node B (iscsiadm) -> dm-clone on node B (dest LV on
 dmc-b, metadata LV on dmc-b-meta) -> writes -> read back unhydrated ->
 hydration -> swap to linear -> the source detached -> data checked ->
 everything removed and nothing left behind.  No project code: if this
 fails, the testbed or the kernel is at fault, not cinder-dmclone.
+
+Separate kernels: node A's side (its LV, the data written there and the
+source's sha256 read back there, its LIO export) runs on node A's own
+kernel, through the harness's worker there (``node_a``) and ``node='a'``
+commands; node B's side (iscsiadm, the clone) is this process.
 """
+
+import pytest
 
 from tests.harness import testbed
 from tests.harness.testbed import MiB
+
+pytestmark = pytest.mark.layouts('separate')
 
 SIZE = 64 * MiB
 REGION_SECTORS = 128                     # 64 KiB regions
@@ -29,18 +38,18 @@ REGION = REGION_SECTORS * testbed.SECTOR
 META_SIZE = 4 * MiB
 
 
-def test_clone_over_iscsi_hydrate_swap_cleanup(topo, cleanup):
+def test_clone_over_iscsi_hydrate_swap_cleanup(topo, node_a, cleanup):
     baseline = testbed.snapshot()
     a, b = topo.a, topo.b
     sectors = SIZE // testbed.SECTOR
 
     # node A: source LV with known content, exported to node B only
-    src = testbed.create_lv(a.vg, 'smoke-src', SIZE)
-    cleanup(testbed.remove_lv, a.vg, 'smoke-src')
+    src = testbed.create_lv(a.vg, 'smoke-src', SIZE, node='a')
+    cleanup(testbed.remove_lv, a.vg, 'smoke-src', node='a')
     source_data = testbed.pattern(1, SIZE)
-    testbed.write_direct(src, 0, source_data)
-    export = testbed.export_iscsi(src, 'smoke-src')
-    cleanup(testbed.unexport_iscsi, export)
+    node_a.call(testbed.write_pattern_digest, src, 1, SIZE)
+    export = node_a.call(testbed.export_iscsi, src, 'smoke-src')
+    cleanup(node_a.call, testbed.unexport_iscsi, export)
 
     # node B: log in; the disk shows node A's data
     disk = testbed.iscsi_login(export)
@@ -77,7 +86,8 @@ def test_clone_over_iscsi_hydrate_swap_cleanup(topo, cleanup):
     # first: either way each written region is now hydrated
     assert testbed.clone_progress('smoke-clone') == (3, SIZE // REGION)
     assert testbed.sha256_of_device(clone) == testbed.sha256(expected)
-    assert testbed.sha256_of_device(src) == testbed.sha256(source_data)
+    assert node_a.call(testbed.sha256_of_device, src) == \
+        testbed.sha256(source_data)
 
     # hydrate in the background, wait on the kernel's own progress
     testbed.run(['dmsetup', 'message', 'smoke-clone', '0',
@@ -100,12 +110,13 @@ def test_clone_over_iscsi_hydrate_swap_cleanup(topo, cleanup):
 
     # the source can go away now
     testbed.iscsi_logout(export)
-    testbed.unexport_iscsi(export)
+    node_a.call(testbed.unexport_iscsi, export)
     assert testbed.sha256_of_device(clone) == testbed.sha256(expected)
     assert testbed.sha256_of_device(dest) == testbed.sha256(expected)
 
     testbed.dm_remove('smoke-clone')
-    for vg, lv in ((b.meta_vg, 'smoke-meta'), (b.vg, 'smoke-dest'),
-                   (a.vg, 'smoke-src')):
-        testbed.remove_lv(vg, lv)
+    for vg, lv, node in ((b.meta_vg, 'smoke-meta', 'b'),
+                         (b.vg, 'smoke-dest', 'b'),
+                         (a.vg, 'smoke-src', 'a')):
+        testbed.remove_lv(vg, lv, node=node)
     assert testbed.leaks(baseline) == []

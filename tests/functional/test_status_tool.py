@@ -28,6 +28,12 @@ so its commands come from ``cli.COMMANDS``, not from entry points); the
 JSON of ``status -f json`` is checked against what the kernel itself
 reports, then the tables and lists, and the deprecated
 ``cinder-dmclone-status`` alias.
+
+Separate kernels: the tool runs on node B's kernel (this process's),
+where every handle above is; the iSCSI source is an LV on node A's own
+kernel, exported by node A's LIO (``iscsi_source``), and the dm-delay
+source of the slow clone an LV of node B's VG (a clone's devices are all
+in its own kernel).
 """
 
 import json
@@ -40,6 +46,8 @@ import pytest
 
 from tests.harness import testbed
 from tests.harness.testbed import MiB
+
+pytestmark = pytest.mark.layouts('separate')
 
 REGION_SECTORS = 128                     # 64 KiB
 REGION = REGION_SECTORS * testbed.SECTOR
@@ -114,7 +122,7 @@ def test_status_tool_json(topo, make_lv, iscsi_source, cleanup, tmp_path):
     # two samples fit in it)
     size = 32 * MiB
     sectors = size // testbed.SECTOR
-    slow_lv = make_lv(topo.a.vg, size)
+    slow_lv = make_lv(topo.b.vg, size)
     testbed.run(['modprobe', 'dm-delay'])
     testbed.run(['dmsetup', 'create', 'ft-status-slow', '--table',
                  '0 %d delay %s 0 100' % (sectors, slow_lv)])

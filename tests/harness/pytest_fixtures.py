@@ -22,10 +22,12 @@ so that each suite states which it shares:
 * ``node_a``: a :class:`workers.NodeProcess` worker on node A for this
   test;
 * ``make_lv``: ``make_lv(vg, size_bytes, name=None)`` creates an LV that
-  is removed after the test;
+  is removed after the test, on the kernel that holds ``vg``
+  (:func:`testbed.kernel_of`);
 * ``iscsi_source``: ``iscsi_source(size, seed=1)`` makes an LV on node A
-  filled with ``testbed.pattern(seed, size)``, exports it with LIO and logs
-  node B in: returns an :class:`IscsiSource` (undone after the test);
+  filled with ``testbed.pattern(seed, size)``, exports it with LIO (on
+  node A's kernel) and logs node B in: returns an :class:`IscsiSource`
+  (undone after the test);
 * ``clone_parts``: ``clone_parts(size)`` makes a destination LV on node B's
   VG and a zeroed metadata LV on its metadata VG: ``(dest, meta)``;
 * ``no_leaks`` (automatic, with ``nodes_answer``): after every test, fails
@@ -124,10 +126,12 @@ def control_plane():
 
 @pytest.fixture(scope='session')
 def stack(control_plane):
-    """The full stack, one per session (test_fullstack.py has its own).
+    """The full stack, one per session.
 
-    The separate-kernel scenarios of several modules share it: each
-    module starting its own cost two minutes of CI.
+    The separate-kernel scenarios of several modules share it
+    (test_fullstack.py, test_moves.py, test_source_lost.py,
+    test_control_plane.py): each module starting its own cost two
+    minutes of CI.
     """
     yield from services.running(control_plane)
 
@@ -141,10 +145,11 @@ def cloud(stack):
 def module_stack():
     """The full stack, for the importing module only (one-kernel layout).
 
-    In the one-kernel tier the next modules' harnesses use the same volume
-    groups and must not meet the stack's services (the separate-kernel
-    modules share one: :func:`stack`; this one's MariaDB would meet the
-    session's :func:`control_plane`).
+    For the load test (tests/faults/test_load.py), which runs on the
+    one-kernel layout alone: there the next modules' harnesses use the
+    same volume groups and must not meet the stack's services.  On
+    separate kernels the modules share one (:func:`stack`); this one's
+    MariaDB would meet the session's :func:`control_plane`.
     """
     yield from services.running()
 
@@ -266,8 +271,9 @@ def make_lv(cleanup, request):
         name = name or 'ft%d-%s' % (next(_lv_numbers),
                                     request.node.name[:40].lower())
         name = ''.join(c if c.isalnum() or c == '-' else '-' for c in name)
-        path = testbed.create_lv(vg, name, size_bytes)
-        cleanup(testbed.remove_lv, vg, name)
+        node = testbed.kernel_of(vg)
+        path = testbed.create_lv(vg, name, size_bytes, node=node)
+        cleanup(testbed.remove_lv, vg, name, node=node)
         return path
     return make
 
@@ -282,12 +288,19 @@ class IscsiSource:
 
 @pytest.fixture
 def iscsi_source(topo, make_lv, cleanup):
+    # Node A's side (its LV's data, its LIO export) runs on node A's
+    # kernel: here in the one-kernel layout, in a worker on node A on
+    # separate kernels, which ends after the undo steps below.
+    on_nodes = workers.NodeCalls()
+    cleanup(on_nodes.close)
+
     def make(size, seed=1):
         lv = make_lv(topo.a.vg, size)
         data = testbed.pattern(seed, size)
-        testbed.write_direct(lv, 0, data)
-        export = testbed.export_iscsi(lv, os.path.basename(lv))
-        cleanup(testbed.unexport_iscsi, export)
+        on_nodes.call('a', testbed.write_pattern_digest, lv, seed, size)
+        export = on_nodes.call('a', testbed.export_iscsi, lv,
+                               os.path.basename(lv))
+        cleanup(on_nodes.call, 'a', testbed.unexport_iscsi, export)
         disk = testbed.iscsi_login(export)
         cleanup(testbed.iscsi_logout, export)
         return IscsiSource(lv, data, export, disk)

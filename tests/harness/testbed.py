@@ -352,23 +352,49 @@ def lv_path(vg, lv):
     return '/dev/%s/%s' % (vg, lv)
 
 
-def create_lv(vg, name, size_bytes):
-    lvm('lvcreate', '-q', '-y', '-n', name, '-L', '%db' % size_bytes, vg)
+def kernel_of(vg):
+    """The node whose kernel holds volume group ``vg`` (a node key).
+
+    Separate kernels: the node the topology gives ``vg`` (its data or
+    metadata VG).  One kernel: this process's node, which sees every VG.
+    """
+    topo = topology()
+    if not topo.separate:
+        return local_node()
+    for key, node in sorted(topo.nodes.items()):
+        if vg in (node.vg, node.meta_vg):
+            return key
+    raise ValueError('volume group %s belongs to no node' % vg)
+
+
+def path_exists(path, node='b'):
+    """True when ``path`` exists on ``node``'s kernel."""
+    if topology().separate and node != local_node():
+        return run(['test', '-e', path], node=node, check=False
+                   ).returncode == 0
+    return os.path.exists(path)
+
+
+def create_lv(vg, name, size_bytes, node='b'):
+    """An LV of ``vg``, made on ``node`` (see :func:`kernel_of`)."""
+    lvm('lvcreate', '-q', '-y', '-n', name, '-L', '%db' % size_bytes, vg,
+        node=node)
     path = lv_path(vg, name)
-    wait_until(lambda: os.path.exists(path), 30, 'device node %s' % path)
+    wait_until(lambda: path_exists(path, node), 30,
+               'device node %s' % path)
     return path
 
 
-def remove_lv(vg, name, missing_ok=True):
-    if missing_ok and '%s/%s' % (vg, name) not in list_lvs():
+def remove_lv(vg, name, missing_ok=True, node='b'):
+    if missing_ok and '%s/%s' % (vg, name) not in list_lvs(node):
         return
-    lvm('lvremove', '-q', '-f', '%s/%s' % (vg, name))
+    lvm('lvremove', '-q', '-f', '%s/%s' % (vg, name), node=node)
 
 
-def list_lvs():
-    """{'vg/lv', ...} of every logical volume."""
+def list_lvs(node='b'):
+    """{'vg/lv', ...} of every logical volume (of ``node``'s kernel)."""
     out = lvm('lvs', '--noheadings', '-o', 'vg_name,lv_name',
-              '--separator', '/').stdout
+              '--separator', '/', node=node).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 

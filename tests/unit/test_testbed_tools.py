@@ -18,8 +18,9 @@ runner's power control is what the reboot scenarios stand on: both are
 checked here with real processes on the loopback interface, in seconds.
 So are the harness's choices per layout: what the driver cluster's two
 services share, where their peer calls go (and the TCP listener), which
-node holds a device, the network cut's tc commands between kernels, and
-the control plane that the full stack and the cluster start piecemeal.
+node holds a device, on which kernel a functional fixture's LV is made,
+the network cut's tc commands between kernels, and the control plane
+that the full stack and the cluster start piecemeal.
 """
 
 import dataclasses
@@ -527,6 +528,54 @@ class DriverClusterLayoutTestCase(test.TestCase):
                           'failed lvremove x'],
                          volume_node.root_commands(marks))
         self.assertEqual(5, len(volume_node.root_commands()))
+
+
+class LvOnItsKernelTestCase(test.TestCase):
+    """The functional fixtures' LVs are made on the kernel of their VG."""
+
+    def _topology(self, layout):
+        from tests.harness import testbed
+        self.useFixture(fixtures.MockPatchObject(
+            testbed, 'topology', return_value=fake_topology(layout)))
+        self.useFixture(fixtures.MockPatchObject(
+            testbed, 'local_node', return_value='b'))
+
+    def test_separate_kernels_each_vg_on_its_node(self):
+        from tests.harness import testbed
+        self._topology('separate')
+        for vg, node in [('dmc-a', 'a'), ('dmc-a-meta', 'a'),
+                         ('dmc-b', 'b'), ('dmc-b-meta', 'b'),
+                         ('dmc-c', 'c')]:
+            self.assertEqual(node, testbed.kernel_of(vg), vg)
+        self.assertRaises(ValueError, testbed.kernel_of, 'dmc-ab')
+
+    def test_one_kernel_every_vg_here(self):
+        from tests.harness import testbed
+        self._topology('one-kernel')
+        self.assertEqual('b', testbed.kernel_of('dmc-a'))
+        self.assertEqual('b', testbed.kernel_of('dmc-b-meta'))
+
+    def test_an_lv_on_another_kernel_is_made_and_removed_there(self):
+        from tests.harness import testbed
+        self._topology('separate')
+        calls = []
+
+        def run(cmd, node='b', check=True, **kwargs):
+            calls.append((cmd[:2], node, check))
+            out = 'dmc-a/x\n' if cmd[:2] == ['lvm', 'lvs'] else ''
+            return subprocess.CompletedProcess(cmd, 0, out, '')
+        self.useFixture(fixtures.MockPatchObject(testbed, 'run', run))
+        exists = self.useFixture(fixtures.MockPatchObject(
+            os.path, 'exists', return_value=False)).mock
+        self.assertEqual('/dev/dmc-a/x',
+                         testbed.create_lv('dmc-a', 'x', 4096, node='a'))
+        testbed.remove_lv('dmc-a', 'x', node='a')
+        self.assertEqual([(['lvm', 'lvcreate'], 'a', True),
+                          (['test', '-e'], 'a', False),
+                          (['lvm', 'lvs'], 'a', True),
+                          (['lvm', 'lvremove'], 'a', True)], calls)
+        # (node B's view of the device node was never asked)
+        exists.assert_not_called()
 
 
 class NetemOnPortTestCase(test.TestCase):
