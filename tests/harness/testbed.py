@@ -143,12 +143,18 @@ class CommandError(subprocess.CalledProcessError):
             super().__str__(), self.stdout or '', self.stderr or '')
 
 
-def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
+def run(cmd, node=None, input=None, check=True, timeout=300, env=None):
     """Run a command on a node ('a', 'b', ...); return the CompletedProcess.
 
-    Output is captured as text and logged; a non-zero exit raises
-    :class:`CommandError` (with stdout and stderr) unless ``check=False``.
+    ``node`` None: on this process's kernel (:func:`local_node`; node B's
+    in the tests' own process, node A's in a worker on node A's kernel),
+    so that a helper which names no node looks at the kernel of whatever
+    runs it (``Cluster.on_node``).  Output is captured as text and
+    logged; a non-zero exit raises :class:`CommandError` (with stdout and
+    stderr) unless ``check=False``.
     """
+    if node is None:
+        node = local_node()
     argv = [str(c) for c in cmd]
     prefix = (list(topology().node(node).exec_prefix)
               if node != local_node() else [])
@@ -391,8 +397,11 @@ def remove_lv(vg, name, missing_ok=True, node='b'):
     lvm('lvremove', '-q', '-f', '%s/%s' % (vg, name), node=node)
 
 
-def list_lvs(node='b'):
-    """{'vg/lv', ...} of every logical volume (of ``node``'s kernel)."""
+def list_lvs(node=None):
+    """{'vg/lv', ...} of every logical volume (of ``node``'s kernel).
+
+    ``node`` None: this process's kernel (see :func:`run`).
+    """
     out = lvm('lvs', '--noheadings', '-o', 'vg_name,lv_name',
               '--separator', '/', node=node).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
