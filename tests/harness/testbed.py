@@ -841,7 +841,7 @@ def _kernel_leaks(base_lvs, base_loops):
     return problems
 
 
-def _kernel_cleanup(base_lvs, base_loops):
+def _remove_foreign_dm_devices():
     for _ in range(5):
         foreign = [n for n, u in dm_devices().items()
                    if not u.startswith('LVM-')]
@@ -849,6 +849,10 @@ def _kernel_cleanup(base_lvs, base_loops):
             break
         for name in foreign:
             run(['dmsetup', 'remove', '--force', name], check=False)
+
+
+def _kernel_cleanup(base_lvs, base_loops):
+    _remove_foreign_dm_devices()
     if iscsi_sessions():
         run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
     if iscsi_node_records():
@@ -861,6 +865,9 @@ def _kernel_cleanup(base_lvs, base_loops):
         # (one kernel: LIO's configfs is global, node A's view will do)
         run(['targetcli', 'clearconfig', 'confirm=True'],
             node=local_node() if topology().separate else 'a', check=False)
+    # A device LIO or a session held open above survived its remove with
+    # an error table (--force); now nothing holds it.
+    _remove_foreign_dm_devices()
     for lv in sorted(set(list_lvs()) - set(base_lvs)):
         lvm('lvremove', '-q', '-f', lv, check=False)
     for loop in sorted(loop_devices() - set(base_loops)):
