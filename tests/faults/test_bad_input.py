@@ -104,7 +104,7 @@ def test_metadata_lv_missing_after_reboot(cluster, fault):
     # held the move on B instead, a hold no commit could ever end.
     data_lv = '%s/volume-%s' % (topo.vg, vid)
     assert data_lv in testbed.list_lvs()
-    assert helpers.nothing_on_b(vid) == ['LVs %s' % [data_lv]]
+    assert helpers.nothing_on_b(cluster, vid) == ['LVs %s' % [data_lv]]
     fault.detail = ('recovery refused to build the clone; rolled back, '
                     "B's LV kept for the operator")
     # The operator checks that the instance never ran on B and removes it.

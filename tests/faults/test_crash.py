@@ -296,7 +296,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     retried_on = cluster.node_of(vid)
     cluster.detach(vid, att_b)
     assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
     wiped = _b_copy_wiped(vid, since)
     fault.detail = ('at the crash: %s; after the restart: %s; detach '
                     'retried on node %s; B\'s copy wiped (%d dd)' % (
@@ -339,7 +339,7 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
         cluster.admin_metadata(vid)
     image.write(path_a, 7 * REGION, testbed.pattern(seed_value + 5, REGION))
     helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
     assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
     wiped = _b_copy_wiped(vid, since)
     fault.detail = ('attach withdrawn during the build; A recorded the '
@@ -376,7 +376,7 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     at_crash = _where(cluster, vid)
     helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
     cluster.delete_volume(vid)                        # deleted again
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
     for key, lvs in cluster.on_each(testbed.list_lvs).items():
         assert not [n for n in lvs if vid in n], key
     for key, devices in cluster.on_each(testbed.dm_devices).items():

@@ -231,10 +231,11 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
 
     def b_is_clean():
         cluster['b'].call(volume_node.tick)
-        return helpers.nothing_on_b(vid) == []
+        return helpers.nothing_on_b(cluster, vid) == []
     testbed.wait_until(b_is_clean, 600, 'node B clean after the cut',
                        interval=3,
-                       diagnostics=lambda: str(helpers.nothing_on_b(vid)))
+                       diagnostics=lambda: str(
+                           helpers.nothing_on_b(cluster, vid)))
     fault.recovered(t0)
     helpers.stays_on_a(cluster, vid, image.digest())
     fault.detail = ('attach failed after %.0f s (%s); volume stayed on A, '
