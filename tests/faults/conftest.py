@@ -22,7 +22,8 @@ the real driver on the real kernel) with two differences:
   filters refuse fails the test that ran it;
 * every test adds a row to the fault matrix (scenario, result, time to
   recover), printed at the end of the run and written to
-  ``artifacts/faults/matrix.{json,md}``.
+  ``artifacts/faults/matrix.{json,md}``, whose first line names the
+  testbed layout, the run and its date (:func:`run_label`).
 
 ``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts a
 test is written for (unmarked: one-kernel); the others deselect it.
@@ -137,8 +138,43 @@ def fault(request):
                     pytrace=False)
 
 
-def _markdown(rows, commands, refused):
-    out = ['| scenario | result | time to recover, s | test time, s '
+#: the testbed layouts (tools/testbed/run --layout), as the matrix says
+LAYOUTS = {'one-kernel': 'one-kernel (every node a network namespace of '
+                         'one guest kernel)',
+           'separate': 'separate (every node its own guest kernel)'}
+
+
+_LABEL = {}
+
+
+def run_label():
+    """{'layout', 'run', 'date'} of this run, for the matrix's header.
+
+    The run is the runner's run directory (``testbed.run=`` on the
+    guest kernel's command line), '?' when it cannot be told; the date
+    the first row's.
+    """
+    if _LABEL:
+        return dict(_LABEL)
+    run = '?'
+    try:
+        with open('/proc/cmdline') as f:
+            for arg in f.read().split():
+                if arg.startswith('testbed.run='):
+                    run = os.path.basename(arg.partition('=')[2].rstrip('/'))
+    except OSError:
+        pass
+    _LABEL.update(layout=testbed.topology().layout, run=run,
+                  date=time.strftime('%Y-%m-%d'))
+    return dict(_LABEL)
+
+
+def _markdown(rows, commands, refused, label):
+    out = ['Layout: %s; run %s, %s.' % (
+               LAYOUTS.get(label['layout'], label['layout']), label['run'],
+               label['date']),
+           '',
+           '| scenario | result | time to recover, s | test time, s '
            '| root commands (refused) | what happened |',
            '|---|---|---|---|---|---|']
     for r in rows:
@@ -168,14 +204,15 @@ def _write_matrix():
     """
     lines = volume_node.root_commands()
     refused = len([x for x in lines if x.startswith('REFUSED')])
-    text = _markdown(_MATRIX, len(lines), refused)
+    label = run_label()
+    text = _markdown(_MATRIX, len(lines), refused, label)
     out = os.path.join(testbed.topology().artifacts_dir, 'faults')
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'matrix.json'), 'w') as f:
-        json.dump({'rows': _MATRIX, 'root_commands': len(lines),
-                   'refused': refused,
-                   'distinct_commands': sorted({' '.join(
-                       x.split()[1:3]) for x in lines})}, f, indent=1)
+        json.dump(dict(label, rows=_MATRIX, root_commands=len(lines),
+                       refused=refused,
+                       distinct_commands=sorted({' '.join(
+                           x.split()[1:3]) for x in lines})), f, indent=1)
     with open(os.path.join(out, 'matrix.md'), 'w') as f:
         f.write(text + '\n')
     return text

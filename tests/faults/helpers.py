@@ -10,7 +10,14 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""What the fault scenarios share: crash, restart, checks of both nodes."""
+"""What the fault scenarios share: crash, restart, checks of both nodes.
+
+Each check and action runs on the kernel of the node it concerns: node
+B's through ``cluster.on_node('b', ...)`` or ``node='b'`` (the tests'
+own kernel, so a plain call in both layouts), node A's through
+``cluster.on_node('a', ...)`` and the cluster's path-routed
+sha256/read/write/exists (a worker on node A's kernel when it has one).
+"""
 
 import time
 
@@ -69,14 +76,19 @@ def with_options(cluster, key, overrides=None):
 
 
 def reboot_b(cluster):
-    """Node B loses its service and its kernel state, as in a reboot."""
+    """Node B loses its service and its kernel state, as in a reboot.
+
+    Simulated in both layouts, on node B's kernel: on separate kernels
+    the tests run there, so it cannot be powered off under them
+    (:meth:`Cluster.reboot` is for node A).
+    """
     cluster.stop('b', kill=True)
-    ours = [n for n, u in testbed.dm_devices().items()
-            if not u.startswith('LVM-') and 'dmc--b' in n]
+    ours = cluster.on_node('b', testbed.handles, 'b')
     if ours:
-        testbed.run(['dmsetup', 'remove', '--force'] + ours)
-    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
-    assert testbed.iscsi_sessions() == {}
+        testbed.run(['dmsetup', 'remove', '--force'] + ours, node='b')
+    testbed.run(['iscsiadm', '-m', 'node', '--logoutall=all'], node='b',
+                check=False)
+    assert cluster.on_node('b', testbed.iscsi_sessions) == {}
     return ours
 
 
@@ -85,7 +97,8 @@ def tick_until_dead(cluster, key, timeout=600):
     deadline = time.monotonic() + timeout
     while cluster.alive(key):
         assert time.monotonic() < deadline, 'no crash within %d s: %s' % (
-            timeout, testbed.run(['dmsetup', 'status'], check=False).stdout)
+            timeout, testbed.run(['dmsetup', 'status'], node=key,
+                                 check=False).stdout)
         try:
             cluster[key].call(volume_node.tick)
         except Exception:
@@ -95,28 +108,34 @@ def tick_until_dead(cluster, key, timeout=600):
         time.sleep(1)
 
 
-def nothing_on_b(volume_id):
-    """No handle, LV, metadata LV or iSCSI session of the volume on B."""
+def nothing_on_b(cluster, volume_id):
+    """No handle, LV, metadata LV or iSCSI session of the volume on B.
+
+    Looked at on node B's kernel: anywhere else it would find nothing
+    and pass.
+    """
     problems = []
-    devs = [n for n in testbed.dm_devices() if volume_id in n
-            and 'dmc--b' in n]
+    devs = [n for n in cluster.on_node('b', testbed.dm_devices)
+            if volume_id in n and 'dmc--b' in n]
     if devs:
         problems.append('dm devices %s' % devs)
-    lvs = [n for n in testbed.list_lvs() if volume_id in n
+    lvs = [n for n in cluster.on_node('b', testbed.list_lvs) if volume_id in n
            and n.startswith('dmc-b')]
     if lvs:
         problems.append('LVs %s' % lvs)
-    if testbed.iscsi_sessions():
-        problems.append('iSCSI sessions %s' % testbed.iscsi_sessions())
+    sessions = cluster.on_node('b', testbed.iscsi_sessions)
+    if sessions:
+        problems.append('iSCSI sessions %s' % sessions)
     return problems
 
 
-def wait_nothing_on_b(volume_id, timeout=300):
+def wait_nothing_on_b(cluster, volume_id, timeout=300):
     """Until node B holds nothing of the volume (its wiper is done)."""
-    testbed.wait_until(lambda: nothing_on_b(volume_id) == [], timeout,
-                       'nothing of %s left on node B' % volume_id,
+    testbed.wait_until(lambda: nothing_on_b(cluster, volume_id) == [],
+                       timeout, 'nothing of %s left on node B' % volume_id,
                        interval=2,
-                       diagnostics=lambda: str(nothing_on_b(volume_id)))
+                       diagnostics=lambda: str(nothing_on_b(cluster,
+                                                            volume_id)))
 
 
 def wipes(device_prefix, since=None):
@@ -143,7 +162,7 @@ def stays_on_a(cluster, volume_id, expected):
     assert cluster.node_of(volume_id) == 'a'
     assert state(cluster, volume_id) in (None, 'aborted'), \
         cluster.admin_metadata(volume_id)
-    assert nothing_on_b(volume_id) == []
+    assert nothing_on_b(cluster, volume_id) == []
     assert cluster.sha256(driver_steps.handle(volume_id, 'a')) == expected
 
 

@@ -71,8 +71,7 @@ def test_nonsense_transfer_metadata(cluster, fault):
     assert 'is invalid' in str(info.value), str(info.value)
     fault.detail = str(info.value).splitlines()[0][:160]
     # Nothing was touched: the clone still serves node A's data.
-    assert testbed.sha256_of_device(info_b['data']['device_path']) == \
-        image.digest()
+    assert cluster.sha256(info_b['data']['device_path']) == image.digest()
     # The operator puts the value back; the failed migration rolls back.
     db.volume_admin_metadata_update(cluster.ctxt(), vid, {
         'dmclone_region_sectors': good}, False)
@@ -88,13 +87,12 @@ def test_metadata_lv_missing_after_reboot(cluster, fault):
     helpers.reboot_b(cluster)
     topo = testbed.topology().b
     testbed.lvm('lvremove', '-q', '-f',
-                '%s/volume-%s-dmcmeta' % (topo.meta_vg, vid))
+                '%s/volume-%s-dmcmeta' % (topo.meta_vg, vid), node='b')
     cluster.start('b')      # recovery refuses a clone without its metadata
-    assert not any(vid in n for n in testbed.dm_devices()
+    assert not any(vid in n for n in cluster.on_node('b', testbed.dm_devices)
                    if 'dmc--b' in n)
-    # The source never stopped holding the data.
-    assert testbed.sha256_of_device(driver_steps.handle(vid, 'a')) == \
-        image.digest()
+    # The source never stopped holding the data (on node A's kernel).
+    assert cluster.sha256(driver_steps.handle(vid, 'a')) == image.digest()
     # The migration is abandoned: the destination detaches (rollback).
     cluster.detach(vid, att_b)
     # Rolled back to A, but B's data LV is kept, not wiped: without its
@@ -103,10 +101,10 @@ def test_metadata_lv_missing_after_reboot(cluster, fault):
     # 2026-11-26 this test expected B's copy wiped too; the driver then
     # held the move on B instead, a hold no commit could ever end.
     data_lv = '%s/volume-%s' % (topo.vg, vid)
-    assert data_lv in testbed.list_lvs()
-    assert helpers.nothing_on_b(vid) == ['LVs %s' % [data_lv]]
+    assert data_lv in cluster.on_node('b', testbed.list_lvs)
+    assert helpers.nothing_on_b(cluster, vid) == ['LVs %s' % [data_lv]]
     fault.detail = ('recovery refused to build the clone; rolled back, '
                     "B's LV kept for the operator")
     # The operator checks that the instance never ran on B and removes it.
-    testbed.lvm('lvremove', '-q', '-f', data_lv)
+    testbed.lvm('lvremove', '-q', '-f', data_lv, node='b')
     helpers.end_on_a(cluster, vid, image, att_a)

@@ -147,16 +147,16 @@ def test_destination_reboot_during_hydration(cluster, fault):
     image.write(path_b, 30 * REGION, testbed.pattern(311, 2 * REGION))
     cluster.detach(vid, att_a)                        # commit
     image.write(path_b, 40 * REGION + 512, testbed.pattern(312, 4096))
-    testbed.run(['sync'])
+    testbed.run(['sync'], node='b')
     name = path_b.split('/')[-1]
     fault.detail = 'regions hydrated at the reboot: %s' % (
-        testbed.dm_status(name).split()[6])
+        cluster.on_node('b', testbed.dm_status, name).split()[6])
     helpers.reboot_b(cluster)
     t0 = time.monotonic()
     cluster.start('b')             # recovery rebuilds the clone
     fault.recovered(t0)
-    assert ' clone ' in ' %s ' % testbed.dm_status(name)
-    assert testbed.read_direct(path_b, 30 * REGION, 2 * REGION) == \
+    assert ' clone ' in ' %s ' % cluster.on_node('b', testbed.dm_status, name)
+    assert cluster.read(path_b, 30 * REGION, 2 * REGION) == \
         testbed.pattern(311, 2 * REGION)
     driver_steps.finish_on_b(cluster, vid, image.digest(), att_b)
 
@@ -170,7 +170,7 @@ def test_failed_live_migration(cluster, fault, writes_on_source):
     att_b, info_b = cluster.attach(vid, 'b')
     if writes_on_source:
         image.write(path_a, 0, testbed.pattern(325, 2 * helpers.MiB))
-        assert testbed.read_direct(
+        assert cluster.read(
             info_b['data']['device_path'], 0, 2 * helpers.MiB) == \
             testbed.pattern(325, 2 * helpers.MiB)
     cluster.detach(vid, att_b)                        # rollback
@@ -249,8 +249,8 @@ def test_destination_killed_keeping_a_written_clone(cluster, fault,
     assert md.get('dmclone_stale_source_attachment') == 'node-a', md
     assert cluster.node_of(vid) == 'b'
     name = path_b.split('/')[-1]
-    assert ' clone ' in ' %s ' % testbed.dm_status(name)
-    assert testbed.sha256_of_device(path_b) == expected
+    assert ' clone ' in ' %s ' % cluster.on_node('b', testbed.dm_status, name)
+    assert cluster.sha256(path_b) == expected
     fault.detail = ('at the crash: %s; kept after the retried detach, '
                     'committed when A\'s stale attachment went' % at_crash)
     # The operator deletes the stale attachment: the move commits.
@@ -296,7 +296,7 @@ def test_destination_killed_in_rollback(cluster, fault, options, point):
     retried_on = cluster.node_of(vid)
     cluster.detach(vid, att_b)
     assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
     wiped = _b_copy_wiped(vid, since)
     fault.detail = ('at the crash: %s; after the restart: %s; detach '
                     'retried on node %s; B\'s copy wiped (%d dd)' % (
@@ -339,7 +339,7 @@ def test_destination_killed_in_abort(cluster, fault, options, point):
         cluster.admin_metadata(vid)
     image.write(path_a, 7 * REGION, testbed.pattern(seed_value + 5, REGION))
     helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
     assert helpers.state(cluster, vid) is None, cluster.admin_metadata(vid)
     wiped = _b_copy_wiped(vid, since)
     fault.detail = ('attach withdrawn during the build; A recorded the '
@@ -376,7 +376,9 @@ def test_destination_killed_in_delete(cluster, fault, options, point):
     at_crash = _where(cluster, vid)
     helpers.restart(cluster, 'b', fault, overrides=helpers.WIPING)
     cluster.delete_volume(vid)                        # deleted again
-    helpers.wait_nothing_on_b(vid)
+    helpers.wait_nothing_on_b(cluster, vid)
+    # Each node's own kernel: these helpers name no node, so they look
+    # at the kernel on_each runs them on (testbed.run's default).
     for key, lvs in cluster.on_each(testbed.list_lvs).items():
         assert not [n for n in lvs if vid in n], key
     for key, devices in cluster.on_each(testbed.dm_devices).items():

@@ -121,8 +121,8 @@ def restart_with(cluster, key, overrides, cleanup):
 def percent(cluster, volume_id):
     # <start> <length> clone <md block> <md used/total> <region sectors>
     # <hydrated/total regions> ...
-    status = testbed.dm_status(
-        driver_steps.handle(volume_id, 'b').split('/')[-1])
+    status = cluster.on_node('b', testbed.dm_status, driver_steps.handle(
+        volume_id, 'b').split('/')[-1])
     hydrated, total = status.split()[6].split('/')
     return 100.0 * int(hydrated) / int(total)
 
@@ -145,7 +145,7 @@ def test_cut_during_hydration(cluster, fault, slow_link):
     cut_at = time.monotonic()
     try:
         t0 = time.monotonic()
-        assert testbed.read_direct(path, 30 * REGION, REGION) == \
+        assert cluster.read(path, 30 * REGION, REGION) == \
             testbed.pattern(401, REGION)
         read_s = time.monotonic() - t0
         t0 = time.monotonic()
@@ -231,10 +231,11 @@ def test_cut_longer_than_the_transfer_timeout_during_attach(
 
     def b_is_clean():
         cluster['b'].call(volume_node.tick)
-        return helpers.nothing_on_b(vid) == []
+        return helpers.nothing_on_b(cluster, vid) == []
     testbed.wait_until(b_is_clean, 600, 'node B clean after the cut',
                        interval=3,
-                       diagnostics=lambda: str(helpers.nothing_on_b(vid)))
+                       diagnostics=lambda: str(
+                           helpers.nothing_on_b(cluster, vid)))
     fault.recovered(t0)
     helpers.stays_on_a(cluster, vid, image.digest())
     fault.detail = ('attach failed after %.0f s (%s); volume stayed on A, '
@@ -274,6 +275,9 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
     outcome = {}
 
     def read_tail():
+        # In this thread of the tests' process, on node B's kernel (the
+        # clone's), not through cluster.read: a node's worker takes one
+        # call at a time.
         t0 = time.monotonic()
         try:
             outcome['data'] = testbed.read_direct(path, tail[0], 4096)
@@ -295,7 +299,7 @@ def test_cut_past_the_iscsi_timeout_during_hydration(
                                cluster.admin_metadata(vid)))
         stall_seen_s = time.monotonic() - cut_at
         # What is local stays readable, the source still holds it all.
-        assert testbed.read_direct(path, 30 * REGION, REGION) == \
+        assert cluster.read(path, 30 * REGION, REGION) == \
             testbed.pattern(431, REGION)
         assert cluster.sha256(driver_steps.lv(vid, 'a')) == source_digest
         time.sleep(max(0.0, LONG_HYDRATION_CUT_S

@@ -16,7 +16,9 @@ Two intruders on node B's network try the export node A made for the
 transfer: another initiator with the right CHAP secret (the ACL refuses
 it) and node B's own initiator name with a wrong secret (CHAP refuses
 it).  Each uses its own open-iscsi interface record, so node B's real
-session is not touched.
+session is not touched.  The intruders run on node B's kernel (its
+initiator, its interface and node records, its sessions); the export
+they try is node A's.
 """
 
 import pytest
@@ -30,7 +32,8 @@ INTRUDER_IQN = 'iqn.2024-01.org.example.intruder:node'
 
 
 def iscsiadm(*args, check=True):
-    return testbed.run(['iscsiadm'] + list(args), check=check, timeout=120)
+    return testbed.run(['iscsiadm'] + list(args), node='b', check=check,
+                       timeout=120)
 
 
 @pytest.fixture
@@ -74,7 +77,7 @@ def test_transfer_export_refuses_other_initiators(cluster, fault, iface,
     iqn, portal = md['dmclone_target_iqn'], md['dmclone_target_portal']
     method, user, secret = cluster.volume(vid).provider_auth.split(' ', 2)
     assert method == 'CHAP'
-    sessions = testbed.iscsi_sessions()
+    sessions = cluster.on_node('b', testbed.iscsi_sessions)
     assert list(sessions.values()) == [iqn]
 
     other = try_login(iface('intruder', INTRUDER_IQN), iqn, portal, user,
@@ -83,13 +86,13 @@ def test_transfer_export_refuses_other_initiators(cluster, fault, iface,
     wrong = try_login(iface('wrongsecret', testbed.topology().b.initiator_iqn),
                       iqn, portal, user, 'not-the-secret', cleanup)
     assert wrong.returncode != 0, wrong.stdout
-    assert testbed.iscsi_sessions() == sessions      # no new session
+    # no new session
+    assert cluster.on_node('b', testbed.iscsi_sessions) == sessions
     fault.detail = ('ACL refused another initiator (rc %d), CHAP refused '
                     'a wrong secret (rc %d)' % (other.returncode,
                                                 wrong.returncode))
     # The real path is untouched: the clone reads node A's data.
-    assert testbed.sha256_of_device(info_b['data']['device_path']) == \
-        image.digest()
+    assert cluster.sha256(info_b['data']['device_path']) == image.digest()
     cluster.detach(vid, att_b)
     cluster.detach(vid, att_a)
     cluster.delete_volume(vid)

@@ -136,7 +136,7 @@ def wait_finalized(cluster, volume_id, timeout=900):
     def diagnostics():
         return 'admin metadata: %s\nclone: %s' % (
             cluster.admin_metadata(volume_id),
-            testbed.run(['dmsetup', 'status'], check=False).stdout)
+            testbed.run(['dmsetup', 'status'], node='b', check=False).stdout)
     testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
                        interval=2, diagnostics=diagnostics)
 
@@ -154,7 +154,8 @@ def nowhere(cluster, fn, *args):
 def assert_only_on_b(cluster, volume_id, expected):
     b_path = handle(volume_id, 'b')
     assert cluster.node_of(volume_id) == 'b'
-    table = testbed.dm_table(b_path.split('/')[-1]).split()
+    table = cluster.on_node('b', testbed.dm_table,
+                            b_path.split('/')[-1]).split()
     assert table[2] == 'linear', table
     assert not cluster.exists(lv(volume_id, 'a'))
     assert not any(volume_id in n
@@ -165,10 +166,11 @@ def assert_only_on_b(cluster, volume_id, expected):
     assert not [k for k in md if k.startswith('dmclone_')], md
     vol = cluster.volume(volume_id)
     assert vol.provider_location is None
-    testbed.run(['sync'])
+    testbed.run(['sync'], node='b')
+    # (node B's page cache: the tests' own kernel in both layouts)
     with open('/proc/sys/vm/drop_caches', 'w') as f:
         f.write('3')
-    assert testbed.sha256_of_device(b_path) == expected
+    assert cluster.sha256(b_path) == expected
 
 
 def finish_on_b(cluster, volume_id, expected, attachment):

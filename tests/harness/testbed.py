@@ -143,12 +143,18 @@ class CommandError(subprocess.CalledProcessError):
             super().__str__(), self.stdout or '', self.stderr or '')
 
 
-def run(cmd, node='b', input=None, check=True, timeout=300, env=None):
+def run(cmd, node=None, input=None, check=True, timeout=300, env=None):
     """Run a command on a node ('a', 'b', ...); return the CompletedProcess.
 
-    Output is captured as text and logged; a non-zero exit raises
-    :class:`CommandError` (with stdout and stderr) unless ``check=False``.
+    ``node`` None: on this process's kernel (:func:`local_node`; node B's
+    in the tests' own process, node A's in a worker on node A's kernel),
+    so that a helper which names no node looks at the kernel of whatever
+    runs it (``Cluster.on_node``).  Output is captured as text and
+    logged; a non-zero exit raises :class:`CommandError` (with stdout and
+    stderr) unless ``check=False``.
     """
+    if node is None:
+        node = local_node()
     argv = [str(c) for c in cmd]
     prefix = (list(topology().node(node).exec_prefix)
               if node != local_node() else [])
@@ -391,8 +397,11 @@ def remove_lv(vg, name, missing_ok=True, node='b'):
     lvm('lvremove', '-q', '-f', '%s/%s' % (vg, name), node=node)
 
 
-def list_lvs(node='b'):
-    """{'vg/lv', ...} of every logical volume (of ``node``'s kernel)."""
+def list_lvs(node=None):
+    """{'vg/lv', ...} of every logical volume (of ``node``'s kernel).
+
+    ``node`` None: this process's kernel (see :func:`run`).
+    """
     out = lvm('lvs', '--noheadings', '-o', 'vg_name,lv_name',
               '--separator', '/', node=node).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
@@ -832,7 +841,7 @@ def _kernel_leaks(base_lvs, base_loops):
     return problems
 
 
-def _kernel_cleanup(base_lvs, base_loops):
+def _remove_foreign_dm_devices():
     for _ in range(5):
         foreign = [n for n, u in dm_devices().items()
                    if not u.startswith('LVM-')]
@@ -840,6 +849,10 @@ def _kernel_cleanup(base_lvs, base_loops):
             break
         for name in foreign:
             run(['dmsetup', 'remove', '--force', name], check=False)
+
+
+def _kernel_cleanup(base_lvs, base_loops):
+    _remove_foreign_dm_devices()
     if iscsi_sessions():
         run(['iscsiadm', '-m', 'node', '--logoutall=all'], check=False)
     if iscsi_node_records():
@@ -852,6 +865,9 @@ def _kernel_cleanup(base_lvs, base_loops):
         # (one kernel: LIO's configfs is global, node A's view will do)
         run(['targetcli', 'clearconfig', 'confirm=True'],
             node=local_node() if topology().separate else 'a', check=False)
+    # A device LIO or a session held open above survived its remove with
+    # an error table (--force); now nothing holds it.
+    _remove_foreign_dm_devices()
     for lv in sorted(set(list_lvs()) - set(base_lvs)):
         lvm('lvremove', '-q', '-f', lv, check=False)
     for loop in sorted(loop_devices() - set(base_loops)):
