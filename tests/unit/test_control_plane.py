@@ -666,14 +666,7 @@ class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
         self.assertIn(FakeTargetIQN, self.a.target.exports)
         self.mock_object(self.a.store, 'transition', side_effect=transition)
-        # (dm-clone copies a region only by reading the source's export.)
-        hydrate = self.b.dm.hydrate
-
-        def hydrate_from_export(name, regions=None):
-            if FakeTargetIQN not in self.a.target.exports:
-                regions = 0
-            return hydrate(name, regions)
-        self.b.dm.hydrate = hydrate_from_export
+        self.hydrate_from_the_export_only()
         self.c.restart(self.a)
         self.c.restart(self.b)
         self.c.settle(ticks=8)

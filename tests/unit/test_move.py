@@ -349,12 +349,20 @@ class StoreTestCase(test.TestCase):
         self.assertEqual(move.CLONED,
                          self.store.load(self.ctxt, VOLUME_ID).state)
 
-    def test_commit_past_the_deadline_writes_nothing(self):
+    def recorded_with_a_deadline(self, elapsed):
+        """A move saved with a 60 s budget ``elapsed`` seconds ago.
+
+        Returns the store, the move and the store's clock ([seconds]).
+        """
         now = [1000.0]
         store = move.Store(self.db, clock=lambda: now[0])
         t = make_move()
         store.save(self.ctxt, t, budget=60)
-        now[0] += 60
+        now[0] += elapsed
+        return store, t, now
+
+    def test_commit_past_the_deadline_writes_nothing(self):
+        store, t, _now = self.recorded_with_a_deadline(60)
         for state in (move.CLONED, move.HYDRATING):
             self.assertRaises(move.MoveDeadlinePassed, store.transition,
                               self.ctxt, t, (move.PREPARING,), state)
@@ -367,11 +375,7 @@ class StoreTestCase(test.TestCase):
                          store.load(self.ctxt, VOLUME_ID).state)
 
     def test_commit_before_the_deadline_or_without_one(self):
-        now = [1000.0]
-        store = move.Store(self.db, clock=lambda: now[0])
-        t = make_move()
-        store.save(self.ctxt, t, budget=60)
-        now[0] += 59.9
+        store, t, now = self.recorded_with_a_deadline(59.9)
         store.transition(self.ctxt, t, (move.PREPARING,), move.CLONED)
         self.assertEqual(move.CLONED, store.load(self.ctxt, VOLUME_ID).state)
         # (A move recorded by an older release has no deadline.)
