@@ -141,6 +141,10 @@ class Source(side.Side):
         #: not record its end (the database was away): see
         #: :meth:`retry_give_ups`.
         self.unrecorded = {}
+        #: volume ids whose export a start could not rid of the ACL of a
+        #: move that is over (see :meth:`drop_leftover_export`): the
+        #: monitor tries again.
+        self.leftover_exports = set()
 
     # -- starting a move ---------------------------------------------------
 
@@ -325,10 +329,24 @@ class Source(side.Side):
                 LOG.warning('Volume %s: giving up its failed move failed '
                             'again; retrying at the next tick.', volume_id,
                             exc_info=True)
+        for volume_id in sorted(self.leftover_exports):
+            try:
+                with move.lock_if_free(volume_id) as locked:
+                    if locked:
+                        self.drop_leftover_export(volume_id)
+                        self.leftover_exports.discard(volume_id)
+            except Exception:
+                LOG.warning('Volume %s: removing the ACL of a move that is '
+                            'over from its export failed again; retrying '
+                            'at the next tick.', volume_id, exc_info=True)
 
     def _retry_give_up(self, volume_id):
         volume, t = self._failed_move_here(volume_id)
         if t is None:
+            # The record may be gone while the export still admits the
+            # destination: the destination ended the move ('aborted')
+            # and its start cleared it.
+            self.drop_leftover_export(volume_id)
             self.unrecorded.pop(volume_id, None)
             return
         LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
@@ -383,7 +401,8 @@ class Source(side.Side):
             target_iqn=data['target_iqn'],
             target_lun=data.get('target_lun', 0),
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
-        self.store.save(ctxt, t, budget=self.stale_prepare_after())
+        self.store.save(ctxt, t, budget=self.stale_prepare_after(),
+                        initiator=connector.get('initiator'))
         return t
 
     def _admits_only(self, volume, connector, target_iqn):
@@ -539,6 +558,16 @@ class Source(side.Side):
         (:meth:`_stale_prepare`).
         """
         t = self.load_any(volume['id'])
+        if t is None:
+            # (Before any ACL is made: one made for this node now must
+            # not be taken for the leftover of a move that is over.)
+            try:
+                self.drop_leftover_export(volume['id'], whole=False)
+            except Exception:
+                self.leftover_exports.add(volume['id'])
+                LOG.warning('Volume %s: could not remove the ACL of a move '
+                            'that is over from its export; retrying at the '
+                            'next tick.', volume['id'], exc_info=True)
         if not self._stale_prepare(volume, t):
             return
         volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
@@ -612,6 +641,72 @@ class Source(side.Side):
         except Exception:
             LOG.exception('Could not forget the export of volume %s made '
                           'for its move.', volume['id'])
+
+    def drop_leftover_export(self, volume_id, whole=True, restore=False):
+        """Under the volume's lock: drop the ACL a move that is over left.
+
+        The source records, with each move, the ACL its export gives the
+        destination (:data:`~cinder_dmclone.move.EXPORT_KEY`), and
+        forgets it with the export.  Still recorded while no move is, for
+        a volume that lives here: the move never committed (a committed
+        move is cleared only once it finalized, and the volume then
+        lives on its destination), yet its export still admits the
+        destination.  So it goes when a failed attempt here could not
+        give its move up (the database was away) and the destination
+        ended it ('aborted') and cleared it meanwhile: after that, no
+        step of the move would ever drop it.  Only the destination's ACL
+        goes: another node may reach the volume through the same target
+        (an iSCSI attach made since); the target goes too if it then
+        admits nobody, with ``whole`` (not while an attach here has just
+        made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
+        (at start) LIO's saved targets are restored first (a reboot
+        left the ACL in LIO's saved configuration only).
+        """
+        ctxt = self.ctxt()
+        try:
+            recorded = self.store.move_export(ctxt, volume_id)
+            if recorded is None:
+                return
+            node, initiator = recorded
+            if node not in self.node_names or \
+                    self.load_any(volume_id) is not None:
+                # (Another node's export; or the move's own steps drop it.)
+                return
+            volume = objects.Volume.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            return
+        if self.lives_here(volume):
+            LOG.warning('Volume %(vol)s: its move from here to the node of '
+                        'initiator %(ini)s is over and never committed, but '
+                        'its export still admits that node: removing its '
+                        'ACL.', {'vol': volume_id, 'ini': initiator})
+            if restore:
+                self._restore_saved_exports(volume)
+            if not self._drop_acl(volume, initiator, whole):
+                return
+        self.store.forget_move_export(ctxt, volume_id)
+
+    def _drop_acl(self, volume, initiator, whole):
+        """Remove one initiator from the volume's target; True if gone.
+
+        With ``whole``, the target too if it then admits nobody (and the
+        record stops naming it).  Raises if the ACL cannot be removed.
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            # (Cinder's target drivers keep no export the record does
+            # not name.)
+            return True
+        target_iqn = location[1]
+        if initiator in self._lio_acls(target_iqn):
+            self.target_driver.terminate_connection(
+                volume, {'initiator': initiator, 'host': None})
+        admitted = self._lio_acls(target_iqn)
+        if initiator in admitted:
+            return False
+        if whole and not admitted:
+            self.drop_and_forget_export(volume, ANY_INITIATOR)
+        return True
 
     def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""

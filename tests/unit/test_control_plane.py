@@ -33,6 +33,12 @@ from tests.unit import test_two_nodes
 
 DB_OPS = ('volume_admin_metadata_get', 'volume_admin_metadata_update',
           'volume_admin_metadata_delete', 'volume_update')
+NODE_C = {'host': 'node-c', 'ip': '10.0.0.3',
+          'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+
+def _acl(node):
+    return set(node.target.exports.get(FakeTargetIQN, {}).get('acl', ()))
 
 
 class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
@@ -573,6 +579,70 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
                           {'op': 'abort', 'secret': t.secret})
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    # -- review 7, R7-1: a failed move's export outlives the move --------
+
+    def failed_move_ended_by_node_b(self):
+        """node-a's failed attempt, which node-b ends and clears.
+
+        node-a could not reach the database: its export (node-b's ACL)
+        is kept "until the move is known never committed" (review 5).
+        node-b outlives the prepare, aborts it (drop_stale_prepare) and
+        its next start clears the 'aborted' record (DROP_ABORTED): no
+        record is left to tell node-a the move is over.
+        """
+        self.failed_attach_while_db_down()
+        self.assertIn(self.b.props['initiator'], _acl(self.a))
+        self.outlive_the_prepare()
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.b.restart()
+        self.b.recover()
+        self.assertIsNone(self.c.transfer())
+
+    def test_export_admits_node_b_for_good_once_node_b_ended_the_move(
+            self):
+        # Before: node-a's retry found no record, forgot its failed move
+        # and left the export: node-b's initiator (with the volume's
+        # CHAP credentials) stayed admitted to a volume that never moved.
+        self.failed_move_ended_by_node_b()
+        self.c.tick(self.a)
+        self.assertEqual({}, self.a.source.unrecorded)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_export_admits_node_b_after_node_a_restarts_too(self):
+        # node-a's service restarts before the database comes back for
+        # it (its memory of the failed attempt is gone): its recovery
+        # found no move, and Cinder's ensure_export at start restored the
+        # target with node-b's ACL from LIO's saved configuration.
+        self.failed_move_ended_by_node_b()
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+
+    def test_export_admits_node_b_after_node_a_reboots_too(self):
+        # As above over a reboot: the ACL is in LIO's saved configuration
+        # only, which Cinder's ensure_export would restore.
+        self.failed_move_ended_by_node_b()
+        self.c.reboot = True
+        self.c.restart(self.a)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(self.b.props['initiator'], self.a.target.saved.get(
+            FakeTargetIQN, {}).get('acl', ()))
+
+    def test_leftover_acl_goes_alone_when_another_node_uses_the_target(
+            self):
+        # node-c (no service of this backend) attached over iSCSI after
+        # node-b cleared the record: only node-b's ACL goes.
+        self.failed_move_ended_by_node_b()
+        self.assertIsNone(self.c.transfer())
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.c.tick(self.a)
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
 
 
 class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
