@@ -628,6 +628,13 @@ class Source(side.Side):
         Once the export is removed, a database that does not let it be
         forgotten does not stop the give-up (the record keeps naming it,
         for the next detach here to remove).
+
+        An ``aborted`` move is not moving: other nodes may have been let
+        in to the volume's target since (an iSCSI attach from a node
+        without this backend).  The export made for it normally went
+        when it was given up; only the ACL it gave the destination, if
+        still recorded (:meth:`_drop_recorded_acl`), goes then, never
+        the target another node uses.
         """
         current = self.load_any(volume['id'])
         if not t.same_move(current):
@@ -636,6 +643,9 @@ class Source(side.Side):
             raise move.MoveStateConflict(
                 volume_id=volume['id'], expected='/'.join(move.UNCOMMITTED),
                 found=current.state)
+        if current.state == move.ABORTED:
+            self._drop_recorded_acl(volume, current.target_iqn)
+            return
         try:
             self.drop_and_forget_export(volume, connector)
         except Exception:
@@ -686,7 +696,23 @@ class Source(side.Side):
                 return
         self.store.forget_move_export(ctxt, volume_id)
 
-    def _drop_acl(self, volume, initiator, whole):
+    def _drop_recorded_acl(self, volume, target_iqn):
+        """Remove the ACL a move from here recorded it gave; then forget it.
+
+        The target goes too if it then admits nobody.  Nothing recorded:
+        the export made for the move is gone already.
+        """
+        ctxt = self.ctxt()
+        recorded = self.store.move_export(ctxt, volume['id'])
+        if recorded is None or recorded[0] not in self.node_names:
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'gone already; its export now, if any, is left in '
+                     'place.', volume['id'])
+            return
+        if self._drop_acl(volume, recorded[1], True, target_iqn):
+            self.store.forget_move_export(ctxt, volume['id'])
+
+    def _drop_acl(self, volume, initiator, whole, target_iqn=None):
         """Remove one initiator from the volume's target; True if gone.
 
         With ``whole``, the target too if it then admits nobody (and the
@@ -697,7 +723,7 @@ class Source(side.Side):
             # (Cinder's target drivers keep no export the record does
             # not name.)
             return True
-        target_iqn = location[1]
+        target_iqn = target_iqn or location[1]
         if initiator in self._lio_acls(target_iqn):
             self.target_driver.terminate_connection(
                 volume, {'initiator': initiator, 'host': None})

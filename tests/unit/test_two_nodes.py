@@ -1612,6 +1612,34 @@ class ThirdNodeTestCase(ClusterTestCase):
         self.assertEqual('local', info['driver_volume_type'])
         self.assertEqual(move.CLONED, self.c.transfer().state)
 
+    def test_abandon_of_an_aborted_move_keeps_a_later_iscsi_attach(self):
+        # Review 7, R7-3.  node-b died mid-move: node-a gave the move up
+        # (its export for node-b dropped) and recorded it 'aborted',
+        # which nothing treats as moving.  node-c (no service of this
+        # backend: a backup host) then attaches the volume over iSCSI.
+        # node-a's service restarts while node-b is still dead: its
+        # recovery ABANDONed the 'aborted' move and dropped "the export
+        # made for it" with ANY_INITIATOR, which was node-c's live
+        # export: node-c's I/O failed, and the record forgot the export,
+        # so Cinder's start did not restore it either.
+        node_c = {'host': 'node-c', 'ip': '10.0.0.3',
+                  'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+        def acl():
+            return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
+        self.b.down = True
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertNotIn(IQN, self.a.target.exports)
+        info = self.a.attach(self.c.volume(), dict(node_c))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({node_c['initiator']}, acl())
+        self.c.restart(self.a)
+        self.assertEqual({node_c['initiator']}, acl())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
 
 class OnStatusTestCase(ClusterTestCase):
 
