@@ -746,6 +746,12 @@ class Destination(side.Side):
         """
         with move.lock(volume['id']):
             t = self.load(volume['id'])
+            if t is None:
+                # The caller's volume object may predate a rollback that
+                # this waited for, which kept an LV here named like the
+                # volume (roll_back_without_metadata): only the record as
+                # it is now says whether the volume lives here.
+                self.refuse_unless_here(volume, _('an extend'))
             self.refuse_extend_while_undecided(volume, t)
             grow()
             if not self.is_dest(t) or t.state == move.FINALIZING:

@@ -436,13 +436,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         reached ``finalizing`` (hydration complete), means the volume is
         moving in and its LV holds only the regions copied so far: only
         the clone may serve it, and startup recovery rebuilds that.  The
-        recorded state counts even when the metadata LV is gone.
+        recorded state counts even when the metadata LV is gone.  With no
+        move recorded, the volume record read now must name this node
+        (Side.refuse_unless_here).
         """
         lv_name = volume['name']
         meta_vg = self.metadata_vg or self.vg
         t = self.destination.load(volume['id'])
         moving_in = self.destination.is_dest(t) and t.state in (
             move.PREPARING, move.CLONED, move.HYDRATING)
+        if t is None:
+            # An LV here named like a volume that lives elsewhere (kept by
+            # a rollback, which a request routed by an older read of the
+            # record may follow) is no copy to map: create_export and
+            # initialize_connection of a local attach, a snapshot, an
+            # image upload all map the handle through here.
+            self.destination.refuse_unless_here(volume, _('mapping it here'))
         if volume['id'] in self.moves.recovery.pending_rebuild:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume %s is moving into this node and its clone '

@@ -108,6 +108,16 @@ class DriverTestBase(test.TestCase):
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
         self.drv.dm = self.dm
         self.volume = fake_volume.fake_volume_obj(self.ctxt, size=1)
+        # The volume record, as the driver reads it again (the volume
+        # lives on this node): a handle is mapped only for a volume whose
+        # record names this node (_refuse_linear_over_clone).
+        self.mock_object(objects.Volume, 'get_by_id',
+                         side_effect=self._volume_record)
+
+    def _volume_record(self, ctxt, volume_id):
+        """Volume.get_by_id: a volume living on node-a (not in the DB)."""
+        return fake_volume.fake_volume_obj(ctxt, id=volume_id, size=1,
+                                           host='node-a@dmclone#dmclone')
 
     def _make_driver(self, host='node-a@dmclone#dmclone', **overrides):
         if overrides:
@@ -606,6 +616,25 @@ class LifecycleTestCase(DriverTestBase):
 @ddt.ddt
 class ManageTestCase(DriverTestBase):
 
+    def _volume_record(self, ctxt, volume_id):
+        """The test database's volume; else the one being managed here.
+
+        (Whether an LV is some volume's is read from the database.)
+        """
+        try:
+            return self.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            if volume_id not in self.managed:
+                raise
+        return super()._volume_record(ctxt, volume_id)
+
+    def setUp(self):
+        self.get_by_id = objects.Volume.get_by_id
+        super().setUp()
+        #: the ids of the volumes being managed (their records name
+        #: node-a; not in the test database).
+        self.managed = {self.volume.id}
+
     @mock.patch.object(volume_utils, 'check_already_managed_volume',
                        return_value=False)
     def test_manage_existing(self, mock_check):
@@ -731,6 +760,7 @@ class ManageTestCase(DriverTestBase):
         gone = tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
                                          _name_id=fake.VOLUME_ID)
         gone.destroy()
+        self.managed = {fake.VOLUME3_ID}
         volume = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME3_ID)
         self.drv.manage_existing(volume, {'source-name': LV})
         self.vg.rename_volume.assert_called_once_with(LV, volume.name)

@@ -2927,7 +2927,10 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                                                    lambda: None))
 
     def _other_volume(self):
-        self.c.db.volumes[fake.VOLUME2_ID] = {}
+        # (A volume of node-b's, no move recorded.)
+        self.c.db.volumes[fake.VOLUME2_ID] = {
+            'host': self.b.host, 'size': 1, 'availability_zone': self.b.az,
+            'provider_location': None, 'provider_auth': None}
         return fake_volume.fake_volume_obj(self.c.ctxt, id=fake.VOLUME2_ID)
 
     def test_extend_while_finalizing(self):
@@ -3065,6 +3068,73 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                                 self.volume(), 'a snapshot')
         self.assertIn('a snapshot is possible once', str(exc))
         self.assertIn('0.0%', str(exc))
+
+
+class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
+    """R7-2: requests routed by a volume object older than the rollback.
+
+    A rollback whose clone lost its metadata LV keeps node-b's LV (named
+    like the volume) and points the record back at node-a.  Review 6
+    refused a local attach that *waited for the lock* during that
+    rollback; a request that reaches node-b just after it, or an extend,
+    still treats the kept LV as the volume.
+    """
+
+    def roll_back_keeping_lv(self):
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        stale = self.volume()               # cinder-api's read: node-b
+        self.assertEqual(self.b.host, stale.host)
+        return src, dst, stale
+
+    def attach_here_as_the_driver_does(self, volume):
+        """The driver's create_export, then initialize_connection, here.
+
+        (A connector on node-b: both map the handle, _ensure_handle.)
+        """
+        drv = mock.Mock(destination=self.b.destination, metadata_vg=None,
+                        vg=self.b.vg)
+        drv.moves.recovery.pending_rebuild = {}
+        # create_export (local connector): _ensure_handle, no other check
+        dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(drv,
+                                                                 volume)
+        self.b.ensure_handle()
+        # initialize_connection (local connector)
+        self.b.source.refuse_local_attach(volume, 'attaching it here')
+        return self.b.ensure_handle()
+
+    def test_local_attach_just_after_the_rollback_is_refused(self):
+        src, dst, stale = self.roll_back_keeping_lv()
+        self.c.detach(dst)                  # the rollback, kept LV
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn(LV, self.b.vg.lvs)
+        # The attach routed to node-b by the stale read runs now.
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.attach_here_as_the_driver_does, stale)
+        self.assertNotIn(HANDLE, self.b.dm.devices)
+
+    def test_extend_racing_the_rollback_does_not_grow_the_kept_lv(self):
+        # os-extend (an owner's call) read the volume while the record
+        # named node-b; it waits for the lock the rollback detach holds.
+        src, dst, stale = self.roll_back_keeping_lv()
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+        grown = []
+        self.assertRaises(
+            exception.VolumeBackendAPIException,
+            self.b.destination.extend, stale,
+            lambda: grown.append(self.b.vg.extend_volume(LV, '2g')))
+        self.assertEqual([], grown)
 
 
 class InvariantsTestCase(ClusterTestCase):
