@@ -246,8 +246,10 @@ class Destination(side.Side):
             # up (the source timed out and cleared its state): never reuse
             # a clone or metadata LV whose regions may hold stale data.
             self.tear_down(volume, t)
-            clones.check_space(t, size_gb, self.node_name)
-            clones.create_volumes(t, size_gb)
+            # (One move at a time: the next check counts this one's LVs.)
+            with move.space_lock(clones.vg.vg_name):
+                clones.check_space(t, size_gb, self.node_name)
+                clones.create_volumes(t, size_gb)
             path = clones.connect_source(t, volume['provider_auth'])
             path = clones.build_clone(t, path, hydrate, threshold, batch)
         except Exception:

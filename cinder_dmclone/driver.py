@@ -825,7 +825,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         hydrated, and a pool whose metadata is full takes no more data:
         ``free_capacity_gb`` is what the pool can still take
         (:func:`cinder_dmclone.thin.free_bytes`) less what the clones
-        will write (``dmclone_hydration_pending_gb``), and
+        will write (``dmclone_hydration_pending_gb``: the data LVs of
+        moves into this node, their clones loaded or not, as a move
+        counts them), and
         ``provisioned_capacity_gb`` the virtual sizes of the pool's thin
         LVs (not the thick metadata LVs of clones), as the destination
         of a move counts them (:meth:`Clones.check_thin_pool
@@ -848,12 +850,26 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         'reported without the writes of the moves into '
                         'this node.', self._thin_pool_name(), exc_info=True)
             return {}
-        pending = thin.unhydrated_bytes((clones or {}).values())
+        pending = max(thin.unhydrated_bytes((clones or {}).values()),
+                      self._unwritten_bytes(lvs))
         return {
             'free_capacity_gb': round(
                 thin.free_bytes(pool, pending) / units.Gi, 2),
             'provisioned_capacity_gb': round(pool.provisioned / units.Gi, 2),
             'dmclone_hydration_pending_gb': round(pending / units.Gi, 2)}
+
+    def _unwritten_bytes(self, lvs):
+        """What the moves into the thin pool still write, from LVM.
+
+        As a move into this node counts them (:meth:`Clones.pending_writes
+        <cinder_dmclone.clone.Clones.pending_writes>`): every data LV
+        with a metadata LV beside it, its clone loaded or not.
+        """
+        meta_vg = self.metadata_vg or self.vg
+        names = (layout.lv_name_from_metadata_lv(lv['name'])
+                 for lv in meta_vg.get_volumes())
+        return thin.unwritten_bytes(lvs, self._thin_pool_name(),
+                                    {name for name in names if name})
 
     # ------------------------------------------------------------------
     # Exports and connections

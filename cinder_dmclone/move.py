@@ -253,6 +253,18 @@ def build_lock(volume_id):
     return lockutils.lock('dmclone-build-%s' % volume_id)
 
 
+def space_lock(vg_name):
+    """This node's lock on checking and taking a volume group's space.
+
+    A move into this node checks that its LVs fit (counting the LVs of
+    the other moves into it), then creates them; each prepare holds only
+    its own volume's locks, so two moves into one node would otherwise
+    both be checked against the same free space.  Held from the check to
+    the creation of the LVs, not for the login and clone build after.
+    """
+    return lockutils.lock('dmclone-space-%s' % vg_name)
+
+
 def _int(value, volume_id, name, minimum=1):
     try:
         result = int(value)

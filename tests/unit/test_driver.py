@@ -818,6 +818,17 @@ class StatsTestCase(DriverTestBase):
         self.assertEqual('auto', pool['max_over_subscription_ratio'])
         self.assertEqual(5, pool['reserved_percentage'])
 
+    def test_thin_pool_counts_a_clone_not_rebuilt_yet(self):
+        # Review 7, R7-4: volume-1 moves here (its metadata LV beside it)
+        # but its clone is not loaded (a reboot; its source is down):
+        # its 50 GiB thin LV holds 25 %, it still writes 37.5 GiB.
+        self.thin()
+        self.vg.get_volumes.return_value = [
+            {'name': 'volume-1-dmcmeta', 'size': '0.01'}]
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(37.5, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual(22.5, pool['free_capacity_gb'])
+
     def test_thin_pool_metadata_bounds_the_free_space(self):
         # 100 MiB of metadata, 99.9 % used: 100 KiB map 133 MiB of data.
         self.thin(THIN_REPORT.replace('|10.00|', '|99.90|'))

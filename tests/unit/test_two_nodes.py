@@ -479,6 +479,25 @@ class MoveTestCase(ClusterTestCase):
 
 class PrepareTestCase(ClusterTestCase):
 
+    def test_space_checked_and_taken_under_the_vgs_lock(self):
+        # Review 7, R7-4: a second move's check must see the first one's
+        # LVs: check and creation run under one lock of the VG.
+        events = []
+        lock = mock.MagicMock()
+        lock.__enter__.side_effect = lambda: events.append('lock')
+        lock.__exit__.side_effect = lambda *exc: events.append('unlock')
+        space_lock = self.mock_object(move, 'space_lock', return_value=lock)
+        for step in ('check_space', 'create_volumes'):
+            real = getattr(self.b.dest, step)
+            self.mock_object(
+                self.b.dest, step,
+                side_effect=lambda *a, _real=real, _step=step: (
+                    events.append(_step), _real(*a))[1])
+        self.c.attach(self.b)
+        space_lock.assert_called_once_with(fake_cluster.VG)
+        self.assertEqual(['lock', 'check_space', 'create_volumes', 'unlock'],
+                         events)
+
     def prepare(self, **step):
         volume = self.volume()
         volume.provider_auth = 'CHAP user s3cret'
