@@ -848,3 +848,83 @@ class LockServiceDownTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual([], self.ops())
         self.assertEqual(later, self.c.transfer())
         self.assertEqual({}, self.a.moves.recovery.pending_abandon)
+
+
+class Review8LeftoverAclTestCase(DatabaseRestartTestCase):
+    """Review 8: the leftover ACL of a failed move, and live attachments.
+
+    The recorded ACL (``dmclone_move_export``) names node-b's initiator,
+    which a later, legitimate iSCSI attach from node-b (a multiattach
+    volume, retyped by its owner) uses too: the same string.
+    """
+
+    def node_b_acl(self):
+        return self.b.props['initiator'] in _acl(self.a)
+
+    def test_r8_1_failed_drop_at_attach_then_tick_cuts_node_b(self):
+        # The drop before node-b's iSCSI attach fails once (a transient
+        # rtstool error): the attach goes on and makes node-b's ACL for
+        # its instance; the next tick takes that live ACL for the
+        # leftover and removes it (and, as it admits nobody else, the
+        # whole target): node-b's instance loses its disk.
+        self.failed_move_ended_by_node_b()
+        self.c.multiattach = True           # the owner's retype
+        terminate = self.a.target.terminate_connection
+        calls = []
+
+        def flaky(volume, connector, **kwargs):
+            if not calls:
+                calls.append(1)
+                raise exception.ISCSITargetDetachFailed(volume_id=VOLUME_ID)
+            return terminate(volume, connector, **kwargs)
+        self.mock_object(self.a.target, 'terminate_connection',
+                         side_effect=flaky)
+        att, info = self.c.attach(self.b)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertTrue(self.node_b_acl())
+        self.c.tick(self.a)
+        self.assertTrue(self.node_b_acl(),
+                        'tick removed the ACL node-b\'s live attachment uses')
+
+    def test_r8_2_ending_aborted_move_cuts_later_iscsi_attach_of_node_b(
+            self):
+        # node-b is down: the attempt fails, its export goes, but the
+        # database does not let the key be forgotten (tolerated: "does
+        # not stop the give-up"); the move is recorded 'aborted'.  The
+        # owner retypes the volume multiattach and attaches it on node-b
+        # over iSCSI (node-b's Nova is up, only its volume service is
+        # down): nothing drops the leftover first while a move is
+        # recorded.  node-a restarts: its recovery abandons the aborted
+        # move and removes the recorded ACL, which is the live one.
+        self.b.down = True
+        self.db_down(('volume_admin_metadata_delete',))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertFalse(self.node_b_acl())
+        self.c.multiattach = True
+        owner = self.c.owner()
+        info = owner.attach(self.c.volume(), dict(self.b.props))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertTrue(self.node_b_acl())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl(),
+                        'ending the aborted move removed node-b\'s live ACL')
+
+    def test_r8_3_restore_failing_at_start_forgets_key_acl_comes_back(self):
+        # After a reboot, the restore before the drop fails (it only
+        # logs): the kernel has no target, so the ACL "is gone" and the
+        # key is forgotten; Cinder's ensure_export then restores LIO's
+        # saved configuration, node-b's ACL with it, with nothing left
+        # to ever remove it.
+        from cinder_dmclone import source as dmc_source
+        self.failed_move_ended_by_node_b()
+        self.mock_object(dmc_source.Source, '_restore_saved_exports')
+        self.c.reboot = True
+        self.c.restart(self.a)
+        self.assertFalse(
+            self.node_b_acl() and move.EXPORT_KEY
+            not in self.c.transfer_keys(),
+            'node-b admitted to the export, and no record of it is left')
