@@ -41,7 +41,8 @@ def _acl(node):
     return set(node.target.exports.get(FakeTargetIQN, {}).get('acl', ()))
 
 
-class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
+class DatabaseDownTestBase(test_two_nodes.ClusterTestCase):
+    """Base: the database goes away during a move (no tests here)."""
 
     def db_down(self, ops=DB_OPS):
         for op in ops:
@@ -82,6 +83,9 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
     def outlive_the_prepare(self):
         """Let more time pass than a prepare's source may still write."""
         self.c.now += self.a.source.stale_prepare_after() + 1
+
+
+class DatabaseRestartTestCase(DatabaseDownTestBase):
 
     def test_retried_attach_moves_a_volume_left_preparing(self):
         # Before: every later attach (and a local one on node-a) was
@@ -580,70 +584,6 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn(HANDLE, self.b.dm.devices)
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
-    # -- review 7, R7-1: a failed move's export outlives the move --------
-
-    def failed_move_ended_by_node_b(self):
-        """node-a's failed attempt, which node-b ends and clears.
-
-        node-a could not reach the database: its export (node-b's ACL)
-        is kept "until the move is known never committed" (review 5).
-        node-b outlives the prepare, aborts it (drop_stale_prepare) and
-        its next start clears the 'aborted' record (DROP_ABORTED): no
-        record is left to tell node-a the move is over.
-        """
-        self.failed_attach_while_db_down()
-        self.assertIn(self.b.props['initiator'], _acl(self.a))
-        self.outlive_the_prepare()
-        self.c.tick(self.b)
-        self.assertEqual(move.ABORTED, self.c.transfer().state)
-        self.b.restart()
-        self.b.recover()
-        self.assertIsNone(self.c.transfer())
-
-    def test_export_admits_node_b_for_good_once_node_b_ended_the_move(
-            self):
-        # Before: node-a's retry found no record, forgot its failed move
-        # and left the export: node-b's initiator (with the volume's
-        # CHAP credentials) stayed admitted to a volume that never moved.
-        self.failed_move_ended_by_node_b()
-        self.c.tick(self.a)
-        self.assertEqual({}, self.a.source.unrecorded)
-        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
-        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
-
-    def test_export_admits_node_b_after_node_a_restarts_too(self):
-        # node-a's service restarts before the database comes back for
-        # it (its memory of the failed attempt is gone): its recovery
-        # found no move, and Cinder's ensure_export at start restored the
-        # target with node-b's ACL from LIO's saved configuration.
-        self.failed_move_ended_by_node_b()
-        self.c.restart(self.a)
-        self.assertIsNone(self.c.transfer())
-        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
-
-    def test_export_admits_node_b_after_node_a_reboots_too(self):
-        # As above over a reboot: the ACL is in LIO's saved configuration
-        # only, which Cinder's ensure_export would restore.
-        self.failed_move_ended_by_node_b()
-        self.c.reboot = True
-        self.c.restart(self.a)
-        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
-        self.assertNotIn(self.b.props['initiator'], self.a.target.saved.get(
-            FakeTargetIQN, {}).get('acl', ()))
-
-    def test_leftover_acl_goes_alone_when_another_node_uses_the_target(
-            self):
-        # node-c (no service of this backend) attached over iSCSI after
-        # node-b cleared the record: only node-b's ACL goes.
-        self.failed_move_ended_by_node_b()
-        self.assertIsNone(self.c.transfer())
-        info = self.a.attach(self.c.volume(), dict(NODE_C))
-        self.assertEqual('iscsi', info['driver_volume_type'])
-        self.c.tick(self.a)
-        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
-        self.assertIsNotNone(
-            self.c.db.volumes[VOLUME_ID]['provider_location'])
-
 
 class Rev2AmbiguousCommitTestCase(test_two_nodes.ClusterTestCase):
     """Review 2: the commit's write lands, but its answer is lost."""
@@ -850,18 +790,82 @@ class LockServiceDownTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual({}, self.a.moves.recovery.pending_abandon)
 
 
-class Review8LeftoverAclTestCase(DatabaseRestartTestCase):
-    """Review 8: the leftover ACL of a failed move, and live attachments.
+class LeftoverExportTestCase(DatabaseDownTestBase):
+    """The ACL a failed move's export keeps once the move is over.
 
-    The recorded ACL (``dmclone_move_export``) names node-b's initiator,
-    which a later, legitimate iSCSI attach from node-b (a multiattach
-    volume, retyped by its owner) uses too: the same string.
+    Review 7 (R7-1): the source records it (``dmclone_move_export``)
+    and drops it once no move is recorded.  Review 8: that ACL names
+    node-b's initiator, which a later, legitimate iSCSI attach from
+    node-b (a multiattach volume, retyped by its owner) uses too: the
+    same string.
     """
+
+    def failed_move_ended_by_node_b(self):
+        """node-a's failed attempt, which node-b ends and clears.
+
+        node-a could not reach the database: its export (node-b's ACL)
+        is kept "until the move is known never committed" (review 5).
+        node-b outlives the prepare, aborts it (drop_stale_prepare) and
+        its next start clears the 'aborted' record (DROP_ABORTED): no
+        record is left to tell node-a the move is over.
+        """
+        self.failed_attach_while_db_down()
+        self.assertIn(self.b.props['initiator'], _acl(self.a))
+        self.outlive_the_prepare()
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.b.restart()
+        self.b.recover()
+        self.assertIsNone(self.c.transfer())
+
+    def test_export_admits_node_b_for_good_once_node_b_ended_the_move(
+            self):
+        # Before: node-a's retry found no record, forgot its failed move
+        # and left the export: node-b's initiator (with the volume's
+        # CHAP credentials) stayed admitted to a volume that never moved.
+        self.failed_move_ended_by_node_b()
+        self.c.tick(self.a)
+        self.assertEqual({}, self.a.source.unrecorded)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_export_admits_node_b_after_node_a_restarts_too(self):
+        # node-a's service restarts before the database comes back for
+        # it (its memory of the failed attempt is gone): its recovery
+        # found no move, and Cinder's ensure_export at start restored the
+        # target with node-b's ACL from LIO's saved configuration.
+        self.failed_move_ended_by_node_b()
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+
+    def test_export_admits_node_b_after_node_a_reboots_too(self):
+        # As above over a reboot: the ACL is in LIO's saved configuration
+        # only, which Cinder's ensure_export would restore.
+        self.failed_move_ended_by_node_b()
+        self.c.reboot = True
+        self.c.restart(self.a)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(self.b.props['initiator'], self.a.target.saved.get(
+            FakeTargetIQN, {}).get('acl', ()))
+
+    def test_leftover_acl_goes_alone_when_another_node_uses_the_target(
+            self):
+        # node-c (no service of this backend) attached over iSCSI after
+        # node-b cleared the record: only node-b's ACL goes.
+        self.failed_move_ended_by_node_b()
+        self.assertIsNone(self.c.transfer())
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.c.tick(self.a)
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
 
     def node_b_acl(self):
         return self.b.props['initiator'] in _acl(self.a)
 
-    def test_r8_1_failed_drop_at_attach_then_tick_cuts_node_b(self):
+    def test_tick_keeps_the_acl_of_node_bs_later_iscsi_attach(self):
         # The drop before node-b's iSCSI attach fails once (a transient
         # rtstool error): the attach goes on and makes node-b's ACL for
         # its instance; the next tick takes that live ACL for the
@@ -886,7 +890,7 @@ class Review8LeftoverAclTestCase(DatabaseRestartTestCase):
         self.assertTrue(self.node_b_acl(),
                         'tick removed the ACL node-b\'s live attachment uses')
 
-    def test_r8_2_ending_aborted_move_cuts_later_iscsi_attach_of_node_b(
+    def test_ending_an_aborted_move_keeps_node_bs_later_iscsi_attach(
             self):
         # node-b is down: the attempt fails, its export goes, but the
         # database does not let the key be forgotten (tolerated: "does
@@ -913,7 +917,7 @@ class Review8LeftoverAclTestCase(DatabaseRestartTestCase):
         self.assertTrue(self.node_b_acl(),
                         'ending the aborted move removed node-b\'s live ACL')
 
-    def test_r8_3_restore_failing_at_start_forgets_key_acl_comes_back(self):
+    def test_restore_failing_at_start_keeps_the_record_of_the_acl(self):
         # After a reboot, the restore before the drop fails (it only
         # logs): the kernel has no target, so the ACL "is gone" and the
         # key is forgotten; Cinder's ensure_export then restores LIO's

@@ -166,6 +166,17 @@ class IdentityTestCase(DriverTestBase):
         drv = self._make_driver(host=None)
         self.assertEqual('conf-host', drv.node_name)
 
+    def test_node_name_unlike_the_service_host_maps_handles(self):
+        # dmclone_node_name (devstack's CINDER_DMCLONE_NODE_NAME) set to
+        # Nova's name for the node while the service's host is node-a:
+        # every volume record of this node says node-a, which is not in
+        # _node_names(): no handle can be mapped any more (create,
+        # ensure_export at start, local attach, extend).
+        self.drv = self._make_driver(dmclone_node_name='compute-7')
+        self.drv.dm = self.dm
+        self.drv._ensure_handle(self.volume)
+        self.assertIn(HANDLE, self.dm.devices)
+
     @ddt.data(({'host': 'node-a'}, True), ({'host': 'node-b'}, False),
               ({'host': 'node-a.example.org'}, True), ({}, False),
               (None, False))
@@ -611,6 +622,30 @@ class LifecycleTestCase(DriverTestBase):
                                                  new, 'in-use')
         self.assertEqual(fake.VOLUME2_ID, update['_name_id'])
         self.assertEqual({handle}, set(self.dm.devices))
+
+    def test_update_migrated_volume_before_the_records_are_swapped(self):
+        # Cinder's generic migration (retype from another backend,
+        # ``--force-host-copy``, a node without dmclone_initiator)
+        # calls update_migrated_volume on the new volume's node BEFORE
+        # finish_volume_migration swaps the records: the original
+        # volume's record still names its old host.  The LV was just
+        # renamed to the original's name; mapping its handle is refused,
+        # the RPC fails, Cinder deletes the temporary volume (whose LV is
+        # gone: renamed) and a full copy of the data stays behind under
+        # the original volume's name on this node.
+        def record(ctxt, volume_id):
+            return fake_volume.fake_volume_obj(
+                ctxt, id=volume_id, size=1, host='other@lvm#lvm')
+        objects.Volume.get_by_id.side_effect = record
+        new = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        self.dm.devices['dmclone-dmc--vg-' + new.name] = [
+            dmsetup.linear_segment(0, 8, '/dev/%s/%s' % (VG, new.name))]
+        update = self.drv.update_migrated_volume(self.ctxt, self.volume,
+                                                 new, 'available')
+        self.assertEqual({'_name_id': None, 'provider_location': None},
+                         update)
+        self.assertEqual({HANDLE}, set(self.dm.devices))
 
 
 @ddt.ddt
@@ -1174,42 +1209,3 @@ class LioDriverTestCase(test.TestCase):
                                          vg_obj=mock.Mock(), host='n@b')
         self.assertEqual('iSCSI', drv.protocol)
         mock_execute.assert_any_call('cinder-rtstool', 'verify')
-
-
-class Review8RefuseUnlessHereTestCase(DriverTestBase):
-    """Review 8, R7-2's check in _ensure_handle and legitimate callers."""
-
-    def test_r8_4_generic_migration_into_this_node_completes(self):
-        # Cinder's generic migration (retype from another backend,
-        # ``--force-host-copy``, a node without dmclone_initiator)
-        # calls update_migrated_volume on the new volume's node BEFORE
-        # finish_volume_migration swaps the records: the original
-        # volume's record still names its old host.  The LV was just
-        # renamed to the original's name; mapping its handle is refused,
-        # the RPC fails, Cinder deletes the temporary volume (whose LV is
-        # gone: renamed) and a full copy of the data stays behind under
-        # the original volume's name on this node.
-        def record(ctxt, volume_id):
-            return fake_volume.fake_volume_obj(
-                ctxt, id=volume_id, size=1, host='other@lvm#lvm')
-        objects.Volume.get_by_id.side_effect = record
-        new = fake_volume.fake_volume_obj(self.ctxt, size=1,
-                                          id=fake.VOLUME2_ID)
-        self.dm.devices['dmclone-dmc--vg-' + new.name] = [
-            dmsetup.linear_segment(0, 8, '/dev/%s/%s' % (VG, new.name))]
-        update = self.drv.update_migrated_volume(self.ctxt, self.volume,
-                                                 new, 'available')
-        self.assertEqual({'_name_id': None, 'provider_location': None},
-                         update)
-        self.assertEqual({HANDLE}, set(self.dm.devices))
-
-    def test_r8_5_node_name_unlike_the_service_host_can_create(self):
-        # dmclone_node_name (devstack's CINDER_DMCLONE_NODE_NAME) set to
-        # Nova's name for the node while the service's host is node-a:
-        # every volume record of this node says node-a, which is not in
-        # _node_names(): no handle can be mapped any more (create,
-        # ensure_export at start, local attach, extend).
-        self.drv = self._make_driver(dmclone_node_name='compute-7')
-        self.drv.dm = self.dm
-        self.drv._ensure_handle(self.volume)
-        self.assertIn(HANDLE, self.dm.devices)
