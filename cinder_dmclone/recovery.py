@@ -347,8 +347,8 @@ class Recovery(object):
             return
         try:
             with move.lock_unless_down(volume.id) as locked:
-                if locked:
-                    self.source.drop_leftover_export(volume.id, restore=True)
+                if locked and self.source.drop_leftover_export(
+                        volume.id, restore=True):
                     return
         except Exception:
             LOG.exception('Volume %s: could not remove the ACL of a move '

@@ -332,8 +332,7 @@ class Source(side.Side):
         for volume_id in sorted(self.leftover_exports):
             try:
                 with move.lock_if_free(volume_id) as locked:
-                    if locked:
-                        self.drop_leftover_export(volume_id)
+                    if locked and self.drop_leftover_export(volume_id):
                         self.leftover_exports.discard(volume_id)
             except Exception:
                 LOG.warning('Volume %s: removing the ACL of a move that is '
@@ -346,7 +345,8 @@ class Source(side.Side):
             # The record may be gone while the export still admits the
             # destination: the destination ended the move ('aborted')
             # and its start cleared it.
-            self.drop_leftover_export(volume_id)
+            if not self.drop_leftover_export(volume_id):
+                self.leftover_exports.add(volume_id)
             self.unrecorded.pop(volume_id, None)
             return
         LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
@@ -447,12 +447,53 @@ class Source(side.Side):
         as a move is: either the move sees the ACL and leaves the volume
         here (see :meth:`_admits_only`), or this attach sees the move and
         is refused.
+
+        The ACL a move from here recorded it gave its destination
+        (:data:`~cinder_dmclone.move.EXPORT_KEY`) goes first (see
+        :meth:`drop_leftover_export`); if it cannot, the attach is
+        refused: a later attempt to remove it could not tell it from one
+        this attach relies on.  When this connector is that very
+        destination (its initiator, the same string), the ACL is not
+        removed but taken over: the record of it is forgotten, whatever
+        the move's state, and the attach refused if it cannot be, for
+        nothing to ever remove that ACL as a leftover.
         """
         with move.lock(volume['id']):
-            self._give_up_stale_prepare(volume)
+            self._give_up_stale_prepare(volume, connector)
             self.refuse_if_moving(volume,
                                   _('attaching on %s') % connector['host'])
+            self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
+
+    def _recorded_acl_is(self, volume, connector):
+        """True if the ACL a move from here recorded is ``connector``'s."""
+        recorded = self.store.move_export(self.ctxt(), volume['id'])
+        wanted = (connector.get('initiator') or '').lower()
+        return (recorded is not None and recorded[0] in self.node_names
+                and bool(wanted) and recorded[1] == wanted)
+
+    def _take_over_recorded_acl(self, volume, connector):
+        """An attach admits the initiator a move's export gave: forget it.
+
+        Under the volume's lock, before the ACL is made (a failed attach
+        is cleaned up by its detach, which removes it).
+        """
+        try:
+            if self.load_any(volume['id']) is not None or \
+                    not self._recorded_acl_is(volume, connector):
+                return
+            LOG.info('Volume %(vol)s: %(host)s attaches over iSCSI with the '
+                     'initiator its move\'s export admitted; that ACL is '
+                     'now this attach\'s.',
+                     {'vol': volume['id'], 'host': connector.get('host')})
+            self.store.forget_move_export(self.ctxt(), volume['id'])
+        except Exception:
+            LOG.warning('Volume %s: could not forget the ACL its move\'s '
+                        'export gave; refusing the attach.', volume['id'],
+                        exc_info=True)
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %s: the record of an ACL of its export cannot '
+                       'be updated now; try again.') % volume['id'])
 
     @staticmethod
     def _refuse_if_attach_withdrawn(volume, starting):
@@ -538,7 +579,7 @@ class Source(side.Side):
             return t.state in move.UNCOMMITTED
         return t.state == move.PREPARING and self.prepare_outlived(t)
 
-    def _give_up_stale_prepare(self, volume):
+    def _give_up_stale_prepare(self, volume, connector=None):
         """Under the volume's lock: give up a move from here left preparing.
 
         An attempt holds the volume's lock from the moment it records a
@@ -556,18 +597,15 @@ class Source(side.Side):
         the export made for it goes).  So is a move whose attempt this
         service saw fail, in whatever uncommitted state it was left
         (:meth:`_stale_prepare`).
+
+        With no move recorded, the ACL of a move that is over goes first
+        (:meth:`_drop_leftover_before_attach`); with ``connector`` (an
+        iSCSI attach from another node), the attach is refused if it
+        cannot.
         """
         t = self.load_any(volume['id'])
         if t is None:
-            # (Before any ACL is made: one made for this node now must
-            # not be taken for the leftover of a move that is over.)
-            try:
-                self.drop_leftover_export(volume['id'], whole=False)
-            except Exception:
-                self.leftover_exports.add(volume['id'])
-                LOG.warning('Volume %s: could not remove the ACL of a move '
-                            'that is over from its export; retrying at the '
-                            'next tick.', volume['id'], exc_info=True)
+            self._drop_leftover_before_attach(volume, connector)
         if not self._stale_prepare(volume, t):
             return
         volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
@@ -579,6 +617,35 @@ class Source(side.Side):
                     {'vol': volume['id'], 'dst': t.dest_node,
                      'state': t.state})
         self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
+
+    def _drop_leftover_before_attach(self, volume, connector):
+        """Before any ACL is made: drop the ACL of a move that is over.
+
+        One made for this attach must never be taken for that leftover
+        afterwards.  Not when ``connector`` is the destination that ACL
+        admits (:meth:`_take_over_recorded_acl`).  If it cannot go, the
+        monitor tries again; an iSCSI attach (``connector``) is refused
+        then rather than let in next to an ACL nothing could tell apart.
+        """
+        try:
+            if connector is not None and \
+                    self._recorded_acl_is(volume, connector):
+                return
+            if self.drop_leftover_export(volume['id'], whole=False):
+                return
+            error = None
+        except Exception as exc:
+            error = exc
+        self.leftover_exports.add(volume['id'])
+        LOG.warning('Volume %s: could not remove the ACL of a move that is '
+                    'over from its export; retrying at the next tick.',
+                    volume['id'], exc_info=error is not None)
+        if connector is not None:
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %(vol)s: the ACL its export keeps for a move '
+                       'that is over cannot be removed now; refusing the '
+                       'attach on %(host)s. Try again.')
+                % {'vol': volume['id'], 'host': connector.get('host')})
 
     def give_up(self, ctxt, volume, t, connector=None):
         """End a move that never committed.
@@ -670,22 +737,28 @@ class Source(side.Side):
         admits nobody, with ``whole`` (not while an attach here has just
         made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
         (at start) LIO's saved targets are restored first (a reboot
-        left the ACL in LIO's saved configuration only).
+        left the ACL in LIO's saved configuration only).  An ACL that a
+        current attachment's connector names is left in place (see
+        :meth:`_drop_acl`).
+
+        Returns False if the ACL may still admit that node (the record
+        of it is kept, for a later call); True otherwise.
         """
         ctxt = self.ctxt()
         try:
             recorded = self.store.move_export(ctxt, volume_id)
             if recorded is None:
-                return
+                return True
             node, initiator = recorded
             if node not in self.node_names or \
                     self.load_any(volume_id) is not None:
                 # (Another node's export; or the move's own steps drop it.)
-                return
+                return True
             volume = objects.Volume.get_by_id(ctxt, volume_id)
         except exception.VolumeNotFound:
-            return
-        if self.lives_here(volume):
+            return True
+        if self.lives_here(volume) and not self._used_by_attachment(
+                volume, initiator):
             LOG.warning('Volume %(vol)s: its move from here to the node of '
                         'initiator %(ini)s is over and never committed, but '
                         'its export still admits that node: removing its '
@@ -693,8 +766,27 @@ class Source(side.Side):
             if restore:
                 self._restore_saved_exports(volume)
             if not self._drop_acl(volume, initiator, whole):
-                return
+                return False
         self.store.forget_move_export(ctxt, volume_id)
+        return True
+
+    @staticmethod
+    def _used_by_attachment(volume, initiator):
+        """True if an attachment of the volume uses ``initiator``'s ACL.
+
+        The connector of one of its attachments (reserved, attaching or
+        attached) names it: the move's destination attached the volume
+        over iSCSI since (a multiattach volume) with the same initiator,
+        and the ACL is that attachment's now, for its detach to remove.
+        """
+        if initiator not in attachments.initiators(
+                volume, attachments.current(volume)):
+            return False
+        LOG.info('Volume %(vol)s: initiator %(ini)s, which its export '
+                 'admitted for a move that is over, is an attachment\'s '
+                 'now; its ACL stays.',
+                 {'vol': volume['id'], 'ini': initiator})
+        return True
 
     def _drop_recorded_acl(self, volume, target_iqn):
         """Remove the ACL a move from here recorded it gave; then forget it.

@@ -889,6 +889,52 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
         self.c.tick(self.a)
         self.assertTrue(self.node_b_acl(),
                         'tick removed the ACL node-b\'s live attachment uses')
+        # (node-b's attach took the ACL over: nothing records it as a
+        # leftover any more, and the drop was never tried.)
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertEqual([], calls)
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+
+    def test_iscsi_attach_refused_while_the_leftover_acl_cannot_go(self):
+        # node-c attaches over iSCSI while node-b's leftover ACL cannot
+        # be removed (a transient rtstool error): the attach is refused
+        # rather than let in next to an ACL nothing could tell apart
+        # later; the tick removes the leftover, and node-c's retry works.
+        self.failed_move_ended_by_node_b()
+        terminate = self.a.target.terminate_connection
+        calls = []
+
+        def flaky(volume, connector, **kwargs):
+            if not calls:
+                calls.append(1)
+                raise exception.ISCSITargetDetachFailed(volume_id=VOLUME_ID)
+            return terminate(volume, connector, **kwargs)
+        self.mock_object(self.a.target, 'terminate_connection',
+                         side_effect=flaky)
+        self.assertRaises(exception.VolumeBackendAPIException, self.a.attach,
+                          self.c.volume(), dict(NODE_C))
+        self.assertNotIn(NODE_C['initiator'], _acl(self.a))
+        self.assertIn(VOLUME_ID, self.a.source.leftover_exports)
+        self.c.tick(self.a)
+        self.assertFalse(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+
+    def test_acl_an_attachment_names_is_never_taken_for_the_leftover(self):
+        # The record of the leftover is still there while an attachment
+        # of node-b uses that very ACL (made by a release that did not
+        # take it over): a restart keeps the ACL and forgets the record.
+        self.failed_move_ended_by_node_b()
+        self.c.multiattach = True
+        self.mock_object(self.a.source, '_take_over_recorded_acl')
+        self.c.attach(self.b)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
 
     def test_ending_an_aborted_move_keeps_node_bs_later_iscsi_attach(
             self):
