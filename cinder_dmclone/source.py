@@ -476,11 +476,13 @@ class Source(side.Side):
         """An attach admits the initiator a move's export gave: forget it.
 
         Under the volume's lock, before the ACL is made (a failed attach
-        is cleaned up by its detach, which removes it).
+        is cleaned up by its detach, which removes it).  Whatever the
+        move's state: an ``aborted`` move lets other nodes attach, and
+        ending it later removes the recorded ACL
+        (:meth:`_drop_recorded_acl`), which is this attach's now.
         """
         try:
-            if self.load_any(volume['id']) is not None or \
-                    not self._recorded_acl_is(volume, connector):
+            if not self._recorded_acl_is(volume, connector):
                 return
             LOG.info('Volume %(vol)s: %(host)s attaches over iSCSI with the '
                      'initiator its move\'s export admitted; that ACL is '
@@ -792,7 +794,9 @@ class Source(side.Side):
         """Remove the ACL a move from here recorded it gave; then forget it.
 
         The target goes too if it then admits nobody.  Nothing recorded:
-        the export made for the move is gone already.
+        the export made for the move is gone already.  An ACL that an
+        attachment uses (:meth:`_used_by_attachment`) stays, and the
+        record of it is forgotten.
         """
         ctxt = self.ctxt()
         recorded = self.store.move_export(ctxt, volume['id'])
@@ -801,7 +805,8 @@ class Source(side.Side):
                      'gone already; its export now, if any, is left in '
                      'place.', volume['id'])
             return
-        if self._drop_acl(volume, recorded[1], True, target_iqn):
+        if self._used_by_attachment(volume, recorded[1]) or \
+                self._drop_acl(volume, recorded[1], True, target_iqn):
             self.store.forget_move_export(ctxt, volume['id'])
 
     def _drop_acl(self, volume, initiator, whole, target_iqn=None):

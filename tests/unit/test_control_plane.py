@@ -962,6 +962,25 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
         self.c.restart(self.a)
         self.assertTrue(self.node_b_acl(),
                         'ending the aborted move removed node-b\'s live ACL')
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_ending_an_aborted_move_keeps_an_acl_an_attachment_names(self):
+        # As above, with an attachment of node-b that did not take the
+        # recorded ACL over (made by an older release): ending the
+        # aborted move leaves the ACL and forgets the record of it.
+        self.b.down = True
+        self.db_down(('volume_admin_metadata_delete',))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.c.multiattach = True
+        self.mock_object(self.a.source, '_take_over_recorded_acl')
+        self.c.attach(self.b)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
 
     def test_restore_failing_at_start_keeps_the_record_of_the_acl(self):
         # After a reboot, the restore before the drop fails (it only
