@@ -341,7 +341,8 @@ class Recovery(object):
         Cinder's start restores this node's exports (``ensure_export``),
         with the destination's ACL from LIO's saved configuration.  Under
         the volume's lock; without it (the coordination backend is down),
-        or if it fails, the monitor tries again.
+        if it fails, or if the ACL may still be there (LIO's saved
+        targets could not be restored), the monitor tries again.
         """
         if move.Store.move_export_of(volume.admin_metadata) is None:
             return

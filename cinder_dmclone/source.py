@@ -123,7 +123,8 @@ class Source(side.Side):
                  target_driver, dm, volume_group, wiper, region_sectors,
                  lio_openers=privileged.lio_openers,
                  lio_acls=privileged.lio_acls, sleep=time.sleep,
-                 clock=time.monotonic, ensure_export=None):
+                 clock=time.monotonic, ensure_export=None,
+                 lio_target_exists=privileged.lio_target_exists):
         super().__init__(node_names, node_name, store, peer_client)
         self.target_driver = target_driver
         self.dm = dm
@@ -132,6 +133,7 @@ class Source(side.Side):
         self.region_sectors = region_sectors
         self._lio_openers = lio_openers
         self._lio_acls = lio_acls
+        self._lio_target_exists = lio_target_exists
         self._sleep = sleep
         self._clock = clock
         #: the driver's ensure_export for a volume whose record names
@@ -739,7 +741,12 @@ class Source(side.Side):
         admits nobody, with ``whole`` (not while an attach here has just
         made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
         (at start) LIO's saved targets are restored first (a reboot
-        left the ACL in LIO's saved configuration only).  An ACL that a
+        left the ACL in LIO's saved configuration only); if the target
+        the record names is still not in the kernel then (the restore
+        failed), whether the saved configuration still admits that node
+        is unknown, and Cinder's ``ensure_export`` may restore it next:
+        the record of the ACL is kept, for the monitor to remove it once
+        the target is back.  An ACL that a
         current attachment's connector names is left in place (see
         :meth:`_drop_acl`).
 
@@ -767,10 +774,23 @@ class Source(side.Side):
                         'ACL.', {'vol': volume_id, 'ini': initiator})
             if restore:
                 self._restore_saved_exports(volume)
+                if self._target_missing(volume):
+                    LOG.warning('Volume %(vol)s: its export is not in the '
+                                'kernel after LIO\'s saved configuration '
+                                'was restored; the ACL of initiator %(ini)s '
+                                'is removed once the export is back.',
+                                {'vol': volume_id, 'ini': initiator})
+                    return False
             if not self._drop_acl(volume, initiator, whole):
                 return False
         self.store.forget_move_export(ctxt, volume_id)
         return True
+
+    def _target_missing(self, volume):
+        """True if the record names a target that the kernel does not hold."""
+        location = (volume.get('provider_location') or '').split(' ')
+        return len(location) >= 2 and not self._lio_target_exists(
+            location[1])
 
     @staticmethod
     def _used_by_attachment(volume, initiator):

@@ -997,3 +997,10 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
             self.node_b_acl() and move.EXPORT_KEY
             not in self.c.transfer_keys(),
             'node-b admitted to the export, and no record of it is left')
+        # (The key is kept: Cinder's ensure_export brought the ACL back;
+        # the next tick removes it.)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.tick(self.a)
+        self.assertFalse(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertNotIn(VOLUME_ID, self.a.source.leftover_exports)
