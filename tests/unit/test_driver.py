@@ -108,16 +108,22 @@ class DriverTestBase(test.TestCase):
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
         self.drv.dm = self.dm
         self.volume = fake_volume.fake_volume_obj(self.ctxt, size=1)
-        # The volume record, as the driver reads it again (the volume
-        # lives on this node): a handle is mapped only for a volume whose
-        # record names this node (_refuse_linear_over_clone).
+        #: volume id -> the host its record names, as the driver reads it
+        #: again (Volume.get_by_id; not in the test database): a request
+        #: that serves a volume from here maps its handle only if its
+        #: record names this node (_refuse_linear_over_clone).  Only the
+        #: volumes listed have a record: a read of any other fails, as a
+        #: read the code should not make would.
+        self.records = {self.volume.id: 'node-a@dmclone#dmclone'}
         self.mock_object(objects.Volume, 'get_by_id',
                          side_effect=self._volume_record)
 
     def _volume_record(self, ctxt, volume_id):
-        """Volume.get_by_id: a volume living on node-a (not in the DB)."""
+        """Volume.get_by_id: a volume of self.records (not in the DB)."""
+        if volume_id not in self.records:
+            raise exception.VolumeNotFound(volume_id=volume_id)
         return fake_volume.fake_volume_obj(ctxt, id=volume_id, size=1,
-                                           host='node-a@dmclone#dmclone')
+                                           host=self.records[volume_id])
 
     def _make_driver(self, host='node-a@dmclone#dmclone', **overrides):
         if overrides:
@@ -172,9 +178,16 @@ class IdentityTestCase(DriverTestBase):
         # every volume record of this node says node-a, which is not in
         # _node_names(): no handle can be mapped any more (create,
         # ensure_export at start, local attach, extend).
+        # (A local attach: Nova's connector names the node compute-7.)
         self.drv = self._make_driver(dmclone_node_name='compute-7')
         self.drv.dm = self.dm
-        self.drv._ensure_handle(self.volume)
+        connector = dict(LOCAL, host='compute-7')
+        self.assertEqual({}, self.drv.create_export(self.ctxt, self.volume,
+                                                    connector))
+        self.assertIn(HANDLE, self.dm.devices)
+        self.dm.devices.clear()
+        info = self.drv.initialize_connection(self.volume, connector)
+        self.assertEqual(HANDLE_PATH, info['data']['device_path'])
         self.assertIn(HANDLE, self.dm.devices)
 
     @ddt.data(({'host': 'node-a'}, True), ({'host': 'node-b'}, False),
@@ -633,10 +646,7 @@ class LifecycleTestCase(DriverTestBase):
         # the RPC fails, Cinder deletes the temporary volume (whose LV is
         # gone: renamed) and a full copy of the data stays behind under
         # the original volume's name on this node.
-        def record(ctxt, volume_id):
-            return fake_volume.fake_volume_obj(
-                ctxt, id=volume_id, size=1, host='other@lvm#lvm')
-        objects.Volume.get_by_id.side_effect = record
+        self.records[self.volume.id] = 'other@lvm#lvm'
         new = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
         self.dm.devices['dmclone-dmc--vg-' + new.name] = [
@@ -990,6 +1000,25 @@ class ConnectionTestCase(DriverTestBase):
                                                     LOCAL))
         target.assert_not_called()
         self.assertIn(HANDLE, self.dm.devices)
+
+    def test_requests_serving_a_volume_living_elsewhere_are_refused(self):
+        # (R7-2's check, at the call sites: R8-4.)  No move recorded, no
+        # handle, a record naming another node (an LV kept by a
+        # rollback): the requests that would serve the LV as the volume
+        # are refused and map nothing.
+        self.records[self.volume.id] = 'node-b@dmclone#dmclone'
+        image = self.mock_object(volume_utils, 'upload_volume')
+        for serve in (
+                lambda: self.drv.create_export(self.ctxt, self.volume,
+                                               LOCAL),
+                lambda: self.drv.initialize_connection(self.volume, LOCAL),
+                lambda: self.drv.create_export(self.ctxt, self.volume,
+                                               REMOTE),
+                lambda: self.drv.copy_volume_to_image(
+                    self.ctxt, self.volume, mock.Mock(), {})):
+            self.assertRaises(exception.VolumeBackendAPIException, serve)
+        self.assertEqual({}, self.dm.devices)
+        image.assert_not_called()
 
     def test_remote_export_exports_the_handle(self):
         target = self.mock_object(

@@ -3112,14 +3112,15 @@ class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
     def attach_here_as_the_driver_does(self, volume):
         """The driver's create_export, then initialize_connection, here.
 
-        (A connector on node-b: both map the handle, _ensure_handle.)
+        (A connector on node-b: both map the handle, _ensure_handle, as
+        a request serving the volume from here.)
         """
         drv = mock.Mock(destination=self.b.destination, metadata_vg=None,
                         vg=self.b.vg)
         drv.moves.recovery.pending_rebuild = {}
         # create_export (local connector): _ensure_handle, no other check
-        dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(drv,
-                                                                 volume)
+        dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(
+            drv, volume, 'attaching on node-b')
         self.b.ensure_handle()
         # initialize_connection (local connector)
         self.b.source.refuse_local_attach(volume, 'attaching it here')
