@@ -82,8 +82,9 @@ class Destination(side.Side):
     PEER_REST = 60
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
-                 tuning, clock=time.monotonic):
-        super().__init__(node_names, node_name, store, peer_client)
+                 tuning, clock=time.monotonic, service_host=None):
+        super().__init__(node_names, node_name, store, peer_client,
+                         service_host=service_host)
         self.clones = clones
         self.tuning = tuning
         self._clock = clock

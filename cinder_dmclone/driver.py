@@ -301,7 +301,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         conf.dmclone_hydration_batch_size),
                 interval=conf.dmclone_monitor_interval,
                 stall_timeout=conf.dmclone_stall_timeout,
-                ensure_export=self._ensure_export_moving_away)
+                ensure_export=self._ensure_export_moving_away,
+                service_host=volume_utils.extract_host(
+                    self.host or CONF.host, 'host'))
         return self._moves
 
     @property

@@ -124,8 +124,10 @@ class Source(side.Side):
                  lio_openers=privileged.lio_openers,
                  lio_acls=privileged.lio_acls, sleep=time.sleep,
                  clock=time.monotonic, ensure_export=None,
-                 lio_target_exists=privileged.lio_target_exists):
-        super().__init__(node_names, node_name, store, peer_client)
+                 lio_target_exists=privileged.lio_target_exists,
+                 service_host=None):
+        super().__init__(node_names, node_name, store, peer_client,
+                         service_host=service_host)
         self.target_driver = target_driver
         self.dm = dm
         self.volume_group = volume_group

@@ -189,6 +189,9 @@ class IdentityTestCase(DriverTestBase):
         info = self.drv.initialize_connection(self.volume, connector)
         self.assertEqual(HANDLE_PATH, info['data']['device_path'])
         self.assertIn(HANDLE, self.dm.devices)
+        # (And an extend, which reads the record again too.)
+        self.drv.extend_volume(self.volume, 2)
+        self.vg.extend_volume.assert_called_once_with(LV, '2g')
 
     @ddt.data(({'host': 'node-a'}, True), ({'host': 'node-b'}, False),
               ({'host': 'node-a.example.org'}, True), ({}, False),
