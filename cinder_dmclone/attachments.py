@@ -88,6 +88,18 @@ def elsewhere(volume, nodes, attachments=None):
     return sorted(hosts, key=lambda host: (host is None, host or ''))
 
 
+def unnamed(volume, attachments=None):
+    """True if an attachment in use names no initiator (yet).
+
+    Cinder saves an attachment's connector only once the connection is
+    made: until then, the initiator it uses is unknown.
+    """
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return any(not (a.connector or {}).get('initiator')
+               for a in attachments if a.attach_status in IN_USE)
+
+
 def initiators(volume, attachments=None):
     """The iSCSI initiators (lowercase) the volume's attachments use.
 

@@ -121,6 +121,10 @@ OLD_COPY_PREFIX = KEY_PREFIX + 'old_copy_'
 #: that is over (see Source.drop_leftover_export).  It goes with the
 #: source's export (Store.forget_source_export).
 EXPORT_KEY = KEY_PREFIX + 'move_export'
+#: Written with a move (one of its keys, cleared with it) when
+#: :data:`EXPORT_KEY` was written with it: a move without it was
+#: recorded by an older release, which did not record that ACL.
+EXPORT_RECORDED = 'export_recorded'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -451,7 +455,8 @@ class Move:
     @classmethod
     def metadata_keys(cls):
         return [KEY_PREFIX + n
-                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS]
+                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS
+                + (EXPORT_RECORDED,)]
 
     def source_properties(self, provider_auth=None):
         """os-brick iSCSI connection properties of the source export.
@@ -538,6 +543,7 @@ class Store(object):
             value = '%s %s' % (t.source_node, initiator.lower())
             if len(value) <= VALUE_LIMIT:
                 md[EXPORT_KEY] = value
+                md[KEY_PREFIX + EXPORT_RECORDED] = 'True'
             else:
                 LOG.warning('Volume %s: the ACL its move\'s export gives '
                             'is not recorded (%d characters): should the '
@@ -559,6 +565,11 @@ class Store(object):
         """The recorded ACL of a move's export (:meth:`move_export_of`)."""
         return self.move_export_of(
             self.db.volume_admin_metadata_get(ctxt, volume_id))
+
+    def export_recorded(self, ctxt, volume_id):
+        """True if the move recorded now recorded its export's ACL."""
+        md = self.db.volume_admin_metadata_get(ctxt, volume_id) or {}
+        return KEY_PREFIX + EXPORT_RECORDED in md
 
     def forget_move_export(self, ctxt, volume_id):
         """The ACL of :data:`EXPORT_KEY` is gone: forget it."""

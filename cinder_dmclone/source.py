@@ -788,6 +788,50 @@ class Source(side.Side):
         self.store.forget_move_export(ctxt, volume_id)
         return True
 
+    def _drop_unclaimed_acls(self, volume, target_iqn):
+        """Ending an aborted move that recorded no ACL: drop unclaimed ones.
+
+        An aborted move recorded by an older release has no
+        :data:`~cinder_dmclone.move.EXPORT_KEY`, yet its give-up may have
+        kept the export made for it (the removal failed).  Which
+        initiator it admitted is not known; every other ACL of the target
+        belongs to an attachment (Cinder's iSCSI attaches each have one,
+        with their connector).  So the ACLs that no current attachment's
+        connector names go, and the target if it then admits nobody.
+        Nothing goes while an attachment in use names no initiator yet
+        (an attach in progress).  Errors are logged: the export then
+        stays as before this release.
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'gone already.', volume['id'])
+            return
+        target_iqn = target_iqn or location[1]
+        try:
+            current = attachments.current(volume)
+            if attachments.unnamed(volume, current):
+                LOG.warning('Volume %s: its aborted move recorded no ACL '
+                            '(an older release) and an attach is in '
+                            'progress; its export is left in place.',
+                            volume['id'])
+                return
+            claimed = attachments.initiators(volume, current)
+            admitted = self._lio_acls(target_iqn)
+            for initiator in sorted(admitted - claimed):
+                LOG.warning('Volume %(vol)s: removing the ACL of initiator '
+                            '%(ini)s, which no attachment uses, from its '
+                            'export as its aborted move ends (recorded by '
+                            'an older release).',
+                            {'vol': volume['id'], 'ini': initiator})
+                self.target_driver.terminate_connection(
+                    volume, {'initiator': initiator, 'host': None})
+            if admitted and not self._lio_acls(target_iqn):
+                self.drop_and_forget_export(volume, ANY_INITIATOR)
+        except Exception:
+            LOG.exception('Volume %s: could not remove the ACLs no '
+                          'attachment uses from its export.', volume['id'])
+
     def _target_missing(self, volume):
         """True if the record names a target that the kernel does not hold."""
         location = (volume.get('provider_location') or '').split(' ')
@@ -815,16 +859,27 @@ class Source(side.Side):
     def _drop_recorded_acl(self, volume, target_iqn):
         """Remove the ACL a move from here recorded it gave; then forget it.
 
-        The target goes too if it then admits nobody.  Nothing recorded:
-        the export made for the move is gone already.  An ACL that an
+        The target goes too if it then admits nobody.  An ACL that an
         attachment uses (:meth:`_used_by_attachment`) stays, and the
-        record of it is forgotten.
+        record of it is forgotten.  Nothing recorded: the export made
+        for the move is gone already (or an attach took the ACL over),
+        or the move was recorded by an older release, which did not
+        record that ACL (no :data:`~cinder_dmclone.move.EXPORT_RECORDED`
+        key: :meth:`_drop_unclaimed_acls`).
         """
         ctxt = self.ctxt()
         recorded = self.store.move_export(ctxt, volume['id'])
-        if recorded is None or recorded[0] not in self.node_names:
+        if recorded is None:
+            if not self.store.export_recorded(ctxt, volume['id']):
+                self._drop_unclaimed_acls(volume, target_iqn)
+                return
             LOG.info('Volume %s: the export made for its aborted move is '
-                     'gone already; its export now, if any, is left in '
+                     'gone already (or an attach took its ACL over); its '
+                     'export now, if any, is left in place.', volume['id'])
+            return
+        if recorded[0] not in self.node_names:
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'not this node\'s; its export now, if any, is left in '
                      'place.', volume['id'])
             return
         if self._used_by_attachment(volume, recorded[1]) or \

@@ -1631,6 +1631,64 @@ class ThirdNodeTestCase(ClusterTestCase):
         self.assertEqual('local', info['driver_volume_type'])
         self.assertEqual(move.CLONED, self.c.transfer().state)
 
+    NODE_C = {'host': 'node-c', 'ip': '10.0.0.3',
+              'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+    def acl(self):
+        return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
+
+    def older_aborted_move_keeping_its_export(self):
+        """An 'aborted' move of an older release, its export still there.
+
+        (Its give-up could not remove the export; that release did not
+        record the ACL it gave: no dmclone_move_export.)
+        """
+        self.saved(state=move.ABORTED)
+        update = self.a.target.create_export(self.c.ctxt, self.volume(),
+                                             HANDLE_PATH)
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID,
+                                {'provider_location': update['location'],
+                                 'provider_auth': update['auth']})
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertEqual({self.b.props['initiator']}, self.acl())
+
+    def iscsi_attachment(self, connector, status=ATTACHED):
+        """An iSCSI attachment (a backup host's) as Cinder records it."""
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': None,
+               'attach_status': status, 'attached_host': None,
+               'connector': None}
+        if connector is not None:
+            self.a.target.initialize_connection(self.volume(), connector)
+            att.update(attached_host=connector['host'],
+                       connector=dict(connector))
+        self.c.attachments.append(att)
+
+    def test_ending_an_older_releases_aborted_move_drops_its_export(self):
+        # Review 8, R8-6: nothing records which ACL the move's export
+        # gave; none is any attachment's: they go, and the target.
+        self.older_aborted_move_keeping_its_export()
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertNotIn(IQN, self.a.target.exports)
+        self.assertIsNone(self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_keeps_attachments(self):
+        # node-c's iSCSI attachment uses the same target: its ACL stays.
+        self.older_aborted_move_keeping_its_export()
+        self.iscsi_attachment(self.NODE_C)
+        self.c.restart(self.a)
+        self.assertEqual({self.NODE_C['initiator']}, self.acl())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_during_an_attach(self):
+        # An attachment reserved, its connector not saved yet: which
+        # ACL is its is unknown, so none goes.
+        self.older_aborted_move_keeping_its_export()
+        self.iscsi_attachment(None, status=RESERVED)
+        self.c.restart(self.a)
+        self.assertEqual({self.b.props['initiator']}, self.acl())
+
     def test_abandon_of_an_aborted_move_keeps_a_later_iscsi_attach(self):
         # Review 7, R7-3.  node-b died mid-move: node-a gave the move up
         # (its export for node-b dropped) and recorded it 'aborted',
