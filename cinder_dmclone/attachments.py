@@ -26,6 +26,10 @@ STARTING = (fields.VolumeAttachStatus.RESERVED,
             fields.VolumeAttachStatus.ATTACHING)
 ACTIVE = (fields.VolumeAttachStatus.ATTACHED,
           fields.VolumeAttachStatus.ATTACHING)
+#: attach statuses of an attachment whose connector may use an export.
+IN_USE = (fields.VolumeAttachStatus.RESERVED,
+          fields.VolumeAttachStatus.ATTACHING,
+          fields.VolumeAttachStatus.ATTACHED)
 
 
 def current(volume):
@@ -82,3 +86,28 @@ def elsewhere(volume, nodes, attachments=None):
     hosts = [host for host in _active_hosts(volume, attachments)
              if host not in nodes]
     return sorted(hosts, key=lambda host: (host is None, host or ''))
+
+
+def unnamed(volume, attachments=None):
+    """True if an attachment in use names no initiator (yet).
+
+    Cinder saves an attachment's connector only once the connection is
+    made: until then, the initiator it uses is unknown.
+    """
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return any(not (a.connector or {}).get('initiator')
+               for a in attachments if a.attach_status in IN_USE)
+
+
+def initiators(volume, attachments=None):
+    """The iSCSI initiators (lowercase) the volume's attachments use.
+
+    Those of the connectors of the attachments reserved, attaching or
+    attached: the ACLs of the volume's export that serve them.
+    """
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    return {str((a.connector or {}).get('initiator')).lower()
+            for a in attachments if a.attach_status in IN_USE
+            and (a.connector or {}).get('initiator')}

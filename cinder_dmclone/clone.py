@@ -138,13 +138,15 @@ class Clones(object):
         size against the over-subscription the backend allows
         (:func:`~cinder_dmclone.thin.shortfall`).  The pool is read from
         LVM now (:func:`~cinder_dmclone.privileged.thin_lvs`); a report
-        that cannot be read fails the move.
+        that cannot be read fails the move.  The caller serialises the
+        check with the creation of the LVs (:func:`~cinder_dmclone.move.
+        space_lock`), so that the next move's check sees this one's LV.
         """
         lvs = privileged.thin_lvs(self.vg.vg_name, execute=self._execute,
                                   root_helper=self._root_helper)
         pool = thin.pool_usage(lvs, self.thin_pool)
         writes = t.clone_sectors * dmsetup.SECTOR_SIZE
-        pending = self.unhydrated_bytes()
+        pending = self.pending_writes(lvs, skip=t.lv_name)
         ratio = self.max_ratio(pool)
         short = thin.shortfall(pool, size_gb * units.Gi, writes, pending,
                                ratio, self.reserved_percentage)
@@ -167,6 +169,32 @@ class Clones(object):
             pool='%s/%s' % (self.vg.vg_name, self.thin_pool),
             reason=reason, kind=short.kind, free=gib['free'],
             need=gib['need'])
+
+    def moving_in(self):
+        """Data LVs here with a metadata LV beside them (moves into here).
+
+        Built, being built, or waiting for their clone to be rebuilt.
+        """
+        names = (layout.lv_name_from_metadata_lv(lv['name'])
+                 for lv in self.meta_vg.get_volumes())
+        return {name for name in names if name}
+
+    def pending_writes(self, lvs, skip=None):
+        """What the moves into this thin pool will still write to it.
+
+        From LVM (:func:`~cinder_dmclone.thin.unwritten_bytes`): every
+        move with a metadata LV here counts, its clone loaded or not; an
+        LV created since ``lvs`` was read counts whole.  Never less than
+        the loaded clones tell (:meth:`unhydrated_bytes`).  ``skip``: the
+        LV of the move being checked, which counts whole already.
+        """
+        names = self.moving_in() - {skip}
+        unwritten = thin.unwritten_bytes(lvs, self.thin_pool, names)
+        for name in sorted(names - set(lvs)):
+            lv = self.vg.get_volume(name)
+            if lv is not None:
+                unwritten += int(float(lv['size']) * units.Gi)
+        return max(unwritten, self.unhydrated_bytes())
 
     def unhydrated_bytes(self):
         """What the clones of this volume group will still write to it.

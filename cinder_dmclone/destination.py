@@ -82,8 +82,9 @@ class Destination(side.Side):
     PEER_REST = 60
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
-                 tuning, clock=time.monotonic):
-        super().__init__(node_names, node_name, store, peer_client)
+                 tuning, clock=time.monotonic, service_host=None):
+        super().__init__(node_names, node_name, store, peer_client,
+                         service_host=service_host)
         self.clones = clones
         self.tuning = tuning
         self._clock = clock
@@ -246,8 +247,10 @@ class Destination(side.Side):
             # up (the source timed out and cleared its state): never reuse
             # a clone or metadata LV whose regions may hold stale data.
             self.tear_down(volume, t)
-            clones.check_space(t, size_gb, self.node_name)
-            clones.create_volumes(t, size_gb)
+            # (One move at a time: the next check counts this one's LVs.)
+            with move.space_lock(clones.vg.vg_name):
+                clones.check_space(t, size_gb, self.node_name)
+                clones.create_volumes(t, size_gb)
             path = clones.connect_source(t, volume['provider_auth'])
             path = clones.build_clone(t, path, hydrate, threshold, batch)
         except Exception:
@@ -746,6 +749,12 @@ class Destination(side.Side):
         """
         with move.lock(volume['id']):
             t = self.load(volume['id'])
+            if t is None:
+                # The caller's volume object may predate a rollback that
+                # this waited for, which kept an LV here named like the
+                # volume (roll_back_without_metadata): only the record as
+                # it is now says whether the volume lives here.
+                self.refuse_unless_here(volume, _('an extend'))
             self.refuse_extend_while_undecided(volume, t)
             grow()
             if not self.is_dest(t) or t.state == move.FINALIZING:

@@ -301,7 +301,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         conf.dmclone_hydration_batch_size),
                 interval=conf.dmclone_monitor_interval,
                 stall_timeout=conf.dmclone_stall_timeout,
-                ensure_export=self._ensure_export_moving_away)
+                ensure_export=self._ensure_export_moving_away,
+                service_host=volume_utils.extract_host(
+                    self.host or CONF.host, 'host'))
         return self._moves
 
     @property
@@ -398,7 +400,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return [dmsetup.linear_segment(0, self.dm.device_sectors(device),
                                        device)]
 
-    def _ensure_handle(self, volume):
+    def _ensure_handle(self, volume, serving=None):
         """Make sure the volume's handle exists and covers the whole LV.
 
         Idempotent: after a node reboot handles are gone (device-mapper
@@ -406,13 +408,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         length no longer matches its LV (extended while the service was
         down) is reloaded.  A handle with any other table is a transfer's
         and is left alone.
+
+        ``serving`` (what the caller does with it, for the error) is given
+        by the requests that serve the volume from here, which Cinder
+        routes by a read of the record that may predate a rollback: with
+        no move recorded, a missing handle is then made only if the record
+        read now names this node (Side.refuse_unless_here).  Not by those
+        that run while the record names another node on purpose: Cinder's
+        generic migration renames the LV here (update_migrated_volume)
+        before it swaps the records.
         """
         lv_name = volume['name']
         name = self._handle_name(lv_name)
         self.vg.activate_lv(lv_name)
         table = self._linear_table(lv_name)
         if not self.dm.exists(name):
-            self._refuse_linear_over_clone(volume)
+            self._refuse_linear_over_clone(volume, serving)
             try:
                 self.dm.create(name, table,
                                uuid=layout.handle_uuid(
@@ -429,20 +440,27 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _handle_name(self, lv_name):
         return layout.handle_name(self.configuration.volume_group, lv_name)
 
-    def _refuse_linear_over_clone(self, volume):
+    def _refuse_linear_over_clone(self, volume, serving=None):
         """Never map a partly hydrated LV alone.
 
         A metadata LV here, or a transfer into this node that has not
         reached ``finalizing`` (hydration complete), means the volume is
         moving in and its LV holds only the regions copied so far: only
         the clone may serve it, and startup recovery rebuilds that.  The
-        recorded state counts even when the metadata LV is gone.
+        recorded state counts even when the metadata LV is gone.  With no
+        move recorded and ``serving``, the volume record read now must
+        name this node (Side.refuse_unless_here).
         """
         lv_name = volume['name']
         meta_vg = self.metadata_vg or self.vg
         t = self.destination.load(volume['id'])
         moving_in = self.destination.is_dest(t) and t.state in (
             move.PREPARING, move.CLONED, move.HYDRATING)
+        if t is None and serving:
+            # An LV here named like a volume that lives elsewhere (kept by
+            # a rollback, which a request routed by an older read of the
+            # record may follow) is no copy to serve.
+            self.destination.refuse_unless_here(volume, serving)
         if volume['id'] in self.moves.recovery.pending_rebuild:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume %s is moving into this node and its clone '
@@ -564,7 +582,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         image_utils.fetch_to_raw(context,
                                  image_service,
                                  image_id,
-                                 self._ensure_handle(volume),
+                                 self._ensure_handle(
+                                     volume, _('writing an image to it')),
                                  self.configuration.volume_dd_blocksize,
                                  size=volume['size'],
                                  disable_sparse=disable_sparse)
@@ -575,7 +594,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         volume_utils.upload_volume(context,
                                    image_service,
                                    image_meta,
-                                   self._ensure_handle(volume),
+                                   self._ensure_handle(
+                                       volume, _('uploading it to an image')),
                                    volume)
 
     def retype(self, context, volume, new_type, diff, host):
@@ -816,7 +836,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         hydrated, and a pool whose metadata is full takes no more data:
         ``free_capacity_gb`` is what the pool can still take
         (:func:`cinder_dmclone.thin.free_bytes`) less what the clones
-        will write (``dmclone_hydration_pending_gb``), and
+        will write (``dmclone_hydration_pending_gb``: the data LVs of
+        moves into this node, their clones loaded or not, as a move
+        counts them), and
         ``provisioned_capacity_gb`` the virtual sizes of the pool's thin
         LVs (not the thick metadata LVs of clones), as the destination
         of a move counts them (:meth:`Clones.check_thin_pool
@@ -839,12 +861,26 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         'reported without the writes of the moves into '
                         'this node.', self._thin_pool_name(), exc_info=True)
             return {}
-        pending = thin.unhydrated_bytes((clones or {}).values())
+        pending = max(thin.unhydrated_bytes((clones or {}).values()),
+                      self._unwritten_bytes(lvs))
         return {
             'free_capacity_gb': round(
                 thin.free_bytes(pool, pending) / units.Gi, 2),
             'provisioned_capacity_gb': round(pool.provisioned / units.Gi, 2),
             'dmclone_hydration_pending_gb': round(pending / units.Gi, 2)}
+
+    def _unwritten_bytes(self, lvs):
+        """What the moves into the thin pool still write, from LVM.
+
+        As a move into this node counts them (:meth:`Clones.pending_writes
+        <cinder_dmclone.clone.Clones.pending_writes>`): every data LV
+        with a metadata LV beside it, its clone loaded or not.
+        """
+        meta_vg = self.metadata_vg or self.vg
+        names = (layout.lv_name_from_metadata_lv(lv['name'])
+                 for lv in meta_vg.get_volumes())
+        return thin.unwritten_bytes(lvs, self._thin_pool_name(),
+                                    {name for name in names if name})
 
     # ------------------------------------------------------------------
     # Exports and connections
@@ -945,7 +981,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             self.source.end_stale_prepare(volume)
             self.source.refuse_if_moving(
                 volume, _('attaching on %s') % connector['host'])
-        path = self._ensure_handle(volume)
+        path = self._ensure_handle(
+            volume, _('attaching on %s') % connector['host'])
         if self._is_local_connector(connector):
             return {}
         export_info = self.target_driver.create_export(context, volume, path)
@@ -999,8 +1036,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._require_host(connector)
         if self._is_local_connector(connector):
             self.source.refuse_local_attach(volume, _('attaching it here'))
-            return self._local_connection(volume,
-                                          self._ensure_handle(volume))
+            return self._local_connection(
+                volume, self._ensure_handle(volume, _('attaching it here')))
         if self.source.wants_move(volume, connector):
             try:
                 info = self.source.move(volume, connector,

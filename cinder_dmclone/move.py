@@ -113,6 +113,18 @@ VALUE_LIMIT = 255
 #: later abandon over another node leaves it; it stays until an operator
 #: removes it (see Store.old_copies_of).
 OLD_COPY_PREFIX = KEY_PREFIX + 'old_copy_'
+#: The ACL a move's export gives its destination, recorded by the source
+#: with the move (``<source node> <destination's initiator>``), apart
+#: from the move's own keys: the destination clears an ``aborted`` move
+#: without touching the source's export, and this key is then what
+#: still tells the source that its export admits that node for a move
+#: that is over (see Source.drop_leftover_export).  It goes with the
+#: source's export (Store.forget_source_export).
+EXPORT_KEY = KEY_PREFIX + 'move_export'
+#: Written with a move (one of its keys, cleared with it) when
+#: :data:`EXPORT_KEY` was written with it: a move without it was
+#: recorded by an older release, which did not record that ACL.
+EXPORT_RECORDED = 'export_recorded'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -243,6 +255,18 @@ def build_lock(volume_id):
     for the build, so it removes everything the build made.
     """
     return lockutils.lock('dmclone-build-%s' % volume_id)
+
+
+def space_lock(vg_name):
+    """This node's lock on checking and taking a volume group's space.
+
+    A move into this node checks that its LVs fit (counting the LVs of
+    the other moves into it), then creates them; each prepare holds only
+    its own volume's locks, so two moves into one node would otherwise
+    both be checked against the same free space.  Held from the check to
+    the creation of the LVs, not for the login and clone build after.
+    """
+    return lockutils.lock('dmclone-space-%s' % vg_name)
 
 
 def _int(value, volume_id, name, minimum=1):
@@ -431,7 +455,8 @@ class Move:
     @classmethod
     def metadata_keys(cls):
         return [KEY_PREFIX + n
-                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS]
+                for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS
+                + (EXPORT_RECORDED,)]
 
     def source_properties(self, provider_auth=None):
         """os-brick iSCSI connection properties of the source export.
@@ -495,12 +520,14 @@ class Store(object):
         return progress_percent(
             self.db.volume_admin_metadata_get(ctxt, volume_id))
 
-    def save(self, ctxt, t, budget=None):
+    def save(self, ctxt, t, budget=None, initiator=None):
         """Record a new move (with a fresh secret if it has none).
 
         The move's start time goes with it (see :meth:`prepare_age`), and
         with ``budget``, the seconds the recording attempt may last (the
-        source's transfer timeout and a margin), its deadline.
+        source's transfer timeout and a margin), its deadline.  With
+        ``initiator`` (the destination's, which the source's export now
+        admits), :data:`EXPORT_KEY` in the same write.
         Progress left by an earlier move (a clear that a crash cut short)
         goes first: it must never be shown as this move's.
         """
@@ -511,8 +538,42 @@ class Store(object):
                               else t.prepared_at + int(budget))
         self._delete(ctxt, t.volume_id,
                      [KEY_PREFIX + k for k in PROGRESS_KEYS])
-        self.db.volume_admin_metadata_update(
-            ctxt, t.volume_id, t.to_metadata(), False)
+        md = t.to_metadata()
+        if initiator:
+            value = '%s %s' % (t.source_node, initiator.lower())
+            if len(value) <= VALUE_LIMIT:
+                md[EXPORT_KEY] = value
+                md[KEY_PREFIX + EXPORT_RECORDED] = 'True'
+            else:
+                LOG.warning('Volume %s: the ACL its move\'s export gives '
+                            'is not recorded (%d characters): should the '
+                            'move end while this node cannot reach the '
+                            'database, check that export by hand.',
+                            t.volume_id, len(value))
+        self.db.volume_admin_metadata_update(ctxt, t.volume_id, md, False)
+
+    @staticmethod
+    def move_export_of(metadata):
+        """``(source node, initiator)`` of :data:`EXPORT_KEY`, or None."""
+        value = (metadata or {}).get(EXPORT_KEY) or ''
+        node, _sep, initiator = value.partition(' ')
+        if not (node and initiator):
+            return None
+        return node, initiator
+
+    def move_export(self, ctxt, volume_id):
+        """The recorded ACL of a move's export (:meth:`move_export_of`)."""
+        return self.move_export_of(
+            self.db.volume_admin_metadata_get(ctxt, volume_id))
+
+    def export_recorded(self, ctxt, volume_id):
+        """True if the move recorded now recorded its export's ACL."""
+        md = self.db.volume_admin_metadata_get(ctxt, volume_id) or {}
+        return KEY_PREFIX + EXPORT_RECORDED in md
+
+    def forget_move_export(self, ctxt, volume_id):
+        """The ACL of :data:`EXPORT_KEY` is gone: forget it."""
+        self._delete(ctxt, volume_id, [EXPORT_KEY])
 
     def prepare_age(self, t):
         """Seconds since move ``t`` was recorded; None if not recorded.
@@ -732,9 +793,13 @@ class Store(object):
                 pass
 
     def forget_source_export(self, ctxt, volume_id):
-        """The source's export is gone: the record stops naming it."""
+        """The source's export is gone: the record stops naming it.
+
+        The ACL a move's export gave (:data:`EXPORT_KEY`) went with it.
+        """
         self.db.volume_update(ctxt, volume_id, {'provider_location': None,
                                                 'provider_auth': None})
+        self.forget_move_export(ctxt, volume_id)
 
     def move_volume(self, ctxt, volume_id, host, availability_zone=None):
         """Point the volume record at the node that now holds it."""

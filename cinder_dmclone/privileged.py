@@ -491,6 +491,17 @@ def lio_acls(target_iqn, root=LIO_ISCSI):
                      for acl in glob.glob(pattern))
 
 
+def lio_target_exists(target_iqn, root=LIO_ISCSI):
+    """True if LIO's kernel configuration holds iSCSI target ``target_iqn``.
+
+    Reads configfs, which any user may.  False also without LIO: the
+    saved configuration (``/etc/target``) is not read.
+    """
+    if not target_iqn or '/' in target_iqn or target_iqn in ('.', '..'):
+        raise ValueError('not an iSCSI target name: %r' % (target_iqn,))
+    return os.path.isdir(os.path.join(root, target_iqn))
+
+
 def _device_key(path):
     """What a path opens: a block device's number, else the file itself."""
     st = os.stat(path)

@@ -316,6 +316,7 @@ class Recovery(object):
                 LOG.exception('Not recovering volume %s.', volume.id)
                 continue
             if t is None:
+                self._drop_leftover_export(volume)
                 continue
             known.add(t.lv_name)
             if self.destination.is_dest(t):
@@ -331,6 +332,29 @@ class Recovery(object):
                 LOG.warning('Metadata LV %s matches no transfer into this '
                             'node; left in place for an operator to check.',
                             name)
+
+    def _drop_leftover_export(self, volume):
+        """At start: the ACL a move from here that is over left.
+
+        See :meth:`Source.drop_leftover_export
+        <cinder_dmclone.source.Source.drop_leftover_export>`: before
+        Cinder's start restores this node's exports (``ensure_export``),
+        with the destination's ACL from LIO's saved configuration.  Under
+        the volume's lock; without it (the coordination backend is down),
+        if it fails, or if the ACL may still be there (LIO's saved
+        targets could not be restored), the monitor tries again.
+        """
+        if move.Store.move_export_of(volume.admin_metadata) is None:
+            return
+        try:
+            with move.lock_unless_down(volume.id) as locked:
+                if locked and self.source.drop_leftover_export(
+                        volume.id, restore=True):
+                    return
+        except Exception:
+            LOG.exception('Volume %s: could not remove the ACL of a move '
+                          'that is over from its export.', volume.id)
+        self.source.leftover_exports.add(volume.id)
 
     def report_lost_copies(self, volumes):
         """At start: old copies here of moves abandoned as lost.

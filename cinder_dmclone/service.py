@@ -34,21 +34,24 @@ class MoveService(object):
     """Source, destination, endpoint, recovery and monitor of one node.
 
     ``tuning`` is the (threshold, batch size) a volume type without
-    ``dmclone:`` extra specs gets; ``interval`` the monitor's period.
+    ``dmclone:`` extra specs gets; ``interval`` the monitor's period;
+    ``service_host`` the host part of the volume service's ``host``
+    (see :class:`~cinder_dmclone.side.Side`).
     """
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
                  tuning, interval, stall_timeout=0, ensure_export=None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, service_host=None):
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
-            volume_group, wiper, region_sectors, ensure_export=ensure_export)
+            volume_group, wiper, region_sectors, ensure_export=ensure_export,
+            service_host=service_host)
         self.destination = destination.Destination(
             node_names, node_name, store, peer_client, clones,
             functools.partial(destination.hydration_tuning,
                               threshold=tuning[0], batch_size=tuning[1]),
-            clock=clock)
+            clock=clock, service_host=service_host)
         self.endpoint = peer.Endpoint(self.source, self.destination)
         self.recovery = recovery.Recovery(self.source, self.destination)
         self.tracker = hydration.HydrationTracker(

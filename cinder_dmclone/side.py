@@ -41,11 +41,19 @@ class Side(object):
     ``node_names`` are every name the node's connectors and services use
     (its name and its ``dmclone_node_aliases``), ``node_name`` the one it
     gives others; ``store`` is the :class:`cinder_dmclone.move.Store`,
-    ``peer`` the :class:`cinder_dmclone.peer.PeerClient`.
+    ``peer`` the :class:`cinder_dmclone.peer.PeerClient`;
+    ``service_host`` the host part of this node's volume service's
+    ``host``, which the volume records of this node name.
     """
 
-    def __init__(self, node_names, node_name, store, peer):
+    def __init__(self, node_names, node_name, store, peer,
+                 service_host=None):
         self.node_names = frozenset(node_names)
+        #: the names a volume record of this node may carry: the node's
+        #: names and its volume service's host, which differ when
+        #: dmclone_node_name is set to the compute service's name.
+        self.record_names = self.node_names | (
+            {service_host} if service_host else set())
         self.node_name = node_name
         self.store = store
         self.peer = peer
@@ -178,7 +186,7 @@ class Side(object):
         """
         current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
         if volume_utils.extract_host(current.host, 'host') \
-                not in self.node_names:
+                not in self.record_names:
             LOG.error('Refusing %(action)s for volume %(vol)s on this node: '
                       'its record names %(host)s now; an LV here named '
                       'like it is no copy to serve.',

@@ -123,8 +123,11 @@ class Source(side.Side):
                  target_driver, dm, volume_group, wiper, region_sectors,
                  lio_openers=privileged.lio_openers,
                  lio_acls=privileged.lio_acls, sleep=time.sleep,
-                 clock=time.monotonic, ensure_export=None):
-        super().__init__(node_names, node_name, store, peer_client)
+                 clock=time.monotonic, ensure_export=None,
+                 lio_target_exists=privileged.lio_target_exists,
+                 service_host=None):
+        super().__init__(node_names, node_name, store, peer_client,
+                         service_host=service_host)
         self.target_driver = target_driver
         self.dm = dm
         self.volume_group = volume_group
@@ -132,6 +135,7 @@ class Source(side.Side):
         self.region_sectors = region_sectors
         self._lio_openers = lio_openers
         self._lio_acls = lio_acls
+        self._lio_target_exists = lio_target_exists
         self._sleep = sleep
         self._clock = clock
         #: the driver's ensure_export for a volume whose record names
@@ -141,6 +145,10 @@ class Source(side.Side):
         #: not record its end (the database was away): see
         #: :meth:`retry_give_ups`.
         self.unrecorded = {}
+        #: volume ids whose export a start could not rid of the ACL of a
+        #: move that is over (see :meth:`drop_leftover_export`): the
+        #: monitor tries again.
+        self.leftover_exports = set()
 
     # -- starting a move ---------------------------------------------------
 
@@ -325,10 +333,24 @@ class Source(side.Side):
                 LOG.warning('Volume %s: giving up its failed move failed '
                             'again; retrying at the next tick.', volume_id,
                             exc_info=True)
+        for volume_id in sorted(self.leftover_exports):
+            try:
+                with move.lock_if_free(volume_id) as locked:
+                    if locked and self.drop_leftover_export(volume_id):
+                        self.leftover_exports.discard(volume_id)
+            except Exception:
+                LOG.warning('Volume %s: removing the ACL of a move that is '
+                            'over from its export failed again; retrying '
+                            'at the next tick.', volume_id, exc_info=True)
 
     def _retry_give_up(self, volume_id):
         volume, t = self._failed_move_here(volume_id)
         if t is None:
+            # The record may be gone while the export still admits the
+            # destination: the destination ended the move ('aborted')
+            # and its start cleared it.
+            if not self.drop_leftover_export(volume_id):
+                self.leftover_exports.add(volume_id)
             self.unrecorded.pop(volume_id, None)
             return
         LOG.info('Volume %(vol)s: giving up its move to %(dst)s, whose '
@@ -383,7 +405,8 @@ class Source(side.Side):
             target_iqn=data['target_iqn'],
             target_lun=data.get('target_lun', 0),
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
-        self.store.save(ctxt, t, budget=self.stale_prepare_after())
+        self.store.save(ctxt, t, budget=self.stale_prepare_after(),
+                        initiator=connector.get('initiator'))
         return t
 
     def _admits_only(self, volume, connector, target_iqn):
@@ -428,12 +451,55 @@ class Source(side.Side):
         as a move is: either the move sees the ACL and leaves the volume
         here (see :meth:`_admits_only`), or this attach sees the move and
         is refused.
+
+        The ACL a move from here recorded it gave its destination
+        (:data:`~cinder_dmclone.move.EXPORT_KEY`) goes first (see
+        :meth:`drop_leftover_export`); if it cannot, the attach is
+        refused: a later attempt to remove it could not tell it from one
+        this attach relies on.  When this connector is that very
+        destination (its initiator, the same string), the ACL is not
+        removed but taken over: the record of it is forgotten, whatever
+        the move's state, and the attach refused if it cannot be, for
+        nothing to ever remove that ACL as a leftover.
         """
         with move.lock(volume['id']):
-            self._give_up_stale_prepare(volume)
+            self._give_up_stale_prepare(volume, connector)
             self.refuse_if_moving(volume,
                                   _('attaching on %s') % connector['host'])
+            self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
+
+    def _recorded_acl_is(self, volume, connector):
+        """True if the ACL a move from here recorded is ``connector``'s."""
+        recorded = self.store.move_export(self.ctxt(), volume['id'])
+        wanted = (connector.get('initiator') or '').lower()
+        return (recorded is not None and recorded[0] in self.node_names
+                and bool(wanted) and recorded[1] == wanted)
+
+    def _take_over_recorded_acl(self, volume, connector):
+        """An attach admits the initiator a move's export gave: forget it.
+
+        Under the volume's lock, before the ACL is made (a failed attach
+        is cleaned up by its detach, which removes it).  Whatever the
+        move's state: an ``aborted`` move lets other nodes attach, and
+        ending it later removes the recorded ACL
+        (:meth:`_drop_recorded_acl`), which is this attach's now.
+        """
+        try:
+            if not self._recorded_acl_is(volume, connector):
+                return
+            LOG.info('Volume %(vol)s: %(host)s attaches over iSCSI with the '
+                     'initiator its move\'s export admitted; that ACL is '
+                     'now this attach\'s.',
+                     {'vol': volume['id'], 'host': connector.get('host')})
+            self.store.forget_move_export(self.ctxt(), volume['id'])
+        except Exception:
+            LOG.warning('Volume %s: could not forget the ACL its move\'s '
+                        'export gave; refusing the attach.', volume['id'],
+                        exc_info=True)
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %s: the record of an ACL of its export cannot '
+                       'be updated now; try again.') % volume['id'])
 
     @staticmethod
     def _refuse_if_attach_withdrawn(volume, starting):
@@ -519,7 +585,7 @@ class Source(side.Side):
             return t.state in move.UNCOMMITTED
         return t.state == move.PREPARING and self.prepare_outlived(t)
 
-    def _give_up_stale_prepare(self, volume):
+    def _give_up_stale_prepare(self, volume, connector=None):
         """Under the volume's lock: give up a move from here left preparing.
 
         An attempt holds the volume's lock from the moment it records a
@@ -537,8 +603,15 @@ class Source(side.Side):
         the export made for it goes).  So is a move whose attempt this
         service saw fail, in whatever uncommitted state it was left
         (:meth:`_stale_prepare`).
+
+        With no move recorded, the ACL of a move that is over goes first
+        (:meth:`_drop_leftover_before_attach`); with ``connector`` (an
+        iSCSI attach from another node), the attach is refused if it
+        cannot.
         """
         t = self.load_any(volume['id'])
+        if t is None:
+            self._drop_leftover_before_attach(volume, connector)
         if not self._stale_prepare(volume, t):
             return
         volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
@@ -550,6 +623,35 @@ class Source(side.Side):
                     {'vol': volume['id'], 'dst': t.dest_node,
                      'state': t.state})
         self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
+
+    def _drop_leftover_before_attach(self, volume, connector):
+        """Before any ACL is made: drop the ACL of a move that is over.
+
+        One made for this attach must never be taken for that leftover
+        afterwards.  Not when ``connector`` is the destination that ACL
+        admits (:meth:`_take_over_recorded_acl`).  If it cannot go, the
+        monitor tries again; an iSCSI attach (``connector``) is refused
+        then rather than let in next to an ACL nothing could tell apart.
+        """
+        try:
+            if connector is not None and \
+                    self._recorded_acl_is(volume, connector):
+                return
+            if self.drop_leftover_export(volume['id'], whole=False):
+                return
+            error = None
+        except Exception as exc:
+            error = exc
+        self.leftover_exports.add(volume['id'])
+        LOG.warning('Volume %s: could not remove the ACL of a move that is '
+                    'over from its export; retrying at the next tick.',
+                    volume['id'], exc_info=error is not None)
+        if connector is not None:
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %(vol)s: the ACL its export keeps for a move '
+                       'that is over cannot be removed now; refusing the '
+                       'attach on %(host)s. Try again.')
+                % {'vol': volume['id'], 'host': connector.get('host')})
 
     def give_up(self, ctxt, volume, t, connector=None):
         """End a move that never committed.
@@ -599,6 +701,13 @@ class Source(side.Side):
         Once the export is removed, a database that does not let it be
         forgotten does not stop the give-up (the record keeps naming it,
         for the next detach here to remove).
+
+        An ``aborted`` move is not moving: other nodes may have been let
+        in to the volume's target since (an iSCSI attach from a node
+        without this backend).  The export made for it normally went
+        when it was given up; only the ACL it gave the destination, if
+        still recorded (:meth:`_drop_recorded_acl`), goes then, never
+        the target another node uses.
         """
         current = self.load_any(volume['id'])
         if not t.same_move(current):
@@ -607,11 +716,197 @@ class Source(side.Side):
             raise move.MoveStateConflict(
                 volume_id=volume['id'], expected='/'.join(move.UNCOMMITTED),
                 found=current.state)
+        if current.state == move.ABORTED:
+            self._drop_recorded_acl(volume, current.target_iqn)
+            return
         try:
             self.drop_and_forget_export(volume, connector)
         except Exception:
             LOG.exception('Could not forget the export of volume %s made '
                           'for its move.', volume['id'])
+
+    def drop_leftover_export(self, volume_id, whole=True, restore=False):
+        """Under the volume's lock: drop the ACL a move that is over left.
+
+        The source records, with each move, the ACL its export gives the
+        destination (:data:`~cinder_dmclone.move.EXPORT_KEY`), and
+        forgets it with the export.  Still recorded while no move is, for
+        a volume that lives here: the move never committed (a committed
+        move is cleared only once it finalized, and the volume then
+        lives on its destination), yet its export still admits the
+        destination.  So it goes when a failed attempt here could not
+        give its move up (the database was away) and the destination
+        ended it ('aborted') and cleared it meanwhile: after that, no
+        step of the move would ever drop it.  Only the destination's ACL
+        goes: another node may reach the volume through the same target
+        (an iSCSI attach made since); the target goes too if it then
+        admits nobody, with ``whole`` (not while an attach here has just
+        made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
+        (at start) LIO's saved targets are restored first (a reboot
+        left the ACL in LIO's saved configuration only); if the target
+        the record names is still not in the kernel then (the restore
+        failed), whether the saved configuration still admits that node
+        is unknown, and Cinder's ``ensure_export`` may restore it next:
+        the record of the ACL is kept, for the monitor to remove it once
+        the target is back.  An ACL that a
+        current attachment's connector names is left in place (see
+        :meth:`_drop_acl`).
+
+        Returns False if the ACL may still admit that node (the record
+        of it is kept, for a later call); True otherwise.
+        """
+        ctxt = self.ctxt()
+        try:
+            recorded = self.store.move_export(ctxt, volume_id)
+            if recorded is None:
+                return True
+            node, initiator = recorded
+            if node not in self.node_names or \
+                    self.load_any(volume_id) is not None:
+                # (Another node's export; or the move's own steps drop it.)
+                return True
+            volume = objects.Volume.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            return True
+        if self.lives_here(volume) and not self._used_by_attachment(
+                volume, initiator):
+            LOG.warning('Volume %(vol)s: its move from here to the node of '
+                        'initiator %(ini)s is over and never committed, but '
+                        'its export still admits that node: removing its '
+                        'ACL.', {'vol': volume_id, 'ini': initiator})
+            if restore:
+                self._restore_saved_exports(volume)
+                if self._target_missing(volume):
+                    LOG.warning('Volume %(vol)s: its export is not in the '
+                                'kernel after LIO\'s saved configuration '
+                                'was restored; the ACL of initiator %(ini)s '
+                                'is removed once the export is back.',
+                                {'vol': volume_id, 'ini': initiator})
+                    return False
+            if not self._drop_acl(volume, initiator, whole):
+                return False
+        self.store.forget_move_export(ctxt, volume_id)
+        return True
+
+    def _drop_unclaimed_acls(self, volume, target_iqn):
+        """Ending an aborted move that recorded no ACL: drop unclaimed ones.
+
+        An aborted move recorded by an older release has no
+        :data:`~cinder_dmclone.move.EXPORT_KEY`, yet its give-up may have
+        kept the export made for it (the removal failed).  Which
+        initiator it admitted is not known; every other ACL of the target
+        belongs to an attachment (Cinder's iSCSI attaches each have one,
+        with their connector).  So the ACLs that no current attachment's
+        connector names go, and the target if it then admits nobody.
+        Nothing goes while an attachment in use names no initiator yet
+        (an attach in progress).  Errors are logged: the export then
+        stays as before this release.
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'gone already.', volume['id'])
+            return
+        target_iqn = target_iqn or location[1]
+        try:
+            current = attachments.current(volume)
+            if attachments.unnamed(volume, current):
+                LOG.warning('Volume %s: its aborted move recorded no ACL '
+                            '(an older release) and an attach is in '
+                            'progress; its export is left in place.',
+                            volume['id'])
+                return
+            claimed = attachments.initiators(volume, current)
+            admitted = self._lio_acls(target_iqn)
+            for initiator in sorted(admitted - claimed):
+                LOG.warning('Volume %(vol)s: removing the ACL of initiator '
+                            '%(ini)s, which no attachment uses, from its '
+                            'export as its aborted move ends (recorded by '
+                            'an older release).',
+                            {'vol': volume['id'], 'ini': initiator})
+                self.target_driver.terminate_connection(
+                    volume, {'initiator': initiator, 'host': None})
+            if admitted and not self._lio_acls(target_iqn):
+                self.drop_and_forget_export(volume, ANY_INITIATOR)
+        except Exception:
+            LOG.exception('Volume %s: could not remove the ACLs no '
+                          'attachment uses from its export.', volume['id'])
+
+    def _target_missing(self, volume):
+        """True if the record names a target that the kernel does not hold."""
+        location = (volume.get('provider_location') or '').split(' ')
+        return len(location) >= 2 and not self._lio_target_exists(
+            location[1])
+
+    @staticmethod
+    def _used_by_attachment(volume, initiator):
+        """True if an attachment of the volume uses ``initiator``'s ACL.
+
+        The connector of one of its attachments (reserved, attaching or
+        attached) names it: the move's destination attached the volume
+        over iSCSI since (a multiattach volume) with the same initiator,
+        and the ACL is that attachment's now, for its detach to remove.
+        """
+        if initiator not in attachments.initiators(
+                volume, attachments.current(volume)):
+            return False
+        LOG.info('Volume %(vol)s: initiator %(ini)s, which its export '
+                 'admitted for a move that is over, is an attachment\'s '
+                 'now; its ACL stays.',
+                 {'vol': volume['id'], 'ini': initiator})
+        return True
+
+    def _drop_recorded_acl(self, volume, target_iqn):
+        """Remove the ACL a move from here recorded it gave; then forget it.
+
+        The target goes too if it then admits nobody.  An ACL that an
+        attachment uses (:meth:`_used_by_attachment`) stays, and the
+        record of it is forgotten.  Nothing recorded: the export made
+        for the move is gone already (or an attach took the ACL over),
+        or the move was recorded by an older release, which did not
+        record that ACL (no :data:`~cinder_dmclone.move.EXPORT_RECORDED`
+        key: :meth:`_drop_unclaimed_acls`).
+        """
+        ctxt = self.ctxt()
+        recorded = self.store.move_export(ctxt, volume['id'])
+        if recorded is None:
+            if not self.store.export_recorded(ctxt, volume['id']):
+                self._drop_unclaimed_acls(volume, target_iqn)
+                return
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'gone already (or an attach took its ACL over); its '
+                     'export now, if any, is left in place.', volume['id'])
+            return
+        if recorded[0] not in self.node_names:
+            LOG.info('Volume %s: the export made for its aborted move is '
+                     'not this node\'s; its export now, if any, is left in '
+                     'place.', volume['id'])
+            return
+        if self._used_by_attachment(volume, recorded[1]) or \
+                self._drop_acl(volume, recorded[1], True, target_iqn):
+            self.store.forget_move_export(ctxt, volume['id'])
+
+    def _drop_acl(self, volume, initiator, whole, target_iqn=None):
+        """Remove one initiator from the volume's target; True if gone.
+
+        With ``whole``, the target too if it then admits nobody (and the
+        record stops naming it).  Raises if the ACL cannot be removed.
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            # (Cinder's target drivers keep no export the record does
+            # not name.)
+            return True
+        target_iqn = target_iqn or location[1]
+        if initiator in self._lio_acls(target_iqn):
+            self.target_driver.terminate_connection(
+                volume, {'initiator': initiator, 'host': None})
+        admitted = self._lio_acls(target_iqn)
+        if initiator in admitted:
+            return False
+        if whole and not admitted:
+            self.drop_and_forget_export(volume, ANY_INITIATOR)
+        return True
 
     def _abort_peer(self, ctxt, volume, t):
         """Ask the destination to remove its side; True if it did."""

@@ -194,6 +194,25 @@ def unhydrated_bytes(statuses):
                * dmsetup.SECTOR_SIZE for s in statuses if not s.failed)
 
 
+def unwritten_bytes(lvs, pool, lv_names):
+    """Bytes the thin LVs ``lv_names`` of ``pool`` still lack, from LVM.
+
+    ``lvs`` as :func:`parse_lvs` gives.  Each is the data LV of a move
+    into this node (a metadata LV beside it), which ends fully allocated
+    once hydrated: its virtual size less what it holds already (all of
+    it if LVM tells none).  Counted whether or not its clone is loaded
+    (a clone not yet rebuilt after a reboot, or still being built).  An
+    LV that is not in ``lvs``, or not in ``pool``, counts for nothing.
+    """
+    total = 0
+    for name in lv_names:
+        lv = lvs.get(name)
+        if lv is None or lv.pool != pool:
+            continue
+        total += max(lv.size - (lv.allocated or 0), 0)
+    return total
+
+
 @dataclasses.dataclass(frozen=True)
 class Shortfall:
     """What a pool lacks for a move: ``needed`` bytes, ``available``.

@@ -126,6 +126,8 @@ class Node(object):
             clock=lambda: self.cluster.now)
         self.source = self.moves.source
         self.source._lio_acls = self._acls
+        self.source._lio_target_exists = (
+            lambda iqn: iqn in self.target.exports)
         self.destination = self.moves.destination
         self.endpoint = self.moves.endpoint
         self.tracker = self.moves.tracker

@@ -12,11 +12,13 @@
 
 """The destination's steps on its kernel: clone.Clones over fakes."""
 
+import dataclasses
 from unittest import mock
 
 from oslo_concurrency import processutils
 
 from cinder import exception
+from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import test
 
 from cinder_dmclone import clone
@@ -204,6 +206,45 @@ class ClonesTestCase(test.TestCase):
         self.assertIn('0.75 GiB', str(exc))
         self.other_clone(hydrated=16384)
         self.node.check_space(self.t, 1, 'node-b')
+
+    # Review 7, R7-4: two moves into one thin pool, checked before either
+    # clone.  The check counted what clones *loaded* in device-mapper will
+    # still write; a move whose check passed but whose clone is not
+    # loaded yet (its LVs being created, its iSCSI login under way:
+    # seconds, minutes for a slow portal) counted for nothing.  Each
+    # prepare holds only its own volume's build lock, so a second move
+    # checked the same free space.
+
+    def test_second_move_counts_the_first_one_not_yet_built(self):
+        self.thin(pool_gib=100, data=98.5)      # 1.5 GiB free
+        self.node.check_space(self.t, 1, 'node-b')
+        self.node.create_volumes(self.t, 1)     # then its login runs ...
+        other = dataclasses.replace(self.t, volume_id=fake.VOLUME2_ID,
+                                    lv_name='volume-%s' % fake.VOLUME2_ID)
+        # ... while a second 1 GiB move into this node is checked: both
+        # will write 1 GiB, 2 GiB into 1.5 GiB: the pool fills, and
+        # every thin LV of the node stops.
+        self.assertRaises(dmc_exception.ThinPoolFull,
+                          self.node.check_space, other, 1, 'node-b')
+
+    def test_a_clone_not_rebuilt_yet_after_a_reboot_still_counts(self):
+        # node-b rebooted: device-mapper holds no clone until recovery
+        # rebuilds it, which waits for its source while that node is down
+        # (Recovery.pending_rebuild: minutes, hours).  Its LVs are there:
+        # a 1 GiB thin LV 25 % written, its metadata LV beside it; once
+        # rebuilt it hydrates the other 0.75 GiB.  1.5 GiB free: a new
+        # 1 GiB move does not fit with it.
+        self.thin(pool_gib=100, data=98.5)
+        pool = self.node.thin_pool
+        other = 'volume-%s' % fake.VOLUME2_ID
+        self.lvs_report = (
+            '  %s|%d|98.50|10.00|%d|%d|\n  %s|%d|25.00|||0|%s\n'
+            % (pool, 100 * GIB, 100 * MIB, 64 * 1024,
+               other, GIB, pool))
+        self.vg.add(other, '1g')
+        self.meta_vg.add(other + '-dmcmeta', '8m')
+        self.assertRaises(dmc_exception.ThinPoolFull,
+                          self.node.check_space, self.t, 1, 'node-b')
 
     def test_thin_pool_metadata_full(self):
         # 100 MiB of metadata, 0.01 % (10 KiB) free: it maps 13.3 MiB.

@@ -33,9 +33,16 @@ from tests.unit import test_two_nodes
 
 DB_OPS = ('volume_admin_metadata_get', 'volume_admin_metadata_update',
           'volume_admin_metadata_delete', 'volume_update')
+NODE_C = {'host': 'node-c', 'ip': '10.0.0.3',
+          'initiator': 'iqn.1993-08.org.debian:01:node-c'}
 
 
-class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
+def _acl(node):
+    return set(node.target.exports.get(FakeTargetIQN, {}).get('acl', ()))
+
+
+class DatabaseDownTestBase(test_two_nodes.ClusterTestCase):
+    """Base: the database goes away during a move (no tests here)."""
 
     def db_down(self, ops=DB_OPS):
         for op in ops:
@@ -76,6 +83,9 @@ class DatabaseRestartTestCase(test_two_nodes.ClusterTestCase):
     def outlive_the_prepare(self):
         """Let more time pass than a prepare's source may still write."""
         self.c.now += self.a.source.stale_prepare_after() + 1
+
+
+class DatabaseRestartTestCase(DatabaseDownTestBase):
 
     def test_retried_attach_moves_a_volume_left_preparing(self):
         # Before: every later attach (and a local one on node-a) was
@@ -771,3 +781,219 @@ class LockServiceDownTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual([], self.ops())
         self.assertEqual(later, self.c.transfer())
         self.assertEqual({}, self.a.moves.recovery.pending_abandon)
+
+
+class LeftoverExportTestCase(DatabaseDownTestBase):
+    """The ACL a failed move's export keeps once the move is over.
+
+    Review 7 (R7-1): the source records it (``dmclone_move_export``)
+    and drops it once no move is recorded.  Review 8: that ACL names
+    node-b's initiator, which a later, legitimate iSCSI attach from
+    node-b (a multiattach volume, retyped by its owner) uses too: the
+    same string.
+    """
+
+    def failed_move_ended_by_node_b(self):
+        """node-a's failed attempt, which node-b ends and clears.
+
+        node-a could not reach the database: its export (node-b's ACL)
+        is kept "until the move is known never committed" (review 5).
+        node-b outlives the prepare, aborts it (drop_stale_prepare) and
+        its next start clears the 'aborted' record (DROP_ABORTED): no
+        record is left to tell node-a the move is over.
+        """
+        self.failed_attach_while_db_down()
+        self.assertIn(self.b.props['initiator'], _acl(self.a))
+        self.outlive_the_prepare()
+        self.c.tick(self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.b.restart()
+        self.b.recover()
+        self.assertIsNone(self.c.transfer())
+
+    def test_export_admits_node_b_for_good_once_node_b_ended_the_move(
+            self):
+        # Before: node-a's retry found no record, forgot its failed move
+        # and left the export: node-b's initiator (with the volume's
+        # CHAP credentials) stayed admitted to a volume that never moved.
+        self.failed_move_ended_by_node_b()
+        self.c.tick(self.a)
+        self.assertEqual({}, self.a.source.unrecorded)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_export_admits_node_b_after_node_a_restarts_too(self):
+        # node-a's service restarts before the database comes back for
+        # it (its memory of the failed attempt is gone): its recovery
+        # found no move, and Cinder's ensure_export at start restored the
+        # target with node-b's ACL from LIO's saved configuration.
+        self.failed_move_ended_by_node_b()
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+
+    def test_export_admits_node_b_after_node_a_reboots_too(self):
+        # As above over a reboot: the ACL is in LIO's saved configuration
+        # only, which Cinder's ensure_export would restore.
+        self.failed_move_ended_by_node_b()
+        self.c.reboot = True
+        self.c.restart(self.a)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.assertNotIn(self.b.props['initiator'], self.a.target.saved.get(
+            FakeTargetIQN, {}).get('acl', ()))
+
+    def test_leftover_acl_goes_alone_when_another_node_uses_the_target(
+            self):
+        # node-c (no service of this backend) attached over iSCSI after
+        # node-b cleared the record: only node-b's ACL goes.
+        self.failed_move_ended_by_node_b()
+        self.assertIsNone(self.c.transfer())
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.c.tick(self.a)
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def node_b_acl(self):
+        return self.b.props['initiator'] in _acl(self.a)
+
+    def test_tick_keeps_the_acl_of_node_bs_later_iscsi_attach(self):
+        # The drop before node-b's iSCSI attach fails once (a transient
+        # rtstool error): the attach goes on and makes node-b's ACL for
+        # its instance; the next tick takes that live ACL for the
+        # leftover and removes it (and, as it admits nobody else, the
+        # whole target): node-b's instance loses its disk.
+        self.failed_move_ended_by_node_b()
+        self.c.multiattach = True           # the owner's retype
+        terminate = self.a.target.terminate_connection
+        calls = []
+
+        def flaky(volume, connector, **kwargs):
+            if not calls:
+                calls.append(1)
+                raise exception.ISCSITargetDetachFailed(volume_id=VOLUME_ID)
+            return terminate(volume, connector, **kwargs)
+        self.mock_object(self.a.target, 'terminate_connection',
+                         side_effect=flaky)
+        att, info = self.c.attach(self.b)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertTrue(self.node_b_acl())
+        self.c.tick(self.a)
+        self.assertTrue(self.node_b_acl(),
+                        'tick removed the ACL node-b\'s live attachment uses')
+        # (node-b's attach took the ACL over: nothing records it as a
+        # leftover any more, and the drop was never tried.)
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertEqual([], calls)
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+
+    def test_iscsi_attach_refused_while_the_leftover_acl_cannot_go(self):
+        # node-c attaches over iSCSI while node-b's leftover ACL cannot
+        # be removed (a transient rtstool error): the attach is refused
+        # rather than let in next to an ACL nothing could tell apart
+        # later; the tick removes the leftover, and node-c's retry works.
+        self.failed_move_ended_by_node_b()
+        terminate = self.a.target.terminate_connection
+        calls = []
+
+        def flaky(volume, connector, **kwargs):
+            if not calls:
+                calls.append(1)
+                raise exception.ISCSITargetDetachFailed(volume_id=VOLUME_ID)
+            return terminate(volume, connector, **kwargs)
+        self.mock_object(self.a.target, 'terminate_connection',
+                         side_effect=flaky)
+        self.assertRaises(exception.VolumeBackendAPIException, self.a.attach,
+                          self.c.volume(), dict(NODE_C))
+        self.assertNotIn(NODE_C['initiator'], _acl(self.a))
+        self.assertIn(VOLUME_ID, self.a.source.leftover_exports)
+        self.c.tick(self.a)
+        self.assertFalse(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+
+    def test_acl_an_attachment_names_is_never_taken_for_the_leftover(self):
+        # The record of the leftover is still there while an attachment
+        # of node-b uses that very ACL (made by a release that did not
+        # take it over): a restart keeps the ACL and forgets the record.
+        self.failed_move_ended_by_node_b()
+        self.c.multiattach = True
+        self.mock_object(self.a.source, '_take_over_recorded_acl')
+        self.c.attach(self.b)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_ending_an_aborted_move_keeps_node_bs_later_iscsi_attach(
+            self):
+        # node-b is down: the attempt fails, its export goes, but the
+        # database does not let the key be forgotten (tolerated: "does
+        # not stop the give-up"); the move is recorded 'aborted'.  The
+        # owner retypes the volume multiattach and attaches it on node-b
+        # over iSCSI (node-b's Nova is up, only its volume service is
+        # down): nothing drops the leftover first while a move is
+        # recorded.  node-a restarts: its recovery abandons the aborted
+        # move and removes the recorded ACL, which is the live one.
+        self.b.down = True
+        self.db_down(('volume_admin_metadata_delete',))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertFalse(self.node_b_acl())
+        self.c.multiattach = True
+        owner = self.c.owner()
+        info = owner.attach(self.c.volume(), dict(self.b.props))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertTrue(self.node_b_acl())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl(),
+                        'ending the aborted move removed node-b\'s live ACL')
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_ending_an_aborted_move_keeps_an_acl_an_attachment_names(self):
+        # As above, with an attachment of node-b that did not take the
+        # recorded ACL over (made by an older release): ending the
+        # aborted move leaves the ACL and forgets the record of it.
+        self.b.down = True
+        self.db_down(('volume_admin_metadata_delete',))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.c.multiattach = True
+        self.mock_object(self.a.source, '_take_over_recorded_acl')
+        self.c.attach(self.b)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.restart(self.a)
+        self.assertTrue(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+
+    def test_restore_failing_at_start_keeps_the_record_of_the_acl(self):
+        # After a reboot, the restore before the drop fails (it only
+        # logs): the kernel has no target, so the ACL "is gone" and the
+        # key is forgotten; Cinder's ensure_export then restores LIO's
+        # saved configuration, node-b's ACL with it, with nothing left
+        # to ever remove it.
+        from cinder_dmclone import source as dmc_source
+        self.failed_move_ended_by_node_b()
+        self.mock_object(dmc_source.Source, '_restore_saved_exports')
+        self.c.reboot = True
+        self.c.restart(self.a)
+        self.assertFalse(
+            self.node_b_acl() and move.EXPORT_KEY
+            not in self.c.transfer_keys(),
+            'node-b admitted to the export, and no record of it is left')
+        # (The key is kept: Cinder's ensure_export brought the ACL back;
+        # the next tick removes it.)
+        self.assertIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.c.tick(self.a)
+        self.assertFalse(self.node_b_acl())
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertNotIn(VOLUME_ID, self.a.source.leftover_exports)

@@ -108,6 +108,22 @@ class DriverTestBase(test.TestCase):
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
         self.drv.dm = self.dm
         self.volume = fake_volume.fake_volume_obj(self.ctxt, size=1)
+        #: volume id -> the host its record names, as the driver reads it
+        #: again (Volume.get_by_id; not in the test database): a request
+        #: that serves a volume from here maps its handle only if its
+        #: record names this node (_refuse_linear_over_clone).  Only the
+        #: volumes listed have a record: a read of any other fails, as a
+        #: read the code should not make would.
+        self.records = {self.volume.id: 'node-a@dmclone#dmclone'}
+        self.mock_object(objects.Volume, 'get_by_id',
+                         side_effect=self._volume_record)
+
+    def _volume_record(self, ctxt, volume_id):
+        """Volume.get_by_id: a volume of self.records (not in the DB)."""
+        if volume_id not in self.records:
+            raise exception.VolumeNotFound(volume_id=volume_id)
+        return fake_volume.fake_volume_obj(ctxt, id=volume_id, size=1,
+                                           host=self.records[volume_id])
 
     def _make_driver(self, host='node-a@dmclone#dmclone', **overrides):
         if overrides:
@@ -155,6 +171,27 @@ class IdentityTestCase(DriverTestBase):
         self.override_config('host', 'conf-host')
         drv = self._make_driver(host=None)
         self.assertEqual('conf-host', drv.node_name)
+
+    def test_node_name_unlike_the_service_host_maps_handles(self):
+        # dmclone_node_name (devstack's CINDER_DMCLONE_NODE_NAME) set to
+        # Nova's name for the node while the service's host is node-a:
+        # every volume record of this node says node-a, which is not in
+        # _node_names(): no handle can be mapped any more (create,
+        # ensure_export at start, local attach, extend).
+        # (A local attach: Nova's connector names the node compute-7.)
+        self.drv = self._make_driver(dmclone_node_name='compute-7')
+        self.drv.dm = self.dm
+        connector = dict(LOCAL, host='compute-7')
+        self.assertEqual({}, self.drv.create_export(self.ctxt, self.volume,
+                                                    connector))
+        self.assertIn(HANDLE, self.dm.devices)
+        self.dm.devices.clear()
+        info = self.drv.initialize_connection(self.volume, connector)
+        self.assertEqual(HANDLE_PATH, info['data']['device_path'])
+        self.assertIn(HANDLE, self.dm.devices)
+        # (And an extend, which reads the record again too.)
+        self.drv.extend_volume(self.volume, 2)
+        self.vg.extend_volume.assert_called_once_with(LV, '2g')
 
     @ddt.data(({'host': 'node-a'}, True), ({'host': 'node-b'}, False),
               ({'host': 'node-a.example.org'}, True), ({}, False),
@@ -602,9 +639,49 @@ class LifecycleTestCase(DriverTestBase):
         self.assertEqual(fake.VOLUME2_ID, update['_name_id'])
         self.assertEqual({handle}, set(self.dm.devices))
 
+    def test_update_migrated_volume_before_the_records_are_swapped(self):
+        # Cinder's generic migration (retype from another backend,
+        # ``--force-host-copy``, a node without dmclone_initiator)
+        # calls update_migrated_volume on the new volume's node BEFORE
+        # finish_volume_migration swaps the records: the original
+        # volume's record still names its old host.  The LV was just
+        # renamed to the original's name; mapping its handle is refused,
+        # the RPC fails, Cinder deletes the temporary volume (whose LV is
+        # gone: renamed) and a full copy of the data stays behind under
+        # the original volume's name on this node.
+        self.records[self.volume.id] = 'other@lvm#lvm'
+        new = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                          id=fake.VOLUME2_ID)
+        self.dm.devices['dmclone-dmc--vg-' + new.name] = [
+            dmsetup.linear_segment(0, 8, '/dev/%s/%s' % (VG, new.name))]
+        update = self.drv.update_migrated_volume(self.ctxt, self.volume,
+                                                 new, 'available')
+        self.assertEqual({'_name_id': None, 'provider_location': None},
+                         update)
+        self.assertEqual({HANDLE}, set(self.dm.devices))
+
 
 @ddt.ddt
 class ManageTestCase(DriverTestBase):
+
+    def _volume_record(self, ctxt, volume_id):
+        """The test database's volume; else the one being managed here.
+
+        (Whether an LV is some volume's is read from the database.)
+        """
+        try:
+            return self.get_by_id(ctxt, volume_id)
+        except exception.VolumeNotFound:
+            if volume_id not in self.managed:
+                raise
+        return super()._volume_record(ctxt, volume_id)
+
+    def setUp(self):
+        self.get_by_id = objects.Volume.get_by_id
+        super().setUp()
+        #: the ids of the volumes being managed (their records name
+        #: node-a; not in the test database).
+        self.managed = {self.volume.id}
 
     @mock.patch.object(volume_utils, 'check_already_managed_volume',
                        return_value=False)
@@ -731,6 +808,7 @@ class ManageTestCase(DriverTestBase):
         gone = tests_utils.create_volume(self.ctxt, id=fake.VOLUME2_ID,
                                          _name_id=fake.VOLUME_ID)
         gone.destroy()
+        self.managed = {fake.VOLUME3_ID}
         volume = fake_volume.fake_volume_obj(self.ctxt, id=fake.VOLUME3_ID)
         self.drv.manage_existing(volume, {'source-name': LV})
         self.vg.rename_volume.assert_called_once_with(LV, volume.name)
@@ -787,6 +865,17 @@ class StatsTestCase(DriverTestBase):
         self.assertEqual(0.5, pool['dmclone_hydration_pending_gb'])
         self.assertEqual('auto', pool['max_over_subscription_ratio'])
         self.assertEqual(5, pool['reserved_percentage'])
+
+    def test_thin_pool_counts_a_clone_not_rebuilt_yet(self):
+        # Review 7, R7-4: volume-1 moves here (its metadata LV beside it)
+        # but its clone is not loaded (a reboot; its source is down):
+        # its 50 GiB thin LV holds 25 %, it still writes 37.5 GiB.
+        self.thin()
+        self.vg.get_volumes.return_value = [
+            {'name': 'volume-1-dmcmeta', 'size': '0.01'}]
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(37.5, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual(22.5, pool['free_capacity_gb'])
 
     def test_thin_pool_metadata_bounds_the_free_space(self):
         # 100 MiB of metadata, 99.9 % used: 100 KiB map 133 MiB of data.
@@ -914,6 +1003,25 @@ class ConnectionTestCase(DriverTestBase):
                                                     LOCAL))
         target.assert_not_called()
         self.assertIn(HANDLE, self.dm.devices)
+
+    def test_requests_serving_a_volume_living_elsewhere_are_refused(self):
+        # (R7-2's check, at the call sites: R8-4.)  No move recorded, no
+        # handle, a record naming another node (an LV kept by a
+        # rollback): the requests that would serve the LV as the volume
+        # are refused and map nothing.
+        self.records[self.volume.id] = 'node-b@dmclone#dmclone'
+        image = self.mock_object(volume_utils, 'upload_volume')
+        for serve in (
+                lambda: self.drv.create_export(self.ctxt, self.volume,
+                                               LOCAL),
+                lambda: self.drv.initialize_connection(self.volume, LOCAL),
+                lambda: self.drv.create_export(self.ctxt, self.volume,
+                                               REMOTE),
+                lambda: self.drv.copy_volume_to_image(
+                    self.ctxt, self.volume, mock.Mock(), {})):
+            self.assertRaises(exception.VolumeBackendAPIException, serve)
+        self.assertEqual({}, self.dm.devices)
+        image.assert_not_called()
 
     def test_remote_export_exports_the_handle(self):
         target = self.mock_object(

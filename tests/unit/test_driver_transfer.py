@@ -420,7 +420,7 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.vg.extend_volume.side_effect = (
             lambda *a: events.append('lvextend'))
         real = destination.Destination(
-            {'node-b'}, 'node-b', mock.Mock(), mock.Mock(), mock.Mock(),
+            {'node-a'}, 'node-a', mock.Mock(), mock.Mock(), mock.Mock(),
             mock.Mock())
         real.store.load.side_effect = lambda ctxt, vid: events.append(
             'read the move')

@@ -225,9 +225,12 @@ class MoveRecordTestCase(test.TestCase):
         self.assertIn('dmclone_stalled_seconds', keys)
         self.assertIn('dmclone_secret', keys)
         self.assertIn('dmclone_source_aliases', keys)
+        # (Cleared with the move: whether it recorded its export's ACL.)
+        self.assertIn('dmclone_export_recorded', keys)
+        self.assertNotIn(move.EXPORT_KEY, keys)
         self.assertEqual(len(move.Move.FIELDS)
                          + len(move.Move.OPTIONAL_FIELDS)
-                         + len(move.PROGRESS_KEYS), len(set(keys)))
+                         + len(move.PROGRESS_KEYS) + 1, len(set(keys)))
 
     def test_optional_fields_round_trip(self):
         t = make_move(source_aliases=('node-a.example', 'node-a2'),

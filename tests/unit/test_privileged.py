@@ -908,6 +908,19 @@ class LioAclsTestCase(test.TestCase):
     def test_not_a_target_name(self, name):
         self.assertRaises(ValueError, self.acls, name)
 
+    def test_target_exists(self):
+        self.assertTrue(privileged.lio_target_exists(self.TARGET,
+                                                     root=self.root))
+        self.assertFalse(privileged.lio_target_exists(self.TARGET + '9',
+                                                      root=self.root))
+        self.assertFalse(privileged.lio_target_exists(
+            self.TARGET, root=os.path.join(self.root, 'absent')))
+
+    @ddt.data('', '.', '..', '../iqn.x')
+    def test_target_exists_refuses_a_path(self, name):
+        self.assertRaises(ValueError, privileged.lio_target_exists, name,
+                          root=self.root)
+
 
 class SwapTestCase(test.TestCase):
     """DMSetup.swap: suspend, then load and resume (or resume only)."""

@@ -479,6 +479,25 @@ class MoveTestCase(ClusterTestCase):
 
 class PrepareTestCase(ClusterTestCase):
 
+    def test_space_checked_and_taken_under_the_vgs_lock(self):
+        # Review 7, R7-4: a second move's check must see the first one's
+        # LVs: check and creation run under one lock of the VG.
+        events = []
+        lock = mock.MagicMock()
+        lock.__enter__.side_effect = lambda: events.append('lock')
+        lock.__exit__.side_effect = lambda *exc: events.append('unlock')
+        space_lock = self.mock_object(move, 'space_lock', return_value=lock)
+        for step in ('check_space', 'create_volumes'):
+            real = getattr(self.b.dest, step)
+            self.mock_object(
+                self.b.dest, step,
+                side_effect=lambda *a, _real=real, _step=step: (
+                    events.append(_step), _real(*a))[1])
+        self.c.attach(self.b)
+        space_lock.assert_called_once_with(fake_cluster.VG)
+        self.assertEqual(['lock', 'check_space', 'create_volumes', 'unlock'],
+                         events)
+
     def prepare(self, **step):
         volume = self.volume()
         volume.provider_auth = 'CHAP user s3cret'
@@ -1611,6 +1630,92 @@ class ThirdNodeTestCase(ClusterTestCase):
         info = self.c.attach(self.b)[1]
         self.assertEqual('local', info['driver_volume_type'])
         self.assertEqual(move.CLONED, self.c.transfer().state)
+
+    NODE_C = {'host': 'node-c', 'ip': '10.0.0.3',
+              'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+    def acl(self):
+        return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
+
+    def older_aborted_move_keeping_its_export(self):
+        """An 'aborted' move of an older release, its export still there.
+
+        (Its give-up could not remove the export; that release did not
+        record the ACL it gave: no dmclone_move_export.)
+        """
+        self.saved(state=move.ABORTED)
+        update = self.a.target.create_export(self.c.ctxt, self.volume(),
+                                             HANDLE_PATH)
+        self.c.db.volume_update(self.c.ctxt, VOLUME_ID,
+                                {'provider_location': update['location'],
+                                 'provider_auth': update['auth']})
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertEqual({self.b.props['initiator']}, self.acl())
+
+    def iscsi_attachment(self, connector, status=ATTACHED):
+        """An iSCSI attachment (a backup host's) as Cinder records it."""
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': None,
+               'attach_status': status, 'attached_host': None,
+               'connector': None}
+        if connector is not None:
+            self.a.target.initialize_connection(self.volume(), connector)
+            att.update(attached_host=connector['host'],
+                       connector=dict(connector))
+        self.c.attachments.append(att)
+
+    def test_ending_an_older_releases_aborted_move_drops_its_export(self):
+        # Review 8, R8-6: nothing records which ACL the move's export
+        # gave; none is any attachment's: they go, and the target.
+        self.older_aborted_move_keeping_its_export()
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertNotIn(IQN, self.a.target.exports)
+        self.assertIsNone(self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_keeps_attachments(self):
+        # node-c's iSCSI attachment uses the same target: its ACL stays.
+        self.older_aborted_move_keeping_its_export()
+        self.iscsi_attachment(self.NODE_C)
+        self.c.restart(self.a)
+        self.assertEqual({self.NODE_C['initiator']}, self.acl())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_during_an_attach(self):
+        # An attachment reserved, its connector not saved yet: which
+        # ACL is its is unknown, so none goes.
+        self.older_aborted_move_keeping_its_export()
+        self.iscsi_attachment(None, status=RESERVED)
+        self.c.restart(self.a)
+        self.assertEqual({self.b.props['initiator']}, self.acl())
+
+    def test_abandon_of_an_aborted_move_keeps_a_later_iscsi_attach(self):
+        # Review 7, R7-3.  node-b died mid-move: node-a gave the move up
+        # (its export for node-b dropped) and recorded it 'aborted',
+        # which nothing treats as moving.  node-c (no service of this
+        # backend: a backup host) then attaches the volume over iSCSI.
+        # node-a's service restarts while node-b is still dead: its
+        # recovery ABANDONed the 'aborted' move and dropped "the export
+        # made for it" with ANY_INITIATOR, which was node-c's live
+        # export: node-c's I/O failed, and the record forgot the export,
+        # so Cinder's start did not restore it either.
+        node_c = {'host': 'node-c', 'ip': '10.0.0.3',
+                  'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+        def acl():
+            return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
+        self.b.down = True
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertNotIn(IQN, self.a.target.exports)
+        info = self.a.attach(self.c.volume(), dict(node_c))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({node_c['initiator']}, acl())
+        self.c.restart(self.a)
+        self.assertEqual({node_c['initiator']}, acl())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
 
 
 class OnStatusTestCase(ClusterTestCase):
@@ -2899,7 +3004,10 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                                                    lambda: None))
 
     def _other_volume(self):
-        self.c.db.volumes[fake.VOLUME2_ID] = {}
+        # (A volume of node-b's, no move recorded.)
+        self.c.db.volumes[fake.VOLUME2_ID] = {
+            'host': self.b.host, 'size': 1, 'availability_zone': self.b.az,
+            'provider_location': None, 'provider_auth': None}
         return fake_volume.fake_volume_obj(self.c.ctxt, id=fake.VOLUME2_ID)
 
     def test_extend_while_finalizing(self):
@@ -3037,6 +3145,74 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
                                 self.volume(), 'a snapshot')
         self.assertIn('a snapshot is possible once', str(exc))
         self.assertIn('0.0%', str(exc))
+
+
+class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
+    """R7-2: requests routed by a volume object older than the rollback.
+
+    A rollback whose clone lost its metadata LV keeps node-b's LV (named
+    like the volume) and points the record back at node-a.  Review 6
+    refused a local attach that *waited for the lock* during that
+    rollback; a request that reaches node-b just after it, or an extend,
+    still treats the kept LV as the volume.
+    """
+
+    def roll_back_keeping_lv(self):
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        stale = self.volume()               # cinder-api's read: node-b
+        self.assertEqual(self.b.host, stale.host)
+        return src, dst, stale
+
+    def attach_here_as_the_driver_does(self, volume):
+        """The driver's create_export, then initialize_connection, here.
+
+        (A connector on node-b: both map the handle, _ensure_handle, as
+        a request serving the volume from here.)
+        """
+        drv = mock.Mock(destination=self.b.destination, metadata_vg=None,
+                        vg=self.b.vg)
+        drv.moves.recovery.pending_rebuild = {}
+        # create_export (local connector): _ensure_handle, no other check
+        dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(
+            drv, volume, 'attaching on node-b')
+        self.b.ensure_handle()
+        # initialize_connection (local connector)
+        self.b.source.refuse_local_attach(volume, 'attaching it here')
+        return self.b.ensure_handle()
+
+    def test_local_attach_just_after_the_rollback_is_refused(self):
+        src, dst, stale = self.roll_back_keeping_lv()
+        self.c.detach(dst)                  # the rollback, kept LV
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn(LV, self.b.vg.lvs)
+        # The attach routed to node-b by the stale read runs now.
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.attach_here_as_the_driver_does, stale)
+        self.assertNotIn(HANDLE, self.b.dm.devices)
+
+    def test_extend_racing_the_rollback_does_not_grow_the_kept_lv(self):
+        # os-extend (an owner's call) read the volume while the record
+        # named node-b; it waits for the lock the rollback detach holds.
+        src, dst, stale = self.roll_back_keeping_lv()
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+        grown = []
+        self.assertRaises(
+            exception.VolumeBackendAPIException,
+            self.b.destination.extend, stale,
+            lambda: grown.append(self.b.vg.extend_volume(LV, '2g')))
+        self.assertEqual([], grown)
 
 
 class InvariantsTestCase(ClusterTestCase):
