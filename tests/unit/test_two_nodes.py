@@ -1352,6 +1352,82 @@ class MigrateTestCase(ClusterTestCase):
                                 self.c.migrate, self.b)
         self.assertIn('a migration to node-b is possible once the move has '
                       'finished', str(exc))
+        self.assertEqual('error', self.c.db.volumes[VOLUME_ID][
+            'migration_status'])
+
+    def test_moving_volume_gets_no_generic_copy_either(self):
+        # (Before: (False, None) for another backend before the move was
+        # checked, and Cinder's generic copy gave the volume a new
+        # _name_id, its LV another name, in the middle of the move.)
+        self.saved(state=move.HYDRATING)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b,
+                                {'host': 'node-c@lvm#lvm',
+                                 'capabilities': {}})
+        self.assertIn('a migration to node-c@lvm#lvm is possible once the '
+                      'move has finished', str(exc))
+
+    def assert_nothing_changed(self):
+        """A refused migration: the volume as before it, on node-a."""
+        self.c.assert_rolled_back(aborted_ok=True)
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual('error', rec['migration_status'])
+        self.assertIsNone(rec['provider_location'])
+        self.assertIsNone(rec['provider_auth'])
+        self.assertEqual({}, self.a.target.exports)
+
+    def test_volume_with_snapshots_is_refused(self):
+        # (Cinder's API refuses them too: node-local snapshots stay.)
+        self.c.snapshots = ['snap']
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('snapshot', str(exc))
+        self.assert_nothing_changed()
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_destination_service_down_is_refused(self):
+        self.b.service_up = False
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('is down or disabled', str(exc))
+        self.assert_nothing_changed()
+
+    def test_full_destination_is_refused(self):
+        self.b.vg.vg_free_space = 0.25
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('Node node-b cannot take volume %s' % VOLUME_ID,
+                      str(exc))
+        self.assert_nothing_changed()
+
+    def test_in_use_volume_is_left_to_cinder(self):
+        # Cinder's manager asks no driver for an attached volume: Nova
+        # copies it (generic migration), nothing of this backend runs.
+        self.c.attach(self.a)
+        self.assertFalse(self.c.migrate(self.b))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_detached_multiattach_volume_moves(self):
+        # One copy is written at a time: only node-b serves it until it
+        # is hydrated, then any node reaches it there over iSCSI.
+        self.c.multiattach = True
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.c.settle()
+        self.c.assert_completed()
+        info = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)[1]
+        self.assertEqual('iscsi', info['driver_volume_type'])
+
+    def test_manager_records_success(self):
+        self.assertTrue(self.c.migrate(self.b))
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual('success', rec['migration_status'])
+        self.assertEqual(self.b.az, rec['availability_zone'])
+        self.c.settle()
+        self.c.assert_completed()
 
 
 class NameIdTestCase(ClusterTestCase):
