@@ -609,28 +609,42 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         ``cinder migrate`` of a detached volume to another node's pool is
         a move (so is a retype with migration, when Cinder lets a driver
         migrate it: the types differ only in backend name and zones): the
-        destination builds the clone and the volume is usable there at
-        once while it hydrates in the background, as for an attach there.
-        This is how an operator drains a node.  Cinder calls this only for
-        a volume without attachments; an in-use volume moves with its
-        instance (live migration), or goes through Cinder's generic
-        migration.
-        Any other target (another backend, a node that does not publish
-        its initiator) also gets Cinder's generic copy: (False, None).
+        destination builds the clone over this node's export, as for an
+        attach there (:meth:`Source.move
+        <cinder_dmclone.source.Source.move>`), and the volume is usable
+        there at once while it hydrates in the background.  This is how
+        an operator drains a node.  (True, None): Cinder's manager then
+        names the destination's pool in the volume record, which the
+        move has already done.
+
+        A volume that is moving is refused (MoveInProgress) before any
+        other answer: Cinder's generic copy in the middle of a move would
+        give the volume a new ``_name_id``, its LV another name, under a
+        clone that reads or writes the old one.  Any other target
+        (another backend, a node that does not publish its initiator)
+        and an attached volume (which Cinder's manager never hands to a
+        driver: Nova copies it) get Cinder's generic copy: (False, None).
+        A migration that fails or is refused raises, with nothing
+        changed: the volume stays here, available, without the export
+        made for it (:meth:`_drop_migration_export`).
         """
         connector = self._migration_connector(volume, host)
+        self.source.end_stale_prepare(volume)
+        self.source.refuse_if_moving(volume, _('a migration to %s') % (
+            connector['host'] if connector else host.get('host')))
         if connector is None:
             return False, None
-        self.source.end_stale_prepare(volume)
-        self.source.refuse_if_moving(
-            volume, _('a migration to %s') % connector['host'])
         update = self.create_export(ctxt, volume, connector)
         volume.update(update)
         volume.save()
-        info = self.source.move(volume, connector,
-                                self._lv_sectors_reader(volume))
+        try:
+            info = self.source.move(volume, connector,
+                                    self._lv_sectors_reader(volume))
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                self._drop_migration_export(ctxt, volume)
         if info is None:
-            self.remove_export(ctxt, volume)
+            self._drop_migration_export(ctxt, volume)
             return False, None
         LOG.info('Volume %(vol)s migrated to %(node)s: it hydrates there in '
                  'the background.', {'vol': volume['id'],
@@ -639,12 +653,37 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         # a fast finalization forgot it.)
         return True, None
 
+    def _drop_migration_export(self, ctxt, volume):
+        """Remove the export of a migration that did not move the volume.
+
+        And the record stops naming it, as before the migration (else
+        this node's next start would export the volume again).  A move
+        from here that is still recorded keeps it: one whose commit
+        landed although its answer was lost hydrates from it, one whose
+        give-up waits for the database is given up with it
+        (:meth:`Source.retry_give_ups
+        <cinder_dmclone.source.Source.retry_give_ups>`).  Never raises:
+        the migration's own outcome is what the caller reports.
+        """
+        try:
+            if self.source.is_source(self.source.load(volume['id'])):
+                return
+            self.remove_export(ctxt, volume)
+            volume.update({'provider_location': None, 'provider_auth': None})
+            volume.save()
+        except Exception:
+            LOG.exception('Could not remove the export of volume %s made '
+                          'for its migration; it is removed at its next '
+                          'detach or delete.', volume['id'])
+
     def _migration_connector(self, volume, host):
         """The connector a move to ``host`` (a scheduler host) uses, or None.
 
-        Only a pool of another node of this very backend qualifies; its
-        initiator comes from its pool stats (``dmclone_initiator``), since
-        no attach brought a connector.
+        Only the pool of another node of this very backend qualifies (the
+        pool the move names in the volume record: the manager writes the
+        scheduler's host after it); its initiator comes from its pool
+        stats (``dmclone_initiator``), since no attach brought a
+        connector.  Never for an attached volume: Nova copies it.
         """
         caps = host.get('capabilities') or {}
         node = caps.get('dmclone_node')
@@ -655,7 +694,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             target = '%s@%s' % (node, section.partition('@')[2])
         if (target is None or node in self._node_names()
                 or volume_utils.extract_host(host['host'], 'backend')
-                != target or volume.volume_attachment):
+                != target or volume.volume_attachment
+                or volume_utils.extract_host(host['host'], 'pool')
+                != volume_utils.extract_host(volume['host'], 'pool')):
             LOG.info('Migration of volume %(vol)s to %(host)s is not a move '
                      'between nodes of this backend: Cinder copies it.',
                      {'vol': volume['id'], 'host': host.get('host')})

@@ -33,6 +33,7 @@ twice) in ``Cluster.violations``.
 import itertools
 
 import oslo_messaging
+from oslo_utils import excutils
 
 from cinder import context
 from cinder import exception
@@ -333,19 +334,50 @@ class Node(object):
             return
         self.target.remove_export(ctxt, volume)
 
-    def migrate_volume(self, volume, node):
-        """DMCloneVolumeDriver.migrate_volume to ``node`` (a Node)."""
-        connector = {'host': node.name, 'initiator': node.props['initiator']}
+    def scheduler_host(self):
+        """This node's pool as Cinder's scheduler hands it to a migration."""
+        return {'host': self.host,
+                'capabilities': {'volume_backend_name': 'dmclone',
+                                 'dmclone_node': self.name,
+                                 'dmclone_initiator': self.props['initiator']}}
+
+    def migrate_volume(self, ctxt, volume, host):
+        """DMCloneVolumeDriver.migrate_volume (and _migration_connector)."""
+        caps = host.get('capabilities') or {}
+        node = caps.get('dmclone_node')
+        connector = None
+        if (node and node != self.name and caps.get('dmclone_initiator')
+                and host['host'] == '%s@dmclone#dmclone' % node
+                and not volume.volume_attachment):
+            connector = {'host': node,
+                         'initiator': caps['dmclone_initiator']}
         self.source.end_stale_prepare(volume)
-        self.source.refuse_if_moving(volume, 'a migration to %s' % node.name)
-        self._save(volume, self.create_export(self.cluster.ctxt, volume,
-                                              connector))
-        info = self.source.move(volume, connector,
-                                lambda: self.dm.device_sectors(LV_PATH))
+        self.source.refuse_if_moving(volume, 'a migration to %s' % (
+            connector['host'] if connector else host['host']))
+        if connector is None:
+            return False, None
+        self._save(volume, self.create_export(ctxt, volume, connector))
+        try:
+            info = self.source.move(volume, connector,
+                                    lambda: self.dm.device_sectors(LV_PATH))
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                self._drop_migration_export(ctxt, volume)
         if info is None:
-            self.remove_export(self.cluster.ctxt, volume)
+            self._drop_migration_export(ctxt, volume)
             return False, None
         return True, None
+
+    def _drop_migration_export(self, ctxt, volume):
+        """DMCloneVolumeDriver._drop_migration_export."""
+        try:
+            if self.source.is_source(self.source.load(volume['id'])):
+                return
+            self.remove_export(ctxt, volume)
+            self._save(volume, {'provider_location': None,
+                                'provider_auth': None})
+        except Exception:
+            pass    # (the driver logs it: the migration's error stands)
 
     def attachment_delete(self, volume, connector):
         """VolumeManager.attachment_delete: tests.harness.manager_flow."""
@@ -661,16 +693,18 @@ class Cluster(object):
         self.test.mock_object(self.b.dest, 'build_clone',
                               side_effect=build_then_withdraw)
 
-    def migrate(self, node):
-        """An admin's ``cinder migrate`` of the (detached) volume to node."""
+    def migrate(self, node, host=None):
+        """An admin's ``cinder migrate`` of the volume to node's pool.
+
+        Cinder's manager on the volume's node (manager_flow.migrate_volume)
+        asks its driver; ``host`` replaces the scheduler's host of ``node``.
+        Returns whether the driver moved it (False: Cinder's generic copy,
+        not modelled).
+        """
         owner = self.owner()
-        moved, _update = self.call(owner, owner.migrate_volume,
-                                   self.volume(), node)
-        if moved:
-            # (VolumeManager.migrate_volume records the new host itself.)
-            self.db.volume_update(self.ctxt, self.volume_id,
-                                  {'host': node.host})
-        return moved
+        return self.call(owner, manager_flow.migrate_volume, owner,
+                         self.ctxt, self.volume(),
+                         host or node.scheduler_host(), owner._save, node.az)
 
     def detach(self, att):
         owner = self.owner()

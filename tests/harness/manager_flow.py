@@ -15,7 +15,7 @@
 Every harness that drives a node (the two-node unit model, the functional
 testbed's node workers, the peer socket that stands in for RPC) calls the
 driver the way ``cinder.volume.manager.VolumeManager`` does, through these
-two functions, so that the sequence exists once in the tests.
+functions, so that the sequence exists once in the tests.
 """
 
 from oslo_utils import excutils
@@ -49,3 +49,31 @@ def terminate_connection(driver, ctxt, volume, connector):
     if not shared:
         driver.remove_export(ctxt, volume)
     return shared
+
+
+def migrate_volume(driver, ctxt, volume, host, save, zone):
+    """VolumeManager.migrate_volume's driver-assisted part (Cinder 29).
+
+    Runs on the service of the volume's host.  The driver is asked only
+    for a volume without attachments (Nova copies an attached one); an
+    error it raises ends the migration (``migration_status`` error, no
+    generic copy); (True, update): the manager points the volume at
+    ``host`` (its service's ``zone``), with the driver's model update.
+    Returns whether the driver moved it; False is Cinder's generic copy,
+    which no harness models.
+    """
+    save(volume, {'migration_status': 'migrating'})
+    if len(volume.volume_attachment):
+        return False
+    try:
+        moved, update = driver.migrate_volume(ctxt, volume, host)
+    except Exception:
+        with excutils.save_and_reraise_exception():
+            save(volume, {'migration_status': 'error'})
+    if moved:
+        updates = {'host': host['host'], 'availability_zone': zone,
+                   'migration_status': 'success',
+                   'previous_status': volume.status}
+        updates.update(update or {})
+        save(volume, updates)
+    return moved

@@ -137,11 +137,14 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.volume.host = 'node-a@dmclone#dmclone'
         self.mock_object(self.volume, 'save')
         self.source.move.return_value = None
-        self.mock_object(self.drv, 'create_export', return_value={})
+        self.mock_object(self.drv, 'create_export',
+                         return_value={'provider_location': 'loc',
+                                       'provider_auth': 'CHAP u p'})
         remove = self.mock_object(self.drv, 'remove_export')
         self.assertEqual((False, None), self.drv.migrate_volume(
             self.ctxt, self.volume, self._dest()))
         remove.assert_called_once_with(self.ctxt, self.volume)
+        self.assertIsNone(self.volume.provider_location)
 
     def test_failed_migrate_raises(self):
         # (The manager records migration_status=error; Source.move has
@@ -155,20 +158,96 @@ class MockMovesTestCase(test_driver.DriverTestBase):
                           self.drv.migrate_volume, self.ctxt, self.volume,
                           self._dest())
 
-    def test_migrate_of_a_moving_volume_is_refused(self):
+    def test_failed_migrate_drops_its_export(self):
+        # Refused before any move was recorded (snapshots, a short LV,
+        # the destination's service down): the export made for it goes,
+        # and the record stops naming it, as before the migration.
         self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.mock_object(self.drv, 'create_export',
+                         return_value={'provider_location': 'loc',
+                                       'provider_auth': 'CHAP u p'})
+        self.source.move.side_effect = exception.InvalidVolume(
+            reason='snapshots')
+        remove = self.mock_object(self.drv, 'remove_export')
+        self.assertRaises(exception.InvalidVolume, self.drv.migrate_volume,
+                          self.ctxt, self.volume, self._dest())
+        remove.assert_called_once_with(self.ctxt, self.volume)
+        self.assertIsNone(self.volume.provider_location)
+        self.assertIsNone(self.volume.provider_auth)
+        self.assertEqual(2, self.volume.save.call_count)
+
+    def test_failed_migrate_keeps_the_export_of_a_recorded_move(self):
+        # Source.move's give-up owns it: a move still recorded from here
+        # committed after all (its answer was lost), or waits for the
+        # database to be given up; either reads or needs the export.
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.mock_object(self.drv, 'create_export',
+                         return_value={'provider_location': 'loc',
+                                       'provider_auth': 'CHAP u p'})
+        self.source.move.side_effect = exception.VolumeBackendAPIException(
+            data='lost answer')
+        self.source.is_source.return_value = True
+        remove = self.mock_object(self.drv, 'remove_export')
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.migrate_volume, self.ctxt, self.volume,
+                          self._dest())
+        remove.assert_not_called()
+        self.assertEqual('loc', self.volume.provider_location)
+
+    def test_a_failing_clean_up_keeps_the_migration_error(self):
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.mock_object(self.drv, 'create_export', return_value={})
+        self.source.move.side_effect = exception.InvalidVolume(reason='x')
+        self.mock_object(self.drv, 'remove_export',
+                         side_effect=exception.ISCSITargetRemoveFailed(
+                             volume_id=self.volume.id))
+        self.assertRaises(exception.InvalidVolume, self.drv.migrate_volume,
+                          self.ctxt, self.volume, self._dest())
+
+    @ddt.data({}, dict(host='node-b@other#other'),
+              dict(dmclone_initiator=None), dict(attached=True))
+    def test_migrate_of_a_moving_volume_is_refused(self, case):
+        # Before any fallback to Cinder's generic copy: that would give
+        # the volume a new _name_id (its LV another name) mid-move.
+        self.volume.host = 'node-a@dmclone#dmclone'
+        case = dict(case)
+        dest = self._dest()
+        if 'host' in case:
+            dest['host'] = case.pop('host')
+        if case.pop('attached', False):
+            self.volume.volume_attachment = objects.VolumeAttachmentList(
+                objects=[objects.VolumeAttachment(id=fake.ATTACHMENT_ID)])
+        dest['capabilities'].update(case)
         self.source.refuse_if_moving.side_effect = moving()
         export = self.mock_object(self.drv, 'create_export')
         self.assertRaises(move.MoveInProgress, self.drv.migrate_volume,
-                          self.ctxt, self.volume, self._dest())
+                          self.ctxt, self.volume, dest)
+        self.source.end_stale_prepare.assert_called_once_with(self.volume)
         export.assert_not_called()
         self.source.move.assert_not_called()
+
+    def test_in_use_volume_is_left_to_cinder(self):
+        # (Cinder's manager does not even ask: Nova copies an attached
+        # volume.  Asked anyway, the driver answers as the manager would.)
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.volume.volume_attachment = objects.VolumeAttachmentList(
+            objects=[objects.VolumeAttachment(id=fake.ATTACHMENT_ID)])
+        export = self.mock_object(self.drv, 'create_export')
+        self.assertEqual((False, None), self.drv.migrate_volume(
+            self.ctxt, self.volume, self._dest()))
+        self.source.refuse_if_moving.assert_called_once_with(
+            self.volume, 'a migration to node-b@dmclone#dmclone')
+        export.assert_not_called()
 
     @ddt.data(dict(dmclone_node=None), dict(dmclone_initiator=None),
               dict(dmclone_initiator=''), dict(dmclone_node='node-a'),
               dict(dmclone_node='node-a.example.org'),
               dict(host='node-b@other#other'),
-              dict(host='node-c@dmclone#dmclone'), dict(attached=True))
+              dict(host='node-c@dmclone#dmclone'),
+              dict(host='node-b@dmclone#other'), dict(attached=True))
     def test_migrate_elsewhere_is_generic(self, case):
         # Another backend, a node of this one that publishes no
         # initiator, this very node (or its alias), a pool that is not

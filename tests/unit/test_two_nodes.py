@@ -1371,6 +1371,82 @@ class MigrateTestCase(ClusterTestCase):
                                 self.c.migrate, self.b)
         self.assertIn('a migration to node-b is possible once the move has '
                       'finished', str(exc))
+        self.assertEqual('error', self.c.db.volumes[VOLUME_ID][
+            'migration_status'])
+
+    def test_moving_volume_gets_no_generic_copy_either(self):
+        # (Before: (False, None) for another backend before the move was
+        # checked, and Cinder's generic copy gave the volume a new
+        # _name_id, its LV another name, in the middle of the move.)
+        self.saved(state=move.HYDRATING)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b,
+                                {'host': 'node-c@lvm#lvm',
+                                 'capabilities': {}})
+        self.assertIn('a migration to node-c@lvm#lvm is possible once the '
+                      'move has finished', str(exc))
+
+    def assert_nothing_changed(self):
+        """A refused migration: the volume as before it, on node-a."""
+        self.c.assert_rolled_back(aborted_ok=True)
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual('error', rec['migration_status'])
+        self.assertIsNone(rec['provider_location'])
+        self.assertIsNone(rec['provider_auth'])
+        self.assertEqual({}, self.a.target.exports)
+
+    def test_volume_with_snapshots_is_refused(self):
+        # (Cinder's API refuses them too: node-local snapshots stay.)
+        self.c.snapshots = ['snap']
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('snapshot', str(exc))
+        self.assert_nothing_changed()
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_destination_service_down_is_refused(self):
+        self.b.service_up = False
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('is down or disabled', str(exc))
+        self.assert_nothing_changed()
+
+    def test_full_destination_is_refused(self):
+        self.b.vg.vg_free_space = 0.25
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('Node node-b cannot take volume %s' % VOLUME_ID,
+                      str(exc))
+        self.assert_nothing_changed()
+
+    def test_in_use_volume_is_left_to_cinder(self):
+        # Cinder's manager asks no driver for an attached volume: Nova
+        # copies it (generic migration), nothing of this backend runs.
+        self.c.attach(self.a)
+        self.assertFalse(self.c.migrate(self.b))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_detached_multiattach_volume_moves(self):
+        # One copy is written at a time: only node-b serves it until it
+        # is hydrated, then any node reaches it there over iSCSI.
+        self.c.multiattach = True
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.c.settle()
+        self.c.assert_completed()
+        info = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)[1]
+        self.assertEqual('iscsi', info['driver_volume_type'])
+
+    def test_manager_records_success(self):
+        self.assertTrue(self.c.migrate(self.b))
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual('success', rec['migration_status'])
+        self.assertEqual(self.b.az, rec['availability_zone'])
+        self.c.settle()
+        self.c.assert_completed()
 
 
 class NameIdTestCase(ClusterTestCase):
@@ -3304,6 +3380,13 @@ STEPS = {
         lambda ctxt, vid, values: 'provider_location' in values
         and values['provider_location'] is None),
     'clear': lambda c, f: (c.b.store, 'clear', None),
+    # cinder migrate, on node-a: the export made for it, and the
+    # manager's record of the outcome after the driver moved it.
+    'mig_create_export': lambda c, f: (c.a.target, 'create_export', None),
+    'mig_manager_records': lambda c, f: (
+        c.db, 'volume_update',
+        lambda ctxt, vid, values: values.get('migration_status')
+        == 'success'),
     'clear_part_way': lambda c, f: (
         c.db, 'volume_admin_metadata_delete', None),
     # A failed live migration's rollback, on node-b.
@@ -3355,6 +3438,7 @@ ROLLBACK = ('rb_remove_handle', 'rb_disconnect', 'rb_discard_data',
             'rb_clear')
 ABORT = ('ab_remove_handle', 'ab_discard_data', 'ab_wipe',
          'ab_remove_metadata')
+MIGRATE = ('mig_create_export',) + PREPARE + ('mig_manager_records',)
 DELETE = ('del_remove_handle', 'del_discard_data', 'del_wipe',
           'del_remove_metadata', 'del_retire', 'del_clear')
 
@@ -3366,18 +3450,25 @@ def _cases():
     for step in PREPARE:
         for when in ('before', 'after'):
             yield ('late', 'live', step, when, 'rolled_back')
+            # (node-a recorded the migration's commit before it died.)
+            yield ('late', 'migrate', step, when, 'completed' if (
+                step, when) == ('set_state_prepared', 'after')
+                else 'rolled_back')
     for mode in ('restart', 'reboot'):
-        for flow in ('available', 'live'):
-            steps = PREPARE + (COMMIT if flow == 'live' else ()) + FINALIZE
+        for flow in ('available', 'live', 'migrate', 'migrate_name_id'):
+            if flow.startswith('migrate'):
+                steps = MIGRATE + FINALIZE
+            else:
+                steps = PREPARE + (COMMIT if flow == 'live' else ()) \
+                    + FINALIZE
             for step in steps:
                 for when in ('before', 'after'):
                     if step == 'clear_part_way' and when == 'before':
                         continue
                     outcome = 'rolled_back' if step in PREPARE \
-                        else 'completed'
-                    if (flow, step, when) == ('available',
-                                              'set_state_prepared',
-                                              'after'):
+                        or step == 'mig_create_export' else 'completed'
+                    if flow != 'live' and (step, when) == (
+                            'set_state_prepared', 'after'):
                         # (node-a recorded the commit, hydrating, and
                         # died before naming node-b in the volume record:
                         # the committed move is left to node-b, which
@@ -3426,6 +3517,8 @@ class CrashTestCase(test.TestCase):
         c.built = c.deleting = False
         if flow in ('rollback', 'abort', 'delete'):
             return getattr(self, 'drive_' + flow)(c)
+        if flow.startswith('migrate'):
+            return self.drive_migrate(c)
         src = c.attach(c.a)[0] if flow == 'live' else None
         try:
             c.attach(c.b)
@@ -3442,6 +3535,20 @@ class CrashTestCase(test.TestCase):
                     break
                 except oslo_messaging.MessagingTimeout:
                     continue
+        c.settle()
+
+    def drive_migrate(self, c):
+        """An admin's cinder migrate of the detached volume to node-b.
+
+        A failed one is not retried: the volume stays on node-a, and
+        Cinder's manager records the migration failed (or, if node-a
+        died, leaves it ``migrating`` for an admin to reset).
+        """
+        try:
+            c.migrate(c.b)
+        except (exception.VolumeBackendAPIException,
+                oslo_messaging.MessagingTimeout):
+            pass
         c.settle()
 
     def drive_rollback(self, c):
@@ -3480,6 +3587,9 @@ class CrashTestCase(test.TestCase):
         c = fake_cluster.Cluster(self, reboot=(mode == 'reboot'),
                                  restart_before_timeout=(mode != 'late'))
         c.built = c.deleting = False
+        if flow == 'migrate_name_id':
+            # (Its LV is not named after its id: see NameIdTestCase.)
+            c.give_name_id()
         if flow == 'abort':
             self.watch_build(c)
         obj, attr, match = STEPS[step](c, flow)
@@ -3489,6 +3599,8 @@ class CrashTestCase(test.TestCase):
             down = [node for node in (c.a, c.b) if node.down]
             self.assertEqual(1, len(down))
             c.restart(down[0])
+            # (A committed move finalizes once its source is back.)
+            c.settle()
         self.assertTrue(record['fired'], 'the crash never happened')
         if outcome == 'rolled_back':
             # (A source that gave up while node-b was down keeps an inert
@@ -3500,7 +3612,7 @@ class CrashTestCase(test.TestCase):
             c.assert_completed()
 
     def test_happy_paths_have_no_crash(self):
-        for flow in ('available', 'live'):
+        for flow in ('available', 'live', 'migrate'):
             c = fake_cluster.Cluster(self)
             self.drive(c, flow)
             c.assert_completed()
