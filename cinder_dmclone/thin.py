@@ -266,6 +266,55 @@ def free_bytes(pool, pending):
 
 
 # --------------------------------------------------------------------------
+# A thin LV's pool and device id; the pool's device-mapper names
+# --------------------------------------------------------------------------
+
+#: The ``lvs -o`` columns of one thin LV: its device id in the pool, and
+#: the pool.
+THIN_DEVICE_COLUMNS = ('thin_id', 'pool_lv')
+
+
+def parse_thin_device(text):
+    """(thin id, pool LV name) of one line of :data:`THIN_DEVICE_COLUMNS`.
+
+    An LV that is not thin has neither: LVSParseError, as for any other
+    line that is not exactly one thin LV.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise exception.LVSParseError(line=text, reason='not one LV')
+    fields = lines[0].split(SEPARATOR)
+    if len(fields) != len(THIN_DEVICE_COLUMNS):
+        raise exception.LVSParseError(line=lines[0], reason='not 2 fields')
+    thin_id = _number(fields[0], int, lines[0])
+    if thin_id is None or not fields[1].strip():
+        raise exception.LVSParseError(line=lines[0], reason='not a thin LV')
+    return thin_id, fields[1].strip()
+
+
+def _dm_part(name):
+    """An LVM name as device-mapper names hold it (dashes doubled)."""
+    return name.replace('-', '--')
+
+
+def pool_device(vg, pool):
+    """The dm name of pool ``vg/pool``'s thin-pool target (its messages).
+
+    LVM activates a pool that has thin LVs as ``<vg>-<pool>-tpool`` (the
+    ``-tpool`` layer), the name a ``dmsetup message`` must use.
+    """
+    return '%s-%s-tpool' % (_dm_part(vg), _dm_part(pool))
+
+
+def pool_metadata_path(vg, pool):
+    """The path of pool ``vg/pool``'s metadata sub-LV (``<pool>_tmeta``).
+
+    Hidden LVs have no ``/dev/<vg>/`` link: only the /dev/mapper node.
+    """
+    return '/dev/mapper/%s-%s_tmeta' % (_dm_part(vg), _dm_part(pool))
+
+
+# --------------------------------------------------------------------------
 # What a thin device maps: thin_dump XML
 # --------------------------------------------------------------------------
 
