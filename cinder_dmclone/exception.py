@@ -84,6 +84,31 @@ class LVSParseError(exception.VolumeBackendAPIException):
     message = _("Cannot parse lvs output %(line)r: %(reason)s")
 
 
+class ThinDumpParseError(exception.VolumeBackendAPIException):
+    """thin_dump's view of a thin device we cannot interpret."""
+
+    message = _("Cannot read thin device %(dev_id)s from thin_dump: "
+                "%(reason)s")
+
+
+class RegionMapInvalid(exception.InvalidInput):
+    """A serialised region map that does not decode to a clone's regions."""
+
+    message = _("Invalid region map %(value)r: %(reason)s")
+
+
+class MetadataSnapBusy(PrivilegedCommandFailed):
+    """A thin pool already holds a metadata snapshot (only one at a time).
+
+    Someone (another dump of ours that did not finish, or another tool)
+    reserved it; the kernel refuses another until it is released.
+    """
+
+
+class MetadataSnapNotHeld(PrivilegedCommandFailed):
+    """A release of a thin pool's metadata snapshot found none held."""
+
+
 class InvalidDMName(exception.InvalidInput):
     """A name or path refused before it could reach a command line."""
 

@@ -28,6 +28,12 @@ Here are:
 * :func:`thin_lvs`: ``lvs`` of a volume group's thin pool and thin LVs
   (their data and metadata usage), parsed by the pure
   :mod:`cinder_dmclone.thin`;
+* :func:`thin_device`, :func:`reserve_metadata_snap`,
+  :func:`release_metadata_snap`, :func:`thin_dump`: what a thin LV maps
+  (its thin id, a metadata snapshot of its pool and ``thin_dump`` of
+  it), and :func:`discard_regions`: ``blkdiscard`` of whole regions of
+  a clone (see doc/source/contributor/thin-map.rst; not used by a move
+  yet);
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap);
 * :func:`probe_regions`, :func:`zero_ranges`,
@@ -687,6 +693,123 @@ def thin_lvs(vg, execute=None, root_helper=None):
                      layout.validate_vg_name(vg), execute=execute,
                      root_helper=root_helper)
     return thin.parse_lvs(out)
+
+
+# --------------------------------------------------------------------------
+# What a thin LV maps: lvs, the pool's metadata snapshot, thin_dump
+# --------------------------------------------------------------------------
+
+def thin_device(vg, lv, execute=None, root_helper=None):
+    """(thin id, pool) of the thin LV ``vg/lv`` (``lvs -o thin_id,pool_lv``).
+
+    An LV that is not thin raises
+    :class:`~cinder_dmclone.exception.LVSParseError`.
+    """
+    out, _err = _run('lvs', '--noheadings', '--separator', thin.SEPARATOR,
+                     '-o', ','.join(thin.THIN_DEVICE_COLUMNS),
+                     '%s/%s' % (layout.validate_vg_name(vg),
+                                layout.validate_lv_name(lv)),
+                     execute=execute, root_helper=root_helper)
+    return thin.parse_thin_device(out)
+
+
+def _pool_message_failure(name, errno_text, error):
+    """dmsetup's report of the kernel refusing a message to ``name``."""
+    return Known(DMSETUP_FAILED, re.compile(
+        r'device-mapper: message ioctl on %s\s.*failed: %s'
+        % (re.escape(name), errno_text)), error)
+
+
+def _pool_message(vg, pool, word, known, execute, root_helper):
+    name = dmsetup.validate_name(thin.pool_device(
+        layout.validate_vg_name(vg), layout.validate_lv_name(pool)))
+    _run('dmsetup', 'message', name, '0', word, execute=execute,
+         root_helper=root_helper, known=known + list(DM_NOT_FOUND),
+         failed=exception.DMSetupCommandFailed,
+         refused=exception.DMSetupCommandRefused)
+
+
+def reserve_metadata_snap(vg, pool, execute=None, root_helper=None):
+    """Take the metadata snapshot of thin pool ``vg/pool``.
+
+    The kernel commits the pool's metadata first, so the snapshot holds
+    every mapping made before the message.  A pool holds one at a time:
+    one already held raises
+    :class:`~cinder_dmclone.exception.MetadataSnapBusy` (EBUSY).  It
+    outlives a reboot: :func:`release_metadata_snap` must follow.
+    """
+    busy = _pool_message_failure(thin.pool_device(vg, pool),
+                                 'Device or resource busy',
+                                 exception.MetadataSnapBusy)
+    _pool_message(vg, pool, 'reserve_metadata_snap', [busy], execute,
+                  root_helper)
+
+
+def release_metadata_snap(vg, pool, execute=None, root_helper=None):
+    """Release the metadata snapshot of ``vg/pool``; False if none was held.
+
+    The kernel answers EINVAL when none is held ("No pool metadata
+    snapshot found"), so running it again is safe.
+    """
+    none_held = _pool_message_failure(thin.pool_device(vg, pool),
+                                      'Invalid argument',
+                                      exception.MetadataSnapNotHeld)
+    try:
+        _pool_message(vg, pool, 'release_metadata_snap', [none_held],
+                      execute, root_helper)
+    except exception.MetadataSnapNotHeld:
+        return False
+    return True
+
+
+def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):
+    """:class:`~cinder_dmclone.thin.DeviceMap` of thin device ``dev_id``.
+
+    ``thin_dump`` of the pool's metadata snapshot (taken by
+    :func:`reserve_metadata_snap`), of that one device.
+    ``--metadata-snap`` comes before another option, never before the
+    device path: its block number is optional, and the 1.x tools would
+    take a path after it for one.
+    """
+    if isinstance(dev_id, bool) or not isinstance(dev_id, int) or \
+            dev_id < 0:
+        raise exception.InvalidDMName(value=dev_id,
+                                      reason='not a thin device id')
+    path = thin.pool_metadata_path(layout.validate_vg_name(vg),
+                                   layout.validate_lv_name(pool))
+    out, _err = _run('thin_dump', '--format', 'xml', '--metadata-snap',
+                     '--dev-id', str(dev_id), path, execute=execute,
+                     root_helper=root_helper)
+    return thin.parse_thin_dump(out, dev_id)
+
+
+def discard_regions(vg, lv, ranges, zero=False, execute=None,
+                    root_helper=None):
+    """``blkdiscard`` the sector ranges ``[(start, sectors)]`` of a handle.
+
+    Only the handle ``dmclone-<vg>-<lv>`` (a clone while it moves): a
+    discard there marks the clone's unhydrated regions it covers whole
+    as hydrated, without copying them.  With ``zero``, ``--zeroout``
+    writes zeroes instead (for a destination LV that is not known to
+    read zeroes).  One command per range, ``--force`` (the device holds
+    a file system's signature, and blkdiscard would refuse it), offsets
+    in bytes.  Nothing else may use the handle meanwhile (see the
+    protocol).
+    """
+    path = layout.handle_path(vg, lv)
+    for start, sectors in ranges:
+        if (isinstance(start, bool) or isinstance(sectors, bool)
+                or not isinstance(start, int)
+                or not isinstance(sectors, int) or start < 0
+                or sectors <= 0):
+            raise exception.InvalidTable(
+                reason='not a sector range: %r' % ((start, sectors),))
+    for start, sectors in ranges:
+        args = ['--zeroout'] if zero else []
+        _run('blkdiscard', *args, '--force', '--offset',
+             str(start * dmsetup.SECTOR_SIZE), '--length',
+             str(sectors * dmsetup.SECTOR_SIZE), path, execute=execute,
+             root_helper=root_helper)
 
 
 # --------------------------------------------------------------------------

@@ -23,12 +23,24 @@ What LVM says of a pool and its thin LVs comes from one ``lvs`` report
 :data:`LVS_COLUMNS`, sizes in bytes), parsed by :func:`parse_lvs`;
 :func:`pool_usage` sums it up for one pool, :func:`shortfall` tells
 whether a move fits and :func:`free_bytes` what the pool stats report as
-free.  Nothing here runs a command or knows a move's state.
+free.
+
+What a thin LV maps, for a move that copies only its data (see
+doc/source/contributor/thin-map.rst): :func:`parse_thin_dump` reads one
+thin device out of ``thin_dump`` XML into its mapped block ranges,
+:func:`needed_regions` turns them into the dm-clone regions that hold
+data, :func:`discard_ranges` into the sector ranges of the others that a
+destination may mark hydrated, and :func:`encode_regions` /
+:func:`decode_regions` carry the regions from one node to the other.
+Nothing here runs a command or knows a move's state.
 """
 
+import base64
 import dataclasses
 import math
 import typing
+import xml.etree.ElementTree as ElementTree
+import zlib
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
@@ -270,3 +282,425 @@ def free_bytes(pool, pending):
     """
     return max(min(pool.data_free, pool.mappable(pool.metadata_free))
                - pending, 0)
+
+
+# --------------------------------------------------------------------------
+# A thin LV's pool and device id; the pool's device-mapper names
+# --------------------------------------------------------------------------
+
+#: The ``lvs -o`` columns of one thin LV: its device id in the pool, and
+#: the pool.
+THIN_DEVICE_COLUMNS = ('thin_id', 'pool_lv')
+
+
+def parse_thin_device(text):
+    """(thin id, pool LV name) of one line of :data:`THIN_DEVICE_COLUMNS`.
+
+    An LV that is not thin has neither: LVSParseError, as for any other
+    line that is not exactly one thin LV.
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 1:
+        raise exception.LVSParseError(line=text, reason='not one LV')
+    fields = lines[0].split(SEPARATOR)
+    if len(fields) != len(THIN_DEVICE_COLUMNS):
+        raise exception.LVSParseError(line=lines[0], reason='not 2 fields')
+    thin_id = _number(fields[0], int, lines[0])
+    if thin_id is None or not fields[1].strip():
+        raise exception.LVSParseError(line=lines[0], reason='not a thin LV')
+    return thin_id, fields[1].strip()
+
+
+def _dm_part(name):
+    """An LVM name as device-mapper names hold it (dashes doubled)."""
+    return name.replace('-', '--')
+
+
+def pool_device(vg, pool):
+    """The dm name of pool ``vg/pool``'s thin-pool target (its messages).
+
+    LVM activates a pool that has thin LVs as ``<vg>-<pool>-tpool`` (the
+    ``-tpool`` layer), the name a ``dmsetup message`` must use.
+    """
+    return '%s-%s-tpool' % (_dm_part(vg), _dm_part(pool))
+
+
+def pool_metadata_path(vg, pool):
+    """The path of pool ``vg/pool``'s metadata sub-LV (``<pool>_tmeta``).
+
+    Hidden LVs have no ``/dev/<vg>/`` link: only the /dev/mapper node.
+    """
+    return '/dev/mapper/%s-%s_tmeta' % (_dm_part(vg), _dm_part(pool))
+
+
+# --------------------------------------------------------------------------
+# What a thin device maps: thin_dump XML
+# --------------------------------------------------------------------------
+
+#: Bytes of thin_dump output fed to the XML parser at a time.
+XML_CHUNK = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceMap:
+    """The blocks thin device ``dev_id`` maps, as its pool's metadata says.
+
+    ``ranges`` are ``(first, end)`` of the device's own (virtual) block
+    numbers, ``end`` exclusive, sorted, disjoint and not adjacent;
+    ``block_sectors`` is the pool's data block (chunk) size in 512-byte
+    sectors.  A block not in ``ranges`` reads zeroes from the device.
+    """
+
+    dev_id: int
+    block_sectors: int
+    ranges: tuple
+
+    @property
+    def mapped_blocks(self):
+        return sum(end - first for first, end in self.ranges)
+
+
+def _merge(ranges):
+    """``(first, end)`` ranges sorted, with overlapping and adjacent merged."""
+    merged = []
+    for first, end in sorted(ranges):
+        if merged and first <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((first, end))
+    return merged
+
+
+class _Ranges(object):
+    """Ranges as they come: appended, merged at once while in order."""
+
+    def __init__(self):
+        self.items = []
+        self.ordered = True
+        self.count = 0
+
+    def add(self, first, length):
+        self.count += length
+        items = self.items
+        if items and first == items[-1][1]:
+            items[-1] = (items[-1][0], first + length)
+            return
+        if items and first < items[-1][1]:
+            self.ordered = False
+        items.append((first, first + length))
+
+    def extend(self, other):
+        for first, end in other.items:
+            self.add(first, end - first)
+
+    def merged(self):
+        return tuple(self.items if self.ordered else _merge(self.items))
+
+
+def _attr(element, name, dev_id, minimum=0):
+    text = element.get(name)
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise exception.ThinDumpParseError(
+            dev_id=dev_id, reason='<%s> has %s=%r, not a number'
+            % (element.tag, name, text)) from None
+    if value < minimum:
+        raise exception.ThinDumpParseError(
+            dev_id=dev_id, reason='<%s> has %s=%d, below %d'
+            % (element.tag, name, value, minimum))
+    return value
+
+
+class _DumpReader(object):
+    """The state of one streaming parse (see :func:`parse_thin_dump`)."""
+
+    def __init__(self, dev_id):
+        self.dev_id = dev_id
+        self.block_sectors = None
+        self.defs = {}          # <def name=...>: shared mappings
+        self.current = None     # the _Ranges being filled, or None
+        self.current_def = None
+        self.in_device = None   # dev_id of the open <device>
+        self.found = None       # _Ranges of our device
+        self.expected = None    # its mapped_blocks attribute
+
+    def fail(self, reason):
+        raise exception.ThinDumpParseError(dev_id=self.dev_id, reason=reason)
+
+    def start(self, element):
+        tag = element.tag
+        if tag == 'superblock':
+            if self.block_sectors is not None:
+                self.fail('more than one <superblock>')
+            self.block_sectors = _attr(element, 'data_block_size',
+                                       self.dev_id, minimum=1)
+        elif self.block_sectors is None:
+            self.fail('<%s> outside a <superblock>' % tag)
+        elif tag == 'def':
+            if self.current is not None:
+                self.fail('<def> inside a <def> or <device>')
+            self.current_def = element.get('name')
+            self.current = _Ranges()
+        elif tag == 'device':
+            if self.current is not None:
+                self.fail('<device> inside a <def> or <device>')
+            self.in_device = _attr(element, 'dev_id', self.dev_id)
+            self.current = _Ranges()
+            if self.in_device == self.dev_id:
+                if self.found is not None:
+                    self.fail('the device appears twice')
+                if element.get('mapped_blocks') is not None:
+                    self.expected = _attr(element, 'mapped_blocks',
+                                          self.dev_id)
+        elif tag in ('range_mapping', 'single_mapping', 'ref'):
+            if self.current is None:
+                self.fail('<%s> outside a <def> or <device>' % tag)
+        else:
+            self.fail('unknown element <%s>' % tag)
+
+    def end(self, element):
+        tag = element.tag
+        if tag == 'range_mapping':
+            self.current.add(
+                _attr(element, 'origin_begin', self.dev_id),
+                _attr(element, 'length', self.dev_id, minimum=1))
+        elif tag == 'single_mapping':
+            self.current.add(_attr(element, 'origin_block', self.dev_id), 1)
+        elif tag == 'ref':
+            if self.in_device is None:
+                self.fail('<ref> inside a <def>')
+            shared = self.defs.get(element.get('name'))
+            if shared is None:
+                self.fail('<ref name=%r> to no <def>' % element.get('name'))
+            self.current.extend(shared)
+        elif tag == 'def':
+            self.defs[self.current_def] = self.current
+            self.current = None
+        elif tag == 'device':
+            if self.in_device == self.dev_id:
+                self.found = self.current
+            self.current = None
+            self.in_device = None
+        element.clear()
+
+    def result(self):
+        if self.block_sectors is None:
+            self.fail('no <superblock>')
+        if self.found is None:
+            self.fail('the pool has no such device')
+        if self.expected is not None and self.expected != self.found.count:
+            self.fail('it says %d mapped blocks, its mappings hold %d'
+                      % (self.expected, self.found.count))
+        ranges = self.found.merged()
+        if sum(e - f for f, e in ranges) != self.found.count:
+            self.fail('its mappings overlap')
+        return DeviceMap(dev_id=self.dev_id,
+                         block_sectors=self.block_sectors, ranges=ranges)
+
+
+def parse_thin_dump(text, dev_id):
+    """The :class:`DeviceMap` of thin device ``dev_id`` in thin_dump XML.
+
+    ``thin_dump --format xml`` of thin-provisioning-tools 0.9 and 1.x;
+    ``text`` is the whole output (str or bytes) or an iterable of its
+    pieces; it is parsed as a stream and every element is dropped once
+    read, so that the ranges are all that stays in memory.  A
+    ``<superblock data_block_size=...>`` holds ``<device dev_id=...>``
+    elements of ``<range_mapping origin_begin= length=>`` and
+    ``<single_mapping origin_block=>``; the 1.x tools also write mappings
+    several devices share once, as ``<def name=...>`` before the
+    devices, and ``<ref name=...>`` where a device holds them.  Other
+    devices of the dump are skipped.  Anything else (not XML, cut short,
+    an unknown element, a number that is not one, mappings that do not
+    add up to the device's ``mapped_blocks``, no such device) raises
+    :class:`~cinder_dmclone.exception.ThinDumpParseError`: a map that
+    might miss a block must never be used.
+    """
+    pieces = text
+    if isinstance(text, (str, bytes)):
+        pieces = (text[i:i + XML_CHUNK]
+                  for i in range(0, len(text), XML_CHUNK))
+    reader = _DumpReader(dev_id)
+    parser = ElementTree.XMLPullParser(events=('start', 'end'))
+    try:
+        for piece in pieces:
+            parser.feed(piece)
+            _consume(parser, reader)
+        parser.close()
+        _consume(parser, reader)
+    except ElementTree.ParseError as exc:
+        raise exception.ThinDumpParseError(
+            dev_id=dev_id, reason='not well-formed XML (%s)' % exc) from None
+    return reader.result()
+
+
+def _consume(parser, reader):
+    for event, element in parser.read_events():
+        if event == 'start':
+            reader.start(element)
+        else:
+            reader.end(element)
+
+
+# --------------------------------------------------------------------------
+# From mapped blocks to dm-clone regions
+# --------------------------------------------------------------------------
+
+def needed_regions(device_map, length, region_sectors):
+    """Runs ``(first, end)`` of the regions of a clone that hold data.
+
+    The clone covers the first ``length`` sectors of the thin device of
+    ``device_map``, in regions of ``region_sectors``; a region is needed
+    when any block the device maps overlaps it, whatever the sizes of
+    blocks and regions (either may be the larger, and a block need not
+    start on a region boundary).  Blocks past ``length`` are outside
+    the clone and count for nothing.  Sorted, merged, ``end`` exclusive.
+    """
+    dmsetup.validate_region_size(region_sectors)
+    count = dmsetup.region_count(length, region_sectors)
+    bs = device_map.block_sectors
+    runs = []
+    for first, end in device_map.ranges:
+        start, stop = first * bs, min(end * bs, length)
+        if start >= stop:
+            break
+        run = (start // region_sectors, min(-(-stop // region_sectors),
+                                            count))
+        if runs and run[0] <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(run[1], runs[-1][1]))
+        else:
+            runs.append(run)
+    return runs
+
+
+def discard_ranges(needed, length, region_sectors, min_regions=1):
+    """``(start, sectors)`` of the regions a destination may discard.
+
+    Every region but the ``needed`` runs, merged.  dm-clone counts a
+    discard only for the whole regions it covers, and the short last
+    region of a clone whose length is not a multiple of the region size
+    is never whole: it is left out (copied).  Gaps of fewer than
+    ``min_regions`` regions are left out too (copying a region that
+    reads zeroes is always correct; it only costs space), so that the
+    number of discards stays bounded.
+    """
+    dmsetup.validate_region_size(region_sectors)
+    whole = length // region_sectors
+    result = []
+    position = 0
+    for first, end in list(needed) + [(whole, whole)]:
+        gap_end = min(first, whole)
+        if gap_end - position >= max(min_regions, 1):
+            result.append((position * region_sectors,
+                           (gap_end - position) * region_sectors))
+        position = max(position, end)
+        if position >= whole:
+            break
+    return result
+
+
+# --------------------------------------------------------------------------
+# The region map on the wire
+# --------------------------------------------------------------------------
+
+#: Version tag of :func:`encode_regions`' text.
+MAP_FORMAT = 'rmap1'
+
+
+def _varint(value, out):
+    while True:
+        byte = value & 0x7f
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return
+
+
+def encode_regions(needed, total_regions, region_sectors):
+    """The runs of :func:`needed_regions` as one short ASCII token.
+
+    ``rmap1.<region sectors>.<total regions>.<needed>.<payload>``: the
+    payload is the run lengths (gap, run, gap, run, ...) as unsigned
+    LEB128 numbers, deflated and base64url-encoded without padding, so
+    a volume with a few runs of data takes a few dozen characters
+    whatever its size, and the worst case (every other region) about
+    one byte per region before compression.  The figures before the
+    payload let the receiver check the map against its own clone and
+    its decoding against itself.
+    """
+    dmsetup.validate_region_size(region_sectors)
+    out = bytearray()
+    position = 0
+    count = 0
+    for first, end in needed:
+        if (first < position or (out and first == position)
+                or end <= first or end > total_regions):
+            raise exception.RegionMapInvalid(
+                value=needed, reason='runs must be sorted, disjoint, '
+                'non-empty and within %d regions' % total_regions)
+        _varint(first - position, out)
+        _varint(end - first, out)
+        position = end
+        count += end - first
+    payload = base64.urlsafe_b64encode(zlib.compress(bytes(out), 9))
+    return '%s.%d.%d.%d.%s' % (MAP_FORMAT, region_sectors, total_regions,
+                               count, payload.decode('ascii').rstrip('='))
+
+
+def decode_regions(text, total_regions, region_sectors):
+    """The runs of an :func:`encode_regions` token, checked.
+
+    ``total_regions`` and ``region_sectors`` are the receiving clone's:
+    a map made for another geometry, or one that does not decode to
+    exactly its own figures, raises
+    :class:`~cinder_dmclone.exception.RegionMapInvalid`.
+    """
+    def bad(reason):
+        return exception.RegionMapInvalid(value=str(text)[:80],
+                                          reason=reason)
+    parts = text.split('.') if isinstance(text, str) else []
+    if len(parts) != 5 or parts[0] != MAP_FORMAT:
+        raise bad('not a %s map' % MAP_FORMAT)
+    try:
+        rs, total, count = (int(p) for p in parts[1:4])
+    except ValueError:
+        raise bad('its figures are not numbers') from None
+    if (rs, total) != (region_sectors, total_regions):
+        raise bad('made for %d regions of %d sectors, the clone has %d of '
+                  '%d' % (total, rs, total_regions, region_sectors))
+    try:
+        packed = base64.urlsafe_b64decode(
+            parts[4] + '=' * (-len(parts[4]) % 4))
+        inflate = zlib.decompressobj()
+        # two numbers per run, at most ten bytes each
+        data = inflate.decompress(packed, 20 * total + 20)
+        if (inflate.unconsumed_tail or inflate.unused_data
+                or not inflate.eof):
+            raise bad('its payload is too long or cut short')
+    except (ValueError, zlib.error):
+        raise bad('its payload does not decode') from None
+    numbers = []
+    value = shift = 0
+    for byte in data:
+        value |= (byte & 0x7f) << shift
+        shift += 7
+        if not byte & 0x80:
+            numbers.append(value)
+            value = shift = 0
+    if shift or len(numbers) % 2:
+        raise bad('its payload ends inside a run')
+    runs = []
+    position = 0
+    for gap, size in zip(numbers[::2], numbers[1::2]):
+        if size == 0 or (runs and gap == 0):
+            raise bad('empty or unmerged runs')
+        runs.append((position + gap, position + gap + size))
+        position += gap + size
+    if position > total or sum(e - f for f, e in runs) != count:
+        raise bad('its runs do not add up to %d of %d regions'
+                  % (count, total))
+    return runs

@@ -1024,3 +1024,154 @@ class ProbeAndZeroTestCase(test.TestCase):
                          privileged.iscsi_session_states('iqn.x:a', root))
         self.assertEqual({}, privileged.iscsi_session_states('iqn.x:c',
                                                              root))
+
+
+XML = ('<superblock uuid="" time="0" transaction="1" flags="0" version="2" '
+       'data_block_size="128" nr_data_blocks="100">\n'
+       '  <device dev_id="3" mapped_blocks="2" transaction="0" '
+       'creation_time="0" snap_time="0">\n'
+       '    <range_mapping origin_begin="4" data_begin="0" length="2" '
+       'time="0"/>\n'
+       '  </device>\n</superblock>\n')
+
+
+@ddt.ddt
+class ThinMapCommandsTestCase(test.TestCase):
+    """A thin LV's map (lvs, metadata snapshot, thin_dump), discards."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=('', ''))
+        self.kw = dict(execute=self.execute, root_helper='sudo rw')
+
+    def _called(self, *args):
+        self.execute.assert_called_with(*privileged.ENV_PREFIX, *args,
+                                        run_as_root=True,
+                                        root_helper='sudo rw')
+
+    def test_thin_device(self):
+        self.execute.return_value = ('  7|cinder-volumes-pool\n', '')
+        self.assertEqual((7, 'cinder-volumes-pool'), privileged.thin_device(
+            'cinder-volumes', 'volume-1', **self.kw))
+        self._called('lvs', '--noheadings', '--separator', '|', '-o',
+                     'thin_id,pool_lv', 'cinder-volumes/volume-1')
+
+    @ddt.data('  |\n', '', '  1|p\n  2|p\n', '  x|p\n', '  1|\n', '1\n')
+    def test_thin_device_not_thin(self, out):
+        self.execute.return_value = (out, '')
+        self.assertRaises(exception.LVSParseError, privileged.thin_device,
+                          'vg', 'lv', **self.kw)
+
+    def test_thin_device_names_are_checked_first(self):
+        for vg, lv in (('vg/x', 'lv'), ('vg', '../lv'), ('-o', 'lv'),
+                       ('vg', 'a b')):
+            self.assertRaises(exception.InvalidDMName,
+                              privileged.thin_device, vg, lv, **self.kw)
+        self.execute.assert_not_called()
+
+    def test_reserve_and_release(self):
+        privileged.reserve_metadata_snap('cinder-volumes',
+                                         'cinder-volumes-pool', **self.kw)
+        self._called('dmsetup', 'message',
+                     'cinder--volumes-cinder--volumes--pool-tpool', '0',
+                     'reserve_metadata_snap')
+        self.assertTrue(privileged.release_metadata_snap(
+            'cinder-volumes', 'cinder-volumes-pool', **self.kw))
+        self._called('dmsetup', 'message',
+                     'cinder--volumes-cinder--volumes--pool-tpool', '0',
+                     'release_metadata_snap')
+
+    def test_reserve_when_one_is_held(self):
+        self.execute.side_effect = failure(
+            1, 'device-mapper: message ioctl on vg-pool-tpool  failed: '
+               'Device or resource busy\nCommand failed.\n')
+        self.assertRaises(exception.MetadataSnapBusy,
+                          privileged.reserve_metadata_snap, 'vg', 'pool',
+                          **self.kw)
+
+    def test_release_when_none_is_held(self):
+        self.execute.side_effect = failure(
+            1, 'device-mapper: message ioctl on vg-pool-tpool  failed: '
+               'Invalid argument\nCommand failed.\n')
+        self.assertFalse(privileged.release_metadata_snap('vg', 'pool',
+                                                          **self.kw))
+
+    @ddt.data(
+        # another device's refusal, another error, rootwrap's absence
+        'device-mapper: message ioctl on vg-other-tpool  failed: '
+        'Invalid argument',
+        'device-mapper: message ioctl on vg-pool-tpool  failed: '
+        'Operation not supported',
+        'Executable not found: dmsetup')
+    def test_other_failures_are_failures(self, stderr):
+        self.execute.side_effect = failure(1, stderr)
+        exc = self.assertRaises(exception.DMSetupCommandFailed,
+                                privileged.release_metadata_snap, 'vg',
+                                'pool', **self.kw)
+        self.assertNotIsInstance(exc, exception.MetadataSnapNotHeld)
+
+    def test_pool_without_thin_lvs_is_not_found(self):
+        self.execute.side_effect = failure(
+            1, 'device-mapper: message ioctl on vg-pool-tpool  failed: No '
+               'such device or address')
+        self.assertRaises(exception.DMDeviceNotFound,
+                          privileged.reserve_metadata_snap, 'vg', 'pool',
+                          **self.kw)
+
+    def test_thin_dump(self):
+        self.execute.return_value = (XML, '')
+        m = privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 3,
+                                 **self.kw)
+        self.assertEqual(((4, 6),), m.ranges)
+        self._called('thin_dump', '--format', 'xml', '--metadata-snap',
+                     '--dev-id', '3',
+                     '/dev/mapper/cinder--volumes-cinder--volumes--pool'
+                     '_tmeta')
+
+    def test_thin_dump_of_another_device_fails(self):
+        self.execute.return_value = (XML, '')
+        self.assertRaises(exception.ThinDumpParseError, privileged.thin_dump,
+                          'vg', 'pool', 4, **self.kw)
+
+    def test_thin_dump_arguments_are_checked_first(self):
+        for vg, pool, dev in (('vg', 'pool', -1), ('vg', 'pool', '3'),
+                              ('vg', 'pool', True), ('vg/x', 'pool', 1),
+                              ('vg', '../p', 1)):
+            self.assertRaises(exception.InvalidDMName, privileged.thin_dump,
+                              vg, pool, dev, **self.kw)
+        self.execute.assert_not_called()
+
+    def test_thin_dump_failure(self):
+        self.execute.side_effect = failure(1, 'no current metadata snap')
+        self.assertRaises(exception.PrivilegedCommandFailed,
+                          privileged.thin_dump, 'vg', 'pool', 1, **self.kw)
+
+    def test_discard_regions(self):
+        privileged.discard_regions('vg-a', 'volume-1', [(0, 128),
+                                                        (1024, 2048)],
+                                   **self.kw)
+        path = '/dev/mapper/dmclone-vg--a-volume-1'
+        self.assertEqual([
+            mock.call(*privileged.ENV_PREFIX, 'blkdiscard', '--force',
+                      '--offset', '0', '--length', '65536', path,
+                      run_as_root=True, root_helper='sudo rw'),
+            mock.call(*privileged.ENV_PREFIX, 'blkdiscard', '--force',
+                      '--offset', '524288', '--length', '1048576', path,
+                      run_as_root=True, root_helper='sudo rw')],
+            self.execute.call_args_list)
+
+    def test_zero_regions(self):
+        privileged.discard_regions('vg', 'lv', [(8, 8)], zero=True,
+                                   **self.kw)
+        self._called('blkdiscard', '--zeroout', '--force', '--offset',
+                     '4096', '--length', '4096', '/dev/mapper/dmclone-vg-lv')
+
+    @ddt.data([(0, 0)], [(-8, 8)], [(0, '8')], [(True, 8)], [(0, 8), (8, -1)])
+    def test_bad_ranges_run_nothing(self, ranges):
+        self.assertRaises(exception.InvalidTable, privileged.discard_regions,
+                          'vg', 'lv', ranges, **self.kw)
+        self.execute.assert_not_called()
+
+    def test_nothing_to_discard(self):
+        privileged.discard_regions('vg', 'lv', [], **self.kw)
+        self.execute.assert_not_called()

@@ -54,14 +54,38 @@ class RootwrapFilterTestCase(test.TestCase):
         # rootwrap also wants the matched executable to exist in its
         # exec_dirs; stand-ins keep the test independent of this host.
         self.exec_dir = self.useFixture(fixtures.TempDir()).path
-        for name in ('dmsetup', 'blockdev', 'modprobe', 'lvs'):
+        for name in ('dmsetup', 'blockdev', 'modprobe', 'lvs', 'thin_dump',
+                     'blkdiscard'):
             path = os.path.join(self.exec_dir, name)
             with open(path, 'w') as f:
                 f.write('#!/bin/sh\nexit 0\n')
             os.chmod(path, 0o755)
 
+    def _thin_map_commands(self):
+        privileged.thin_device('cinder-volumes', 'volume-1',
+                               execute=self._record)
+        privileged.reserve_metadata_snap('cinder-volumes',
+                                         'cinder-volumes-pool',
+                                         execute=self._record)
+        privileged.release_metadata_snap('cinder-volumes',
+                                         'cinder-volumes-pool',
+                                         execute=self._record)
+        privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 1,
+                             execute=self._record)
+        privileged.discard_regions('dmc-a', LV.rsplit('/', 1)[1],
+                                   [(0, 128), (256, 128)],
+                                   execute=self._record)
+        privileged.discard_regions('dmc-a', LV.rsplit('/', 1)[1],
+                                   [(0, 128)], zero=True,
+                                   execute=self._record)
+
     def _record(self, *cmd, **kwargs):
         self.commands.append(list(cmd))
+        if cmd[2:3] == ('thin_dump',):
+            return ('<superblock data_block_size="128"><device dev_id="1"/>'
+                    '</superblock>', '')
+        if cmd[2:3] == ('lvs',) and 'thin_id,pool_lv' in cmd:
+            return '  1|cinder-volumes-pool\n', ''
         if cmd[2:4] == ('blockdev', '--getsz'):
             return '2097152\n', ''
         if cmd[2:4] == ('dmsetup', 'version'):
@@ -114,7 +138,8 @@ class RootwrapFilterTestCase(test.TestCase):
         privileged.zero_metadata_head(META, execute=self._record)
         privileged.load_module('dm_clone', execute=self._record)
         privileged.thin_lvs('dmc-a', execute=self._record)
-        self.assertGreater(len(self.commands), 18)
+        self._thin_map_commands()
+        self.assertGreater(len(self.commands), 24)
         for cmd in self.commands:
             self.assertAdmitted(cmd)
 
@@ -153,6 +178,7 @@ class RootwrapFilterTestCase(test.TestCase):
         privileged.zero_metadata_head(META, execute=self._record)
         privileged.load_module('dm_clone', execute=self._record)
         privileged.thin_lvs('cinder-volumes', execute=self._record)
+        self._thin_map_commands()
         for dirs in ([cinder_dir, ours], [ours, cinder_dir]):
             filters = wrapper.load_filters(dirs)
             for cmd in self.commands:
@@ -322,6 +348,58 @@ class RootwrapFilterTestCase(test.TestCase):
                 cmd[2:]):                                 # no LC_ALL=C
             self.assertRefused(bad)
 
+    def test_thin_map_commands_exactly(self):
+        self._thin_map_commands()
+        for cmd in self.commands:
+            self.assertRunsAsBuilt(self.filters, cmd)
+        lvs, reserve, release, dump, discard, _second, zero = self.commands
+        pool = 'cinder--volumes-cinder--volumes--pool-tpool'
+        tmeta = '/dev/mapper/cinder--volumes-cinder--volumes--pool_tmeta'
+        self.assertEqual(ENV + ['dmsetup', 'message', pool, '0',
+                                'reserve_metadata_snap'], reserve)
+        self.assertEqual(ENV + ['thin_dump', '--format', 'xml',
+                                '--metadata-snap', '--dev-id', '1', tmeta],
+                         dump)
+        for bad in (
+                lvs[:-1] + ['vg'],                        # every LV of vg
+                lvs[:-1] + ['vg/lv/x'],
+                lvs[:-1] + ['../x/lv'],
+                lvs + ['vg/other'],
+                [c if c != 'thin_id,pool_lv' else 'thin_id,lv_tags'
+                 for c in lvs],
+                ENV + ['dmsetup', 'message', pool, '0', 'delete', '1'],
+                ENV + ['dmsetup', 'message', pool, '0', 'create_thin', '9'],
+                ENV + ['dmsetup', 'message', pool, '0',
+                       'set_transaction_id', '1', '2'],
+                ENV + ['dmsetup', 'message', 'vg-pool', '0',
+                       'reserve_metadata_snap'],              # not -tpool
+                ENV + ['dmsetup', 'message', NAME, '0',
+                       'reserve_metadata_snap'],
+                ENV + ['dmsetup', 'message', 'a/../b-c-tpool', '0',
+                       'release_metadata_snap'],
+                reserve[2:],                              # no LC_ALL=C
+                dump[:-1] + ['/dev/mapper/vg-pool_tdata'],
+                dump[:-1] + ['/dev/sda'],
+                dump[:-1] + ['/dev/mapper/../sda_tmeta'],
+                [c for c in dump if c != '--metadata-snap'],  # live: no
+                dump[:4] + ['--metadata-snap=5'] + dump[5:],
+                dump[:4] + ['--repair'] + dump[4:],
+                dump + ['-o', '/etc/shadow'],
+                ENV + ['thin_restore', '-i', '/tmp/x', '-o', tmeta],
+                discard[:-1] + [LV],                      # the LV itself
+                discard[:-1] + ['/dev/mapper/dmc--a-volume--1'],
+                discard[:-1] + ['/dev/sda'],
+                discard[:-1] + ['/dev/mapper/' + layout.lost_source_name(
+                    'dmc-a', 'volume-1')],
+                [c for c in discard if c != '--force'],
+                discard[:3] + ['--secure'] + discard[3:],
+                [c if c != '--offset' else '-o' for c in discard],
+                [c if c != '0' else '1G' for c in discard],
+                [c if c != '65536' else '-1' for c in discard],
+                discard[:-1],                             # whole device
+                zero[:3] + zero[4:5] + zero[3:4] + zero[5:]):  # reordered
+            self.assertRefused(bad)
+
     def test_names_are_validated_before_any_command(self):
         for bad in ('../x', 'a b', '', 'x;rm -rf /', '-rf'):
             self.assertRaises(dmc_exception.InvalidDMName, self.dm.status,
@@ -343,3 +421,5 @@ class RootwrapFilterTestCase(test.TestCase):
         self.assertIn('dd_metadata_head', names)
         self.assertIn('modprobe_dm_clone', names)
         self.assertIn('lvs_thin', names)
+        self.assertIn('thin_dump_snap', names)
+        self.assertIn('blkdiscard_handle', names)

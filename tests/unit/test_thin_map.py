@@ -1,0 +1,332 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""What a thin LV maps: thin_dump read, regions to copy, the map encoded."""
+
+import random
+
+import ddt
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import exception
+from cinder_dmclone import thin
+
+
+def dump(*devices, block=128, defs=''):
+    """thin_dump XML of a pool of ``block``-sector chunks."""
+    return ('<superblock uuid="" time="1" transaction="3" flags="0" '
+            'version="2" data_block_size="%d" nr_data_blocks="16384">\n'
+            '%s%s</superblock>\n' % (block, defs, ''.join(devices)))
+
+
+def device(dev_id, *mappings, mapped=None):
+    body = ''.join('  %s\n' % m for m in mappings)
+    count = ('' if mapped is False else ' mapped_blocks="%d"' % (
+        mapped if mapped is not None else _count(mappings)))
+    return ('<device dev_id="%d"%s transaction="0" creation_time="0" '
+            'snap_time="1">\n%s</device>\n' % (dev_id, count, body))
+
+
+def _count(mappings):
+    total = 0
+    for m in mappings:
+        if m.startswith('<single_mapping'):
+            total += 1
+        elif m.startswith('<range_mapping'):
+            total += int(m.split('length="')[1].split('"')[0])
+    return total
+
+
+def rng(origin, length, data=0):
+    return ('<range_mapping origin_begin="%d" data_begin="%d" length="%d" '
+            'time="0"/>' % (origin, data, length))
+
+
+def one(origin, data=0):
+    return '<single_mapping origin_block="%d" data_block="%d" time="0"/>' % (
+        origin, data)
+
+
+@ddt.ddt
+class ParseThinDumpTestCase(test.TestCase):
+
+    def test_ranges_and_singles_merged(self):
+        text = dump(device(1, rng(0, 4), one(4), one(10), rng(11, 2),
+                           one(20)))
+        m = thin.parse_thin_dump(text, 1)
+        self.assertEqual(128, m.block_sectors)
+        self.assertEqual(((0, 5), (10, 13), (20, 21)), m.ranges)
+        self.assertEqual(9, m.mapped_blocks)
+
+    def test_empty_device(self):
+        m = thin.parse_thin_dump(dump(device(7)), 7)
+        self.assertEqual((), m.ranges)
+        self.assertEqual(0, m.mapped_blocks)
+
+    def test_only_the_asked_device_of_several(self):
+        text = dump(device(1, rng(0, 100)), device(2, one(5), one(9)),
+                    device(3, rng(50, 10)))
+        self.assertEqual(((5, 6), (9, 10)), thin.parse_thin_dump(
+            text, 2).ranges)
+
+    def test_out_of_order_mappings_are_sorted(self):
+        text = dump(device(1, one(9), rng(0, 2), one(2)))
+        self.assertEqual(((0, 3), (9, 10)), thin.parse_thin_dump(
+            text, 1).ranges)
+
+    def test_shared_definitions_are_resolved(self):
+        # thin-provisioning-tools 1.x: mappings a snapshot shares with
+        # its origin are written once, in a <def>, and referenced
+        defs = '<def name="7">\n  %s\n  %s\n</def>\n' % (rng(0, 4), one(8))
+        text = dump(device(1, '<ref name="7"/>', one(20), mapped=6),
+                    device(2, one(4), '<ref name="7"/>', mapped=6),
+                    defs=defs)
+        self.assertEqual(((0, 4), (8, 9), (20, 21)),
+                         thin.parse_thin_dump(text, 1).ranges)
+        self.assertEqual(((0, 5), (8, 9)),
+                         thin.parse_thin_dump(text, 2).ranges)
+
+    def test_streamed_in_pieces(self):
+        text = dump(device(4, *[one(2 * i) for i in range(1000)]))
+        pieces = (text[i:i + 7] for i in range(0, len(text), 7))
+        m = thin.parse_thin_dump(pieces, 4)
+        self.assertEqual(1000, len(m.ranges))
+        self.assertEqual((1998, 1999), m.ranges[-1])
+
+    def test_bytes(self):
+        self.assertEqual(((0, 1),), thin.parse_thin_dump(
+            dump(device(1, one(0))).encode(), 1).ranges)
+
+    def test_without_mapped_blocks_attribute(self):
+        self.assertEqual(((3, 4),), thin.parse_thin_dump(
+            dump(device(1, one(3), mapped=False)), 1).ranges)
+
+    @ddt.data(
+        ('', 'not well-formed'),
+        ('<superblock data_block_size="128"><device dev_id="1">',
+         'not well-formed'),                                  # cut short
+        ('garbage', 'not well-formed'),
+        (dump(device(2, one(1))), 'no such device'),
+        (dump(device(1, one(1)), device(1, one(2))), 'twice'),
+        (dump(device(1, one(1), mapped=2)), 'mapped blocks'),
+        (dump(device(1, rng(0, 4), one(2), mapped=5)), 'overlap'),
+        (dump(device(1, '<single_mapping origin_block="x"/>', mapped=1)),
+         'not a number'),
+        (dump(device(1, '<single_mapping data_block="1"/>', mapped=1)),
+         'not a number'),
+        (dump(device(1, '<range_mapping origin_begin="0" length="0"/>',
+                     mapped=0)), 'below 1'),
+        (dump(device(1, '<single_mapping origin_block="-1"/>', mapped=1)),
+         'below 0'),
+        (dump(device(1, one(1)), block=0), 'below 1'),
+        (dump(device(1, '<ref name="9"/>', mapped=0)), 'to no <def>'),
+        (dump(device(1, '<bogus/>', mapped=0)), 'unknown element'),
+        (dump(device(1)) + '<superblock data_block_size="1"/>',
+         'not well-formed'),                                  # two roots
+        ('<device dev_id="1"/>', 'outside a <superblock>'),
+        (dump(one(3)), 'outside a <def> or <device>'),
+        (dump(device(1, device(2)), block=128), 'inside'),
+        ('<?xml version="1.0"?><x/>', 'outside a <superblock>'),
+    )
+    @ddt.unpack
+    def test_malformed(self, text, reason):
+        exc = self.assertRaises(exception.ThinDumpParseError,
+                                thin.parse_thin_dump, text, 1)
+        self.assertIn(reason, str(exc))
+
+
+@ddt.ddt
+class RegionsTestCase(test.TestCase):
+    """Mapped chunks to needed regions, the rest to discards."""
+
+    def _map(self, ranges, block=128):
+        return thin.DeviceMap(dev_id=1, block_sectors=block,
+                              ranges=tuple(ranges))
+
+    def test_empty_map_needs_nothing_and_discards_everything(self):
+        needed = thin.needed_regions(self._map([]), 1024, 128)
+        self.assertEqual([], needed)
+        self.assertEqual([(0, 1024)], thin.discard_ranges(needed, 1024, 128))
+
+    def test_fully_mapped_needs_everything_and_discards_nothing(self):
+        needed = thin.needed_regions(self._map([(0, 8)]), 1024, 128)
+        self.assertEqual([(0, 8)], needed)
+        self.assertEqual([], thin.discard_ranges(needed, 1024, 128))
+
+    def test_same_sizes(self):
+        needed = thin.needed_regions(self._map([(1, 2), (5, 7)]), 1024, 128)
+        self.assertEqual([(1, 2), (5, 7)], needed)
+        self.assertEqual([(0, 128), (256, 384), (896, 128)],
+                         thin.discard_ranges(needed, 1024, 128))
+
+    def test_region_larger_than_chunk(self):
+        # chunks of 64 KiB, regions of 256 KiB: chunk 5 lies in region 1,
+        # chunks 8-9 in region 2, chunk 15 in region 3
+        needed = thin.needed_regions(self._map([(5, 6), (8, 10), (15, 16)]),
+                                     4096, 512)
+        self.assertEqual([(1, 4)], needed)
+        self.assertEqual([(0, 512), (2048, 2048)],
+                         thin.discard_ranges(needed, 4096, 512))
+
+    def test_region_smaller_than_chunk(self):
+        # chunks of 64 KiB, regions of 4 KiB: one chunk is 16 regions
+        needed = thin.needed_regions(self._map([(1, 2), (3, 4)]), 1024, 8)
+        self.assertEqual([(16, 32), (48, 64)], needed)
+        self.assertEqual([(0, 128), (256, 128), (512, 512)],
+                         thin.discard_ranges(needed, 1024, 8))
+
+    def test_chunk_not_a_power_of_two(self):
+        # LVM allows any multiple of 64 KiB: 192 KiB chunks over 128 KiB
+        # regions; chunk 1 is sectors 384-768, regions 1 and 2
+        needed = thin.needed_regions(self._map([(1, 2)], block=384),
+                                     2048, 256)
+        self.assertEqual([(1, 3)], needed)
+
+    def test_length_not_a_multiple_of_the_region(self):
+        # 1000 sectors, regions of 128: seven whole regions and a short
+        # eighth, which a discard can never cover: it is always copied
+        needed = thin.needed_regions(self._map([]), 1000, 128)
+        self.assertEqual([], needed)
+        self.assertEqual([(0, 896)], thin.discard_ranges(needed, 1000, 128))
+        needed = thin.needed_regions(self._map([(7, 8)], block=128),
+                                     1000, 128)
+        self.assertEqual([(7, 8)], needed)
+        self.assertEqual([(0, 896)], thin.discard_ranges(needed, 1000, 128))
+
+    def test_blocks_past_the_clone_count_for_nothing(self):
+        needed = thin.needed_regions(self._map([(2, 3), (8, 100)]), 1024,
+                                     128)
+        self.assertEqual([(2, 3)], needed)
+        # a chunk straddling the end counts for the last region
+        needed = thin.needed_regions(self._map([(7, 9)], block=128), 1000,
+                                     128)
+        self.assertEqual([(7, 8)], needed)
+
+    def test_shorter_than_a_region(self):
+        self.assertEqual([], thin.discard_ranges([], 100, 128))
+        self.assertEqual([(0, 1)], thin.needed_regions(
+            self._map([(0, 1)], block=8), 100, 128))
+
+    def test_short_gaps_are_copied(self):
+        needed = [(1, 2), (4, 5), (6, 7)]
+        self.assertEqual([(0, 128), (256, 256), (640, 128), (896, 128)],
+                         thin.discard_ranges(needed, 1024, 128))
+        self.assertEqual([(256, 256)],
+                         thin.discard_ranges(needed, 1024, 128,
+                                             min_regions=2))
+
+    def test_bad_region_size(self):
+        self.assertRaises(exception.InvalidTable, thin.needed_regions,
+                          self._map([]), 1024, 100)
+        self.assertRaises(exception.InvalidTable, thin.discard_ranges,
+                          [], 1024, 4)
+
+    def test_discards_never_touch_a_needed_region(self):
+        rand = random.Random(19)
+        for _ in range(300):
+            block = rand.choice([8, 16, 128, 384, 1024])
+            region = rand.choice([8, 64, 128, 512, 2048])
+            length = rand.randint(1, 40000)
+            blocks = -(-length // block) + 3
+            ranges, pos = [], 0
+            while pos < blocks:
+                pos += rand.randint(1, 20)
+                size = rand.randint(1, 20)
+                ranges.append((pos, pos + size))
+                pos += size + 1
+            needed = thin.needed_regions(self._map(ranges, block), length,
+                                         region)
+            discards = thin.discard_ranges(
+                needed, length, region, min_regions=rand.randint(1, 3))
+            mapped = set()
+            for first, end in ranges:
+                mapped.update(range(first * block, min(end * block,
+                                                       length)))
+            for start, size in discards:
+                self.assertEqual(0, start % region)
+                self.assertEqual(0, size % region)
+                self.assertLessEqual(start + size, length)
+                self.assertEqual(set(),
+                                 mapped & set(range(start, start + size)))
+            # and every region outside the needed runs, whole and in the
+            # clone, is discarded unless its gap was too short
+            covered = set()
+            for start, size in discards:
+                covered.update(range(start // region,
+                                     (start + size) // region))
+            for first, end in needed:
+                self.assertEqual(set(), covered & set(range(first, end)))
+
+
+@ddt.ddt
+class EncodeTestCase(test.TestCase):
+
+    @ddt.data([], [(0, 1)], [(0, 100)], [(3, 4), (9, 20), (99, 100)])
+    def test_round_trip(self, runs):
+        text = thin.encode_regions(runs, 100, 128)
+        self.assertEqual(runs, thin.decode_regions(text, 100, 128))
+
+    def test_short_for_few_runs_of_a_huge_volume(self):
+        # a 16 TiB volume in 64 KiB regions holding three runs of data
+        total = 16 * 2 ** 40 // 65536
+        runs = [(0, 4096), (10 ** 6, 10 ** 6 + 5), (total - 1, total)]
+        text = thin.encode_regions(runs, total, 128)
+        self.assertLess(len(text), 80)
+        self.assertEqual(runs, thin.decode_regions(text, total, 128))
+
+    def test_worst_case_stays_about_a_byte_per_region(self):
+        runs = [(i, i + 1) for i in range(0, 100000, 2)]
+        text = thin.encode_regions(runs, 100000, 8)
+        self.assertLess(len(text), 100000)
+        self.assertEqual(runs, thin.decode_regions(text, 100000, 8))
+
+    def test_ascii_token(self):
+        text = thin.encode_regions([(1, 5)], 10, 128)
+        self.assertTrue(text.startswith('rmap1.128.10.4.'))
+        self.assertRegex(text, r'^[A-Za-z0-9._-]+$')
+
+    @ddt.data([(2, 1)], [(0, 0)], [(3, 5), (1, 2)], [(0, 2), (2, 3)],
+              [(0, 101)], [(0, 2), (1, 3)])
+    def test_bad_runs_are_not_encoded(self, runs):
+        self.assertRaises(exception.RegionMapInvalid, thin.encode_regions,
+                          runs, 100, 128)
+
+    def test_another_geometry_is_refused(self):
+        text = thin.encode_regions([(1, 2)], 100, 128)
+        self.assertRaises(exception.RegionMapInvalid, thin.decode_regions,
+                          text, 101, 128)
+        self.assertRaises(exception.RegionMapInvalid, thin.decode_regions,
+                          text, 100, 256)
+
+    def test_tampered(self):
+        good = thin.encode_regions([(1, 2), (5, 9)], 100, 128)
+        head, payload = good.rsplit('.', 1)
+        other = thin.encode_regions([(1, 2)], 100, 128).rsplit('.', 1)[1]
+        for text in (None, '', 'rmap1', 'rmap2' + good[5:],
+                     good.replace('.100.', '.x.'),
+                     head + '.',                      # empty payload
+                     head + '.' + payload[:-3],       # cut short
+                     head + '.' + payload + 'AAAA',   # trailing data
+                     head + '.!!!!',
+                     head + '.' + other,              # count mismatch
+                     'rmap1.128.100.6.' + payload):
+            self.assertRaises(exception.RegionMapInvalid,
+                              thin.decode_regions, text, 100, 128)
+
+    def test_decompression_is_bounded(self):
+        import base64
+        import zlib
+        bomb = base64.urlsafe_b64encode(zlib.compress(
+            b'\x00' * 10 ** 6)).decode().rstrip('=')
+        self.assertRaises(exception.RegionMapInvalid, thin.decode_regions,
+                          'rmap1.128.100.0.' + bomb, 100, 128)
