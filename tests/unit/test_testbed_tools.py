@@ -318,7 +318,8 @@ class GuestCommandTestCase(test.TestCase):
                       cmd)
         self.assertEqual(
             ['ubd1=%s/vgs/c/dmc-c.img' % self.run_dir,
-             'ubd2=%s/vgs/c/dmc-c-meta.img' % self.run_dir],
+             'ubd2=%s/vgs/c/dmc-c-meta.img' % self.run_dir,
+             'ubd3=%s/vgs/c/dmc-c-thin.img' % self.run_dir],
             [a for a in cmd if a.startswith('ubd')])
         self.assertEqual(len(set(self.runner.NODE_MAC.values())),
                          len(self.runner.NODE_MAC))
