@@ -337,6 +337,68 @@ class Cloud(object):
             state[key] = value
         return state
 
+    def name_id(self, volume_id):
+        """The volume's ``_name_id``: None unless its LV has another name.
+
+        (Not in the volume API: read from the database.)
+        """
+        out = self.stack._db("SELECT _name_id FROM volumes WHERE id='%s'"
+                             % volume_id)
+        return None if out in ('', 'NULL') else out
+
+    # -- the operator's migration ---------------------------------------------
+
+    def pool_name(self, node_key):
+        """The scheduler's name of a node's pool: ``host@backend#pool``."""
+        prefix = self.topo.node(node_key).name + '@'
+        names = [p['name'] for p in self.stack.pools()
+                 if p['name'].startswith(prefix)]
+        assert len(names) == 1, 'pools of node %s: %s (all: %s)' % (
+            node_key, names, [p['name'] for p in self.stack.pools()])
+        return names[0]
+
+    def migration_status(self, volume_id):
+        return getattr(self.get(volume_id), 'os-vol-mig-status-attr:migstat',
+                       None)
+
+    def migrate(self, volume_id, node_key, timeout=900):
+        """``cinder migrate`` to the node's pool; Cinder's outcome.
+
+        The API records ``migration_status`` ``starting`` before it
+        answers, so what is polled afterwards is this migration's: until
+        it is ``success`` or ``error`` (returned).  A refusal of the API
+        itself raises (cinderclient's error).
+        """
+        pool = self.pool_name(node_key)
+        t0 = time.monotonic()
+        self.c.volumes.migrate_volume(volume_id, pool, False, False)
+        seen = []
+
+        def outcome():
+            v = self.get(volume_id)
+            now = (getattr(v, 'os-vol-mig-status-attr:migstat', None),
+                   v.status, self.host_of(v))
+            if not seen or seen[-1] != now:
+                LOG.info('migration of %s to %s: migration_status %s, '
+                         'status %s, host %s', volume_id, pool, *now)
+                seen.append(now)
+            if v.status.startswith('error'):
+                raise AssertionError('volume %s went to %s while migrating '
+                                     '(seen %s); user messages: %s' % (
+                                         volume_id, v.status, seen,
+                                         self.messages(volume_id)))
+            return now[0] in ('success', 'error') and now[0]
+        result = testbed.wait_until(
+            outcome, timeout, 'migration of %s to %s decided'
+            % (volume_id, pool), interval=2,
+            diagnostics=lambda: 'seen (migration_status, status, host): %s;'
+            ' transfer state %s; user messages %s' % (
+                seen, self.transfer_state(volume_id),
+                self.messages(volume_id)))
+        LOG.info('migration of %s to %s: %s in %.1f s', volume_id, pool,
+                 result, time.monotonic() - t0)
+        return result
+
     # -- Nova's side ----------------------------------------------------------
 
     def connector(self, node_key):

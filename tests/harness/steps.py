@@ -54,13 +54,18 @@ class Image(object):
                            % (len(wrong), att.node.upper(), wrong[:10]))
 
 
-def kept_on(cloud, node, volume_id):
-    """What ``node`` holds of the volume: LVs, LIO targets, iSCSI sessions."""
+def kept_on(cloud, node, volume_id, name_id=None):
+    """What ``node`` holds of the volume: LVs, LIO targets, iSCSI sessions.
+
+    ``name_id``: the volume's ``_name_id`` (see :func:`name_id_volume_on`),
+    after which its LV and its targets are named: matched too.
+    """
+    ids = [i for i in (volume_id, name_id) if i]
     lvs = testbed.lvm('lvs', '--noheadings', '-o', 'lv_name', node=node
                       ).stdout.split()
-    kept = ['LV %s' % lv for lv in lvs if volume_id in lv]
+    kept = ['LV %s' % lv for lv in lvs if any(i in lv for i in ids)]
     kept += ['LIO target %s' % t for t in cloud.on_node(
-        node, testbed.lio_targets) if volume_id in t]
+        node, testbed.lio_targets) if any(i in t for i in ids)]
     kept += ['iSCSI session to %s' % t for t in cloud.on_node(
         node, testbed.iscsi_sessions).values()]
     return sorted(kept)
@@ -149,6 +154,87 @@ def seeded_on(cloud, node, writes=(), volume_type=None, fill=None):
         cloud.delete(vol.id)
         raise
     return vol, content
+
+
+def name_id_volume_on(cloud, node, writes=()):
+    """A volume of ``node`` whose LV is named after its ``_name_id``.
+
+    As Cinder's generic migration of an in-use volume leaves it: a
+    temporary volume receives the copy (Nova's volume swap writes it),
+    then the manager's ``finish_volume_migration`` swaps the two records
+    (the volume keeps its id, with the temporary's ``_name_id``, so its
+    LV is the temporary's) and deletes the temporary record, whose name
+    is now the old LV's, so the old LV goes with it.  The testbed runs
+    no Nova, so that swap cannot be asked for: here both volumes are
+    made on ``node`` through the API, ``writes`` (as for
+    :func:`seeded_on`) go into the temporary one, the swap is the same
+    update of the two rows' ``_name_id`` the manager makes, and the
+    delete of the temporary record is Cinder's own (API and driver).
+    Returns ``(volume, image, name_id)``, the volume detached.
+    """
+    temp, image = seeded_on(cloud, node, writes)
+    try:
+        vol = cloud.create(size=1, az=services.NODE_AZ[node])
+    except BaseException:
+        cloud.delete(temp.id)
+        raise
+    try:
+        cloud.stack._db(
+            "UPDATE volumes SET _name_id = CASE id WHEN '%(v)s' THEN "
+            "'%(t)s' ELSE '%(v)s' END WHERE id IN ('%(v)s', '%(t)s')"
+            % {'v': vol.id, 't': temp.id})
+        assert (cloud.name_id(vol.id), cloud.name_id(temp.id)) == (
+            temp.id, vol.id)
+        # (the temporary's LV is now the volume's old one: deleted)
+        cloud.delete(temp.id)
+        kept = kept_on(cloud, node, vol.id, temp.id)
+        assert kept == ['LV volume-%s' % temp.id], kept
+    except BaseException:
+        cloud.delete(vol.id)
+        if temp.id in [v.id for v in cloud.c.volumes.list()]:
+            cloud.delete(temp.id)
+        raise
+    LOG.info('volume %s on node %s has _name_id %s', vol.id, node.upper(),
+             temp.id)
+    return vol, image, temp.id
+
+
+def vg_free_bytes(node, vg):
+    """The free bytes of volume group ``vg``, read on ``node``'s kernel."""
+    return int(testbed.lvm('vgs', '--noheadings', '--units', 'b',
+                           '--nosuffix', '-o', 'vg_free', vg,
+                           node=node).stdout.strip())
+
+
+def filled(cloud, node):
+    """A volume that leaves ``node``'s volume group less than 1 GiB free.
+
+    Sized from the group itself, once the node's pool stats (what the
+    scheduler places by) agree with it.  The caller deletes it.
+    """
+    vg = cloud.topo.node(node).vg
+    prefix = cloud.topo.node(node).name + '@'
+    last = []
+
+    def stats_current():
+        free = vg_free_bytes(node, vg) / GiB
+        pools = [p for p in cloud.stack.pools()
+                 if p['name'].startswith(prefix)]
+        reported = float(pools[0]['capabilities']['free_capacity_gb']) \
+            if pools else None
+        last[:] = [free, reported]
+        return reported is not None and abs(reported - free) < 0.5 and free
+    free = testbed.wait_until(
+        stats_current, 300, 'node %s\'s pool stats current' % node.upper(),
+        interval=5, diagnostics=lambda: '(VG free GiB, reported): %s' % last)
+    size = int(free)
+    assert size >= 1, 'node %s has %.2f GiB free only' % (node.upper(), free)
+    filler = cloud.create(size=size, az=services.NODE_AZ[node])
+    left = vg_free_bytes(node, vg)
+    LOG.info('filler %s of %d GiB leaves node %s %d bytes', filler.id, size,
+             node.upper(), left)
+    assert left < GiB, left
+    return filler
 
 
 def still_hydrating(cloud, att, when):
