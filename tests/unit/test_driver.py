@@ -565,6 +565,7 @@ class LifecycleTestCase(DriverTestBase):
     def test_create_cloned_volume(self, mock_copy):
         src = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
+        self.records[src.id] = 'node-a@dmclone#dmclone'
         self.drv.create_cloned_volume(self.volume, src)
         self.assertIn(HANDLE, self.dm.devices)
         mock_copy.assert_called_once()
@@ -573,6 +574,7 @@ class LifecycleTestCase(DriverTestBase):
         self.drv.configuration.lvm_type = 'thin'
         src = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
+        self.records[src.id] = 'node-a@dmclone#dmclone'
         self.drv.create_cloned_volume(self.volume, src)
         self.vg.create_lv_snapshot.assert_called_once_with(
             LV, src.name, 'thin')
