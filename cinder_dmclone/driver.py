@@ -511,15 +511,27 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def create_snapshot(self, snapshot):
         if not isinstance(snapshot, dict):
             # (a dict is the LVM driver's own temporary snapshot of a clone)
-            self.source.refuse_if_moving(snapshot.volume, _('a snapshot'))
+            self._refuse_reading_elsewhere(snapshot.volume, _('a snapshot'))
         super().create_snapshot(snapshot)
+
+    def _refuse_reading_elsewhere(self, volume, action):
+        """Refuse to read the volume's LV here unless it is the volume.
+
+        A move refuses (MoveInProgress).  With none recorded, the volume
+        record read now must name this node: Cinder routes the request
+        by an older read, and an LV here named like a volume that lives
+        elsewhere is no copy of it (kept by a rollback, see
+        Side.refuse_unless_here).
+        """
+        self.source.refuse_if_moving(volume, action)
+        self.source.refuse_unless_here(volume, action)
 
     def create_volume_from_snapshot(self, volume, snapshot):
         super().create_volume_from_snapshot(volume, snapshot)
         self._handle_or_rollback(volume)
 
     def create_cloned_volume(self, volume, src_vref):
-        self.source.refuse_if_moving(src_vref, _('cloning it'))
+        self._refuse_reading_elsewhere(src_vref, _('cloning it'))
         super().create_cloned_volume(volume, src_vref)
         self._handle_or_rollback(volume)
 

@@ -405,9 +405,32 @@ class Source(side.Side):
             target_iqn=data['target_iqn'],
             target_lun=data.get('target_lun', 0),
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
-        self.store.save(ctxt, t, budget=self.stale_prepare_after(),
-                        initiator=connector.get('initiator'))
+        try:
+            self.store.save(ctxt, t, budget=self.stale_prepare_after(),
+                            initiator=connector.get('initiator'))
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                self._drop_unrecorded_acl(volume, connector)
         return t
+
+    def _drop_unrecorded_acl(self, volume, connector):
+        """The move's write failed: remove the ACL just made for it.
+
+        Nothing else records that ACL (it is recorded with the move), and
+        nothing would ever remove it.  Should the write have landed
+        unseen, the move is 'preparing' with no attempt left: it is
+        ended as an outlived prepare, and its give-up finds no ACL to
+        remove.  Never raises: the write's error is what the caller
+        reports.
+        """
+        try:
+            self.target_driver.terminate_connection(volume, connector)
+        except Exception:
+            LOG.exception('Volume %(vol)s: its export still admits '
+                          'initiator %(ini)s, for a move the database did '
+                          'not record; remove that ACL by hand.',
+                          {'vol': volume['id'],
+                           'ini': connector.get('initiator')})
 
     def _admits_only(self, volume, connector, target_iqn):
         """True if the export admits the destination's initiator alone.

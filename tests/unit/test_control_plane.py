@@ -997,3 +997,55 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
         self.assertFalse(self.node_b_acl())
         self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
         self.assertNotIn(VOLUME_ID, self.a.source.leftover_exports)
+
+
+class UnrecordedMoveExportTestCase(DatabaseDownTestBase):
+    """The database goes away as the source records a move (review 9).
+
+    node-a has already admitted node-b's initiator to its export when
+    it writes the move (with ``dmclone_move_export``): nothing records
+    that ACL if the write fails.
+    """
+
+    def save_as_the_database_drops(self, lands=False):
+        """node-a's Store.save raises, the database away after it.
+
+        With ``lands``, the write reached the database although its
+        answer was lost.
+        """
+        save = self.a.store.save
+
+        def failing_save(*args, **kwargs):
+            if lands:
+                save(*args, **kwargs)
+            self.db_down()
+            raise db_exc.DBConnectionError('lost')
+        self.mock_object(self.a.store, 'save', side_effect=failing_save)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.db_up()
+        self.mock_object(self.a.store, 'save', side_effect=save)
+
+    def test_acl_of_a_move_the_database_never_recorded_goes(self):
+        # Before: the failed attach left node-b's ACL on node-a's export
+        # (Cinder's remove_export after the failed initialize_connection
+        # could not read the record either) with no record of it: no
+        # tick, restart or later step ever removed it, and node-b stayed
+        # admitted to a volume that never moved.
+        self.save_as_the_database_drops()
+        self.assertIsNone(self.c.transfer())
+        self.c.tick(self.a)
+        self.c.restart(self.a)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+
+    def test_a_move_recorded_unseen_is_given_up_without_its_acl(self):
+        # The write landed: the move is 'preparing', node-b built nothing
+        # (no prepare was sent).  It is ended as an outlived prepare, and
+        # node-b's ACL is gone; the volume moves at the next attach.
+        self.save_as_the_database_drops(lands=True)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertNotIn(self.b.props['initiator'], _acl(self.a))
+        self.outlive_the_prepare()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()

@@ -527,6 +527,25 @@ class LifecycleTestCase(DriverTestBase):
         self.vg.create_lv_snapshot.assert_called_once_with(
             '_' + snap.name, LV, 'default')
 
+    def test_snapshot_or_clone_of_a_volume_living_elsewhere_is_refused(self):
+        # Review 9 (R9-2): a rollback whose clone lost its metadata LV
+        # (on a zram metadata VG, any reboot) keeps the LV here, named
+        # like the volume, and points the record at the source.  A
+        # snapshot, or a clone (scheduled to the source's backend by a
+        # read made while the record still named this node), that
+        # reaches this node then must not read that LV: before, the new
+        # volume was made from the kept copy, regions it never hydrated
+        # included, and came up "available".
+        self.records[self.volume.id] = 'node-b@dmclone#dmclone'
+        clone = fake_volume.fake_volume_obj(self.ctxt, size=1,
+                                            id=fake.VOLUME2_ID)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.create_snapshot, self._snapshot())
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.drv.create_cloned_volume, clone, self.volume)
+        self.vg.create_lv_snapshot.assert_not_called()
+        self.vg.create_volume.assert_not_called()
+
     @mock.patch.object(volume_utils, 'copy_volume')
     def test_create_from_snapshot_thick(self, mock_copy):
         snap = self._snapshot()
@@ -546,6 +565,7 @@ class LifecycleTestCase(DriverTestBase):
     def test_create_cloned_volume(self, mock_copy):
         src = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
+        self.records[src.id] = 'node-a@dmclone#dmclone'
         self.drv.create_cloned_volume(self.volume, src)
         self.assertIn(HANDLE, self.dm.devices)
         mock_copy.assert_called_once()
@@ -554,6 +574,7 @@ class LifecycleTestCase(DriverTestBase):
         self.drv.configuration.lvm_type = 'thin'
         src = fake_volume.fake_volume_obj(self.ctxt, size=1,
                                           id=fake.VOLUME2_ID)
+        self.records[src.id] = 'node-a@dmclone#dmclone'
         self.drv.create_cloned_volume(self.volume, src)
         self.vg.create_lv_snapshot.assert_called_once_with(
             LV, src.name, 'thin')
