@@ -91,6 +91,12 @@ class ThinDumpParseError(exception.VolumeBackendAPIException):
                 "%(reason)s")
 
 
+class ThinPoolTableInvalid(exception.VolumeBackendAPIException):
+    """A thin pool's table does not read as one thin-pool target."""
+
+    message = _("Cannot read the thin-pool table of %(name)s: %(reason)s")
+
+
 class RegionMapInvalid(exception.InvalidInput):
     """A serialised region map that does not decode to a clone's regions."""
 

@@ -575,6 +575,23 @@ def needed_regions(device_map, length, region_sectors):
     return runs
 
 
+def discard_plan(needed, length, region_sectors, max_ranges):
+    """:func:`discard_ranges` in at most ``max_ranges`` ranges.
+
+    Each range costs one root command, so of a fragmented map only the
+    ``max_ranges`` largest gaps are kept (the earlier of two as large),
+    in order; the others are copied, which only costs the space and the
+    reads of regions that hold zeroes.  An empty plan is valid.
+    """
+    if max_ranges < 1:
+        raise ValueError('max_ranges must be at least 1')
+    ranges = discard_ranges(needed, length, region_sectors)
+    if len(ranges) <= max_ranges:
+        return ranges
+    largest = sorted(ranges, key=lambda r: (-r[1], r[0]))[:max_ranges]
+    return sorted(largest)
+
+
 def discard_ranges(needed, length, region_sectors, min_regions=1):
     """``(start, sectors)`` of the regions a destination may discard.
 
@@ -704,3 +721,43 @@ def decode_regions(text, total_regions, region_sectors):
         raise bad('its runs do not add up to %d of %d regions'
                   % (count, total))
     return runs
+
+
+# --------------------------------------------------------------------------
+# Whether a pool hands out zeroed blocks: its thin-pool table
+# --------------------------------------------------------------------------
+
+#: The thin-pool feature that turns zeroing of new blocks off.
+SKIP_BLOCK_ZEROING = 'skip_block_zeroing'
+
+
+def pool_zeroes(segments, name=''):
+    """True if the thin-pool table ``segments`` zeroes newly mapped blocks.
+
+    ``segments`` are :func:`dmsetup.parse_table <cinder_dmclone.dmsetup.
+    parse_table>`'s of the pool's ``-tpool`` device: exactly one
+    ``thin-pool`` segment, ``<metadata dev> <data dev> <block size> <low
+    water mark> [<#features> <feature>*]``.  A block first written in
+    part reads zeroes in the rest only without ``skip_block_zeroing``.
+    Anything else raises :class:`~cinder_dmclone.exception.
+    ThinPoolTableInvalid`: a pool not known to zero is never trusted to.
+    """
+    def bad(reason):
+        return exception.ThinPoolTableInvalid(name=name, reason=reason)
+    if len(segments) != 1 or segments[0].target != 'thin-pool':
+        raise bad('not one thin-pool segment: %s'
+                  % '; '.join(str(s) for s in segments))
+    args = [str(a) for a in segments[0].args]
+    if len(args) < 4:
+        raise bad('%d arguments, at least 4 expected' % len(args))
+    features = args[4:]
+    if features:
+        try:
+            count = int(features[0])
+        except ValueError:
+            raise bad('feature count %r is not a number'
+                      % features[0]) from None
+        if count != len(features) - 1:
+            raise bad('%d features announced, %d given'
+                      % (count, len(features) - 1))
+    return SKIP_BLOCK_ZEROING not in features[1:]
