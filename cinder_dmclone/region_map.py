@@ -66,7 +66,11 @@ class ThinMaps(object):
         self.vg_name = layout.validate_vg_name(vg_name)
         self.record_dir = record_dir
         self._kw = {'execute': execute, 'root_helper': root_helper}
-        self._lock = lock or move.pool_lock
+        self._lock = lock
+
+    def _pool_lock(self, pool):
+        lock = self._lock or move.pool_lock
+        return lock(self.node_name, self.vg_name, pool)
 
     # -- taking a map -------------------------------------------------------
 
@@ -89,7 +93,7 @@ class ThinMaps(object):
                      {'vg': self.vg_name, 'lv': lv_name, 'exc': exc})
             return None
         try:
-            with self._lock(self.node_name, self.vg_name, pool):
+            with self._pool_lock(pool):
                 device_map = self._dump(pool, thin_id)
         except Exception:
             LOG.warning('Could not read what thin LV %(vg)s/%(lv)s maps '
@@ -193,7 +197,7 @@ class ThinMaps(object):
         """
         for pool in self.recorded_pools():
             try:
-                with self._lock(self.node_name, self.vg_name, pool):
+                with self._pool_lock(pool):
                     held = self.release(pool)
             except Exception:
                 LOG.warning('Could not release the metadata snapshot this '
