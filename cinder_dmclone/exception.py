@@ -91,10 +91,10 @@ class ThinDumpParseError(exception.VolumeBackendAPIException):
                 "%(reason)s")
 
 
-class ThinPoolTableInvalid(exception.VolumeBackendAPIException):
-    """A thin pool's table does not read as one thin-pool target."""
+class ThinTableInvalid(exception.VolumeBackendAPIException):
+    """A thin pool's or thin LV's table is not what a thin map relies on."""
 
-    message = _("Cannot read the thin-pool table of %(name)s: %(reason)s")
+    message = _("Table of %(name)s: %(reason)s")
 
 
 class RegionMapInvalid(exception.InvalidInput):

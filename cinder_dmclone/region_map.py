@@ -16,10 +16,12 @@ A move whose source LV nobody writes (see
 doc/source/contributor/thin-map.rst) sends the destination the regions
 its thin LV maps; the destination marks the others hydrated without
 copying them.  :class:`ThinMaps` reads them from the pool's metadata:
-``lvs`` for the LV's thin id and pool, then, under the pool's lock, a
-metadata snapshot of the pool, ``thin_dump`` of it and the snapshot's
-release, always.  The commands are :mod:`cinder_dmclone.privileged`'s,
-the arithmetic :mod:`cinder_dmclone.thin`'s.
+``lvs`` for the LV's thin id and pool, the LV's own table (a thin LV
+with an external origin reads that origin, not zeroes, where nothing is
+mapped: no map), then, under the pool's lock, a metadata snapshot of the
+pool, ``thin_dump`` of it and the snapshot's release, always.  The
+commands are :mod:`cinder_dmclone.privileged`'s, the arithmetic
+:mod:`cinder_dmclone.thin`'s.
 
 A metadata snapshot is held in the pool's superblock: it survives a crash
 and a reboot, keeps the blocks it references allocated, and a pool holds
@@ -86,11 +88,15 @@ class ThinMaps(object):
         try:
             thin_id, pool = privileged.thin_device(self.vg_name, lv_name,
                                                    **self._kw)
-        except (exception.LVSParseError,
+            thin.check_thin_table(
+                privileged.thin_table(self.vg_name, lv_name, **self._kw),
+                thin_id, thin.lv_device(self.vg_name, lv_name))
+        except (exception.LVSParseError, exception.ThinTableInvalid,
                 exception.PrivilegedCommandFailed) as exc:
-            LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool can be '
-                     'read (%(exc)s): every region of it is copied.',
-                     {'vg': self.vg_name, 'lv': lv_name, 'exc': exc})
+            LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool tells '
+                     'where its data is (%(exc)s): every region of it is '
+                     'copied.', {'vg': self.vg_name, 'lv': lv_name,
+                                 'exc': exc})
             return None
         try:
             with self._pool_lock(pool):

@@ -316,6 +316,11 @@ def _dm_part(name):
     return name.replace('-', '--')
 
 
+def lv_device(vg, lv):
+    """The dm name of LV ``vg/lv``'s own device (``<vg>-<lv>``)."""
+    return '%s-%s' % (_dm_part(vg), _dm_part(lv))
+
+
 def pool_device(vg, pool):
     """The dm name of pool ``vg/pool``'s thin-pool target (its messages).
 
@@ -740,10 +745,10 @@ def pool_zeroes(segments, name=''):
     water mark> [<#features> <feature>*]``.  A block first written in
     part reads zeroes in the rest only without ``skip_block_zeroing``.
     Anything else raises :class:`~cinder_dmclone.exception.
-    ThinPoolTableInvalid`: a pool not known to zero is never trusted to.
+    ThinTableInvalid`: a pool not known to zero is never trusted to.
     """
     def bad(reason):
-        return exception.ThinPoolTableInvalid(name=name, reason=reason)
+        return exception.ThinTableInvalid(name=name, reason=reason)
     if len(segments) != 1 or segments[0].target != 'thin-pool':
         raise bad('not one thin-pool segment: %s'
                   % '; '.join(str(s) for s in segments))
@@ -761,3 +766,29 @@ def pool_zeroes(segments, name=''):
             raise bad('%d features announced, %d given'
                       % (count, len(features) - 1))
     return SKIP_BLOCK_ZEROING not in features[1:]
+
+
+def check_thin_table(segments, dev_id, name=''):
+    """Check that ``segments`` map thin device ``dev_id`` with nothing below.
+
+    The table of a thin LV's own device (``<vg>-<lv>``): exactly one
+    ``thin`` segment, ``<pool dev> <dev id>``.  A third argument is an
+    *external origin*: the device reads that origin, not zeroes, where
+    the pool maps nothing, so its pool's map does not say where its
+    data is.  That, another device id than ``lvs`` named (the LV was
+    replaced in between), or any other table raises
+    :class:`~cinder_dmclone.exception.ThinTableInvalid`.
+    """
+    def bad(reason):
+        return exception.ThinTableInvalid(name=name, reason=reason)
+    if len(segments) != 1 or segments[0].target != 'thin':
+        raise bad('not one thin segment: %s'
+                  % '; '.join(str(s) for s in segments))
+    args = [str(a) for a in segments[0].args]
+    if len(args) == 3:
+        raise bad('an external origin (%s) backs what the pool does not '
+                  'map' % args[2])
+    if len(args) != 2:
+        raise bad('%d arguments, 2 expected' % len(args))
+    if args[1] != str(dev_id):
+        raise bad('it maps thin device %s, not %s' % (args[1], dev_id))

@@ -446,6 +446,8 @@ class FakeThinPool(object):
         self.mapped = {}
         self.thin_ids = {}
         self.held = False
+        #: thin LVs with an external origin (reads it where unmapped).
+        self.external = set()
         self.calls = []
         #: word of a command (reserve_metadata_snap, thin_dump...) -> the
         #: exception it raises instead.
@@ -482,6 +484,8 @@ class FakeThinPool(object):
             word = cmd[-1]
         elif cmd[:3] == ('dmsetup', 'table', self.device):
             word = 'table'
+        elif cmd[:2] == ('dmsetup', 'table') and cmd[2] in self._lv_devices():
+            word = 'thin_table'
         elif cmd[:1] == ('thin_dump',):
             word = 'thin_dump'
         if word is None:
@@ -490,6 +494,16 @@ class FakeThinPool(object):
         if word in self.fail_on:
             raise self.fail_on[word]
         return getattr(self, '_' + word)(cmd, lvs or {})
+
+    def _lv_devices(self):
+        return {'%s-%s' % (self.vg.replace('-', '--'), lv.replace('-', '--')):
+                lv for lv in self.thin_ids}
+
+    def _thin_table(self, cmd, lvs):
+        lv = self._lv_devices()[cmd[2]]
+        origin = ' 253:9' if lv in self.external else ''
+        return ('0 2097152 thin 253:3 %d%s\n' % (self.thin_ids[lv], origin),
+                '')
 
     def _thin_device(self, cmd, lvs):
         lv = cmd[-1].split('/', 1)[1]

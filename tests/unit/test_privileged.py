@@ -1142,6 +1142,16 @@ class ThinMapCommandsTestCase(test.TestCase):
                               privileged.pool_zeroes, vg, pool, **self.kw)
         self.execute.assert_not_called()
 
+    def test_thin_table(self):
+        self.execute.return_value = ('0 2097152 thin 253:3 7\n', '')
+        [segment] = privileged.thin_table('cinder-volumes', 'volume-1',
+                                          **self.kw)
+        self.assertEqual(('253:3', '7'), segment.args)
+        self._called('dmsetup', 'table', 'cinder--volumes-volume--1')
+        for vg, lv in (('vg/x', 'lv'), ('vg', '../lv'), ('vg', 'a b')):
+            self.assertRaises(exception.InvalidDMName,
+                              privileged.thin_table, vg, lv, **self.kw)
+
     def test_thin_dump(self):
         self.execute.return_value = (XML, '')
         m = privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 3,

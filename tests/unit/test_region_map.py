@@ -77,9 +77,9 @@ class ThinMapsTestCase(test.TestCase):
     def test_map_of_a_thin_lv(self):
         token = self.maps.take(LV, SECTORS, REGION)
         self.assertEqual([(0, 2), (9, 10)], self.decode(token))
-        self.assertEqual(['thin_device', 'reserve_metadata_snap',
-                          'thin_dump', 'release_metadata_snap'],
-                         self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.pool.calls)
         self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
@@ -87,6 +87,18 @@ class ThinMapsTestCase(test.TestCase):
     def test_thick_lv_has_no_map(self):
         self.assertIsNone(self.maps.take('volume-thick', SECTORS, REGION))
         self.assertEqual(['thin_device'], self.pool.calls)
+
+    def test_external_origin_means_no_map(self):
+        # (Where its pool maps nothing it reads the origin, not zeroes.)
+        self.pool.external.add(LV)
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual(['thin_device', 'thin_table'], self.pool.calls)
+        self.assertFalse(self.pool.held)
+
+    def test_inactive_lv_means_no_map(self):
+        self.pool.fail_on['thin_table'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
 
     def test_lvs_failure_means_no_map(self):
         self.pool.fail_on['thin_device'] = processutils.ProcessExecutionError(
@@ -105,14 +117,14 @@ class ThinMapsTestCase(test.TestCase):
             raise RuntimeError('coordination backend down')
         self.maps._lock = broken
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
-        self.assertEqual(['thin_device'], self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table'], self.pool.calls)
 
     def test_another_tools_snapshot_is_left_alone(self):
         self.pool.held = True
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
         self.assertTrue(self.pool.held)
-        self.assertEqual(['thin_device', 'reserve_metadata_snap'],
-                         self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap'], self.pool.calls)
         self.assertEqual([], self.maps.recorded_pools())
 
     def test_our_leftover_snapshot_is_released_and_taken_again(self):
@@ -122,10 +134,10 @@ class ThinMapsTestCase(test.TestCase):
         self.pool.held = True
         token = self.maps.take(LV, SECTORS, REGION)
         self.assertEqual([(0, 2), (9, 10)], self.decode(token))
-        self.assertEqual(['thin_device', 'reserve_metadata_snap',
-                          'release_metadata_snap', 'reserve_metadata_snap',
-                          'thin_dump', 'release_metadata_snap'],
-                         self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'release_metadata_snap',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.pool.calls)
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
 

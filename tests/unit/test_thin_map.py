@@ -389,5 +389,32 @@ class PoolZeroesTestCase(test.TestCase):
               '0 1024 thin-pool 253:1 253:2 128 0 2 skip_block_zeroing',
               '0 1024 thin-pool 253:1 253:2 128 0 0 skip_block_zeroing')
     def test_anything_else_is_not_trusted(self, text):
-        self.assertRaises(exception.ThinPoolTableInvalid, thin.pool_zeroes,
+        self.assertRaises(exception.ThinTableInvalid, thin.pool_zeroes,
                           self._table(text), 'vg-pool-tpool')
+
+
+@ddt.ddt
+class CheckThinTableTestCase(test.TestCase):
+    """A thin LV's own table: its pool's map tells where its data is."""
+
+    def test_plain_thin_device(self):
+        thin.check_thin_table(dmsetup.parse_table(
+            '0 2097152 thin 253:3 7\n'), 7)
+
+    @ddt.data(('0 2097152 thin 253:3 7 253:9', 'external origin'),
+              ('0 2097152 thin 253:3 8', 'not 7'),
+              ('0 2097152 linear 8:16 0', 'not one thin segment'),
+              ('', 'not one thin segment'),
+              ('0 1024 thin 253:3 7\n1024 1024 thin 253:3 7',
+               'not one thin segment'),
+              ('0 2097152 thin 253:3', '1 arguments'))
+    @ddt.unpack
+    def test_anything_else_is_refused(self, text, reason):
+        exc = self.assertRaises(exception.ThinTableInvalid,
+                                thin.check_thin_table,
+                                dmsetup.parse_table(text), 7, 'vg-lv')
+        self.assertIn(reason, str(exc))
+
+    def test_lv_device(self):
+        self.assertEqual('cinder--volumes-volume--1',
+                         thin.lv_device('cinder-volumes', 'volume-1'))

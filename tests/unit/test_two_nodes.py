@@ -3324,9 +3324,9 @@ class ThinMapTestCase(ClusterTestCase):
         self.assertTrue(status.hydration_enabled)
         self.assertIn('no_discard_passdown', status.features)
         self.assertIn(peer.REGION_MAP, self.prepare_step())
-        self.assertEqual(['thin_device', 'reserve_metadata_snap',
-                          'thin_dump', 'release_metadata_snap'],
-                         self.a.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.a.pool.calls)
         self.c.settle()
         self.c.assert_completed()
 
@@ -3391,6 +3391,14 @@ class ThinMapTestCase(ClusterTestCase):
                          take(lv, sectors // 2, region))
         self.c.migrate(self.b)
         self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_external_origin_sends_no_map(self):
+        self.a.pool.external.add(LV)
+        self.c.migrate(self.b)
+        self.assertNotIn(peer.REGION_MAP, self.prepare_step())
+        self.assertFalse(self.a.pool.held)
         self.c.settle()
         self.c.assert_completed()
 
