@@ -159,8 +159,9 @@ class ThinMaps(object):
                           {'vg': self.vg_name, 'pool': pool,
                            'dev': thin.pool_device(self.vg_name, pool)})
                 raise
-        LOG.warning('Thin pool %(vg)s/%(pool)s still held the metadata '
-                    'snapshot an earlier run of this service took: '
+        LOG.warning('Thin pool %(vg)s/%(pool)s still held a metadata '
+                    'snapshot this service took earlier and did not '
+                    'release (it stopped, or the release failed): '
                     'releasing it.', {'vg': self.vg_name, 'pool': pool})
         self.release(pool)
         self._write_record(pool)
