@@ -271,12 +271,13 @@ class Clones(object):
             ignore_errors=True)
 
     def clone_table(self, t, source_path, hydrate, threshold=None,
-                    batch_size=None):
+                    batch_size=None, discard_passdown=True):
         """Clone over the transfer's length, linear beyond (an extension)."""
         lv = self.lv_path(t)
         segments = [dmsetup.clone_segment(
             0, t.clone_sectors, self.meta_path(t), lv, source_path,
             t.region_sectors, hydration=hydrate,
+            discard_passdown=discard_passdown,
             hydration_threshold=threshold, hydration_batch_size=batch_size)]
         total = self.dm.device_sectors(lv)
         if total > t.clone_sectors:
@@ -286,8 +287,13 @@ class Clones(object):
         return segments
 
     def build_clone(self, t, source_path, hydrate, threshold=None,
-                    batch_size=None):
-        """Create the clone under the volume's handle (idempotent)."""
+                    batch_size=None, discard_passdown=True):
+        """Create the clone under the volume's handle (idempotent).
+
+        Without ``discard_passdown`` (``no_discard_passdown``), a discard
+        through the clone never reaches the data LV: the table that
+        :meth:`apply_map` needs.
+        """
         name = self.handle_name(t)
         if self.dm.exists(name):
             if any(s.target == 'clone' for s in self.dm.table(name)):
@@ -298,9 +304,84 @@ class Clones(object):
         if not self.has_metadata(t):
             raise self.metadata_lost(t)
         self.dm.create(name, self.clone_table(t, source_path, hydrate,
-                                              threshold, batch_size),
+                                              threshold, batch_size,
+                                              discard_passdown),
                        uuid=layout.handle_uuid(self.vg.vg_name, t.lv_name))
         return layout.handle_path(self.vg.vg_name, t.lv_name)
+
+    # -- the thin map ----------------------------------------------------
+
+    #: At most this many discards (one root command each) apply a map:
+    #: the prepare that runs them waits within the transfer timeout.
+    MAX_DISCARD_COMMANDS = 64
+
+    def reads_zeroes(self):
+        """True if a new data LV here reads zeroes where nothing is written.
+
+        A thin LV, fresh and unprovisioned, in a pool that zeroes the
+        blocks it maps anew (:func:`~cinder_dmclone.privileged.
+        pool_zeroes`: no ``skip_block_zeroing``), so that a later partial
+        write into a region never copied exposes nothing else.  Never a
+        thick LV: it holds whatever its extents held.
+        """
+        if self.lvm_type != 'thin':
+            return False
+        return privileged.pool_zeroes(self.vg.vg_name, self.thin_pool,
+                                      execute=self._execute,
+                                      root_helper=self._root_helper)
+
+    def _clone_status(self, t):
+        name = self.handle_name(t)
+        status = [s.clone for s in self.dm.status(name) if s.clone]
+        if not status or status[0].failed:
+            raise dmc_exception.InvalidTable(
+                reason='handle %s has no working clone: %s' % (name, status))
+        return status[0]
+
+    def apply_map(self, t, needed):
+        """Mark hydrated, without copying, the regions not in ``needed``.
+
+        ``needed`` are the runs of regions that hold data on the source
+        (:func:`~cinder_dmclone.thin.decode_regions`).  The others are
+        discarded through the clone (whole regions only, at most
+        :data:`MAX_DISCARD_COMMANDS` ranges: see
+        :func:`~cinder_dmclone.thin.discard_plan`), which marks them
+        hydrated and reads nothing from the source.  Only on a clone
+        just built: ``no_hydration``, ``no_discard_passdown``, and no
+        region hydrated yet; anything else raises InvalidTable before a
+        discard is sent, since a discard racing a copy or over a written
+        region loses data.  The caller guarantees that nothing else has
+        the clone (its path is not returned yet).  Then ``dmsetup
+        status`` (without ``--noflush``) commits the bitmap, and the
+        kernel must count exactly the regions discarded: any other count
+        raises InvalidTable (the move is then given up).  Returns that
+        count.
+        """
+        before = self._clone_status(t)
+        if (before.hydration_enabled or before.hydrated_regions
+                or 'no_discard_passdown' not in before.features):
+            raise dmc_exception.InvalidTable(
+                reason='refusing to apply the region map of volume %s: its '
+                       'clone is not fresh (hydration %s, %d regions '
+                       'hydrated, features %s)'
+                       % (t.volume_id, 'on' if before.hydration_enabled
+                          else 'off', before.hydrated_regions,
+                          ' '.join(before.features)))
+        ranges = thin.discard_plan(needed, t.clone_sectors, t.region_sectors,
+                                   self.MAX_DISCARD_COMMANDS)
+        privileged.discard_regions(self.vg.vg_name, t.lv_name, ranges,
+                                   execute=self._execute,
+                                   root_helper=self._root_helper)
+        expected = sum(sectors for _start, sectors in ranges) \
+            // t.region_sectors
+        after = self._clone_status(t)
+        if after.hydrated_regions != expected:
+            raise dmc_exception.InvalidTable(
+                reason='the clone of volume %s counts %d regions hydrated '
+                       'after %d were discarded; its region map is not '
+                       'trusted' % (t.volume_id, after.hydrated_regions,
+                                    expected))
+        return expected
 
     def enable_hydration(self, t):
         self.dm.message(self.handle_name(t), 'enable_hydration')

@@ -32,12 +32,14 @@ from cinder import objects
 from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
+from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import side
 from cinder_dmclone import source
+from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
 
@@ -82,11 +84,14 @@ class Destination(side.Side):
     PEER_REST = 60
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
-                 tuning, clock=time.monotonic, service_host=None):
+                 tuning, clock=time.monotonic, service_host=None,
+                 thin_map=False):
         super().__init__(node_names, node_name, store, peer_client,
                          service_host=service_host)
         self.clones = clones
         self.tuning = tuning
+        #: apply the region maps of thin sources (dmclone_thin_map).
+        self.thin_map = thin_map
         self._clock = clock
         #: source node -> until when the monitor does not call it.
         self.resting = {}
@@ -252,7 +257,13 @@ class Destination(side.Side):
                 clones.check_space(t, size_gb, self.node_name)
                 clones.create_volumes(t, size_gb)
             path = clones.connect_source(t, volume['provider_auth'])
-            path = clones.build_clone(t, path, hydrate, threshold, batch)
+            needed = self._region_map(volume, step, t, hydrate)
+            mapped = needed is not None
+            path = clones.build_clone(t, path, hydrate and not mapped,
+                                      threshold, batch,
+                                      discard_passdown=not mapped)
+            if mapped:
+                self._apply_map(volume, t, needed, hydrate)
         except Exception:
             with excutils.save_and_reraise_exception():
                 LOG.exception('Building the clone of volume %s failed; '
@@ -263,6 +274,65 @@ class Destination(side.Side):
                  '%(h)s).', {'vol': volume['id'], 'src': t.source_node,
                              'h': 'on' if hydrate else 'off'})
         return path
+
+    def _region_map(self, volume, step, t, hydrate):
+        """The regions the source's thin LV holds, if this move may use them.
+
+        The prepare of a move whose source LV nobody writes carries them
+        (:data:`peer.REGION_MAP <cinder_dmclone.peer.REGION_MAP>`, see
+        doc/source/contributor/thin-map.rst).  Used only when this node
+        applies maps (``dmclone_thin_map``), the move hydrates at once
+        (a live migration's source still writes), the LV built here
+        reads zeroes where nothing is copied (:meth:`Clones.reads_zeroes
+        <cinder_dmclone.clone.Clones.reads_zeroes>`: a thick one is
+        never zeroed here, it copies every region), and the map is made
+        for this clone's very geometry.  None otherwise: every region is
+        copied, which is always correct.
+        """
+        token = step.get(peer.REGION_MAP)
+        if not token:
+            return None
+        reason = None
+        if not self.thin_map:
+            reason = 'dmclone_thin_map is off on this node'
+        elif not hydrate:
+            reason = 'its source is still in use'
+        else:
+            try:
+                if not self.clones.reads_zeroes():
+                    reason = ('its LV here would not read zeroes where '
+                              'nothing is copied (a thick LV, or a thin '
+                              'pool with skip_block_zeroing)')
+            except Exception as exc:
+                reason = ('whether its thin pool here zeroes new blocks '
+                          'cannot be read (%s)' % exc)
+        if reason is None:
+            try:
+                return thin.decode_regions(
+                    token, dmsetup.region_count(t.clone_sectors,
+                                                t.region_sectors),
+                    t.region_sectors)
+            except dmc_exception.RegionMapInvalid as exc:
+                reason = str(exc)
+        LOG.info('Volume %(vol)s: every region is copied from %(src)s, '
+                 'without the map of its thin LV: %(why)s.',
+                 {'vol': volume['id'], 'src': t.source_node, 'why': reason})
+        return None
+
+    def _apply_map(self, volume, t, needed, hydrate):
+        """Discard the regions the source never mapped, then hydrate.
+
+        Before the clone's path is returned to anyone, with hydration
+        off: no copy and no write is in flight while the discards run.
+        """
+        skipped = self.clones.apply_map(t, needed)
+        total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
+        LOG.info('Volume %(vol)s: %(skip)d of its %(total)d regions hold '
+                 'no data on %(src)s and are not copied.',
+                 {'vol': volume['id'], 'skip': skipped, 'total': total,
+                  'src': t.source_node})
+        if hydrate:
+            self.clones.enable_hydration(t)
 
     def _refuse_if_given_up(self, volume, t):
         """Before answering: is the source still waiting for this move?

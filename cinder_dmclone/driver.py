@@ -27,6 +27,7 @@ itself (beyond Cinder's LVM helper and os-brick) in
 """
 
 import ipaddress
+import os
 
 from oslo_concurrency import processutils
 from oslo_config import cfg
@@ -61,6 +62,7 @@ from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
 from cinder_dmclone import privileged  # noqa: E402
 from cinder_dmclone import recovery  # noqa: E402
+from cinder_dmclone import region_map  # noqa: E402
 from cinder_dmclone import service  # noqa: E402
 from cinder_dmclone import thin  # noqa: E402
 from cinder_dmclone import wiper  # noqa: E402
@@ -184,6 +186,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.metadata_vg = self._open_metadata_vg()
         self._check_device_mapper()
         self._recover_transfers()
+        self._thin_maps().release_leftovers()
         self.wiper.resume()
         self._start_monitor()
 
@@ -303,8 +306,22 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 stall_timeout=conf.dmclone_stall_timeout,
                 ensure_export=self._ensure_export_moving_away,
                 service_host=volume_utils.extract_host(
-                    self.host or CONF.host, 'host'))
+                    self.host or CONF.host, 'host'),
+                thin_maps=(self._thin_maps()
+                           if conf.dmclone_thin_map else None))
         return self._moves
+
+    def _thin_maps(self):
+        """What reads the map of a thin LV here (dmclone_thin_map).
+
+        Its records of held metadata snapshots live under
+        ``<state_path>/dmclone``; a start releases those left held
+        whether or not the option is still on.
+        """
+        return region_map.ThinMaps(
+            self.node_name, self.configuration.volume_group,
+            os.path.join(CONF.state_path, 'dmclone'), execute=self._execute,
+            root_helper=utils.get_root_helper())
 
     @property
     def source(self):

@@ -91,6 +91,12 @@ class ThinDumpParseError(exception.VolumeBackendAPIException):
                 "%(reason)s")
 
 
+class ThinTableInvalid(exception.VolumeBackendAPIException):
+    """A thin pool's or thin LV's table is not what a thin map relies on."""
+
+    message = _("Table of %(name)s: %(reason)s")
+
+
 class RegionMapInvalid(exception.InvalidInput):
     """A serialised region map that does not decode to a clone's regions."""
 

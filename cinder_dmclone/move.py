@@ -257,6 +257,18 @@ def build_lock(volume_id):
     return lockutils.lock('dmclone-build-%s' % volume_id)
 
 
+def pool_lock(node, vg_name, pool):
+    """The lock on thin pool ``vg_name/pool`` of ``node``'s metadata snapshot.
+
+    A pool holds one metadata snapshot at a time, and this node's moves
+    read theirs in turn (:mod:`cinder_dmclone.region_map`).  A
+    coordination lock, named after the node as well: the backend is
+    shared by every node, and each has its own pools.
+    """
+    return coordination.COORDINATOR.get_lock(
+        'dmclone-metasnap-%s-%s-%s' % (node, vg_name, pool))
+
+
 def space_lock(vg_name):
     """This node's lock on checking and taking a volume group's space.
 

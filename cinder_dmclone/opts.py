@@ -114,6 +114,24 @@ dmclone_opts = [
                      'it the driver refuses to start with file:// (Cinder\'s '
                      'default), whose locks hold on one node only and do '
                      'not serialise the two sides of a move.'),
+    cfg.BoolOpt('dmclone_thin_map',
+                default=False,
+                help='Move only the data of a thin volume that no instance '
+                     'uses (cinder migrate, or an attach on another node '
+                     'while nothing on the volume\'s node uses it): its '
+                     'node reads which regions its thin LV maps from the '
+                     'thin pool\'s metadata (a metadata snapshot and '
+                     'thin_dump, from thin-provisioning-tools), and the '
+                     'destination marks the other regions copied, with '
+                     'discards, before the background copy starts; the '
+                     'volume stays thin and only its data crosses the '
+                     'network. Used only when both nodes set it, the '
+                     'source LV is thin, and the destination\'s LV is '
+                     'thin in a pool that zeroes new blocks (LVM --zero '
+                     'y, the default); any other move, and every live '
+                     'migration, copies every region. Off by default until '
+                     'the kernel behaviour it relies on is proven on the '
+                     'testbed.'),
     cfg.ListOpt('dmclone_node_aliases',
                 item_type=types.String(),
                 default=[],

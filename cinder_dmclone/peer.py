@@ -17,7 +17,8 @@ the service of the other node, never through a shell on it:
 
 * ``initialize_connection`` (an RPC *call*) to the destination, with the
   destination's own connector plus a ``dmclone`` entry describing the step
-  (``prepare``: build the clone);
+  (``prepare``: build the clone; for a detached thin source, with the
+  regions its LV holds, :data:`REGION_MAP`);
 * ``terminate_connection`` (a call) to the source or destination, with a
   ``dmclone`` entry naming the step (``release``: drop the export made for
   the transfer; ``retire``: the volume has left, remove its export and old
@@ -52,6 +53,10 @@ OPS = (PREPARE, RELEASE, RETIRE, ABORT, CLOSED)
 #: terminate_connection.
 BY_INITIALIZE = (PREPARE,)
 BY_TERMINATE = (RELEASE, RETIRE, ABORT, CLOSED)
+#: The entry of a prepare step that carries the regions a thin source
+#: holds (:func:`cinder_dmclone.thin.encode_regions`); absent when every
+#: region is to be copied.
+REGION_MAP = 'region_map'
 
 
 def payload(connector):

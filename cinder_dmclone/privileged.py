@@ -31,9 +31,10 @@ Here are:
 * :func:`thin_device`, :func:`reserve_metadata_snap`,
   :func:`release_metadata_snap`, :func:`thin_dump`: what a thin LV maps
   (its thin id, a metadata snapshot of its pool and ``thin_dump`` of
-  it), and :func:`discard_regions`: ``blkdiscard`` of whole regions of
-  a clone (see doc/source/contributor/thin-map.rst; not used by a move
-  yet);
+  it), :func:`thin_table`: the thin LV's own table (no external
+  origin), :func:`pool_zeroes`: whether a pool zeroes new blocks (its
+  thin-pool table), and :func:`discard_regions`: ``blkdiscard`` of whole
+  regions of a clone (see doc/source/contributor/thin-map.rst);
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap);
 * :func:`probe_regions`, :func:`zero_ranges`,
@@ -760,6 +761,41 @@ def release_metadata_snap(vg, pool, execute=None, root_helper=None):
     except exception.MetadataSnapNotHeld:
         return False
     return True
+
+
+def pool_zeroes(vg, pool, execute=None, root_helper=None):
+    """True if thin pool ``vg/pool`` zeroes the blocks it maps anew.
+
+    ``dmsetup table`` of its ``-tpool`` device, read by
+    :func:`thin.pool_zeroes <cinder_dmclone.thin.pool_zeroes>`: the
+    kernel's own flag, not LVM's record of it.  A pool that is not
+    active (no thin LV) raises
+    :class:`~cinder_dmclone.exception.DMDeviceNotFound`.
+    """
+    name = dmsetup.validate_name(thin.pool_device(
+        layout.validate_vg_name(vg), layout.validate_lv_name(pool)))
+    out, _err = _run('dmsetup', 'table', name, execute=execute,
+                     root_helper=root_helper, known=list(DM_NOT_FOUND),
+                     failed=exception.DMSetupCommandFailed,
+                     refused=exception.DMSetupCommandRefused)
+    return thin.pool_zeroes(dmsetup.parse_table(out), name)
+
+
+def thin_table(vg, lv, execute=None, root_helper=None):
+    """The table of thin LV ``vg/lv``'s own device (``<vg>-<lv>``).
+
+    As :func:`dmsetup.parse_table <cinder_dmclone.dmsetup.parse_table>`
+    segments, for :func:`thin.check_thin_table
+    <cinder_dmclone.thin.check_thin_table>`.  An LV that is not active
+    raises :class:`~cinder_dmclone.exception.DMDeviceNotFound`.
+    """
+    name = dmsetup.validate_name(thin.lv_device(
+        layout.validate_vg_name(vg), layout.validate_lv_name(lv)))
+    out, _err = _run('dmsetup', 'table', name, execute=execute,
+                     root_helper=root_helper, known=list(DM_NOT_FOUND),
+                     failed=exception.DMSetupCommandFailed,
+                     refused=exception.DMSetupCommandRefused)
+    return dmsetup.parse_table(out)
 
 
 def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):

@@ -36,22 +36,26 @@ class MoveService(object):
     ``tuning`` is the (threshold, batch size) a volume type without
     ``dmclone:`` extra specs gets; ``interval`` the monitor's period;
     ``service_host`` the host part of the volume service's ``host``
-    (see :class:`~cinder_dmclone.side.Side`).
+    (see :class:`~cinder_dmclone.side.Side`); ``thin_maps`` the
+    :class:`~cinder_dmclone.region_map.ThinMaps` of this node when it
+    moves only the data of thin volumes (``dmclone_thin_map``), both as
+    a source and as a destination; None when it does not.
     """
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
                  tuning, interval, stall_timeout=0, ensure_export=None,
-                 clock=time.monotonic, service_host=None):
+                 clock=time.monotonic, service_host=None, thin_maps=None):
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
             volume_group, wiper, region_sectors, ensure_export=ensure_export,
-            service_host=service_host)
+            service_host=service_host, thin_maps=thin_maps)
         self.destination = destination.Destination(
             node_names, node_name, store, peer_client, clones,
             functools.partial(destination.hydration_tuning,
                               threshold=tuning[0], batch_size=tuning[1]),
-            clock=clock, service_host=service_host)
+            clock=clock, service_host=service_host,
+            thin_map=thin_maps is not None)
         self.endpoint = peer.Endpoint(self.source, self.destination)
         self.recovery = recovery.Recovery(self.source, self.destination)
         self.tracker = hydration.HydrationTracker(

@@ -125,7 +125,7 @@ class Source(side.Side):
                  lio_acls=privileged.lio_acls, sleep=time.sleep,
                  clock=time.monotonic, ensure_export=None,
                  lio_target_exists=privileged.lio_target_exists,
-                 service_host=None):
+                 service_host=None, thin_maps=None):
         super().__init__(node_names, node_name, store, peer_client,
                          service_host=service_host)
         self.target_driver = target_driver
@@ -149,6 +149,9 @@ class Source(side.Side):
         #: move that is over (see :meth:`drop_leftover_export`): the
         #: monitor tries again.
         self.leftover_exports = set()
+        #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
+        #: volume group, or None (dmclone_thin_map off: no map is sent).
+        self.thin_maps = thin_maps
 
     # -- starting a move ---------------------------------------------------
 
@@ -230,9 +233,12 @@ class Source(side.Side):
                       'dst': dest_node,
                       'h': 'now' if hydrate else 'after detach here'})
             try:
+                params = {'hydrate': hydrate, 'size_gb': volume['size']}
+                region_map = self._region_map(t) if hydrate else None
+                if region_map:
+                    params[peer.REGION_MAP] = region_map
                 info = self.peer.prepare(ctxt, volume, dest_host, connector,
-                                         t.secret, hydrate=hydrate,
-                                         size_gb=volume['size'])
+                                         t.secret, **params)
                 self._refuse_if_attach_withdrawn(volume, starting)
                 # Only the lock holder writes the state: the destination
                 # answered, the move is recorded here, under the lock.
@@ -246,6 +252,35 @@ class Source(side.Side):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    def _region_map(self, t):
+        """The regions move ``t``'s thin LV holds (encoded), or None.
+
+        Only for a move that hydrates at once, whose LV no attachment
+        here uses (the caller checks): the move is recorded, so any new
+        attach of the volume here is refused, and from now until the
+        destination stops reading it nothing writes to the LV
+        (doc/source/contributor/thin-map.rst).  As a second guard the
+        handle must have no opener but LIO's export.  None when this node
+        sends no maps (``dmclone_thin_map``) or the map cannot be taken:
+        every region is copied.
+        """
+        if self.thin_maps is None:
+            return None
+        try:
+            users = self._users(layout.handle_name(self.volume_group,
+                                                   t.lv_name))
+        except Exception:
+            LOG.warning('Volume %s: cannot tell who holds its handle; every '
+                        'region is copied.', t.volume_id, exc_info=True)
+            return None
+        if users > 0:
+            LOG.info('Volume %(vol)s: its handle here has %(n)d user(s) '
+                     'besides LIO; every region is copied.',
+                     {'vol': t.volume_id, 'n': users})
+            return None
+        return self.thin_maps.take(t.lv_name, t.clone_sectors,
+                                   t.region_sectors)
 
     def _undo_move(self, ctxt, volume, connector, t):
         """A move failed before its outcome was seen: undo it unless it stands.

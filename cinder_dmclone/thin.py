@@ -316,6 +316,11 @@ def _dm_part(name):
     return name.replace('-', '--')
 
 
+def lv_device(vg, lv):
+    """The dm name of LV ``vg/lv``'s own device (``<vg>-<lv>``)."""
+    return '%s-%s' % (_dm_part(vg), _dm_part(lv))
+
+
 def pool_device(vg, pool):
     """The dm name of pool ``vg/pool``'s thin-pool target (its messages).
 
@@ -575,6 +580,23 @@ def needed_regions(device_map, length, region_sectors):
     return runs
 
 
+def discard_plan(needed, length, region_sectors, max_ranges):
+    """:func:`discard_ranges` in at most ``max_ranges`` ranges.
+
+    Each range costs one root command, so of a fragmented map only the
+    ``max_ranges`` largest gaps are kept (the earlier of two as large),
+    in order; the others are copied, which only costs the space and the
+    reads of regions that hold zeroes.  An empty plan is valid.
+    """
+    if max_ranges < 1:
+        raise ValueError('max_ranges must be at least 1')
+    ranges = discard_ranges(needed, length, region_sectors)
+    if len(ranges) <= max_ranges:
+        return ranges
+    largest = sorted(ranges, key=lambda r: (-r[1], r[0]))[:max_ranges]
+    return sorted(largest)
+
+
 def discard_ranges(needed, length, region_sectors, min_regions=1):
     """``(start, sectors)`` of the regions a destination may discard.
 
@@ -704,3 +726,69 @@ def decode_regions(text, total_regions, region_sectors):
         raise bad('its runs do not add up to %d of %d regions'
                   % (count, total))
     return runs
+
+
+# --------------------------------------------------------------------------
+# Whether a pool hands out zeroed blocks: its thin-pool table
+# --------------------------------------------------------------------------
+
+#: The thin-pool feature that turns zeroing of new blocks off.
+SKIP_BLOCK_ZEROING = 'skip_block_zeroing'
+
+
+def pool_zeroes(segments, name=''):
+    """True if the thin-pool table ``segments`` zeroes newly mapped blocks.
+
+    ``segments`` are :func:`dmsetup.parse_table <cinder_dmclone.dmsetup.
+    parse_table>`'s of the pool's ``-tpool`` device: exactly one
+    ``thin-pool`` segment, ``<metadata dev> <data dev> <block size> <low
+    water mark> [<#features> <feature>*]``.  A block first written in
+    part reads zeroes in the rest only without ``skip_block_zeroing``.
+    Anything else raises :class:`~cinder_dmclone.exception.
+    ThinTableInvalid`: a pool not known to zero is never trusted to.
+    """
+    def bad(reason):
+        return exception.ThinTableInvalid(name=name, reason=reason)
+    if len(segments) != 1 or segments[0].target != 'thin-pool':
+        raise bad('not one thin-pool segment: %s'
+                  % '; '.join(str(s) for s in segments))
+    args = [str(a) for a in segments[0].args]
+    if len(args) < 4:
+        raise bad('%d arguments, at least 4 expected' % len(args))
+    features = args[4:]
+    if features:
+        try:
+            count = int(features[0])
+        except ValueError:
+            raise bad('feature count %r is not a number'
+                      % features[0]) from None
+        if count != len(features) - 1:
+            raise bad('%d features announced, %d given'
+                      % (count, len(features) - 1))
+    return SKIP_BLOCK_ZEROING not in features[1:]
+
+
+def check_thin_table(segments, dev_id, name=''):
+    """Check that ``segments`` map thin device ``dev_id`` with nothing below.
+
+    The table of a thin LV's own device (``<vg>-<lv>``): exactly one
+    ``thin`` segment, ``<pool dev> <dev id>``.  A third argument is an
+    *external origin*: the device reads that origin, not zeroes, where
+    the pool maps nothing, so its pool's map does not say where its
+    data is.  That, another device id than ``lvs`` named (the LV was
+    replaced in between), or any other table raises
+    :class:`~cinder_dmclone.exception.ThinTableInvalid`.
+    """
+    def bad(reason):
+        return exception.ThinTableInvalid(name=name, reason=reason)
+    if len(segments) != 1 or segments[0].target != 'thin':
+        raise bad('not one thin segment: %s'
+                  % '; '.join(str(s) for s in segments))
+    args = [str(a) for a in segments[0].args]
+    if len(args) == 3:
+        raise bad('an external origin (%s) backs what the pool does not '
+                  'map' % args[2])
+    if len(args) != 2:
+        raise bad('%d arguments, 2 expected' % len(args))
+    if args[1] != str(dev_id):
+        raise bad('it maps thin device %s, not %s' % (args[1], dev_id))

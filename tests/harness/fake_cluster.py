@@ -32,6 +32,7 @@ twice) in ``Cluster.violations``.
 
 import itertools
 
+import fixtures
 import oslo_messaging
 from oslo_utils import excutils
 
@@ -50,6 +51,7 @@ from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import privileged
 from cinder_dmclone import recovery
+from cinder_dmclone import region_map
 from cinder_dmclone import service
 from cinder_dmclone import wiper
 from tests.harness import manager_flow
@@ -101,8 +103,15 @@ class Node(object):
                                     connector=self.props)
         #: devices wiped before their LV went (volume_clear = zero here).
         self.wiped = []
+        #: the node's thin pool (a thin cluster), its data LVs thin.
+        self.pool = fakes.FakeThinPool(VG) if cluster.thin else None
         self.dest = clone.Clones(
-            self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo')
+            self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo',
+            lvm_type='thin' if cluster.thin else 'default')
+        self.dm.check_discard = self._check_discard
+        #: the service's state directory (records of held metadata
+        #: snapshots): on disk, so it outlives restarts and reboots.
+        self.state_dir = cluster.test.useFixture(fixtures.TempDir()).path
         self.executed = []
         self.has_service = True
         self.service_up = True
@@ -124,7 +133,8 @@ class Node(object):
             target_driver=self.target, dm=self.dm, volume_group=VG,
             wiper=self.wiper, region_sectors=REGION, tuning=TUNING,
             interval=10, ensure_export=self._export_moving_away,
-            clock=lambda: self.cluster.now)
+            clock=lambda: self.cluster.now,
+            thin_maps=self.thin_maps() if self.cluster.thin_map else None)
         self.source = self.moves.source
         self.source._lio_acls = self._acls
         self.source._lio_target_exists = (
@@ -134,6 +144,11 @@ class Node(object):
         self.tracker = self.moves.tracker
         self.monitor = self.moves.monitor
         self.down = False
+
+    def thin_maps(self):
+        """DMCloneVolumeDriver._thin_maps."""
+        return region_map.ThinMaps(self.name, VG, self.state_dir,
+                                   execute=self.execute, root_helper='sudo')
 
     def _acls(self, target_iqn):
         """privileged.lio_acls over this node's target."""
@@ -173,6 +188,7 @@ class Node(object):
         self.moves.recovery.report_lvs_of_deleted_volumes(
             recovery.lvs_of_deleted_volumes(self.cluster.ctxt, lv_names,
                                             volumes))
+        self.thin_maps().release_leftovers()
         self.wiper.resume()
 
     def execute(self, *cmd, **kwargs):
@@ -194,6 +210,19 @@ class Node(object):
             if lv['zeroed'] > 1:
                 self.cluster.violation('%s: metadata LV %s zeroed again'
                                        % (self.name, path))
+        if cmd[0] == 'blkdiscard':
+            if '--zeroout' in cmd:
+                self.cluster.violation('%s: zeroes written through a clone'
+                                       % self.name)
+            offset = int(cmd[cmd.index('--offset') + 1])
+            length = int(cmd[cmd.index('--length') + 1])
+            self.dm.discard(cmd[-1].rsplit('/', 1)[-1], offset // 512,
+                            length // 512)
+        if self.pool is not None:
+            out = self.pool.run(cmd, {name: lv['bytes'] for name, lv
+                                      in self.vg.lvs.items()})
+            if out is not None:
+                return out
         return '', ''
 
     def _wipe(self, path, size_mb):
@@ -223,6 +252,39 @@ class Node(object):
                         '%s: clone over metadata %s zeroed %s times'
                         % (self.name, seg.args[0],
                            meta and meta['zeroed']))
+
+    def _check_discard(self, name, first, end):
+        """A discard through clone ``name`` of regions [first, end).
+
+        It marks them hydrated without a copy: only on a clone that
+        nothing has opened, with hydration off and no_discard_passdown,
+        no region hydrated otherwise, over an LV that reads zeroes, and
+        never over a region the source holds data in.
+        """
+        seg = self.dm._clone(name)
+        args = dmsetup.parse_clone_table(seg)
+        bad = []
+        if self.dm.hydration.get(name):
+            bad.append('with hydration on')
+        if 'no_discard_passdown' not in args.features:
+            bad.append('passed down to the data LV')
+        if self.dm.openers.get(name):
+            bad.append('while the clone is open')
+        copied = self.dm.meta_hydrated.get(args.metadata_dev, 0) - len(
+            self.dm.discarded.get(args.metadata_dev, ()))
+        if copied:
+            bad.append('after %d regions were hydrated' % copied)
+        if self.pool is None or not self.pool.zeroing \
+                or self.dest.lvm_type != 'thin':
+            bad.append('over an LV that does not read zeroes')
+        held = self.cluster.source_regions(args.region_size) & set(
+            range(first, end))
+        if held:
+            bad.append('over regions the source holds data in: %s'
+                       % sorted(held)[:5])
+        for why in bad:
+            self.cluster.violation('%s: regions %d-%d of %s discarded %s'
+                                   % (self.name, first, end, name, why))
 
     def _hydrated(self, device):
         lv = self.vg.by_path(device)
@@ -458,8 +520,14 @@ class FakeVolumeRPC(object):
 class Cluster(object):
     """node-a and node-b sharing one database; one volume on node-a."""
 
-    def __init__(self, test, restart_before_timeout=True, reboot=False):
+    def __init__(self, test, restart_before_timeout=True, reboot=False,
+                 thin=False, thin_map=False, mapped=((0, 16), (8000, 8100))):
         self.test = test
+        #: the nodes' data LVs are thin LVs of a pool; the volume's maps
+        #: the block ranges ``mapped`` (64 KiB blocks) on node-a.
+        self.thin = thin
+        #: both nodes move only a thin volume's data (dmclone_thin_map).
+        self.thin_map = thin_map
         #: a crashed node reboots (kernel state lost) instead of restarting
         #: its service only.
         self.reboot = reboot
@@ -508,6 +576,11 @@ class Cluster(object):
             'availability_zone': self.a.az, 'provider_location': None,
             'provider_auth': None}
         self.a.vg.add(LV, '1g')
+        if thin:
+            self.a.pool.add(LV, mapped)
+        test.mock_object(move, 'pool_lock', side_effect=lambda *names:
+                         FakeLock(self, 'dmclone-metasnap-%s-%s-%s'
+                                  % names))
         self.a.ensure_handle()
 
     # -- plumbing ----------------------------------------------------------
@@ -525,6 +598,20 @@ class Cluster(object):
         if node is None or not node.has_service:
             raise exception.ServiceNotFound(service_id=host)
         return FakeService(node)
+
+    def source_regions(self, region_sectors):
+        """Regions of the volume that hold data on node-a's thin LV."""
+        pool = self.a.pool
+        if pool is None:
+            return set(range(dmsetup.region_count(SECTORS,
+                                                  region_sectors)))
+        regions = set()
+        for first, end in pool.mapped.get(LV, ()):
+            start = first * pool.block_sectors
+            stop = min(end * pool.block_sectors, SECTORS)
+            regions.update(range(start // region_sectors,
+                                 -(-stop // region_sectors)))
+        return regions
 
     def node_of(self, host):
         return self.nodes[volume_utils.extract_host(host, 'host')]
@@ -760,9 +847,18 @@ class Cluster(object):
         self.test.assertNotIn('dmclone_state', keys)
         self.test.assertIsNone(self.transfer())
 
+    def assert_no_snapshot_held(self):
+        """No metadata snapshot is held, and no record of one remains."""
+        for node in self.nodes.values():
+            if node.pool is not None:
+                self.test.assertFalse(node.pool.held, node.name)
+            self.test.assertEqual([], node.thin_maps().recorded_pools(),
+                                  node.name)
+
     def assert_rolled_back(self, aborted_ok=False):
         t = self.test
         t.assertEqual([], self.violations)
+        self.assert_no_snapshot_held()
         self.assert_no_transfer(aborted_ok)
         t.assertEqual(self.a.host, self.db.volumes[self.volume_id]['host'])
         t.assertEqual(self.a.az,
@@ -789,6 +885,7 @@ class Cluster(object):
     def assert_completed(self):
         t = self.test
         t.assertEqual([], self.violations)
+        self.assert_no_snapshot_held()
         self.assert_no_transfer()
         t.assertEqual(self.b.host, self.db.volumes[self.volume_id]['host'])
         t.assertEqual(self.b.az,

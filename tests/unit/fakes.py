@@ -55,6 +55,10 @@ class FakeDMSetup(object):
         self.hydration = {}
         #: devices whose clone reports Fail.
         self.failed = set()
+        #: regions marked hydrated by discards, per metadata device.
+        self.discarded = {}
+        #: called with (name, first region, end region) of a discard.
+        self.check_discard = None
         #: openers of a device (an instance's process, say): its open
         #: count, and a remove fails while any holds it, as in the kernel.
         self.openers = {}
@@ -264,6 +268,35 @@ class FakeDMSetup(object):
         self.meta_hydrated[args.metadata_dev] = min(
             status.hydrated_regions + regions, status.total_regions)
 
+    def discard(self, name, start, sectors):
+        """A discard of ``sectors`` from ``start`` through clone ``name``.
+
+        As dm-clone: only the whole regions it covers count, each marked
+        hydrated (once); ``check_discard(name, first, end)`` sees the
+        regions first.  Returns how many were newly marked.
+        """
+        self._call('discard', name, start, sectors)
+        self._require(name)
+        seg = self._clone(name)
+        if seg is None:
+            raise exception.DMSetupCommandFailed(
+                command='blkdiscard %s' % name, reason='not a clone')
+        args = dmsetup.parse_clone_table(seg)
+        rs = args.region_size
+        first = -(-start // rs)
+        end = min(start + sectors, seg.length) // rs
+        if end <= first:
+            return 0
+        if self.check_discard is not None:
+            self.check_discard(name, first, end)
+        done = self.discarded.setdefault(args.metadata_dev, set())
+        new = set(range(first, end)) - done
+        done |= new
+        status = self._clone_status(name, seg)
+        self.meta_hydrated[args.metadata_dev] = min(
+            status.hydrated_regions + len(new), status.total_regions)
+        return len(new)
+
     def targets(self):
         self._call('targets')
         return dict(self.target_types)
@@ -358,6 +391,7 @@ class FakeLVM(object):
         if self.dm is not None:
             self.dm.sizes.pop(self.path(name), None)
             self.dm.meta_hydrated.pop(self.path(name), None)
+            self.dm.discarded.pop(self.path(name), None)
 
     def rename_volume(self, name, new_name):
         self._call('rename_volume', name, new_name)
@@ -366,7 +400,8 @@ class FakeLVM(object):
                 stderr='cannot rename "%s" to "%s"' % (name, new_name))
         self.lvs[new_name] = self.lvs.pop(name)
         if self.dm is not None:
-            for table in (self.dm.sizes, self.dm.meta_hydrated):
+            for table in (self.dm.sizes, self.dm.meta_hydrated,
+                          self.dm.discarded):
                 if self.path(name) in table:
                     table[self.path(new_name)] = table.pop(self.path(name))
 
@@ -387,7 +422,138 @@ class FakeLVM(object):
         lv['zeroed'] += 1
         if self.dm is not None:
             self.dm.meta_hydrated.pop(path, None)
+            self.dm.discarded.pop(path, None)
         return lv
+
+
+class FakeThinPool(object):
+    """One thin pool of a node, behind the root commands that read it.
+
+    :meth:`run` answers the commands :mod:`cinder_dmclone.privileged`
+    builds for it (``lvs`` of a thin LV's id, of the pool's usage,
+    ``dmsetup message`` of its metadata snapshot, ``dmsetup table`` of
+    it, ``thin_dump``), with the kernel's answers and failures; None
+    for any other command.  ``mapped`` holds each thin LV's mapped
+    block ranges; ``held`` the metadata snapshot, which outlives a
+    reboot (it is in the pool's superblock).
+    """
+
+    def __init__(self, vg, pool=None, block_sectors=128, zeroing=True):
+        self.vg = vg
+        self.pool = pool or '%s-pool' % vg
+        self.block_sectors = block_sectors
+        self.zeroing = zeroing
+        self.mapped = {}
+        self.thin_ids = {}
+        self.held = False
+        #: thin LVs with an external origin (reads it where unmapped).
+        self.external = set()
+        self.calls = []
+        #: word of a command (reserve_metadata_snap, thin_dump...) -> the
+        #: exception it raises instead.
+        self.fail_on = {}
+
+    @property
+    def device(self):
+        return '%s-%s-tpool' % (self.vg.replace('-', '--'),
+                                self.pool.replace('-', '--'))
+
+    def add(self, lv, ranges):
+        """Thin LV ``lv`` mapping the block ranges ``[(first, end)]``."""
+        self.thin_ids.setdefault(lv, len(self.thin_ids) + 1)
+        self.mapped[lv] = list(ranges)
+
+    def _failed(self, text):
+        return processutils.ProcessExecutionError(
+            exit_code=1, stderr='device-mapper: message ioctl on %s  '
+            'failed: %s\nCommand failed.\n' % (self.device, text))
+
+    def run(self, cmd, lvs=None):
+        """(stdout, stderr) of ``cmd`` (without the env prefix), or None.
+
+        ``lvs``: {LV name: bytes} of the volume group, for the pool's
+        usage report.
+        """
+        cmd = tuple(cmd)
+        word = None
+        if cmd[:1] == ('lvs',) and 'thin_id,pool_lv' in cmd:
+            word = 'thin_device'
+        elif cmd[:1] == ('lvs',) and cmd[-1] == self.vg:
+            word = 'thin_lvs'
+        elif cmd[:3] == ('dmsetup', 'message', self.device):
+            word = cmd[-1]
+        elif cmd[:3] == ('dmsetup', 'table', self.device):
+            word = 'table'
+        elif cmd[:2] == ('dmsetup', 'table') and cmd[2] in self._lv_devices():
+            word = 'thin_table'
+        elif cmd[:1] == ('thin_dump',):
+            word = 'thin_dump'
+        if word is None:
+            return None
+        self.calls.append(word)
+        if word in self.fail_on:
+            raise self.fail_on[word]
+        return getattr(self, '_' + word)(cmd, lvs or {})
+
+    def _lv_devices(self):
+        return {'%s-%s' % (self.vg.replace('-', '--'), lv.replace('-', '--')):
+                lv for lv in self.thin_ids}
+
+    def _thin_table(self, cmd, lvs):
+        lv = self._lv_devices()[cmd[2]]
+        origin = ' 253:9' if lv in self.external else ''
+        return ('0 2097152 thin 253:3 %d%s\n' % (self.thin_ids[lv], origin),
+                '')
+
+    def _thin_device(self, cmd, lvs):
+        lv = cmd[-1].split('/', 1)[1]
+        if lv not in self.thin_ids:
+            return '  |\n', ''
+        return '  %d|%s\n' % (self.thin_ids[lv], self.pool), ''
+
+    def _thin_lvs(self, cmd, lvs):
+        lines = ['  %s|%d|1.00|1.00|1073741824|%d|' % (
+            self.pool, 1 << 40, self.block_sectors * 512)]
+        for name, size in sorted(lvs.items()):
+            lines.append('  %s|%d|0.00|||0|%s' % (name, size, self.pool))
+        return '\n'.join(lines) + '\n', ''
+
+    def _reserve_metadata_snap(self, cmd, lvs):
+        if self.held:
+            raise self._failed('Device or resource busy')
+        self.held = True
+        return '', ''
+
+    def _release_metadata_snap(self, cmd, lvs):
+        if not self.held:
+            raise self._failed('Invalid argument')
+        self.held = False
+        return '', ''
+
+    def _table(self, cmd, lvs):
+        features = ' 0' if self.zeroing else ' 1 skip_block_zeroing'
+        return '0 2097152 thin-pool 253:1 253:2 %d 0%s\n' % (
+            self.block_sectors, features), ''
+
+    def _thin_dump(self, cmd, lvs):
+        if not self.held:
+            raise processutils.ProcessExecutionError(
+                exit_code=1, stderr='no current metadata snap')
+        dev_id = int(cmd[cmd.index('--dev-id') + 1])
+        devices = []
+        for lv, thin_id in sorted(self.thin_ids.items()):
+            if thin_id != dev_id:
+                continue
+            body = ''.join(
+                '<range_mapping origin_begin="%d" data_begin="0" '
+                'length="%d" time="0"/>' % (first, end - first)
+                for first, end in self.mapped.get(lv, ()))
+            devices.append('<device dev_id="%d" mapped_blocks="%d">%s'
+                           '</device>' % (thin_id, sum(
+                               e - f for f, e in self.mapped.get(lv, ())),
+                               body))
+        return ('<superblock data_block_size="%d">%s</superblock>'
+                % (self.block_sectors, ''.join(devices))), ''
 
 
 class FakeConnector(object):

@@ -632,3 +632,113 @@ class ClonesTestCase(test.TestCase):
         self.node.tear_down(self.t, None)
         self.assertEqual({}, self.vg.lvs)
         self.assertEqual(1, [c[0] for c in self.vg.calls].count('delete'))
+
+
+class ApplyMapTestCase(test.TestCase):
+    """The thin map on the destination: discards on a fresh clone only."""
+
+    def setUp(self):
+        super().setUp()
+        self.dm = fakes.FakeDMSetup()
+        self.dm.strict = True
+        self.vg = fakes.FakeLVM(VG, self.dm)
+        self.meta_vg = fakes.FakeLVM(META_VG, self.dm)
+        self.connector = fakes.FakeConnector(self.dm, lambda props: SECTORS)
+        self.execute = mock.Mock(side_effect=self._execute)
+        self.node = clone.Clones(
+            self.dm, self.vg, self.meta_vg, self.connector, self.execute,
+            'sudo cinder-rootwrap')
+        self.t = make_move()
+        self.discards = []
+        self.table = '0 2097152 thin-pool 253:1 253:2 128 0 0\n'
+
+    def _build(self, hydrate):
+        self.node.create_volumes(self.t, 1)
+        source = self.node.connect_source(self.t, None)
+        return self.node.build_clone(self.t, source, hydrate)
+
+    def _execute(self, *cmd, **kwargs):
+        cmd_ = cmd[len(privileged.ENV_PREFIX):]
+        if cmd_[0] == 'blkdiscard':
+            offset = int(cmd_[cmd_.index('--offset') + 1]) // 512
+            length = int(cmd_[cmd_.index('--length') + 1]) // 512
+            self.discards.append((offset, length))
+            self.dm.discard(HANDLE, offset, length)
+            return '', ''
+        if cmd_[:2] == ('dmsetup', 'table'):
+            return self.table, ''
+        if cmd_[0] == 'dd':
+            self.meta_vg.zero(cmd_[2][3:])
+        return '', ''
+
+    def _fresh(self):
+        self.node.create_volumes(self.t, 1)
+        source = self.node.connect_source(self.t, None)
+        self.node.build_clone(self.t, source, False,
+                              discard_passdown=False)
+
+    def test_discards_the_unmapped_whole_regions(self):
+        self._fresh()
+        total = SECTORS // REGION
+        self.assertEqual(total - 3,
+                         self.node.apply_map(self.t, [(0, 2), (10, 11)]))
+        self.assertEqual([(2 * REGION, 8 * REGION),
+                          (11 * REGION, (total - 11) * REGION)],
+                         self.discards)
+        features = dmsetup.parse_clone_table(
+            self.dm.devices[HANDLE][0]).features
+        self.assertEqual(('no_hydration', 'no_discard_passdown'), features)
+
+    def test_discards_are_bounded(self):
+        self._fresh()
+        needed = [(i, i + 1) for i in range(0, 400, 2)]
+        self.node.apply_map(self.t, needed)
+        self.assertEqual(self.node.MAX_DISCARD_COMMANDS, len(self.discards))
+
+    def _refused(self):
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.apply_map, self.t, [(0, 1)])
+        self.assertEqual([], self.discards)
+        return str(exc)
+
+    def test_refused_with_hydration_on(self):
+        self.node.create_volumes(self.t, 1)
+        source = self.node.connect_source(self.t, None)
+        self.node.build_clone(self.t, source, True, discard_passdown=False)
+        self.assertIn('hydration on', self._refused())
+
+    def test_refused_with_discard_passdown(self):
+        self._build(hydrate=False)
+        self.assertIn('features no_hydration', self._refused())
+
+    def test_refused_once_a_region_is_hydrated(self):
+        self._fresh()
+        self.dm.write(HANDLE)
+        self.assertIn('1 regions hydrated', self._refused())
+
+    def test_refused_on_a_failed_clone(self):
+        self._fresh()
+        self.dm.failed.add(HANDLE)
+        self.assertIn('no working clone', self._refused())
+
+    def test_other_count_is_refused(self):
+        self._fresh()
+        discard = self.dm.discard
+        self.dm.discard = lambda name, start, sectors: discard(
+            name, start, sectors - REGION)
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.apply_map, self.t, [(0, 1)])
+        self.assertIn('its region map is not trusted', str(exc))
+
+    def test_reads_zeroes_only_thin_in_a_zeroing_pool(self):
+        self.assertFalse(self.node.reads_zeroes())
+        self.assertEqual([], self.execute.call_args_list)
+        self.node.lvm_type = 'thin'
+        self.assertTrue(self.node.reads_zeroes())
+        self.execute.assert_called_with(
+            *privileged.ENV_PREFIX, 'dmsetup', 'table',
+            'dmc--vg-dmc--vg--pool-tpool', run_as_root=True,
+            root_helper='sudo cinder-rootwrap')
+        self.table = '0 2097152 thin-pool 253:1 253:2 128 0 1 ' \
+            'skip_block_zeroing\n'
+        self.assertFalse(self.node.reads_zeroes())

@@ -13,6 +13,7 @@
 """The Cinder-facing driver, with the kernel replaced by fakes."""
 
 import logging
+import os
 from unittest import mock
 
 import ddt
@@ -43,6 +44,7 @@ from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
 from cinder_dmclone import opts
 from cinder_dmclone import privileged
+from cinder_dmclone import region_map
 from cinder_dmclone import thin
 from tests.unit import fakes
 
@@ -382,6 +384,25 @@ class SetupTestCase(DriverTestBase):
             self.dm.target_types['clone'] = 'v1.0.0'
         self.mock_object(self.drv, '_execute', side_effect=load)
         self.drv.check_for_setup_error()
+
+    def test_thin_map_off_by_default(self):
+        self.assertIsNone(self.drv.moves.source.thin_maps)
+        self.assertFalse(self.drv.moves.destination.thin_map)
+
+    def test_thin_map_on_both_sides(self):
+        drv = self._make_driver(dmclone_thin_map=True)
+        maps = drv.moves.source.thin_maps
+        self.assertIsInstance(maps, region_map.ThinMaps)
+        self.assertTrue(drv.moves.destination.thin_map)
+        self.assertEqual(VG, maps.vg_name)
+        self.assertEqual('node-a', maps.node_name)
+        self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone'),
+                         maps.record_dir)
+
+    def test_start_releases_snapshots_left_held_even_when_off(self):
+        release = self.mock_object(region_map.ThinMaps, 'release_leftovers')
+        self.drv.check_for_setup_error()
+        release.assert_called_once_with()
 
     def test_monitor_started_once(self):
         self.drv.check_for_setup_error()

@@ -33,7 +33,7 @@ class OptsTestCase(test.TestCase):
                      'dmclone_hydration_batch_size',
                      'dmclone_monitor_interval', 'dmclone_transfer_timeout',
                      'dmclone_metadata_reserve', 'dmclone_node_name',
-                     'dmclone_node_aliases'):
+                     'dmclone_node_aliases', 'dmclone_thin_map'):
             self.assertIn(name, names)
         for option in options:
             self.assertGreater(len(option.help or ""), 20, option.name)
@@ -59,3 +59,8 @@ class OptsTestCase(test.TestCase):
         for option in opts.dmclone_opts:
             if isinstance(option, cfg.IntOpt):
                 self.assertIsInstance(option.default, int, option.name)
+
+    def test_thin_map_is_off_until_proven(self):
+        [option] = [o for o in opts.dmclone_opts
+                    if o.name == 'dmclone_thin_map']
+        self.assertIs(False, option.default)

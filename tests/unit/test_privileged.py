@@ -1118,6 +1118,40 @@ class ThinMapCommandsTestCase(test.TestCase):
                           privileged.reserve_metadata_snap, 'vg', 'pool',
                           **self.kw)
 
+    def test_pool_zeroes(self):
+        self.execute.return_value = (
+            '0 2097152 thin-pool 253:1 253:2 128 0 0\n', '')
+        self.assertTrue(privileged.pool_zeroes(
+            'cinder-volumes', 'cinder-volumes-pool', **self.kw))
+        self._called('dmsetup', 'table',
+                     'cinder--volumes-cinder--volumes--pool-tpool')
+        self.execute.return_value = (
+            '0 2097152 thin-pool 253:1 253:2 128 0 1 skip_block_zeroing\n',
+            '')
+        self.assertFalse(privileged.pool_zeroes('vg', 'pool', **self.kw))
+
+    def test_pool_zeroes_of_no_pool(self):
+        self.execute.side_effect = failure(
+            1, 'Device does not exist.\nCommand failed.\n')
+        self.assertRaises(exception.DMDeviceNotFound,
+                          privileged.pool_zeroes, 'vg', 'pool', **self.kw)
+
+    def test_pool_zeroes_names_are_checked_first(self):
+        for vg, pool in (('vg/x', 'pool'), ('vg', '../p'), ('vg', 'a b')):
+            self.assertRaises(exception.InvalidDMName,
+                              privileged.pool_zeroes, vg, pool, **self.kw)
+        self.execute.assert_not_called()
+
+    def test_thin_table(self):
+        self.execute.return_value = ('0 2097152 thin 253:3 7\n', '')
+        [segment] = privileged.thin_table('cinder-volumes', 'volume-1',
+                                          **self.kw)
+        self.assertEqual(('253:3', '7'), segment.args)
+        self._called('dmsetup', 'table', 'cinder--volumes-volume--1')
+        for vg, lv in (('vg/x', 'lv'), ('vg', '../lv'), ('vg', 'a b')):
+            self.assertRaises(exception.InvalidDMName,
+                              privileged.thin_table, vg, lv, **self.kw)
+
     def test_thin_dump(self):
         self.execute.return_value = (XML, '')
         m = privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 3,

@@ -39,6 +39,7 @@ UUID = 'DMCLONE-' + NAME
 LV = '/dev/dmc-a/volume-1f2e3d4c-0000-4000-8000-000000000001'
 META = LV + '-dmcmeta'
 ENV = ['/usr/bin/env', 'LC_ALL=C']
+THIN_LV = 'volume-1f2e3d4c-0000-4000-8000-000000000001'
 SOURCE = ('/dev/disk/by-path/ip-10.0.0.1:3260-iscsi-iqn.2024-01.org.'
           'example.nodea:volume-1f2e3d4c-lun-0')
 
@@ -72,6 +73,10 @@ class RootwrapFilterTestCase(test.TestCase):
                                          execute=self._record)
         privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 1,
                              execute=self._record)
+        privileged.pool_zeroes('cinder-volumes', 'cinder-volumes-pool',
+                               execute=self._record)
+        privileged.thin_table('cinder-volumes', THIN_LV,
+                              execute=self._record)
         privileged.discard_regions('dmc-a', LV.rsplit('/', 1)[1],
                                    [(0, 128), (256, 128)],
                                    execute=self._record)
@@ -86,6 +91,8 @@ class RootwrapFilterTestCase(test.TestCase):
                     '</superblock>', '')
         if cmd[2:3] == ('lvs',) and 'thin_id,pool_lv' in cmd:
             return '  1|cinder-volumes-pool\n', ''
+        if cmd[2:4] == ('dmsetup', 'table') and cmd[4].endswith('-tpool'):
+            return '0 2097152 thin-pool 253:1 253:2 128 0 0\n', ''
         if cmd[2:4] == ('blockdev', '--getsz'):
             return '2097152\n', ''
         if cmd[2:4] == ('dmsetup', 'version'):
@@ -352,7 +359,11 @@ class RootwrapFilterTestCase(test.TestCase):
         self._thin_map_commands()
         for cmd in self.commands:
             self.assertRunsAsBuilt(self.filters, cmd)
-        lvs, reserve, release, dump, discard, _second, zero = self.commands
+        lvs, reserve, release, dump, table, lv_table, discard, _second, \
+            zero = self.commands
+        self.assertEqual(ENV + ['dmsetup', 'table',
+                                'cinder--volumes-' + THIN_LV.replace(
+                                    '-', '--')], lv_table)
         pool = 'cinder--volumes-cinder--volumes--pool-tpool'
         tmeta = '/dev/mapper/cinder--volumes-cinder--volumes--pool_tmeta'
         self.assertEqual(ENV + ['dmsetup', 'message', pool, '0',
@@ -385,6 +396,20 @@ class RootwrapFilterTestCase(test.TestCase):
                 dump[:4] + ['--metadata-snap=5'] + dump[5:],
                 dump[:4] + ['--repair'] + dump[4:],
                 dump + ['-o', '/etc/shadow'],
+                table[:-1] + ['vg-pool'],                 # not -tpool
+                table[:-1] + ['vg-pool-tdata'],
+                table[:-1] + ['a/../b-c-tpool'],
+                table[:-1] + ['--showkeys', table[-1]],
+                table + ['other'],
+                table[:-1],                               # every device
+                lv_table + ['--showkeys'],
+                lv_table[:-1] + ['--showkeys', lv_table[-1]],
+                lv_table[:-1] + ['vg-lv/../x'],
+                lv_table[:-1] + ['vg-lv x'],
+                lv_table[:-1] + ['onlyonepart'],
+                lv_table[:-1] + ['vg-volume--1'],         # not a volume's
+                lv_table[:-1] + ['vg-other--' + lv_table[-1].split(
+                    '-volume--')[1]],
                 ENV + ['thin_restore', '-i', '/tmp/x', '-o', tmeta],
                 discard[:-1] + [LV],                      # the LV itself
                 discard[:-1] + ['/dev/mapper/dmc--a-volume--1'],
@@ -422,4 +447,6 @@ class RootwrapFilterTestCase(test.TestCase):
         self.assertIn('modprobe_dm_clone', names)
         self.assertIn('lvs_thin', names)
         self.assertIn('thin_dump_snap', names)
+        self.assertIn('dmsetup_pool_table', names)
+        self.assertIn('dmsetup_lv_table', names)
         self.assertIn('blkdiscard_handle', names)

@@ -18,6 +18,7 @@ import ddt
 
 from cinder.tests.unit import test
 
+from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
 from cinder_dmclone import thin
 
@@ -225,6 +226,36 @@ class RegionsTestCase(test.TestCase):
                          thin.discard_ranges(needed, 1024, 128,
                                              min_regions=2))
 
+    def test_discard_plan_bounds_the_ranges(self):
+        # every other region holds data: 8 one-region gaps
+        needed = [(i, i + 1) for i in range(1, 16, 2)]
+        self.assertEqual(8, len(thin.discard_plan(needed, 2048, 128, 8)))
+        # at most 2 ranges: the first two of equal gaps
+        self.assertEqual([(0, 128), (256, 128)],
+                         thin.discard_plan(needed, 2048, 128, 2))
+        needed = [(0, 1), (2, 3), (8, 9)]
+        # gaps of 1, 5 and 7 regions; at most 2 ranges keep the long ones
+        self.assertEqual([(384, 640), (1152, 896)],
+                         thin.discard_plan(needed, 2048, 128, 2))
+        self.assertEqual([(1152, 896)],
+                         thin.discard_plan(needed, 2048, 128, 1))
+        self.assertRaises(ValueError, thin.discard_plan, needed, 2048, 128,
+                          0)
+
+    def test_discard_plan_of_random_maps_stays_bounded_and_safe(self):
+        rand = random.Random(7)
+        for _ in range(100):
+            total = rand.randint(1, 3000)
+            needed = sorted({rand.randrange(total) for _ in range(
+                rand.randint(0, 200))})
+            runs = [(r, r + 1) for r in needed]
+            bound = rand.randint(1, 20)
+            plan = thin.discard_plan(runs, total * 128, 128, bound)
+            self.assertLessEqual(len(plan), bound)
+            for start, sectors in plan:
+                first, end = start // 128, (start + sectors) // 128
+                self.assertFalse(any(first <= r < end for r in needed))
+
     def test_bad_region_size(self):
         self.assertRaises(exception.InvalidTable, thin.needed_regions,
                           self._map([]), 1024, 100)
@@ -330,3 +361,60 @@ class EncodeTestCase(test.TestCase):
             b'\x00' * 10 ** 6)).decode().rstrip('=')
         self.assertRaises(exception.RegionMapInvalid, thin.decode_regions,
                           'rmap1.128.100.0.' + bomb, 100, 128)
+
+
+@ddt.ddt
+class PoolZeroesTestCase(test.TestCase):
+    """Whether a thin pool's table zeroes new blocks."""
+
+    def _table(self, text):
+        return dmsetup.parse_table(text)
+
+    @ddt.data(('0 1024 thin-pool 253:1 253:2 128 0', True),
+              ('0 1024 thin-pool 253:1 253:2 128 0 0', True),
+              ('0 1024 thin-pool 253:1 253:2 128 0 1 ignore_discard', True),
+              ('0 1024 thin-pool 253:1 253:2 128 0 1 skip_block_zeroing',
+               False),
+              ('0 1024 thin-pool 253:1 253:2 128 0 2 no_discard_passdown '
+               'skip_block_zeroing', False))
+    @ddt.unpack
+    def test_zeroing(self, text, expected):
+        self.assertEqual(expected, thin.pool_zeroes(self._table(text)))
+
+    @ddt.data('', '0 1024 linear 253:1 0',
+              '0 512 thin-pool 253:1 253:2 128 0\n'
+              '512 512 thin-pool 253:1 253:2 128 0',
+              '0 1024 thin-pool 253:1 253:2 128',
+              '0 1024 thin-pool 253:1 253:2 128 0 x skip_block_zeroing',
+              '0 1024 thin-pool 253:1 253:2 128 0 2 skip_block_zeroing',
+              '0 1024 thin-pool 253:1 253:2 128 0 0 skip_block_zeroing')
+    def test_anything_else_is_not_trusted(self, text):
+        self.assertRaises(exception.ThinTableInvalid, thin.pool_zeroes,
+                          self._table(text), 'vg-pool-tpool')
+
+
+@ddt.ddt
+class CheckThinTableTestCase(test.TestCase):
+    """A thin LV's own table: its pool's map tells where its data is."""
+
+    def test_plain_thin_device(self):
+        thin.check_thin_table(dmsetup.parse_table(
+            '0 2097152 thin 253:3 7\n'), 7)
+
+    @ddt.data(('0 2097152 thin 253:3 7 253:9', 'external origin'),
+              ('0 2097152 thin 253:3 8', 'not 7'),
+              ('0 2097152 linear 8:16 0', 'not one thin segment'),
+              ('', 'not one thin segment'),
+              ('0 1024 thin 253:3 7\n1024 1024 thin 253:3 7',
+               'not one thin segment'),
+              ('0 2097152 thin 253:3', '1 arguments'))
+    @ddt.unpack
+    def test_anything_else_is_refused(self, text, reason):
+        exc = self.assertRaises(exception.ThinTableInvalid,
+                                thin.check_thin_table,
+                                dmsetup.parse_table(text), 7, 'vg-lv')
+        self.assertIn(reason, str(exc))
+
+    def test_lv_device(self):
+        self.assertEqual('cinder--volumes-volume--1',
+                         thin.lv_device('cinder-volumes', 'volume-1'))

@@ -3291,6 +3291,180 @@ class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
         self.assertEqual([], grown)
 
 
+class ThinMapTestCase(ClusterTestCase):
+    """A detached thin volume moves only its data (thin-map.rst)."""
+
+    MAPPED = ((0, 16), (8000, 8100))        # 64 KiB blocks = regions
+
+    def setUp(self):
+        super().setUp()
+        self.thin_cluster()
+
+    def thin_cluster(self, thin_map=True, mapped=MAPPED, **kwargs):
+        self.c = fake_cluster.Cluster(self, thin=True, thin_map=thin_map,
+                                      mapped=mapped, **kwargs)
+        self.a = self.c.a
+        self.b = self.c.b
+
+    def discarded(self):
+        return len(self.b.dm.discarded.get(META_PATH, ()))
+
+    def prepare_step(self):
+        [step] = [call[2] for call in self.c.rpc.calls
+                  if call[2] and call[2]['op'] == peer.PREPARE]
+        return step
+
+    def test_migrate_copies_only_the_mapped_regions(self):
+        self.assertTrue(self.c.migrate(self.b))
+        total = SECTORS // fake_cluster.REGION
+        # 116 regions hold data; the rest is hydrated without a copy
+        self.assertEqual(total - 116, self.discarded())
+        status = self.b.dm.status(HANDLE)[0].clone
+        self.assertEqual(total - 116, status.hydrated_regions)
+        self.assertTrue(status.hydration_enabled)
+        self.assertIn('no_discard_passdown', status.features)
+        self.assertIn(peer.REGION_MAP, self.prepare_step())
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.a.pool.calls)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_attach_of_a_detached_volume_elsewhere_uses_the_map(self):
+        self.moved()
+        self.assertEqual(SECTORS // fake_cluster.REGION - 116,
+                         self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_empty_thin_volume_copies_nothing(self):
+        self.thin_cluster(mapped=())
+        self.c.migrate(self.b)
+        self.assertEqual(SECTORS // fake_cluster.REGION, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_live_migration_copies_everything(self):
+        src, dst = self.moved(live=True)
+        self.assertNotIn(peer.REGION_MAP, self.prepare_step())
+        self.assertEqual([], self.a.pool.calls)
+        self.c.detach(src)
+        self.c.settle()
+        self.assertEqual(0, self.discarded())
+        self.c.assert_completed()
+
+    def test_option_off_on_the_source_sends_no_map(self):
+        self.thin_cluster(thin_map=False)
+        self.c.migrate(self.b)
+        self.assertNotIn(peer.REGION_MAP, self.prepare_step())
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_option_off_on_the_destination_copies_everything(self):
+        self.b.destination.thin_map = False
+        self.c.migrate(self.b)
+        self.assertIn(peer.REGION_MAP, self.prepare_step())
+        self.assertEqual(0, self.discarded())
+        self.assertNotIn('no_discard_passdown', self.features())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_destination_pool_without_zeroing_copies_everything(self):
+        self.b.pool.zeroing = False
+        self.c.migrate(self.b)
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_thick_destination_copies_everything(self):
+        self.b.dest.lvm_type = 'default'
+        self.c.migrate(self.b)
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_map_for_another_geometry_is_not_applied(self):
+        take = self.a.source.thin_maps.take
+        self.mock_object(self.a.source.thin_maps, 'take',
+                         side_effect=lambda lv, sectors, region:
+                         take(lv, sectors // 2, region))
+        self.c.migrate(self.b)
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_external_origin_sends_no_map(self):
+        self.a.pool.external.add(LV)
+        self.c.migrate(self.b)
+        self.assertNotIn(peer.REGION_MAP, self.prepare_step())
+        self.assertFalse(self.a.pool.held)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_handle_open_here_sends_no_map(self):
+        # (Something outside Cinder holds the LV: it may write.)
+        self.a.dm.openers[HANDLE] = 1
+        self.c.migrate(self.b)
+        self.assertNotIn(peer.REGION_MAP, self.prepare_step())
+        self.assertEqual(0, self.discarded())
+
+    def test_another_tools_snapshot_means_a_full_copy(self):
+        self.a.pool.held = True
+        self.c.migrate(self.b)
+        self.assertEqual(0, self.discarded())
+        self.assertTrue(self.a.pool.held)     # not ours: left alone
+        self.a.pool.held = False
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_kernel_counting_otherwise_gives_the_move_up(self):
+        discard = self.b.dm.discard
+        # (A kernel that left the last region of each range unhydrated.)
+        self.b.dm.discard = lambda name, start, sectors: discard(
+            name, start, sectors - fake_cluster.REGION)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_source_crash_holding_the_snapshot_releases_it_at_start(self):
+        self.c.crash_at(fake_cluster.privileged, 'thin_dump')
+        self.assertRaises(oslo_messaging.MessagingTimeout, self.c.migrate,
+                          self.b)
+        # (node-a restarted before anyone timed out: its start released
+        # the snapshot its record named, and gave the move up.)
+        self.assertFalse(self.a.pool.held)
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_harness_catches_unsafe_discards(self):
+        self.saved()
+        t = self.c.transfer()
+        self.b.vg.add(META, '8m')
+        privileged.zero_metadata_head(META_PATH, execute=self.b.execute)
+        self.b.vg.create_volume(LV, '1g', 'thin')
+        source = self.b.dest.connect_source(t, None)
+        self.b.dest.build_clone(t, source, True)
+        privileged.discard_regions(fake_cluster.VG, LV, [(0, 256)],
+                                   execute=self.b.execute)
+        prefix = 'node-b: regions 0-2 of %s discarded ' % HANDLE
+        self.assertEqual(
+            [prefix + 'with hydration on',
+             prefix + 'passed down to the data LV',
+             prefix + 'over regions the source holds data in: [0, 1]'],
+            self.c.violations)
+
+    def test_snapshot_left_held_is_released_by_the_next_move(self):
+        self.a.thin_maps()._write_record(self.a.pool.pool)
+        self.a.pool.held = True
+        self.c.migrate(self.b)
+        self.assertEqual(SECTORS // fake_cluster.REGION - 116,
+                         self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+
 class InvariantsTestCase(ClusterTestCase):
     """The harness itself catches what the crash tests rule out."""
 
@@ -3380,6 +3554,15 @@ STEPS = {
         lambda ctxt, vid, values: 'provider_location' in values
         and values['provider_location'] is None),
     'clear': lambda c, f: (c.b.store, 'clear', None),
+    # The thin map (thin-map.rst): node-a reads it, node-b applies it.
+    'map_record': lambda c, f: (c.a.source.thin_maps, '_write_record', None),
+    'map_reserve': lambda c, f: (privileged, 'reserve_metadata_snap', None),
+    'map_dump': lambda c, f: (privileged, 'thin_dump', None),
+    'map_release': lambda c, f: (privileged, 'release_metadata_snap', None),
+    'map_discard': lambda c, f: (privileged, 'discard_regions', None),
+    'map_commit': lambda c, f: (
+        c.b.dest, '_clone_status',
+        lambda *args: bool(c.b.dm.discarded.get(META_PATH))),
     # cinder migrate, on node-a: the export made for it, and the
     # manager's record of the outcome after the driver moved it.
     'mig_create_export': lambda c, f: (c.a.target, 'create_export', None),
@@ -3441,9 +3624,38 @@ ABORT = ('ab_remove_handle', 'ab_discard_data', 'ab_wipe',
 MIGRATE = ('mig_create_export',) + PREPARE + ('mig_manager_records',)
 DELETE = ('del_remove_handle', 'del_discard_data', 'del_wipe',
           'del_remove_metadata', 'del_retire', 'del_clear')
+THIN_SOURCE = ('map_record', 'map_reserve', 'map_dump', 'map_release')
+THIN_PREPARE = PREPARE[:-1] + ('map_discard', 'map_commit',
+                               'enable_hydration') + PREPARE[-1:]
+
+
+def _thin_cases():
+    """A detached thin volume's move with its map, at every step.
+
+    node-a dies while it holds the pool's metadata snapshot (or just
+    before, or after), node-b while it discards through the clone; both
+    before anything is committed: the move rolls back, and no snapshot
+    stays held.  Past the commit nothing differs from a full copy.
+    """
+    for mode in ('restart', 'reboot', 'late'):
+        for flow in ('thin_available', 'thin_migrate'):
+            steps = THIN_SOURCE + THIN_PREPARE
+            if flow == 'thin_migrate':
+                steps = ('mig_create_export',) + steps
+            if mode != 'late':
+                steps += FINALIZE
+            for step in steps:
+                for when in ('before', 'after'):
+                    if step == 'clear_part_way' and when == 'before':
+                        continue
+                    committed = step in FINALIZE or (
+                        step, when) == ('set_state_prepared', 'after')
+                    yield (mode, flow, step, when,
+                           'completed' if committed else 'rolled_back')
 
 
 def _cases():
+    yield from _thin_cases()
     # The service is back only after the source gave up waiting (what a
     # kill -9 of the destination looks like to the source): the source
     # aborts, the destination's recovery removes what it built.
@@ -3515,6 +3727,7 @@ class CrashTestCase(test.TestCase):
 
     def drive(self, c, flow):
         c.built = c.deleting = False
+        flow = flow[len('thin_'):] if flow.startswith('thin_') else flow
         if flow in ('rollback', 'abort', 'delete'):
             return getattr(self, 'drive_' + flow)(c)
         if flow.startswith('migrate'):
@@ -3584,8 +3797,10 @@ class CrashTestCase(test.TestCase):
     @ddt.data(*_cases())
     @ddt.unpack
     def test_crash(self, mode, flow, step, when, outcome):
+        thin = flow.startswith('thin_')
         c = fake_cluster.Cluster(self, reboot=(mode == 'reboot'),
-                                 restart_before_timeout=(mode != 'late'))
+                                 restart_before_timeout=(mode != 'late'),
+                                 thin=thin, thin_map=thin)
         c.built = c.deleting = False
         if flow == 'migrate_name_id':
             # (Its LV is not named after its id: see NameIdTestCase.)
@@ -3612,8 +3827,13 @@ class CrashTestCase(test.TestCase):
             c.assert_completed()
 
     def test_happy_paths_have_no_crash(self):
-        for flow in ('available', 'live', 'migrate'):
-            c = fake_cluster.Cluster(self)
+        for flow in ('available', 'live', 'migrate', 'thin_available',
+                     'thin_migrate'):
+            thin = flow.startswith('thin_')
+            c = fake_cluster.Cluster(self, thin=thin, thin_map=thin)
             self.drive(c, flow)
             c.assert_completed()
             self.assertEqual({}, c.transfer_keys())
+            if thin:
+                # (The map was applied: not every region was copied.)
+                self.assertIn('discard', [call[0] for call in c.b.dm.calls])

@@ -1,0 +1,279 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The source's side of the thin map: which regions a thin LV holds.
+
+A move whose source LV nobody writes (see
+doc/source/contributor/thin-map.rst) sends the destination the regions
+its thin LV maps; the destination marks the others hydrated without
+copying them.  :class:`ThinMaps` reads them from the pool's metadata:
+``lvs`` for the LV's thin id and pool, the LV's own table (a thin LV
+with an external origin reads that origin, not zeroes, where nothing is
+mapped: no map), then, under the pool's lock, a metadata snapshot of the
+pool, ``thin_dump`` of it and the snapshot's release, always.  The
+commands are :mod:`cinder_dmclone.privileged`'s, the arithmetic
+:mod:`cinder_dmclone.thin`'s.
+
+A metadata snapshot is held in the pool's superblock: it survives a crash
+and a reboot, keeps the blocks it references allocated, and a pool holds
+one at a time.  So each reservation is recorded first, in a file named
+after the pool under the service's state directory (written and synced
+before the reserve, removed once the snapshot is released): a snapshot
+with a record is this service's leftover and is released (at start, and
+when a reserve finds the pool busy); one without is another tool's and is
+left alone.
+
+The map is an optimisation: any failure to take it is logged and the move
+copies every region, as it would without one.
+"""
+
+import os
+
+from oslo_log import log as logging
+
+from cinder_dmclone import dmsetup
+from cinder_dmclone import exception
+from cinder_dmclone import layout
+from cinder_dmclone import move
+from cinder_dmclone import privileged
+from cinder_dmclone import thin
+
+LOG = logging.getLogger(__name__)
+
+#: Suffix of a reservation record's file name.
+RECORD_SUFFIX = '.metasnap'
+
+
+class ThinMaps(object):
+    """Takes the region map of a thin LV of volume group ``vg_name``.
+
+    ``record_dir`` holds the reservation records (created when first
+    needed); ``lock(node, vg, pool)`` is the pool's lock
+    (:func:`cinder_dmclone.move.pool_lock`); ``execute`` and
+    ``root_helper`` run the root commands.
+    """
+
+    def __init__(self, node_name, vg_name, record_dir, execute=None,
+                 root_helper=None, lock=None):
+        self.node_name = node_name
+        self.vg_name = layout.validate_vg_name(vg_name)
+        self.record_dir = record_dir
+        self._kw = {'execute': execute, 'root_helper': root_helper}
+        self._lock = lock
+
+    def _pool_lock(self, pool):
+        lock = self._lock or move.pool_lock
+        return lock(self.node_name, self.vg_name, pool)
+
+    # -- taking a map -------------------------------------------------------
+
+    def take(self, lv_name, clone_sectors, region_sectors):
+        """The encoded map of LV ``lv_name``'s first ``clone_sectors``.
+
+        :func:`thin.encode_regions <cinder_dmclone.thin.encode_regions>`
+        of the regions of ``region_sectors`` that hold mapped blocks, or
+        None (copy every region) when the LV is not thin or the map
+        cannot be taken.  The caller guarantees that nothing writes to
+        the LV from now until the move stops reading it.
+        """
+        try:
+            thin_id, pool = privileged.thin_device(self.vg_name, lv_name,
+                                                   **self._kw)
+            thin.check_thin_table(
+                privileged.thin_table(self.vg_name, lv_name, **self._kw),
+                thin_id, thin.lv_device(self.vg_name, lv_name))
+        except (exception.LVSParseError, exception.ThinTableInvalid,
+                exception.PrivilegedCommandFailed) as exc:
+            LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool tells '
+                     'where its data is (%(exc)s): every region of it is '
+                     'copied.', {'vg': self.vg_name, 'lv': lv_name,
+                                 'exc': exc})
+            return None
+        try:
+            with self._pool_lock(pool):
+                device_map = self._dump(pool, thin_id)
+        except Exception:
+            LOG.warning('Could not read what thin LV %(vg)s/%(lv)s maps '
+                        'from pool %(pool)s: every region of it is copied.',
+                        {'vg': self.vg_name, 'lv': lv_name, 'pool': pool},
+                        exc_info=True)
+            return None
+        needed = thin.needed_regions(device_map, clone_sectors,
+                                     region_sectors)
+        total = dmsetup.region_count(clone_sectors, region_sectors)
+        token = thin.encode_regions(needed, total, region_sectors)
+        LOG.info('Thin LV %(vg)s/%(lv)s maps %(blocks)d blocks of pool '
+                 '%(pool)s: %(needed)d of its %(total)d regions hold data.',
+                 {'vg': self.vg_name, 'lv': lv_name, 'pool': pool,
+                  'blocks': device_map.mapped_blocks, 'total': total,
+                  'needed': sum(e - f for f, e in needed)})
+        return token
+
+    def _dump(self, pool, thin_id):
+        """``thin_dump`` of device ``thin_id`` from a snapshot of ``pool``.
+
+        Under the pool's lock.  The snapshot is released whatever
+        happens after it was reserved.
+        """
+        self._reserve(pool)
+        try:
+            return privileged.thin_dump(self.vg_name, pool, thin_id,
+                                        **self._kw)
+        finally:
+            self.release(pool)
+
+    def _reserve(self, pool):
+        """Reserve the pool's metadata snapshot, recorded first.
+
+        A pool already holding one (MetadataSnapBusy): if a record of
+        ours was there before this attempt, the snapshot is a leftover
+        of this service (a crash between reserve and release) and is
+        released, then reserved again, once.  Without one it belongs to
+        another tool: left alone, and the error raised.  A reserve that
+        fails otherwise took nothing (the kernel refused the message, or
+        it never ran): its record goes.
+        """
+        leftover = self.recorded(pool)
+        self._write_record(pool)
+        try:
+            self._reserve_or_forget(pool)
+            return
+        except exception.MetadataSnapBusy:
+            if not leftover:
+                self._remove_record(pool)
+                LOG.error('Thin pool %(vg)s/%(pool)s holds a metadata '
+                          'snapshot this service did not take (another '
+                          'tool\'s, or one whose record was lost): it is '
+                          'left alone, and moves from this pool copy every '
+                          'region until an operator releases it ("dmsetup '
+                          'message %(dev)s 0 release_metadata_snap").',
+                          {'vg': self.vg_name, 'pool': pool,
+                           'dev': thin.pool_device(self.vg_name, pool)})
+                raise
+        LOG.warning('Thin pool %(vg)s/%(pool)s still held a metadata '
+                    'snapshot this service took earlier and did not '
+                    'release (it stopped, or the release failed): '
+                    'releasing it.', {'vg': self.vg_name, 'pool': pool})
+        self.release(pool)
+        self._write_record(pool)
+        try:
+            self._reserve_or_forget(pool)
+        except exception.MetadataSnapBusy:
+            self._remove_record(pool)
+            raise
+
+    def _reserve_or_forget(self, pool):
+        """reserve_metadata_snap; its record goes if it failed otherwise."""
+        try:
+            privileged.reserve_metadata_snap(self.vg_name, pool, **self._kw)
+        except exception.MetadataSnapBusy:
+            raise
+        except Exception:
+            self._remove_record(pool)
+            raise
+
+    def release(self, pool):
+        """Release the pool's metadata snapshot, then forget its record.
+
+        None held counts as released.  A failure keeps the record (and
+        raises): the next reserve of the pool, or the next start,
+        releases it.
+        """
+        released = privileged.release_metadata_snap(self.vg_name, pool,
+                                                    **self._kw)
+        self._remove_record(pool)
+        return released
+
+    # -- start ----------------------------------------------------------------
+
+    def release_leftovers(self):
+        """At service start: release the snapshots whose records remain.
+
+        A crash or a reboot between a reserve and its release left them
+        (the snapshot outlives both).  Never raises; a snapshot that
+        cannot be released now keeps its record for the next attempt.
+        """
+        for pool in self.recorded_pools():
+            try:
+                with self._pool_lock(pool):
+                    held = self.release(pool)
+            except Exception:
+                LOG.warning('Could not release the metadata snapshot this '
+                            'service recorded for thin pool %(vg)s/'
+                            '%(pool)s; retried when a move next reads the '
+                            'pool, or at the next start.',
+                            {'vg': self.vg_name, 'pool': pool},
+                            exc_info=True)
+                continue
+            if held:
+                LOG.warning('Released the metadata snapshot of thin pool '
+                            '%(vg)s/%(pool)s that a move from this node '
+                            'left held (the service stopped while reading '
+                            'the pool).', {'vg': self.vg_name, 'pool': pool})
+
+    # -- records ------------------------------------------------------------
+
+    def _record_path(self, pool):
+        return os.path.join(self.record_dir,
+                            thin.pool_device(self.vg_name, pool)
+                            + RECORD_SUFFIX)
+
+    def recorded(self, pool):
+        """True if a reservation of ``pool`` is recorded."""
+        return os.path.exists(self._record_path(pool))
+
+    def recorded_pools(self):
+        """The pools of this volume group with a recorded reservation."""
+        try:
+            names = sorted(os.listdir(self.record_dir))
+        except FileNotFoundError:
+            return []
+        pools = []
+        for name in names:
+            if not name.endswith(RECORD_SUFFIX):
+                continue
+            try:
+                with open(os.path.join(self.record_dir, name)) as f:
+                    vg, pool = f.read().split()
+                layout.validate_lv_name(pool)
+            except (OSError, ValueError, exception.InvalidDMName):
+                LOG.warning('Ignoring %s: not a metadata snapshot record '
+                            'of this service.', name)
+                continue
+            if vg == self.vg_name and name == os.path.basename(
+                    self._record_path(pool)):
+                pools.append(pool)
+        return pools
+
+    def _write_record(self, pool):
+        """Record a reservation of ``pool``, on disk before it is made."""
+        os.makedirs(self.record_dir, exist_ok=True)
+        path = self._record_path(pool)
+        with open(path, 'w') as f:
+            f.write('%s %s\n' % (self.vg_name, pool))
+            f.flush()
+            os.fsync(f.fileno())
+        self._sync_dir()
+
+    def _remove_record(self, pool):
+        try:
+            os.unlink(self._record_path(pool))
+        except FileNotFoundError:
+            return
+        self._sync_dir()
+
+    def _sync_dir(self):
+        fd = os.open(self.record_dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,206 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The source's thin map: snapshot, dump, release, and their records."""
+
+import contextlib
+import os
+
+import fixtures
+from oslo_concurrency import processutils
+
+from cinder.tests.unit import test
+
+from cinder_dmclone import exception
+from cinder_dmclone import privileged
+from cinder_dmclone import region_map
+from cinder_dmclone import thin
+from tests.unit import fakes
+
+VG = 'cinder-volumes'
+LV = 'volume-1'
+SECTORS = 2048          # 16 regions of 128 sectors
+REGION = 128
+
+
+class ThinMapsTestCase(test.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                                'dmclone')
+        self.pool = fakes.FakeThinPool(VG)
+        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.commands = []
+        self.locks = []
+        self.maps = self.new_maps()
+
+    def new_maps(self):
+        return region_map.ThinMaps('node-a', VG, self.dir,
+                                   execute=self.execute, root_helper='rw',
+                                   lock=self.lock)
+
+    @contextlib.contextmanager
+    def lock(self, node, vg, pool):
+        self.locks.append((node, vg, pool))
+        # (The pool's snapshot is only ever touched under its lock.)
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+
+    def execute(self, *cmd, **kwargs):
+        cmd = cmd[len(privileged.ENV_PREFIX):]
+        self.commands.append(cmd)
+        if cmd[:2] == ('dmsetup', 'message'):
+            self.assertTrue(self.holding, 'pool message outside its lock')
+            if cmd[-1] == 'reserve_metadata_snap':
+                self.assertTrue(self.maps.recorded(self.pool.pool),
+                                'reserved before it was recorded')
+        out = self.pool.run(cmd)
+        self.assertIsNotNone(out, cmd)
+        return out
+
+    def decode(self, token):
+        return thin.decode_regions(token, SECTORS // REGION, REGION)
+
+    def test_map_of_a_thin_lv(self):
+        token = self.maps.take(LV, SECTORS, REGION)
+        self.assertEqual([(0, 2), (9, 10)], self.decode(token))
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.pool.calls)
+        self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_thick_lv_has_no_map(self):
+        self.assertIsNone(self.maps.take('volume-thick', SECTORS, REGION))
+        self.assertEqual(['thin_device'], self.pool.calls)
+
+    def test_external_origin_means_no_map(self):
+        # (Where its pool maps nothing it reads the origin, not zeroes.)
+        self.pool.external.add(LV)
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual(['thin_device', 'thin_table'], self.pool.calls)
+        self.assertFalse(self.pool.held)
+
+    def test_inactive_lv_means_no_map(self):
+        self.pool.fail_on['thin_table'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+
+    def test_lvs_failure_means_no_map(self):
+        self.pool.fail_on['thin_device'] = processutils.ProcessExecutionError(
+            exit_code=5, stderr='Volume group "x" not found')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+
+    def test_dump_failure_releases_and_means_no_map(self):
+        self.pool.fail_on['thin_dump'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='bad checksum')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_lock_failure_means_no_map(self):
+        def broken(*args):
+            raise RuntimeError('coordination backend down')
+        self.maps._lock = broken
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual(['thin_device', 'thin_table'], self.pool.calls)
+
+    def test_another_tools_snapshot_is_left_alone(self):
+        self.pool.held = True
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertTrue(self.pool.held)
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap'], self.pool.calls)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_our_leftover_snapshot_is_released_and_taken_again(self):
+        # A crash between reserve and release: the record and the
+        # snapshot outlive it.
+        self.maps._write_record(self.pool.pool)
+        self.pool.held = True
+        token = self.maps.take(LV, SECTORS, REGION)
+        self.assertEqual([(0, 2), (9, 10)], self.decode(token))
+        self.assertEqual(['thin_device', 'thin_table',
+                          'reserve_metadata_snap', 'release_metadata_snap',
+                          'reserve_metadata_snap', 'thin_dump',
+                          'release_metadata_snap'], self.pool.calls)
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_a_record_without_a_snapshot_is_harmless(self):
+        # A crash after the record was written, before the reserve.
+        self.maps._write_record(self.pool.pool)
+        self.assertIsNotNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_reserve_refused_otherwise_forgets_its_record(self):
+        self.pool.fail_on['reserve_metadata_snap'] = \
+            processutils.ProcessExecutionError(exit_code=99,
+                                               stderr='Unauthorized')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_release_failure_keeps_the_record_for_the_start(self):
+        self.pool.fail_on['release_metadata_snap'] = \
+            processutils.ProcessExecutionError(exit_code=1, stderr='EIO')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertTrue(self.pool.held)
+        self.assertEqual([self.pool.pool], self.maps.recorded_pools())
+        del self.pool.fail_on['release_metadata_snap']
+        self.new_maps().release_leftovers()
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_start_releases_only_recorded_pools(self):
+        self.maps._write_record(self.pool.pool)
+        self.pool.held = True
+        other = fakes.FakeThinPool('other-vg')
+        other.held = True
+        self.new_maps().release_leftovers()
+        self.assertFalse(self.pool.held)
+        self.assertTrue(other.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_start_without_records_runs_nothing(self):
+        self.maps.release_leftovers()
+        self.assertEqual([], self.commands)
+
+    def test_start_failure_is_retried_later(self):
+        self.maps._write_record(self.pool.pool)
+        self.pool.held = True
+        self.pool.fail_on['release_metadata_snap'] = \
+            processutils.ProcessExecutionError(exit_code=1, stderr='EIO')
+        self.maps.release_leftovers()
+        self.assertEqual([self.pool.pool], self.maps.recorded_pools())
+
+    def test_records_of_other_groups_and_junk_are_ignored(self):
+        os.makedirs(self.dir)
+        other = region_map.ThinMaps('node-a', 'other-vg', self.dir,
+                                    execute=self.execute, lock=self.lock)
+        other._write_record('other-vg-pool')
+        for name, text in (('junk.metasnap', 'a b c'),
+                           ('evil.metasnap', '%s ../x' % VG),
+                           ('renamed.metasnap', '%s %s-pool' % (VG, VG)),
+                           ('notes.txt', 'x')):
+            with open(os.path.join(self.dir, name), 'w') as f:
+                f.write(text)
+        self.assertEqual([], self.maps.recorded_pools())
+        self.assertEqual(['other-vg-pool'], other.recorded_pools())
+
+    def test_names_are_checked(self):
+        self.assertRaises(exception.InvalidDMName, region_map.ThinMaps,
+                          'node-a', '../vg', self.dir)
