@@ -56,6 +56,9 @@ VOLUME_TYPE = 'dmclone'
 BACKEND = 'dmclone'
 #: the thin backend's section, enabled by thin.conf (:meth:`Stack.use_thin`)
 THIN_BACKEND = 'dmclone-thin'
+#: the benchmarks' overrides of both backends, after thin.conf
+#: (``Stack.use_thin(True, extra=(BENCH_THIN_CONF,))``, tests/bench)
+BENCH_THIN_CONF = 'bench-thin.conf'
 NODE_AZ = {'a': 'az-a', 'b': 'az-b', 'c': 'az-c'}
 MICROVERSION = '3.54'
 
@@ -110,15 +113,16 @@ def database_url(name):
 def install_volume_node(*nodes):
     """The volume services' configuration of ``nodes``: Cinder's, rootwrap.
 
-    cinder.conf, thin.conf (which only :meth:`Stack.use_thin` passes to
-    the service) and each node's node-<key>.conf, rootwrap and the state
+    cinder.conf, thin.conf and bench-thin.conf (which only
+    :meth:`Stack.use_thin` passes to the service) and each node's
+    node-<key>.conf, rootwrap and the state
     directory.  Runs on the node (separate-kernel layout: node A's own
     guest has none of the files node B's :meth:`Stack.install_configs`
     writes).
     """
     os.makedirs(ETC, exist_ok=True)
-    for name in ['cinder.conf', 'thin.conf'] + ['node-%s.conf' % key
-                                                for key in nodes]:
+    for name in ['cinder.conf', 'thin.conf', BENCH_THIN_CONF] + [
+            'node-%s.conf' % key for key in nodes]:
         shutil.copy(os.path.join(CONF_DIR, name), ETC)
     install_rootwrap(ETC)
     os.makedirs(STATE + '/tmp', exist_ok=True)
@@ -211,6 +215,8 @@ class Stack(object):
         self._volume_started = {}
         #: the volume services run the thin backend too (use_thin)
         self.thin = False
+        #: the files (in /etc/cinder) passed after thin.conf (use_thin)
+        self.thin_extra = ()
         self._t0 = time.monotonic()
 
     # -- process handling --------------------------------------------------
@@ -444,10 +450,11 @@ class Stack(object):
                                               check=False) or None
         extra = ['--config-file', '%s/node-%s.conf' % (ETC, node)]
         if self.thin:
-            extra += ['--config-file', ETC + '/thin.conf']
+            for name in ('thin.conf',) + self.thin_extra:
+                extra += ['--config-file', '%s/%s' % (ETC, name)]
         return self._cinder('cinder-volume', node=node, extra=extra)
 
-    def use_thin(self, on, nodes=('a', 'b')):
+    def use_thin(self, on, nodes=('a', 'b'), extra=()):
         """Run the thin backend beside the thick one on ``nodes``, or not.
 
         Restarts the volume services (with or without thin.conf, the
@@ -456,8 +463,12 @@ class Stack(object):
         pools.  The first start of the thin backend on a node creates
         its pool (Cinder's LVM driver).  A volume service a test starts
         again meanwhile (:func:`keep_running`) starts the same way.
+        ``extra``: more files of /etc/cinder passed after thin.conf while
+        ``on`` (the benchmarks' :data:`BENCH_THIN_CONF`); a change of
+        them alone restarts the services too.
         """
-        if self.thin == on:
+        extra = tuple(extra) if on else ()
+        if self.thin == on and self.thin_extra == extra:
             return
         for node in nodes:
             name = 'volume-' + node
@@ -465,6 +476,7 @@ class Stack(object):
                 end_group(self.procs[name])
                 LOG.info('%s stopped', name)
         self.thin = on
+        self.thin_extra = extra
         for node in nodes:
             self.restart_volume(node)
         if on:

@@ -765,6 +765,50 @@ class ThinBackendTestCase(test.TestCase):
         self.assertEqual(['node-b@dmclone', 'node-b@dmclone-thin'],
                          self.stack.volume_hosts('b'))
 
+    def test_extra_files_after_thin_conf(self):
+        restarted = self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'restart_volume')).mock
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'pools_ready', return_value=True))
+        self.stack.use_thin(True, nodes=('b',),
+                            extra=(self.services.BENCH_THIN_CONF,))
+        self.stack.start_volume('b')
+        self.assertEqual(('--config-file', '/etc/cinder/node-b.conf',
+                          '--config-file', '/etc/cinder/thin.conf',
+                          '--config-file', '/etc/cinder/bench-thin.conf'),
+                         tuple(self.cinder.call_args.kwargs['extra']))
+        self.assertEqual(1, restarted.call_count)
+        # the same again: nothing to restart; without the extra file: one
+        self.stack.use_thin(True, nodes=('b',),
+                            extra=(self.services.BENCH_THIN_CONF,))
+        self.assertEqual(1, restarted.call_count)
+        self.stack.use_thin(True, nodes=('b',))
+        self.assertEqual(2, restarted.call_count)
+        self.assertEqual((), self.stack.thin_extra)
+        self.stack.use_thin(False, nodes=('b',))
+        self.stack.start_volume('b')
+        self.assertEqual(('--config-file', '/etc/cinder/node-b.conf'),
+                         tuple(self.cinder.call_args.kwargs['extra']))
+
+    def test_the_bench_conf_turns_the_map_on_for_the_thin_backend(self):
+        import configparser
+        parser = configparser.ConfigParser(interpolation=None)
+        conf_dir = os.path.join(os.path.dirname(__file__), '..', '..',
+                                'tools', 'testbed', 'stack')
+        parser.read([os.path.join(conf_dir, n) for n in (
+            'cinder.conf', 'node-a.conf', 'thin.conf',
+            self.services.BENCH_THIN_CONF)])
+        thin = parser[self.services.THIN_BACKEND]
+        self.assertEqual(('true', '1'), (thin['dmclone_thin_map'],
+                                         thin['dmclone_monitor_interval']))
+        self.assertNotIn('dmclone_thin_map', parser['dmclone'])
+        self.assertEqual('1', parser['dmclone']['dmclone_monitor_interval'])
+        plain = configparser.ConfigParser(interpolation=None)
+        plain.read([os.path.join(conf_dir, n) for n in (
+            'cinder.conf', 'node-a.conf', 'thin.conf')])
+        self.assertNotIn('dmclone_thin_map', plain[
+            self.services.THIN_BACKEND])
+
     def test_pools_ready_per_backend(self):
         pools = [{'name': 'node-a@dmclone#dmclone'},
                  {'name': 'node-b@dmclone#dmclone'},
