@@ -16,7 +16,7 @@ The session's full stack runs the thin backend beside the thick one for
 this module only (:meth:`services.Stack.use_thin`: each node's volume
 service restarted with ``tools/testbed/stack/thin.conf``; the backend's
 VG is the node's own disk ``dmc-<node>-thin``, its pool
-``dmc-<node>-thin-pool`` made by Cinder's LVM driver, 95% of 8 GiB).
+``dmc-<node>-thin-pool`` made by Cinder's LVM driver, 95% of 16 GiB).
 Volume type ``dmclone-thin`` selects it (:func:`steps.thin_type`).
 
 What a move does to a thin volume's allocation is recorded, not judged:

@@ -98,9 +98,12 @@ DISK_VGS = (('dmc-a', 24 * 1024 ** 3), ('dmc-b', 24 * 1024 ** 3),
 #: --layout separate: each node's disks (ubdb, ubdc, ubdd in this order),
 #: its Ethernet address on the run's switch.  Node B runs the tests.  The
 #: third disk is the VG of the thin backend (tools/testbed/stack/thin.conf,
-#: only the thin tests enable it), small so that a thin pool can be
-#: overcommitted cheaply.
-THIN_VG_SIZE = 8 * 1024 ** 3
+#: only the thin tests enable it).  16 GiB (a sparse file, like the
+#: others): a move's destination still counts a thin volume whole against
+#: its pool (Clones.check_thin_pool), so the thin benchmark's 8 GiB volume
+#: (tests/bench/test_thin_move.py, issue 19) needs a pool above 8 GiB;
+#: overcommitting one stays cheap (only virtual sizes).
+THIN_VG_SIZE = 16 * 1024 ** 3
 NODE_DISKS = {
     node: (('dmc-%s' % node, 24 * 1024 ** 3),
            ('dmc-%s-meta' % node, 1024 ** 3),
