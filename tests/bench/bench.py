@@ -82,6 +82,7 @@ def guest_description():
             if line.startswith('MemTotal:'):
                 mem_kib = int(line.split()[1])
     from cinder_dmclone import opts
+    separate = testbed.topology().separate
     defaults = {o.name: o.default for o in opts.dmclone_opts
                 if o.name in ('dmclone_region_size',
                               'dmclone_hydration_threshold',
@@ -95,9 +96,14 @@ def guest_description():
         'dmsetup': first_line(['dmsetup', 'version']),
         'dm_clone_target': [t for t in first_line_all(['dmsetup', 'targets'])
                             if t.startswith('clone')],
-        'storage': 'every VG on a loop device over a sparse file on tmpfs '
-                   '(guest RAM); node A to node B over a veth pair inside '
-                   'the same kernel',
+        'layout': 'separate' if separate else 'one-kernel',
+        'storage': ('every node its own user-mode-linux kernel, each VG '
+                    'on a ubd disk over a sparse file of the run '
+                    'directory; node A to node B over the run\'s virtual '
+                    'switch' if separate else
+                    'every VG on a loop device over a sparse file on tmpfs '
+                    '(guest RAM); node A to node B over a veth pair inside '
+                    'the same kernel'),
         'project_defaults_measured': defaults,
     }
 
@@ -266,6 +272,12 @@ def fill(path, size):
     testbed.run(['fio', '--name=fill', '--filename=%s' % path,
                  '--rw=write', '--bs=1M', '--direct=1', '--ioengine=psync',
                  '--size=%d' % size, '--refill_buffers=1'], timeout=900)
+
+
+def digests(path, offsets, length=MiB):
+    """sha256 of ``length`` bytes at each offset (on the caller's node)."""
+    return [testbed.sha256_of_device(path, length, offset)
+            for offset in offsets]
 
 
 def zero_head(path, length=64 * KiB):

@@ -19,7 +19,9 @@ run them with ``tox -e bench`` (or ``tools/testbed/run -- tests/bench``).
 is for developing the benchmarks; the figures in doc/ come from ``full``.
 ``@pytest.mark.layouts('one-kernel', 'separate')``: the testbed layouts a
 benchmark is written for (unmarked: one-kernel); the others deselect it.
-The driver's two volume services are the harness's ``cluster``.
+The driver's two volume services are the harness's ``cluster``
+(test_move.py); the full stack, ``stack`` and ``cloud``, serves the thin
+backend's moves (test_thin_move.py, separate kernels only).
 """
 
 import os
@@ -28,10 +30,13 @@ import pytest
 
 from tests.bench import bench
 from tests.harness import pytest_fixtures
+from tests.harness.pytest_fixtures import cloud  # noqa: F401
 from tests.harness.pytest_fixtures import cluster  # noqa: F401
 from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
 from tests.harness.pytest_fixtures import control_plane  # noqa: F401
 from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
+from tests.harness.pytest_fixtures import services_running  # noqa: F401
+from tests.harness.pytest_fixtures import stack  # noqa: F401
 from tests.harness import selection
 from tests.harness import testbed
 

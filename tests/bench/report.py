@@ -209,7 +209,63 @@ def markdown(data):
                 '| clones and sessions gone (reboot) | %.1f | %.1f |'
                 % (rc['start_after_reboot_s'],
                    rc['start_after_reboot_extra_per_transfer_s']), '']
+    tm = s.get('thin_move')
+    if tm and tm.get('summary'):
+        out += thin_move_markdown(tm)
     return '\n'.join(out)
+
+
+def thin_move_markdown(tm):
+    """Section 8: a thin volume's move against a thick one's (issue 19)."""
+    sm, t = tm['summary'], tm['summary']['targets']
+    floor = sm['time_noise_floor']
+    out = ['## 8. Moving a thin %d GiB volume holding 1 GiB against a thick '
+           '%d GiB volume holding 1 GiB (attach on B until finalized, '
+           'thin map on)' % (tm['thin_gib'], tm['thick_gib']), '',
+           'Moves in this order: %s; 1 GiB written on node A in %d chunks '
+           '(scattered over the thin volume). Noise floor: slowest / '
+           'fastest of the same kind (thin %s, thick %s); a time ratio '
+           'within it is no result.%s'
+           % (', '.join(tm['order']), tm['chunks'],
+              _f(floor['thin'], '%.2fx'), _f(floor['thick'], '%.2fx'),
+              '' if sm['every_read_settled'] else
+              ' Some read counts did not settle before the source LV '
+              'went (see the JSON): those are lower bounds.'), '',
+           '| figure | measured | target |', '|---|---|---|',
+           '| time to finalized, thin / thick (median) | %sx (pairs: %s) '
+           '| at most %.1fx |' % (
+               _f(sm['time_to_finalized_ratio']),
+               ', '.join('%.2fx' % r
+                         for r in sm['time_to_finalized_ratio_per_pair']),
+               t['time_to_finalized_ratio_max']),
+           '| attach call, thin / thick (median) | %sx | - |'
+           % _f(sm['attach_ratio']),
+           '| bytes read from the source per allocated byte, thin | %s '
+           '| at most %.2f |' % (
+               _f(sm['source_read_per_allocated']['thin'], '%.3f'),
+               t['source_read_per_allocated_max']),
+           '| the same, thick (a full copy: the measure\'s floor) | %s | - |'
+           % _f(sm['source_read_per_allocated']['thick'], '%.3f'),
+           '| destination / source allocation, thin (nothing written '
+           'during the move) | %s | at most %.2f |' % (
+               _f(sm['destination_per_source_allocation']['thin'], '%.3f'),
+               t['destination_per_source_allocation_max']), '',
+           '| move | kind | attach, s | until finalized, s | hydrated at '
+           'attach | read from source | source allocated | destination '
+           'allocated |', '|---|---|---|---|---|---|---|---|']
+    for i, m in enumerate(tm['moves']):
+        out.append('| %d | %s %d GiB | %.1f | %.1f | %s | %s%s | %s | %s |'
+                   % (i + 1, m['kind'], m['size_gib'], m['attach_s'],
+                      m['total_s'],
+                      _f(None if m['hydrated_fraction_at_attach'] is None
+                         else 100.0 * m['hydrated_fraction_at_attach'],
+                         '%.1f%%'),
+                      _kib(m['source_read_bytes']),
+                      '' if m['source_read']['settled'] else ' (not settled)',
+                      _kib(m['source_allocated_bytes']),
+                      _kib(m['destination_allocated_bytes'])))
+    out.append('')
+    return out
 
 
 def plot(data, path):

@@ -13,6 +13,7 @@
 """``tox -e bench``: run the benchmarks in the testbed, then the report.
 
     python tests/bench/run.py [--scale full|quick] [--timeout S]
+                              [--layout one-kernel|separate]
                               [--out DIR] [--merge-into RESULTS.json]
                               [-- PYTEST_ARGS...]
 
@@ -20,8 +21,11 @@ Boots the testbed guest (tools/testbed/run) on tests/bench, finds the
 run directory the runner prints, and renders
 ``<run>/artifacts/bench/results.json`` with tests/bench/report.py into
 ``--out`` (default: doc/source/benchmarks for a full run, the run's
-artifacts directory for a quick one).  A partial results file (a
-benchmark failed) is still rendered.  Exit status: the guest's.
+artifacts directory for a quick one).  ``--layout`` is the testbed's
+(default: its own, one kernel): each benchmark is marked with the
+layouts it is written for and the others are deselected, so ``--layout
+separate`` runs test_move.py and test_thin_move.py.  A partial results
+file (a benchmark failed) is still rendered.  Exit status: the guest's.
 """
 
 import argparse
@@ -46,14 +50,17 @@ def main(argv):
     p = argparse.ArgumentParser(prog='tests/bench/run.py')
     p.add_argument('--scale', choices=('full', 'quick'), default='full')
     p.add_argument('--timeout', type=int, default=5400)
+    p.add_argument('--layout', choices=('one-kernel', 'separate'),
+                   help='the testbed layout (default: the testbed\'s)')
     p.add_argument('--out')
     p.add_argument('--merge-into', metavar='RESULTS.json',
                    help='an earlier results file this run completes: its '
                         'sections are kept unless this run measured them')
     args = p.parse_args(argv)
-    cmd = [os.path.join(TREE, 'tools', 'testbed', 'run'),
-           '--timeout', str(args.timeout), '--', 'tests/bench',
-           '--bench-scale=%s' % args.scale] + extra
+    layout = ['--layout', args.layout] if args.layout else []
+    cmd = ([os.path.join(TREE, 'tools', 'testbed', 'run'),
+            '--timeout', str(args.timeout)] + layout
+           + ['--', 'tests/bench', '--bench-scale=%s' % args.scale] + extra)
     print('bench: %s' % ' '.join(cmd), flush=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True,
                             errors='replace')
