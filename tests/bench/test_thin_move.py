@@ -187,8 +187,9 @@ class ReadSampler(object):
             stopped = True
             self.thread.join(120)
         testbed.run(['rm', '-f', self.stop_file], node='a', check=False)
-        rows = [line.split() for line in (self.out or '').splitlines()
-                if line.strip()]
+        # (bash writes $EPOCHREALTIME with the locale's decimal point)
+        rows = [line.replace(',', '.').split()
+                for line in (self.out or '').splitlines() if line.strip()]
         assert rows, 'no read counter sample of %s on node A' % self.lv
         # "<t> <t0> <stat>": the stat's third field is sectors read
         reads = [int(r[4]) for r in rows]
