@@ -232,10 +232,21 @@ class ThinMaps(object):
         return os.path.exists(self._record_path(pool))
 
     def recorded_pools(self):
-        """The pools of this volume group with a recorded reservation."""
+        """The pools of this volume group with a recorded reservation.
+
+        A record directory this service cannot list (one that the
+        operator command, run as root, created with root's umask; a file
+        at its path) is logged and counts as none: the start must go on,
+        whether or not ``dmclone_thin_map`` is on.
+        """
         try:
             names = sorted(os.listdir(self.record_dir))
         except FileNotFoundError:
+            return []
+        except OSError:
+            LOG.warning('Cannot list %s: no metadata snapshot recorded '
+                        'there is released (thin pools of %s).',
+                        self.record_dir, self.vg_name, exc_info=True)
             return []
         pools = []
         for name in names:
