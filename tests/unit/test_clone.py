@@ -730,6 +730,23 @@ class ApplyMapTestCase(test.TestCase):
                                 self.node.apply_map, self.t, [(0, 1)])
         self.assertIn('its region map is not trusted', str(exc))
 
+    def test_a_commit_that_failed_is_refused(self):
+        # R10-3: the count is checked after "dmsetup status" commits the
+        # bitmap; a commit that failed turns the metadata read-only ("ro")
+        # while the in-core count still matches.  The discards would be
+        # lost at the next reboot, and the clone can no longer hydrate:
+        # the move must be given up while it is still "preparing".
+        self._fresh()
+        discard = self.dm.discard
+
+        def discard_then_fail(name, start, sectors):
+            discard(name, start, sectors)
+            self.dm.read_only.add(name)
+        self.dm.discard = discard_then_fail
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.apply_map, self.t, [(0, 1)])
+        self.assertIn('read-only', str(exc))
+
     def test_reads_zeroes_only_thin_in_a_zeroing_pool(self):
         self.assertFalse(self.node.reads_zeroes())
         self.assertEqual([], self.execute.call_args_list)
