@@ -352,9 +352,10 @@ class Clones(object):
         discard is sent, since a discard racing a copy or over a written
         region loses data.  The caller guarantees that nothing else has
         the clone (its path is not returned yet).  Then ``dmsetup
-        status`` (without ``--noflush``) commits the bitmap, and the
-        kernel must count exactly the regions discarded: any other count
-        raises InvalidTable (the move is then given up).  Returns that
+        status`` (without ``--noflush``) commits the bitmap: metadata
+        read-only (the commit failed) raises InvalidTable, and the kernel
+        must count exactly the regions discarded: any other count raises
+        InvalidTable too (the move is then given up).  Returns that
         count.
         """
         before = self._clone_status(t)
@@ -375,6 +376,13 @@ class Clones(object):
         expected = sum(sectors for _start, sectors in ranges) \
             // t.region_sectors
         after = self._clone_status(t)
+        if after.read_only:
+            # The commit above failed: the discards are counted in core
+            # only, and the clone cannot hydrate.
+            raise dmc_exception.InvalidTable(
+                reason='the clone of volume %s turned its metadata '
+                       'read-only when its region map was committed'
+                       % t.volume_id)
         if after.hydrated_regions != expected:
             raise dmc_exception.InvalidTable(
                 reason='the clone of volume %s counts %d regions hydrated '
