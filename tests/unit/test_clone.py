@@ -130,8 +130,24 @@ class ClonesTestCase(test.TestCase):
         self.vg.vg_free_space = 1.0   # the 8 MiB metadata LV does not fit
         self.assertRaises(dmc_exception.DestinationFull,
                           node.check_space, self.t, 1, 'node-b')
-        self.vg.vg_free_space = 1.01
+        # (1.01 as LVM prints it may be 1.005: the 8 MiB do not fit)
+        self.vg.vg_free_space = 1.02
         node.check_space(self.t, 1, 'node-b')
+
+    def test_check_space_free_space_as_printed_is_rounded(self):
+        # LVM prints the free space to two decimals, rounded to nearest:
+        # 255 free extents of 4 MiB (0.996 GiB) print as 1.00.  Taken at
+        # its word, a 1 GiB move passed the check and failed in lvcreate
+        # half way through the build (seen on the testbed, run
+        # 20261126-130431-17648: "insufficient free space (255 extents): 256
+        # required").
+        self.vg.vg_free_space = 1.0
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn(VG, str(exc))
+        self.assertEqual([], self.vg.calls)
+        self.vg.vg_free_space = 1.01
+        self.node.check_space(self.t, 1, 'node-b')
 
     # -- check_space of a thin pool ------------------------------------------
 
