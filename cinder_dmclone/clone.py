@@ -35,6 +35,11 @@ from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
 
+#: Brick LVM reads a volume group's free space as LVM prints it, in GiB
+#: to two decimals rounded to the nearest: the real figure may be up to
+#: this much lower (255 free extents of 4 MiB print as 1.00).
+FREE_SPACE_PRINT_ERROR = 0.005
+
 #: Why a thin pool cannot take a move (ThinPoolFull), per shortfall.
 _THIN_DATA = (
     'has %(free).2f GiB of data space free beyond its reserved_percentage '
@@ -122,7 +127,7 @@ class Clones(object):
             self.check_thin_pool(t, size_gb, node_name)
         for vg, need in needs:
             vg.update_volume_group_info()
-            if vg.vg_free_space < need:
+            if vg.vg_free_space - FREE_SPACE_PRINT_ERROR < need:
                 raise dmc_exception.DestinationFull(
                     node=node_name, volume=t.volume_id, vg=vg.vg_name,
                     free=vg.vg_free_space, need=need)
