@@ -228,11 +228,13 @@ class Cloud(object):
                            diagnostics=lambda: 'statuses seen: %s' % seen)
         return self.get(volume_id)
 
-    def create(self, size=1, az=None, name=None, volume_type=None):
+    def create(self, size=1, az=None, name=None, volume_type=None,
+               snapshot_id=None):
         t0 = time.monotonic()
         v = self.c.volumes.create(size, name=name or 'ft-%s' % uuid.uuid4(),
                                   availability_zone=az,
-                                  volume_type=volume_type)
+                                  volume_type=volume_type,
+                                  snapshot_id=snapshot_id)
         v = self.wait_status(v.id, 'available')
         LOG.info('volume %s available on %s (%s) in %.1f s', v.id,
                  self.host_of(v), v.availability_zone,
@@ -247,6 +249,58 @@ class Cloud(object):
         vt = self.get(volume_id).volume_type
         assert vt == type_name, 'volume %s has type %s after a retype to ' \
             '%s' % (volume_id, vt, type_name)
+
+    def extend(self, volume_id, size, timeout=600):
+        """Extend an available volume to ``size`` GiB; wait until done."""
+        self.c.volumes.extend(volume_id, size)
+
+        def grown():
+            v = self.get(volume_id)
+            if v.status.startswith('error'):
+                raise AssertionError('volume %s went to %s extending to %d '
+                                     'GiB; user messages: %s' % (
+                                         volume_id, v.status, size,
+                                         self.messages(volume_id)))
+            return v.status == 'available' and v.size == size
+        testbed.wait_until(grown, timeout, 'volume %s extended to %d GiB'
+                           % (volume_id, size), interval=1)
+        return self.get(volume_id)
+
+    def create_snapshot(self, volume_id, timeout=600):
+        """A snapshot of the volume, once available."""
+        snap = self.c.volume_snapshots.create(
+            volume_id, name='ft-snap-%s' % uuid.uuid4())
+        seen = []
+
+        def available():
+            s = self.c.volume_snapshots.get(snap.id)
+            if not seen or seen[-1] != s.status:
+                seen.append(s.status)
+            if s.status.startswith('error'):
+                raise AssertionError('snapshot %s of %s went to %s' % (
+                    snap.id, volume_id, s.status))
+            return s.status == 'available'
+        testbed.wait_until(available, timeout, 'snapshot %s available'
+                           % snap.id, interval=1,
+                           diagnostics=lambda: 'statuses seen: %s' % seen)
+        return self.c.volume_snapshots.get(snap.id)
+
+    def delete_snapshot(self, snapshot_id, timeout=600):
+        self.c.volume_snapshots.delete(snapshot_id)
+
+        def gone():
+            try:
+                s = self.c.volume_snapshots.get(snapshot_id)
+            except Exception as exc:
+                if getattr(exc, 'code', None) == 404:
+                    return True
+                raise
+            if s.status == 'error_deleting':
+                raise AssertionError('snapshot %s: error_deleting'
+                                     % snapshot_id)
+            return False
+        testbed.wait_until(gone, timeout, 'snapshot %s deleted'
+                           % snapshot_id, interval=1)
 
     def delete(self, volume_id, timeout=600):
         """Delete the volume, first dropping attachments a failure left."""

@@ -52,6 +52,10 @@ ETC = '/etc/cinder'
 CONF_DIR = '/src/tools/testbed/stack'
 STATE = '/var/lib/cinder'
 VOLUME_TYPE = 'dmclone'
+#: the thick backend's section (cinder.conf), always enabled
+BACKEND = 'dmclone'
+#: the thin backend's section, enabled by thin.conf (:meth:`Stack.use_thin`)
+THIN_BACKEND = 'dmclone-thin'
 NODE_AZ = {'a': 'az-a', 'b': 'az-b', 'c': 'az-c'}
 MICROVERSION = '3.54'
 
@@ -106,13 +110,15 @@ def database_url(name):
 def install_volume_node(*nodes):
     """The volume services' configuration of ``nodes``: Cinder's, rootwrap.
 
-    cinder.conf and each node's node-<key>.conf, rootwrap and the state
+    cinder.conf, thin.conf (which only :meth:`Stack.use_thin` passes to
+    the service) and each node's node-<key>.conf, rootwrap and the state
     directory.  Runs on the node (separate-kernel layout: node A's own
     guest has none of the files node B's :meth:`Stack.install_configs`
     writes).
     """
     os.makedirs(ETC, exist_ok=True)
-    for name in ['cinder.conf'] + ['node-%s.conf' % key for key in nodes]:
+    for name in ['cinder.conf', 'thin.conf'] + ['node-%s.conf' % key
+                                                for key in nodes]:
         shutil.copy(os.path.join(CONF_DIR, name), ETC)
     install_rootwrap(ETC)
     os.makedirs(STATE + '/tmp', exist_ok=True)
@@ -203,6 +209,8 @@ class Stack(object):
         self.timings = {}
         #: per node: the database's time when its volume service started
         self._volume_started = {}
+        #: the volume services run the thin backend too (use_thin)
+        self.thin = False
         self._t0 = time.monotonic()
 
     # -- process handling --------------------------------------------------
@@ -420,12 +428,48 @@ class Stack(object):
         argv += ['--log-file', self._log(name)]
         return self._spawn(name, argv, node=node)
 
+    @property
+    def backends(self):
+        """The backend sections every node's volume service runs."""
+        return (BACKEND, THIN_BACKEND) if self.thin else (BACKEND,)
+
+    def volume_hosts(self, node):
+        """The service hosts of ``node``'s backends (``node-a@dmclone``)."""
+        return ['%s@%s' % (self.topo.node(node).name, backend)
+                for backend in self.backends]
+
     def start_volume(self, node):
         # the database's clock: its rows' updated_at are in it
         self._volume_started[node] = self._db('SELECT UTC_TIMESTAMP()',
                                               check=False) or None
-        return self._cinder('cinder-volume', node=node, extra=(
-            '--config-file', '%s/node-%s.conf' % (ETC, node)))
+        extra = ['--config-file', '%s/node-%s.conf' % (ETC, node)]
+        if self.thin:
+            extra += ['--config-file', ETC + '/thin.conf']
+        return self._cinder('cinder-volume', node=node, extra=extra)
+
+    def use_thin(self, on, nodes=('a', 'b')):
+        """Run the thin backend beside the thick one on ``nodes``, or not.
+
+        Restarts the volume services (with or without thin.conf, the
+        others' as they are) and returns once each reports for every
+        backend it runs and, with ``on``, the scheduler lists the thin
+        pools.  The first start of the thin backend on a node creates
+        its pool (Cinder's LVM driver).  A volume service a test starts
+        again meanwhile (:func:`keep_running`) starts the same way.
+        """
+        if self.thin == on:
+            return
+        for node in nodes:
+            name = 'volume-' + node
+            if self.alive(name):
+                end_group(self.procs[name])
+                LOG.info('%s stopped', name)
+        self.thin = on
+        for node in nodes:
+            self.restart_volume(node)
+        if on:
+            self._wait(lambda: self.pools_ready(THIN_BACKEND, nodes), 600,
+                       'the thin pools listed')
 
     def kill_volume(self, node, sig=signal.SIGKILL):
         """Kill node's cinder-volume (and its privsep helpers) at once."""
@@ -519,16 +563,21 @@ class Stack(object):
         except (OSError, ValueError, urllib.error.URLError):
             return []
 
-    def pools_ready(self):
+    def pools_ready(self, backend=None, nodes=('a', 'b')):
+        """True when the scheduler lists a pool of every one of ``nodes``.
+
+        ``backend``: a pool of that backend (any, when None).
+        """
         names = {p['name'] for p in self.pools()}
-        return all(any(n.startswith(self.topo.node(k).name + '@')
-                       for n in names) for k in ('a', 'b'))
+        return all(any(n.startswith(self.topo.node(k).name + '@' + (
+            backend + '#' if backend else '')) for n in names)
+            for k in nodes)
 
     def wait_volume_up(self, node, timeout=600):
-        host = '%s@dmclone' % self.topo.node(node).name
+        hosts = self.volume_hosts(node)
         since = self._volume_started.get(node)
-        self._wait(lambda: self.services_up([host], since), timeout,
-                   '%s reporting since its start' % host,
+        self._wait(lambda: self.services_up(hosts, since), timeout,
+                   '%s reporting since its start' % ', '.join(hosts),
                    procs=['volume-' + node])
 
     # -- the whole stack ------------------------------------------------------
@@ -551,7 +600,7 @@ class Stack(object):
         self._cinder('cinder-scheduler')
         self.start_volume('a')
         self.start_volume('b')
-        hosts = ['node-a@dmclone', 'node-b@dmclone']
+        hosts = self.volume_hosts('a') + self.volume_hosts('b')
         self._wait(lambda: self.services_up(hosts + ['controller']), 900,
                    'scheduler and both volume services reporting',
                    procs=['cinder-scheduler', 'volume-a', 'volume-b'])

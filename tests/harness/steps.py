@@ -97,6 +97,25 @@ def slow_hydration_type(cloud):
     return vt
 
 
+def thin_type(cloud, slow=False):
+    """A type of the thin backend, placed like the default type.
+
+    The backend runs only while :meth:`services.Stack.use_thin` is on.
+    ``slow``: its volumes hydrate one region at a time, as
+    :func:`slow_hydration_type`'s.
+    """
+    name = 'dmclone-thin' + ('-slow' if slow else '')
+    types = [t for t in cloud.c.volume_types.list() if t.name == name]
+    vt = types[0] if types else cloud.c.volume_types.create(name)
+    specs = {'volume_backend_name': services.THIN_BACKEND,
+             'RESKEY:availability_zones': api.HOME_AZS}
+    if slow:
+        specs.update({'dmclone:hydration_threshold': '1',
+                      'dmclone:hydration_batch_size': '1'})
+    vt.set_keys(specs)
+    return vt
+
+
 def hydrated_fraction(cloud, att):
     """Hydrated regions / regions of the clone under ``att``, on its node."""
     done, total = cloud.on_node(att.node, testbed.clone_progress,

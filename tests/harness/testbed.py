@@ -67,6 +67,8 @@ class Node:
     target_iqn_prefix: object = None
     #: off until a test boots it (separate layout: node C)
     on_demand: bool = False
+    #: the thin backend's VG (separate layout; see stack/thin.conf)
+    thin_vg: object = None
 
     @property
     def portal(self):
@@ -123,7 +125,8 @@ def topology():
                 vg=n['vg'], initiator_iqn=n['initiator_iqn'],
                 meta_vg=n.get('meta_vg'),
                 target_iqn_prefix=n.get('target_iqn_prefix'),
-                on_demand=n.get('on_demand', False))
+                on_demand=n.get('on_demand', False),
+                thin_vg=n.get('thin_vg'))
         _TOPOLOGY = Topology(
             raw=raw, a=nodes['a'], b=nodes['b'], lvm_conf=raw['lvm_conf'],
             lvm_system_dir=raw['lvm_system_dir'], python=raw['python'],
@@ -361,14 +364,15 @@ def lv_path(vg, lv):
 def kernel_of(vg):
     """The node whose kernel holds volume group ``vg`` (a node key).
 
-    Separate kernels: the node the topology gives ``vg`` (its data or
-    metadata VG).  One kernel: this process's node, which sees every VG.
+    Separate kernels: the node the topology gives ``vg`` (its data,
+    metadata or thin VG).  One kernel: this process's node, which sees
+    every VG.
     """
     topo = topology()
     if not topo.separate:
         return local_node()
     for key, node in sorted(topo.nodes.items()):
-        if vg in (node.vg, node.meta_vg):
+        if vg in (node.vg, node.meta_vg, node.thin_vg):
             return key
     raise ValueError('volume group %s belongs to no node' % vg)
 
@@ -405,6 +409,28 @@ def list_lvs(node=None):
     out = lvm('lvs', '--noheadings', '-o', 'vg_name,lv_name',
               '--separator', '/', node=node).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+#: the columns of :func:`lv_report`, in this order
+LV_REPORT = ('lv_name', 'segtype', 'pool_lv', 'lv_size', 'data_percent')
+
+
+def lv_report(vg, node=None):
+    """{LV name: {column: text}} of ``vg``'s LVs (:data:`LV_REPORT`).
+
+    Sizes in bytes; ``data_percent`` is a thin LV's (or a pool's) mapped
+    share, empty for a thick LV.  On ``node``'s kernel (None: this
+    process's); hidden LVs (a pool's data and metadata) are not listed.
+    """
+    out = lvm('lvs', '--noheadings', '--nosuffix', '--units', 'b',
+              '--separator', '|', '-o', ','.join(LV_REPORT), vg,
+              node=node, env={'LC_ALL': 'C'}).stdout
+    report = {}
+    for line in out.splitlines():
+        if line.strip():
+            fields = [f.strip() for f in line.split('|')]
+            report[fields[0]] = dict(zip(LV_REPORT, fields))
+    return report
 
 
 def lv_pe_ranges(vg, name):

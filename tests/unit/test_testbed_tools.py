@@ -318,7 +318,8 @@ class GuestCommandTestCase(test.TestCase):
                       cmd)
         self.assertEqual(
             ['ubd1=%s/vgs/c/dmc-c.img' % self.run_dir,
-             'ubd2=%s/vgs/c/dmc-c-meta.img' % self.run_dir],
+             'ubd2=%s/vgs/c/dmc-c-meta.img' % self.run_dir,
+             'ubd3=%s/vgs/c/dmc-c-thin.img' % self.run_dir],
             [a for a in cmd if a.startswith('ubd')])
         self.assertEqual(len(set(self.runner.NODE_MAC.values())),
                          len(self.runner.NODE_MAC))
@@ -421,7 +422,8 @@ def fake_topology(layout, artifacts_dir='/nonexistent'):
         nodes[key] = testbed.Node(
             key=key, name='node-' + key, hostname='node' + key,
             netns=None, ip='10.0.0.%d' % i, exec_prefix=(),
-            vg='dmc-' + key, initiator_iqn=None, meta_vg=meta_vg)
+            vg='dmc-' + key, initiator_iqn=None, meta_vg=meta_vg,
+            thin_vg='dmc-%s-thin' % key if layout == 'separate' else None)
     if layout != 'separate':
         del nodes['c']
     return testbed.Topology(
@@ -544,7 +546,8 @@ class LvOnItsKernelTestCase(test.TestCase):
         from tests.harness import testbed
         self._topology('separate')
         for vg, node in [('dmc-a', 'a'), ('dmc-a-meta', 'a'),
-                         ('dmc-b', 'b'), ('dmc-b-meta', 'b'),
+                         ('dmc-a-thin', 'a'), ('dmc-b', 'b'),
+                         ('dmc-b-meta', 'b'), ('dmc-b-thin', 'b'),
                          ('dmc-c', 'c')]:
             self.assertEqual(node, testbed.kernel_of(vg), vg)
         self.assertRaises(ValueError, testbed.kernel_of, 'dmc-ab')
@@ -733,3 +736,63 @@ class ControlPlaneTestCase(test.TestCase):
         self.assertIsNotNone(procs['volume-a'].poll())
         self.assertEqual({'mariadb', 'etcd'},
                          {n for n, p in procs.items() if p.poll() is None})
+
+
+class ThinBackendTestCase(test.TestCase):
+    """The stack's volume services with the thin backend, or without."""
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import services
+        self.services = services
+        self.stack = services.Stack(fake_topology(
+            'separate', self.useFixture(fixtures.TempDir()).path))
+        self.useFixture(fixtures.MockPatchObject(self.stack, '_db',
+                                                 return_value=''))
+        self.cinder = self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_cinder')).mock
+
+    def test_thin_conf_only_when_on(self):
+        self.stack.start_volume('b')
+        self.assertEqual(('--config-file', '/etc/cinder/node-b.conf'),
+                         tuple(self.cinder.call_args.kwargs['extra']))
+        self.assertEqual(['node-b@dmclone'], self.stack.volume_hosts('b'))
+        self.stack.thin = True
+        self.stack.start_volume('b')
+        self.assertEqual(('--config-file', '/etc/cinder/node-b.conf',
+                          '--config-file', '/etc/cinder/thin.conf'),
+                         tuple(self.cinder.call_args.kwargs['extra']))
+        self.assertEqual(['node-b@dmclone', 'node-b@dmclone-thin'],
+                         self.stack.volume_hosts('b'))
+
+    def test_pools_ready_per_backend(self):
+        pools = [{'name': 'node-a@dmclone#dmclone'},
+                 {'name': 'node-b@dmclone#dmclone'},
+                 {'name': 'node-a@dmclone-thin#dmclone-thin'}]
+        self.useFixture(fixtures.MockPatchObject(self.stack, 'pools',
+                                                 return_value=pools))
+        self.assertTrue(self.stack.pools_ready())
+        self.assertTrue(self.stack.pools_ready('dmclone'))
+        self.assertFalse(self.stack.pools_ready('dmclone-thin'))
+        self.assertTrue(self.stack.pools_ready('dmclone-thin', nodes=('a',)))
+
+    def test_the_stack_config_defines_the_thin_backend(self):
+        import configparser
+        conf_dir = os.path.join(os.path.dirname(__file__), '..', '..',
+                                'tools', 'testbed', 'stack')
+
+        def read(*names):
+            parser = configparser.ConfigParser(interpolation=None)
+            parser.read([os.path.join(conf_dir, n) for n in names])
+            return parser
+        thick = read('cinder.conf', 'node-a.conf')
+        self.assertEqual('dmclone', thick['DEFAULT']['enabled_backends'])
+        both = read('cinder.conf', 'node-a.conf', 'thin.conf')
+        self.assertEqual('dmclone,dmclone-thin',
+                         both['DEFAULT']['enabled_backends'])
+        thin = both[self.services.THIN_BACKEND]
+        self.assertEqual(('thin', 'dmc-a-thin', 'dmclone-thin'),
+                         (thin['lvm_type'], thin['volume_group'],
+                          thin['volume_backend_name']))
+        self.assertEqual('default', both['dmclone']['lvm_type'])
+        self.assertEqual('dmc-a', both['dmclone']['volume_group'])

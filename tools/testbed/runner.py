@@ -95,12 +95,17 @@ VG_DIR = 'vgs'
 #: the backing file's pages.
 DISK_VGS = (('dmc-a', 24 * 1024 ** 3), ('dmc-b', 24 * 1024 ** 3),
             ('dmc-b-meta', 1024 ** 3))
-#: --layout separate: each node's disks (ubdb, ubdc in this order), its
-#: Ethernet address on the run's switch.  Node B runs the tests.
+#: --layout separate: each node's disks (ubdb, ubdc, ubdd in this order),
+#: its Ethernet address on the run's switch.  Node B runs the tests.  The
+#: third disk is the VG of the thin backend (tools/testbed/stack/thin.conf,
+#: only the thin tests enable it), small so that a thin pool can be
+#: overcommitted cheaply.
+THIN_VG_SIZE = 8 * 1024 ** 3
 NODE_DISKS = {
-    'a': (('dmc-a', 24 * 1024 ** 3), ('dmc-a-meta', 1024 ** 3)),
-    'b': (('dmc-b', 24 * 1024 ** 3), ('dmc-b-meta', 1024 ** 3)),
-    'c': (('dmc-c', 24 * 1024 ** 3), ('dmc-c-meta', 1024 ** 3)),
+    node: (('dmc-%s' % node, 24 * 1024 ** 3),
+           ('dmc-%s-meta' % node, 1024 ** 3),
+           ('dmc-%s-thin' % node, THIN_VG_SIZE))
+    for node in ('a', 'b', 'c')
 }
 NODE_MAC = {'a': '52:54:00:dc:00:01', 'b': '52:54:00:dc:00:02',
             'c': '52:54:00:dc:00:03'}

@@ -1,0 +1,847 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""The kernel facts of the thin map (doc/source/contributor/thin-map.rst).
+
+The section "What must be proven on the real kernel" of that page lists
+what the map protocol assumes of dm-thin, dm-clone and
+thin-provisioning-tools.  Each test here proves some of it, through the
+project's own code where that code is what the protocol runs:
+``privileged.thin_device``, ``thin_table``, ``reserve_metadata_snap``,
+``release_metadata_snap``, ``thin_dump``, ``pool_zeroes`` and
+``discard_regions`` against the real commands, and the pure
+``thin.parse_thin_dump``, ``check_thin_table``, ``needed_regions``,
+``discard_plan`` and ``encode_regions``/``decode_regions`` on what the
+kernel and the tools really print.
+
+Every pool here is the test's own: a small thin pool (``--poolmetadataspare
+n``, so nothing of it stays in the VG) made on node B's VG, or node A's for
+the power cycle, and removed after the test.  Chunks and regions are 64 KiB
+unless a test says otherwise, volumes 64 MiB: the facts do not depend on
+the size, and the testbed's VGs live in the guests' memory.
+
+Which regions of a clone are hydrated, not only how many, is read back
+through the clone itself where the source is an ``error`` target: a read
+of a hydrated region goes to the destination and succeeds, one of an
+unhydrated region goes to the source and fails with EIO (and, with
+``no_hydration``, hydrates nothing).  An error target accounts no I/O
+(device-mapper kills the bio before counting it), so with it a copy
+from the source shows as a failed region, not as sectors read; where the
+source is a real device (the applied map), its block device's ``stat``
+(sectors read) makes "what was read from the source" a number.
+
+Separate kernels: everything runs on node B's kernel (this process's),
+but the power-cycle test, whose pool is on node A (the only node the
+runner can power off while the tests run).
+"""
+
+import errno
+import mmap
+import os
+
+import pytest
+
+from tests.harness import testbed
+from tests.harness import workers
+
+pytestmark = pytest.mark.layouts('separate')
+
+KiB = testbed.KiB
+MiB = testbed.MiB
+SECTOR = testbed.SECTOR
+REGION_SECTORS = 128                     # 64 KiB
+REGION = REGION_SECTORS * SECTOR
+CHUNK = '64k'                            # the pools' block size
+SIZE = 64 * MiB                          # every thin LV's virtual size
+POOL_SIZE = 64 * MiB                     # every pool's data size
+
+
+# --------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def privileged():
+    # cinder's utils.execute reads CONF.rootwrap_config (when no root helper
+    # is given): register cinder's global options as a cinder service does
+    from cinder.common import config  # noqa: F401
+    from cinder_dmclone import privileged
+    return privileged
+
+
+@pytest.fixture
+def dm(privileged, cleanup):
+    """The real DMSetup; devices it creates are removed after the test."""
+    wrapper = privileged.DMSetup()
+
+    class Tracking(object):
+        def __getattr__(self, name):
+            return getattr(wrapper, name)
+
+        def create(self, name, segments, uuid=None):
+            wrapper.create(name, segments, uuid or 'dmclone-ft-' + name)
+            cleanup(wrapper.remove, name)
+
+    return Tracking()
+
+
+def dm_name(name):
+    return name.replace('-', '--')
+
+
+def tpool(vg, pool):
+    """The pool's thin-pool device, as LVM names it (its messages go there)."""
+    return '%s-%s-tpool' % (dm_name(vg), dm_name(pool))
+
+
+def tmeta(vg, pool):
+    return '/dev/mapper/%s-%s_tmeta' % (dm_name(vg), dm_name(pool))
+
+
+def tdata(vg, pool):
+    return '/dev/mapper/%s-%s_tdata' % (dm_name(vg), dm_name(pool))
+
+
+@pytest.fixture
+def thin_pool(cleanup):
+    """``thin_pool(vg, name, zero=True, node='b', chunk=CHUNK)``: a pool.
+
+    Removed after the test, with its thin LVs, after releasing any
+    metadata snapshot a failed test left held.
+    """
+    def make(vg, name, zero=True, node='b', chunk=CHUNK):
+        testbed.lvm('lvcreate', '-q', '-y', '--type', 'thin-pool',
+                    '-L', '%db' % POOL_SIZE, '--chunksize', chunk,
+                    '--poolmetadatasize', '4m', '--poolmetadataspare', 'n',
+                    '-Z', 'y' if zero else 'n', '-n', name, vg, node=node)
+        cleanup(testbed.lvm, 'lvremove', '-q', '-y', '-f',
+                '%s/%s' % (vg, name), node=node, check=False)
+        cleanup(testbed.run, ['dmsetup', 'message', tpool(vg, name), '0',
+                              'release_metadata_snap'], node=node,
+                check=False)
+        return name
+    return make
+
+
+@pytest.fixture
+def thin_lv(cleanup):
+    """``thin_lv(vg, pool, name, node='b')``: a thin LV that maps nothing.
+
+    Whatever LVM wrote to it when making it (a wiped signature, zeroed
+    first sectors) is discarded, so the test knows every block it maps.
+    """
+    def make(vg, pool, name, node='b', size=SIZE):
+        testbed.lvm('lvcreate', '-q', '-y', '-Wn', '-V', '%db' % size,
+                    '-T', '%s/%s' % (vg, pool), '-n', name, node=node)
+        cleanup(testbed.lvm, 'lvremove', '-q', '-y', '-f',
+                '%s/%s' % (vg, name), node=node, check=False)
+        # (a snapshot a failed test left held goes first; removing the
+        # pool's last thin LV may change how the pool is active)
+        cleanup(testbed.run, ['dmsetup', 'message', tpool(vg, pool), '0',
+                              'release_metadata_snap'], node=node,
+                check=False)
+        path = testbed.lv_path(vg, name)
+        testbed.wait_until(lambda: testbed.path_exists(path, node), 30,
+                           'device node %s' % path)
+        testbed.run(['blkdiscard', '--force', path], node=node)
+        return path
+    return make
+
+
+def pool_status_fields(vg, pool, node='b', noflush=False):
+    """The thin-pool status line, split: [start, len, 'thin-pool', ...].
+
+    Without ``noflush`` the status commits the pool's metadata first.
+    """
+    flags = ['--noflush'] if noflush else []
+    line = testbed.run(['dmsetup', 'status'] + flags + [tpool(vg, pool)],
+                       node=node).stdout.strip()
+    fields = line.split()
+    assert fields[2] == 'thin-pool', line
+    return fields
+
+
+def held_root(vg, pool, node='b', noflush=False):
+    """The pool's held metadata root ('-' when no snapshot is held)."""
+    return pool_status_fields(vg, pool, node, noflush)[6]
+
+
+def raw_dump(vg, pool, node='b', dev_id=None):
+    """thin_dump's XML of the held snapshot (for diagnostics, comparisons)."""
+    cmd = ['thin_dump', '--format', 'xml', '--metadata-snap']
+    if dev_id is not None:
+        cmd += ['--dev-id', str(dev_id)]
+    return testbed.run(cmd + [tmeta(vg, pool)], node=node,
+                       check=False).stdout
+
+
+def lv_thin_id(vg, lv, node='b'):
+    return int(testbed.lvm('lvs', '--noheadings', '-o', 'thin_id',
+                           '%s/%s' % (vg, lv), node=node).stdout.strip())
+
+
+def block_stat(path):
+    """(sectors read, sectors written) of block device ``path`` so far."""
+    rdev = os.stat(path).st_rdev
+    with open('/sys/dev/block/%d:%d/stat'
+              % (os.major(rdev), os.minor(rdev))) as f:
+        fields = f.read().split()
+    return int(fields[2]), int(fields[6])
+
+
+def probe_regions(path, total, region=REGION, probe=4 * KiB):
+    """Read ``probe`` bytes at the start of every region, O_DIRECT.
+
+    Returns (readable, nonzero): the regions whose read succeeded, and
+    those of them that did not read zeroes.  A read that fails with
+    anything but EIO is raised.
+    """
+    readable, nonzero = set(), set()
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    buf = mmap.mmap(-1, probe)
+    try:
+        for r in range(total):
+            try:
+                with memoryview(buf) as view:
+                    got = os.preadv(fd, [view], r * region)
+            except OSError as exc:
+                if exc.errno != errno.EIO:
+                    raise
+                continue
+            assert got == probe, (r, got)
+            readable.add(r)
+            if buf[:] != bytes(probe):
+                nonzero.add(r)
+    finally:
+        buf.close()
+        os.close(fd)
+    return readable, nonzero
+
+
+def regions_of(ranges):
+    """The set of region numbers of sector ranges [(start, sectors)]."""
+    out = set()
+    for start, sectors in ranges:
+        out.update(range(start // REGION_SECTORS,
+                         (start + sectors) // REGION_SECTORS))
+    return out
+
+
+def error_device(name, sectors, cleanup):
+    """An ``error`` target: any I/O to it fails.  Its path."""
+    testbed.run(['dmsetup', 'create', name, '--table',
+                 '0 %d error' % sectors])
+    cleanup(testbed.dm_remove, name)
+    return '/dev/mapper/' + name
+
+
+def clone_status(dm, name):
+    (line,) = dm.status(name)          # no --noflush: commits the bitmap
+    assert line.clone is not None, line
+    return line.clone
+
+
+def fresh_meta(make_lv, topo, size=4 * MiB):
+    meta = make_lv(topo.b.meta_vg, size)
+    testbed.zero_device(meta, size)
+    return meta
+
+
+def diagnostics(*names):
+    """dmsetup status and table of ``names`` and the kernel log's tail."""
+    out = []
+    for name in names:
+        out.append('status %s: %s' % (name, testbed.run(
+            ['dmsetup', 'status', name], check=False).stdout.strip()))
+        out.append('table %s: %s' % (name, testbed.run(
+            ['dmsetup', 'table', name], check=False).stdout.strip()))
+    return '\n'.join(out + ['kernel log:'] + testbed.kernel_log(20))
+
+
+def _on_node(name, *args):
+    """``privileged.<name>(*args)`` here; for a worker on another node.
+
+    A held snapshot's EBUSY comes back as ``('busy', None)``, everything
+    else as ``('ok', result)`` (or the exception itself).
+    """
+    from cinder.common import config  # noqa: F401
+    from cinder_dmclone import exception
+    from cinder_dmclone import privileged
+    try:
+        return 'ok', getattr(privileged, name)(*args)
+    except exception.MetadataSnapBusy:
+        return 'busy', None
+
+
+# --------------------------------------------------------------------------
+# The pool's metadata snapshot and thin_dump
+# --------------------------------------------------------------------------
+
+#: (offset, length) in bytes of what the tests write to a 64 MiB thin LV,
+#: and the 64 KiB blocks that maps: a whole block, a partial one (the
+#: pool maps the whole block), a run across five blocks starting in the
+#: middle of one (six blocks), and the last block of the LV.
+WRITES = [(0, 64 * KiB), (MiB + 4 * KiB, 4 * KiB),
+          (10 * MiB + 32 * KiB, 5 * 64 * KiB), (SIZE - 64 * KiB, 64 * KiB)]
+MAPPED = ((0, 1), (16, 17), (160, 166), (1023, 1024))
+
+
+def write_known(path, seed=11, node=None):
+    for n, (offset, length) in enumerate(WRITES):
+        if node is None:
+            testbed.write_pattern(path, seed + n, length, offset)
+        else:
+            node.call(testbed.write_pattern_digest, path, seed + n, length,
+                      offset)
+
+
+@pytest.mark.extended
+def test_reserve_dump_release_on_the_real_pool(privileged, topo, thin_pool,
+                                               thin_lv, cleanup):
+    """reserve/release as the source runs them; thin_dump of the snapshot.
+
+    Proves: ``thin_device`` gives the LV's id and pool and its table
+    names the same id (``check_thin_table``); release with none held is
+    EINVAL (False); reserve holds a root in the pool's status; a second
+    reserve is EBUSY (MetadataSnapBusy); ``thin_dump`` of the snapshot,
+    parsed, gives exactly the blocks written before the reserve and not
+    one written after; release frees it ('-' again), a second release is
+    EINVAL.
+    """
+    from cinder_dmclone import exception
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-pool')
+    lv = thin_lv(vg, pool, 'ft-thk-src')
+    write_known(lv)
+
+    dev_id, pool_of_lv = privileged.thin_device(vg, 'ft-thk-src')
+    assert (dev_id, pool_of_lv) == (lv_thin_id(vg, 'ft-thk-src'), pool)
+    table = privileged.thin_table(vg, 'ft-thk-src')
+    testbed.LOG.info('thin table: %s', [str(s) for s in table])
+    thin.check_thin_table(table, dev_id, 'ft-thk-src')
+
+    assert held_root(vg, pool) == '-'
+    assert privileged.release_metadata_snap(vg, pool) is False
+    privileged.reserve_metadata_snap(vg, pool)
+    root = held_root(vg, pool)
+    assert root != '-' and int(root) > 0, pool_status_fields(vg, pool)
+    with pytest.raises(exception.MetadataSnapBusy) as info:
+        privileged.reserve_metadata_snap(vg, pool)
+    testbed.LOG.info('second reserve: %s', info.value)
+    assert held_root(vg, pool) == root
+
+    # written after the reserve: the snapshot must not see it
+    testbed.write_pattern(lv, 99, 64 * KiB, 32 * MiB)
+
+    device_map = privileged.thin_dump(vg, pool, dev_id)
+    raw = raw_dump(vg, pool, dev_id=dev_id)
+    assert (device_map.dev_id, device_map.block_sectors) == (dev_id, 128), raw
+    assert device_map.ranges == MAPPED, raw
+    assert device_map.mapped_blocks == 9, raw
+    # the regions a clone of the whole LV needs (64 KiB regions = blocks)
+    assert thin.needed_regions(device_map, SIZE // SECTOR,
+                               REGION_SECTORS) == [tuple(r) for r in MAPPED]
+
+    assert privileged.release_metadata_snap(vg, pool) is True
+    assert held_root(vg, pool) == '-'
+    assert privileged.release_metadata_snap(vg, pool) is False
+
+    # a new snapshot sees the later write
+    privileged.reserve_metadata_snap(vg, pool)
+    try:
+        later = privileged.thin_dump(vg, pool, dev_id)
+    finally:
+        assert privileged.release_metadata_snap(vg, pool) is True
+    assert later.ranges == MAPPED[:3] + ((512, 513),) + MAPPED[3:]
+
+
+@pytest.mark.extended
+def test_thin_dump_of_a_pool_with_snapshots(privileged, topo, thin_pool,
+                                            thin_lv, cleanup):
+    """Blocks shared by a thin snapshot and its origin, parsed per device.
+
+    An origin with data, a thin snapshot of it (every block shared), then
+    a write to the origin (one block unshared, one new) and one to the
+    snapshot.  ``thin_dump`` of each device (the project's command) and
+    of the whole pool (the 1.x tools write shared runs as ``<def>`` and
+    ``<ref>`` there; 0.9 repeats them) parse to the same, exact ranges.
+    """
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-spool')
+    origin = thin_lv(vg, pool, 'ft-thk-origin')
+    for n, (offset, length) in enumerate(
+            [(0, 4 * 64 * KiB), (100 * 64 * KiB, 64 * KiB),
+             (200 * 64 * KiB, 10 * 64 * KiB)]):
+        testbed.write_pattern(origin, 20 + n, length, offset)
+    testbed.lvm('lvcreate', '-q', '-y', '-kn', '-s', '%s/ft-thk-origin' % vg,
+                '-n', 'ft-thk-osnap')
+    cleanup(testbed.lvm, 'lvremove', '-q', '-y', '-f',
+            '%s/ft-thk-osnap' % vg, check=False)
+    snap = testbed.lv_path(vg, 'ft-thk-osnap')
+    testbed.wait_until(lambda: os.path.exists(snap), 30, snap)
+    testbed.write_pattern(origin, 30, 64 * KiB, 64 * KiB)       # block 1
+    testbed.write_pattern(origin, 31, 64 * KiB, 300 * 64 * KiB)
+    testbed.write_pattern(snap, 32, 4 * KiB, 500 * 64 * KiB)
+
+    origin_id, _ = privileged.thin_device(vg, 'ft-thk-origin')
+    snap_id, snap_pool = privileged.thin_device(vg, 'ft-thk-osnap')
+    assert snap_pool == pool and snap_id != origin_id
+    thin.check_thin_table(privileged.thin_table(vg, 'ft-thk-osnap'),
+                          snap_id, 'ft-thk-osnap')
+    expected = {
+        origin_id: ((0, 4), (100, 101), (200, 210), (300, 301)),
+        snap_id: ((0, 4), (100, 101), (200, 210), (500, 501)),
+    }
+    version = testbed.run(['thin_dump', '-V'], check=False)
+    testbed.LOG.info('thin_dump version: %s %s', version.stdout.strip(),
+                     version.stderr.strip())
+    privileged.reserve_metadata_snap(vg, pool)
+    try:
+        maps = {i: privileged.thin_dump(vg, pool, i) for i in expected}
+        whole = raw_dump(vg, pool)
+    finally:
+        assert privileged.release_metadata_snap(vg, pool) is True
+    testbed.LOG.info('whole dump (%d bytes, <def>: %s):\n%s', len(whole),
+                     '<def ' in whole, whole[:4000])
+    for dev_id, ranges in expected.items():
+        assert maps[dev_id].ranges == ranges, (dev_id, whole)
+        assert thin.parse_thin_dump(whole, dev_id) == maps[dev_id], whole
+
+
+# --------------------------------------------------------------------------
+# The tables the parser reads
+# --------------------------------------------------------------------------
+
+def fill_pool_data(vg, pool, seed):
+    """Write a pattern over the pool's whole data device.
+
+    Before any thin LV maps a block: every block the pool hands out later
+    holds this stale data unless the pool zeroes it.
+    """
+    data = testbed.pattern(seed, POOL_SIZE)
+    testbed.write_direct(tdata(vg, pool), 0, data)
+    return data
+
+
+@pytest.mark.extended
+def test_pool_zeroing_flag_and_what_it_decides(privileged, topo, thin_pool,
+                                               thin_lv):
+    """``pool_zeroes`` reads the flag that decides what a partial write shows.
+
+    Two pools whose data devices hold stale data, one ``-Zy`` and one
+    ``-Zn``; a 4 KiB write to an unprovisioned 64 KiB block of a thin LV of
+    each.  In the zeroing pool the rest of the block reads zeroes and
+    ``pool_zeroes`` is True (no ``skip_block_zeroing`` in the table); in
+    the other the rest reads the stale data and it is False.
+    """
+    vg = topo.b.vg
+    results = {}
+    for zero in (True, False):
+        pool = thin_pool(vg, 'ft-thk-z%s' % 'yn'[not zero], zero=zero)
+        lv = thin_lv(vg, pool, 'ft-thk-zlv%s' % 'yn'[not zero])
+        stale = fill_pool_data(vg, pool, 40)
+        raw = testbed.dm_table(tpool(vg, pool))
+        testbed.LOG.info('pool table (-Z%s): %s', 'yn'[not zero], raw)
+        assert ('skip_block_zeroing' in raw.split()) is (not zero), raw
+        written = testbed.write_pattern(lv, 41, 4 * KiB, 5 * 64 * KiB)
+        block = testbed.read_direct(lv, 5 * 64 * KiB, 64 * KiB)
+        assert block[:4 * KiB] == written
+        results[zero] = (privileged.pool_zeroes(vg, pool), block[4 * KiB:])
+        if not zero:
+            # the block came from the stale data (the pool hands out the
+            # first free block): what zeroing protects against is real
+            assert block[4 * KiB:] in stale and block[4 * KiB:] != bytes(
+                60 * KiB)
+    assert results[True] == (True, bytes(60 * KiB))
+    assert results[False][0] is False
+
+
+@pytest.mark.extended
+def test_thin_tables_as_the_parser_expects(privileged, topo, thin_pool,
+                                           thin_lv, make_lv, cleanup):
+    """A thin LV's table, one with an external origin, a thick LV.
+
+    The plain thin LV passes ``check_thin_table`` with its id and fails it
+    with another; a thin LV with an external origin has a third argument
+    (the origin's device), fails it, and reads the origin's data where
+    the pool maps nothing, which is why it must never get a map;
+    ``thin_device`` of a thick LV raises LVSParseError.
+    """
+    from cinder_dmclone import exception
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-tpool')
+    thin_lv(vg, pool, 'ft-thk-plain')
+    dev_id, _ = privileged.thin_device(vg, 'ft-thk-plain')
+    raw = testbed.dm_table('%s-ft--thk--plain' % dm_name(vg)).split()
+    assert raw[2:] == ['thin', raw[3], str(dev_id)], raw
+    segments = privileged.thin_table(vg, 'ft-thk-plain')
+    thin.check_thin_table(segments, dev_id, 'ft-thk-plain')
+    with pytest.raises(exception.ThinTableInvalid):
+        thin.check_thin_table(segments, dev_id + 1, 'ft-thk-plain')
+
+    origin = make_lv(vg, 4 * MiB, name='ft-thk-extorigin')
+    data = testbed.write_pattern(origin, 50, 4 * MiB)
+    testbed.lvm('lvchange', '-q', '-p', 'r', '%s/ft-thk-extorigin' % vg)
+    # LVM takes only an inactive LV as an external origin ("Cannot use
+    # active LV for the external origin", run 20261126-130431-17648)
+    testbed.lvm('lvchange', '-q', '-a', 'n', '%s/ft-thk-extorigin' % vg)
+    testbed.lvm('lvcreate', '-q', '-y', '-kn', '-s', '--thinpool',
+                '%s/%s' % (vg, pool), '%s/ft-thk-extorigin' % vg,
+                '-n', 'ft-thk-ext')
+    # removed before the origin (whose make_lv cleanup runs later)
+    cleanup(testbed.lvm, 'lvremove', '-q', '-y', '-f',
+            '%s/ft-thk-ext' % vg, check=False)
+    ext = testbed.lv_path(vg, 'ft-thk-ext')
+    testbed.wait_until(lambda: os.path.exists(ext), 30, ext)
+    ext_id, _ = privileged.thin_device(vg, 'ft-thk-ext')
+    raw = testbed.dm_table('%s-ft--thk--ext' % dm_name(vg)).split()
+    testbed.LOG.info('external origin table: %s', raw)
+    assert raw[2] == 'thin' and len(raw) == 6, raw
+    assert raw[4] == str(ext_id)
+    segments = privileged.thin_table(vg, 'ft-thk-ext')
+    with pytest.raises(exception.ThinTableInvalid) as info:
+        thin.check_thin_table(segments, ext_id, 'ft-thk-ext')
+    assert 'external origin' in str(info.value)
+    # nothing mapped, yet it reads the origin's data, not zeroes
+    privileged.reserve_metadata_snap(vg, pool)
+    try:
+        ext_map = privileged.thin_dump(vg, pool, ext_id)
+    finally:
+        privileged.release_metadata_snap(vg, pool)
+    assert ext_map.ranges == ()
+    assert testbed.read_direct(ext, 0, 4 * MiB) == data
+
+    with pytest.raises(exception.LVSParseError):
+        privileged.thin_device(vg, 'ft-thk-extorigin')
+
+
+# --------------------------------------------------------------------------
+# Discards through a no_hydration, no_discard_passdown clone
+# --------------------------------------------------------------------------
+
+@pytest.mark.extended
+def test_discards_mark_whole_regions_hydrated_and_read_nothing(
+        privileged, dm, topo, thin_pool, thin_lv, make_lv, cleanup):
+    """The map's discards on the kernel, over a source that fails any read.
+
+    A clone (``no_hydration no_discard_passdown``) of a thin destination
+    in a zeroing pool whose data device holds stale data, over an
+    ``error`` target.  Through ``discard_regions``:
+
+    * an aligned range of 16 regions: exactly 16 hydrated;
+    * a range covering no whole region: nothing;
+    * a range across three regions covering one whole: exactly that one;
+    * one discard of 300 regions' length starting inside a region: the
+      299 whole regions, counted exactly (larger than a region: split, if
+      at all, into pieces that still count each whole region once).
+
+    The regions readable through the clone afterwards are exactly those
+    (a read of any other goes to the error source), they read zeroes
+    (nothing was copied from the source: a copy from it fails), the
+    destination was written nothing (no passdown, no copy), and a 4 KiB
+    write into a discarded region then reads back as itself and zeroes.
+    """
+    from cinder_dmclone import dmsetup
+    from cinder_dmclone import layout
+
+    vg = topo.b.vg
+    sectors = SIZE // SECTOR
+    total = SIZE // REGION
+    pool = thin_pool(vg, 'ft-thk-dpool')
+    fill_pool_data(vg, pool, 60)
+    dest = thin_lv(vg, pool, 'ft-thk-dst')
+    meta = fresh_meta(make_lv, topo)
+    source = error_device('ft-thk-err', sectors, cleanup)
+    lv = 'ft-thk-disc'
+    name = layout.handle_name(vg, lv)
+    dm.create(name, [dmsetup.clone_segment(
+        0, sectors, meta, dest, source, REGION_SECTORS,
+        discard_passdown=False)])
+    clone = layout.handle_path(vg, lv)
+
+    def diag():
+        return diagnostics(name, tpool(vg, pool))
+
+    st = clone_status(dm, name)
+    assert set(st.features) == {'no_hydration', 'no_discard_passdown'}
+    assert (st.hydrated_regions, st.total_regions) == (0, total), diag()
+    dst_before = block_stat(dest)
+
+    steps = [
+        # (sector ranges, whole regions they cover)
+        ([(1 * REGION_SECTORS, 16 * REGION_SECTORS)], set(range(1, 17))),
+        ([(20 * REGION_SECTORS + 1, REGION_SECTORS - 2)], set()),
+        ([(30 * REGION_SECTORS + 1, 2 * REGION_SECTORS)], {31}),
+        ([(500 * REGION_SECTORS + 8, 300 * REGION_SECTORS)],
+         set(range(501, 800))),
+    ]
+    hydrated = set()
+    for ranges, covered in steps:
+        privileged.discard_regions(vg, lv, ranges)
+        hydrated |= covered
+        st = clone_status(dm, name)
+        assert st.hydrated_regions == len(hydrated), (ranges, diag())
+        assert st.hydrating_regions == 0, diag()
+    # (The source, an error target, counts no I/O at all: device-mapper
+    # kills a bio the error target maps before accounting it (run
+    # 20261126-130431-17648: 0 sectors read after reads that hit it).
+    # That nothing was read from it is what the exact hydrated counts
+    # above and the probe below prove: a region copied from it would
+    # have failed.)
+    assert block_stat(dest)[1] == dst_before[1], diag()
+
+    readable, nonzero = probe_regions(clone, total)
+    assert readable == hydrated, (sorted(readable ^ hydrated), diag())
+    assert nonzero == set(), sorted(nonzero)
+    # the reads of unhydrated regions failed on the source, hydrating
+    # nothing
+    assert clone_status(dm, name).hydrated_regions == len(hydrated)
+    # whole regions read zeroes from the destination, not its stale data
+    for r in (1, 16, 31, 501, 799):
+        assert testbed.read_direct(clone, r * REGION, REGION) == bytes(
+            REGION), r
+
+    # a partial write into a discarded region: the rest stays zeroes
+    written = testbed.write_pattern(clone, 61, 4 * KiB, 600 * REGION + 8192)
+    region = testbed.read_direct(clone, 600 * REGION, REGION)
+    assert region == bytes(8192) + written + bytes(REGION - 12288)
+    assert clone_status(dm, name).hydrated_regions == len(hydrated)
+
+
+@pytest.mark.extended
+def test_the_short_last_region_is_never_discarded(
+        privileged, dm, topo, thin_pool, thin_lv, make_lv, cleanup):
+    """A clone whose length is not a multiple of the region size.
+
+    ``discard_plan`` of an empty map leaves the short last region out; a
+    raw ``blkdiscard`` of the whole device (which covers the short last
+    region completely) does not hydrate it either: it stays unhydrated
+    (its read goes to the error source), every other region hydrated.
+    """
+    from cinder_dmclone import dmsetup
+    from cinder_dmclone import layout
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    sectors = SIZE // SECTOR - 8                  # 4 KiB short
+    total = -(-sectors // REGION_SECTORS)
+    pool = thin_pool(vg, 'ft-thk-lpool')
+    dest = thin_lv(vg, pool, 'ft-thk-ldst')
+    meta = fresh_meta(make_lv, topo)
+    source = error_device('ft-thk-lerr', sectors, cleanup)
+    lv = 'ft-thk-last'
+    name = layout.handle_name(vg, lv)
+    dm.create(name, [dmsetup.clone_segment(
+        0, sectors, meta, dest, source, REGION_SECTORS,
+        discard_passdown=False)])
+    clone = layout.handle_path(vg, lv)
+    assert clone_status(dm, name).total_regions == total == 1024
+
+    plan = thin.discard_plan([], sectors, REGION_SECTORS, 64)
+    assert plan == [(0, (total - 1) * REGION_SECTORS)]
+    privileged.discard_regions(vg, lv, plan)
+    assert clone_status(dm, name).hydrated_regions == total - 1, \
+        diagnostics(name)
+    testbed.run(['blkdiscard', '--force', clone])
+    assert clone_status(dm, name).hydrated_regions == total - 1, \
+        diagnostics(name)
+    readable, nonzero = probe_regions(clone, total)
+    assert readable == set(range(total - 1)) and nonzero == set()
+
+
+@pytest.mark.extended
+def test_a_probe_of_a_new_clone_hydrates_nothing(
+        privileged, dm, topo, thin_pool, thin_lv, make_lv, cleanup):
+    """What udev does with a new device reads through the clone only.
+
+    The testbed runs no udevd: its probe is run by hand, as udev's rules
+    run it (``udevadm test-builtin blkid`` on the device, ``blkid -p``),
+    plus buffered reads of the device's head and tail.  The source (a
+    plain LV of random data) is read, through the clone, and not one
+    region is hydrated or hydrating; nothing is written to the destination.
+    """
+    from cinder_dmclone import dmsetup
+    from cinder_dmclone import layout
+
+    vg = topo.b.vg
+    sectors = SIZE // SECTOR
+    source = make_lv(vg, SIZE, name='ft-thk-psrc')
+    testbed.write_pattern(source, 70, SIZE)
+    pool = thin_pool(vg, 'ft-thk-ppool')
+    dest = thin_lv(vg, pool, 'ft-thk-pdst')
+    meta = fresh_meta(make_lv, topo)
+    lv = 'ft-thk-probe'
+    name = layout.handle_name(vg, lv)
+    before, dest_before = block_stat(source), block_stat(dest)
+    dm.create(name, [dmsetup.clone_segment(
+        0, sectors, meta, dest, source, REGION_SECTORS,
+        discard_passdown=False)])
+    clone = layout.handle_path(vg, lv)
+    rdev = os.stat(clone).st_rdev
+    syspath = os.path.realpath('/sys/dev/block/%d:%d' % (
+        os.major(rdev), os.minor(rdev)))
+    testbed.run(['udevadm', 'test-builtin', 'blkid', syspath], check=False)
+    # (exit 2: nothing recognised, as expected of random data)
+    testbed.run(['blkid', '-p', '-o', 'udev', clone], check=False)
+    # O_DIRECT: past whatever the probes left in the page cache
+    testbed.read_direct(clone, 0, MiB)
+    testbed.read_direct(clone, SIZE - MiB, MiB)
+    st = clone_status(dm, name)
+    assert (st.hydrated_regions, st.hydrating_regions) == (0, 0), \
+        diagnostics(name)
+    assert not st.hydration_enabled
+    assert block_stat(source)[0] - before[0] >= 2 * MiB // SECTOR
+    assert block_stat(dest)[1] == dest_before[1]
+
+
+# --------------------------------------------------------------------------
+# The whole kernel side of a map, with a real source
+# --------------------------------------------------------------------------
+
+@pytest.mark.extended
+def test_a_map_applied_copies_exactly_the_needed_regions(
+        privileged, dm, topo, thin_pool, thin_lv, make_lv, cleanup):
+    """Map of a thin source, discards, hydration: only its data is read.
+
+    The source pool has 256 KiB blocks, the clone 64 KiB regions (a block
+    covers four regions).  The map is taken as ``ThinMaps.take`` does
+    (``thin_device``, ``thin_table`` checked, reserve, ``thin_dump``,
+    release), travels as its token, and is applied as ``Clones.apply_map``
+    does (``discard_plan``, ``discard_regions``, commit, count).  Then
+    hydration: the source is read for exactly the needed regions, the
+    destination equals the source byte for byte, and its pool maps
+    exactly the needed regions.
+    """
+    from cinder_dmclone import dmsetup
+    from cinder_dmclone import layout
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    sectors = SIZE // SECTOR
+    total = SIZE // REGION
+    spool = thin_pool(vg, 'ft-thk-mspool', chunk='256k')
+    source = thin_lv(vg, spool, 'ft-thk-msrc')
+    for n, (offset, length) in enumerate(
+            [(3 * REGION + 8 * KiB, 4 * KiB), (10 * MiB, MiB),
+             (SIZE - REGION, REGION)]):
+        testbed.write_pattern(source, 80 + n, length, offset)
+    dev_id, pool_name = privileged.thin_device(vg, 'ft-thk-msrc')
+    assert pool_name == spool
+    thin.check_thin_table(privileged.thin_table(vg, 'ft-thk-msrc'), dev_id)
+    privileged.reserve_metadata_snap(vg, spool)
+    try:
+        device_map = privileged.thin_dump(vg, spool, dev_id)
+    finally:
+        assert privileged.release_metadata_snap(vg, spool) is True
+    assert device_map.block_sectors == 512
+    assert device_map.ranges == ((0, 1), (40, 44), (255, 256))
+    needed = thin.needed_regions(device_map, sectors, REGION_SECTORS)
+    assert needed == [(0, 4), (160, 176), (1020, 1024)]
+    token = thin.encode_regions(needed, total, REGION_SECTORS)
+    assert thin.decode_regions(token, total, REGION_SECTORS) == needed
+    needed_count = sum(e - f for f, e in needed)
+
+    dpool = thin_pool(vg, 'ft-thk-mdpool')
+    dest = thin_lv(vg, dpool, 'ft-thk-mdst')
+    meta = fresh_meta(make_lv, topo)
+    lv = 'ft-thk-map'
+    name = layout.handle_name(vg, lv)
+    dm.create(name, [dmsetup.clone_segment(
+        0, sectors, meta, dest, source, REGION_SECTORS,
+        discard_passdown=False, hydration_threshold=64,
+        hydration_batch_size=16)])
+    assert privileged.pool_zeroes(vg, dpool) is True
+    plan = thin.discard_plan(needed, sectors, REGION_SECTORS, 64)
+    assert regions_of(plan) == set(range(total)) - {
+        r for f, e in needed for r in range(f, e)}
+    before = block_stat(source)
+    privileged.discard_regions(vg, lv, plan)
+    assert clone_status(dm, name).hydrated_regions == total - needed_count
+    assert block_stat(source) == before
+
+    dm.message(name, 'enable_hydration')
+    testbed.wait_hydrated(name, timeout=300)
+    read = block_stat(source)[0] - before[0]
+    assert read == needed_count * REGION_SECTORS, (
+        'read %d sectors from the source, needed regions hold %d'
+        % (read, needed_count * REGION_SECTORS), diagnostics(name))
+    assert testbed.sha256_of_device(dest) == testbed.sha256_of_device(source)
+
+    dev_dst, _ = privileged.thin_device(vg, 'ft-thk-mdst')
+    privileged.reserve_metadata_snap(vg, dpool)
+    try:
+        dest_map = privileged.thin_dump(vg, dpool, dev_dst)
+    finally:
+        assert privileged.release_metadata_snap(vg, dpool) is True
+    assert [tuple(r) for r in dest_map.ranges] == needed
+
+
+# --------------------------------------------------------------------------
+# A held snapshot and a power cycle (node A)
+# --------------------------------------------------------------------------
+
+@pytest.mark.extended
+def test_a_held_snapshot_survives_a_power_cycle(topo, thin_pool, thin_lv,
+                                                cleanup):
+    """Reserve on node A, power it off hard, boot it: still held.
+
+    Nothing commits the pool's metadata between the reserve message and
+    the power-off but the message itself (the status read before it is
+    ``--noflush``).  After the boot (LVM activates the pool again,
+    thin_check included) a reserve is EBUSY, the held root is the same,
+    ``thin_dump`` of the snapshot gives the map of before the power-off
+    (not a block written after the boot), and release works (then
+    EINVAL).
+    """
+    vg = topo.a.vg
+    pool = thin_pool(vg, 'ft-thk-apool', node='a')
+    lv = thin_lv(vg, pool, 'ft-thk-asrc', node='a')
+    with workers.NodeProcess('a') as node_a:
+        write_known(lv, node=node_a)
+        (_, (dev_id, _)) = node_a.call(_on_node, 'thin_device', vg,
+                                       'ft-thk-asrc')
+        assert node_a.call(_on_node, 'reserve_metadata_snap', vg,
+                           pool) == ('ok', None)
+        # --noflush: nothing but the message itself commits the pool's
+        # metadata before the power-off (thin_dump reads it from disk)
+        root = held_root(vg, pool, node='a', noflush=True)
+        assert root != '-'
+        _, before = node_a.call(_on_node, 'thin_dump', vg, pool, dev_id)
+    assert before.ranges == MAPPED
+
+    testbed.power_off('a')
+    assert not testbed.answers('a')
+    testbed.boot('a')
+
+    status = testbed.run(['dmsetup', 'status', tpool(vg, pool)], node='a',
+                         check=False)
+    lvs = testbed.lvm('lvs', '-a', vg, node='a', check=False)
+    assert status.returncode == 0, (status.stderr, lvs.stdout, lvs.stderr)
+    assert held_root(vg, pool, node='a') == root, status.stdout
+    with workers.NodeProcess('a') as node_a:
+        node_a.call(testbed.write_pattern_digest, lv, 90, 64 * KiB,
+                    32 * MiB)
+        assert node_a.call(_on_node, 'reserve_metadata_snap', vg,
+                           pool) == ('busy', None)
+        _, after = node_a.call(_on_node, 'thin_dump', vg, pool, dev_id)
+        assert after == before
+        assert node_a.call(_on_node, 'release_metadata_snap', vg,
+                           pool) == ('ok', True)
+        assert held_root(vg, pool, node='a') == '-'
+        assert node_a.call(_on_node, 'release_metadata_snap', vg,
+                           pool) == ('ok', False)
