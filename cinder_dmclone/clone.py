@@ -35,6 +35,11 @@ from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
 
+#: Brick LVM reads a volume group's free space as LVM prints it, in GiB
+#: to two decimals rounded to the nearest: the real figure may be up to
+#: this much lower (255 free extents of 4 MiB print as 1.00).
+FREE_SPACE_PRINT_ERROR = 0.005
+
 #: Why a thin pool cannot take a move (ThinPoolFull), per shortfall.
 _THIN_DATA = (
     'has %(free).2f GiB of data space free beyond its reserved_percentage '
@@ -122,7 +127,7 @@ class Clones(object):
             self.check_thin_pool(t, size_gb, node_name)
         for vg, need in needs:
             vg.update_volume_group_info()
-            if vg.vg_free_space < need:
+            if vg.vg_free_space - FREE_SPACE_PRINT_ERROR < need:
                 raise dmc_exception.DestinationFull(
                     node=node_name, volume=t.volume_id, vg=vg.vg_name,
                     free=vg.vg_free_space, need=need)
@@ -352,9 +357,10 @@ class Clones(object):
         discard is sent, since a discard racing a copy or over a written
         region loses data.  The caller guarantees that nothing else has
         the clone (its path is not returned yet).  Then ``dmsetup
-        status`` (without ``--noflush``) commits the bitmap, and the
-        kernel must count exactly the regions discarded: any other count
-        raises InvalidTable (the move is then given up).  Returns that
+        status`` (without ``--noflush``) commits the bitmap: metadata
+        read-only (the commit failed) raises InvalidTable, and the kernel
+        must count exactly the regions discarded: any other count raises
+        InvalidTable too (the move is then given up).  Returns that
         count.
         """
         before = self._clone_status(t)
@@ -375,6 +381,13 @@ class Clones(object):
         expected = sum(sectors for _start, sectors in ranges) \
             // t.region_sectors
         after = self._clone_status(t)
+        if after.read_only:
+            # The commit above failed: the discards are counted in core
+            # only, and the clone cannot hydrate.
+            raise dmc_exception.InvalidTable(
+                reason='the clone of volume %s turned its metadata '
+                       'read-only when its region map was committed'
+                       % t.volume_id)
         if after.hydrated_regions != expected:
             raise dmc_exception.InvalidTable(
                 reason='the clone of volume %s counts %d regions hydrated '

@@ -91,8 +91,10 @@ class ThinMaps(object):
             thin.check_thin_table(
                 privileged.thin_table(self.vg_name, lv_name, **self._kw),
                 thin_id, thin.lv_device(self.vg_name, lv_name))
-        except (exception.LVSParseError, exception.ThinTableInvalid,
-                exception.PrivilegedCommandFailed) as exc:
+        except Exception as exc:
+            # (LVSParseError of a thick LV, ThinTableInvalid, a failed or
+            # refused command, and anything else: the map is never a
+            # reason to refuse the move.)
             LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool tells '
                      'where its data is (%(exc)s): every region of it is '
                      'copied.', {'vg': self.vg_name, 'lv': lv_name,
@@ -107,10 +109,16 @@ class ThinMaps(object):
                         {'vg': self.vg_name, 'lv': lv_name, 'pool': pool},
                         exc_info=True)
             return None
-        needed = thin.needed_regions(device_map, clone_sectors,
-                                     region_sectors)
-        total = dmsetup.region_count(clone_sectors, region_sectors)
-        token = thin.encode_regions(needed, total, region_sectors)
+        try:
+            needed = thin.needed_regions(device_map, clone_sectors,
+                                         region_sectors)
+            total = dmsetup.region_count(clone_sectors, region_sectors)
+            token = thin.encode_regions(needed, total, region_sectors)
+        except Exception:
+            LOG.warning('Could not encode the map of thin LV %(vg)s/%(lv)s: '
+                        'every region of it is copied.',
+                        {'vg': self.vg_name, 'lv': lv_name}, exc_info=True)
+            return None
         LOG.info('Thin LV %(vg)s/%(lv)s maps %(blocks)d blocks of pool '
                  '%(pool)s: %(needed)d of its %(total)d regions hold data.',
                  {'vg': self.vg_name, 'lv': lv_name, 'pool': pool,
@@ -232,10 +240,21 @@ class ThinMaps(object):
         return os.path.exists(self._record_path(pool))
 
     def recorded_pools(self):
-        """The pools of this volume group with a recorded reservation."""
+        """The pools of this volume group with a recorded reservation.
+
+        A record directory this service cannot list (one that the
+        operator command, run as root, created with root's umask; a file
+        at its path) is logged and counts as none: the start must go on,
+        whether or not ``dmclone_thin_map`` is on.
+        """
         try:
             names = sorted(os.listdir(self.record_dir))
         except FileNotFoundError:
+            return []
+        except OSError:
+            LOG.warning('Cannot list %s: no metadata snapshot recorded '
+                        'there is released (thin pools of %s).',
+                        self.record_dir, self.vg_name, exc_info=True)
             return []
         pools = []
         for name in names:

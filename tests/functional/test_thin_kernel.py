@@ -33,9 +33,11 @@ Which regions of a clone are hydrated, not only how many, is read back
 through the clone itself where the source is an ``error`` target: a read
 of a hydrated region goes to the destination and succeeds, one of an
 unhydrated region goes to the source and fails with EIO (and, with
-``no_hydration``, hydrates nothing).  Reads that reach a source are
-counted by its block device's ``stat`` (sectors read), so "nothing was
-read from the source" is a number, not an absence of errors.
+``no_hydration``, hydrates nothing).  An error target accounts no I/O
+(device-mapper kills the bio before counting it), so with it a copy
+from the source shows as a failed region, not as sectors read; where the
+source is a real device (the applied map), its block device's ``stat``
+(sectors read) makes "what was read from the source" a number.
 
 Separate kernels: everything runs on node B's kernel (this process's),
 but the power-cycle test, whose pool is on node A (the only node the
@@ -495,6 +497,9 @@ def test_thin_tables_as_the_parser_expects(privileged, topo, thin_pool,
     origin = make_lv(vg, 4 * MiB, name='ft-thk-extorigin')
     data = testbed.write_pattern(origin, 50, 4 * MiB)
     testbed.lvm('lvchange', '-q', '-p', 'r', '%s/ft-thk-extorigin' % vg)
+    # LVM takes only an inactive LV as an external origin ("Cannot use
+    # active LV for the external origin", run 20261126-130431-17648)
+    testbed.lvm('lvchange', '-q', '-a', 'n', '%s/ft-thk-extorigin' % vg)
     testbed.lvm('lvcreate', '-q', '-y', '-kn', '-s', '--thinpool',
                 '%s/%s' % (vg, pool), '%s/ft-thk-extorigin' % vg,
                 '-n', 'ft-thk-ext')
@@ -546,10 +551,10 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
       at all, into pieces that still count each whole region once).
 
     The regions readable through the clone afterwards are exactly those
-    (a read of any other goes to the error source), they read zeroes,
-    the source saw no I/O while the discards ran, the destination was
-    written nothing (no passdown, no copy), and a 4 KiB write into a
-    discarded region then reads back as itself and zeroes.
+    (a read of any other goes to the error source), they read zeroes
+    (nothing was copied from the source: a copy from it fails), the
+    destination was written nothing (no passdown, no copy), and a 4 KiB
+    write into a discarded region then reads back as itself and zeroes.
     """
     from cinder_dmclone import dmsetup
     from cinder_dmclone import layout
@@ -575,7 +580,7 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
     st = clone_status(dm, name)
     assert set(st.features) == {'no_hydration', 'no_discard_passdown'}
     assert (st.hydrated_regions, st.total_regions) == (0, total), diag()
-    src_before, dst_before = block_stat(source), block_stat(dest)
+    dst_before = block_stat(dest)
 
     steps = [
         # (sector ranges, whole regions they cover)
@@ -592,14 +597,19 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
         st = clone_status(dm, name)
         assert st.hydrated_regions == len(hydrated), (ranges, diag())
         assert st.hydrating_regions == 0, diag()
-    assert block_stat(source) == src_before, diag()
+    # (The source, an error target, counts no I/O at all: device-mapper
+    # kills a bio the error target maps before accounting it (run
+    # 20261126-130431-17648: 0 sectors read after reads that hit it).
+    # That nothing was read from it is what the exact hydrated counts
+    # above and the probe below prove: a region copied from it would
+    # have failed.)
     assert block_stat(dest)[1] == dst_before[1], diag()
 
     readable, nonzero = probe_regions(clone, total)
     assert readable == hydrated, (sorted(readable ^ hydrated), diag())
     assert nonzero == set(), sorted(nonzero)
-    # the reads of unhydrated regions went to the source, hydrating nothing
-    assert block_stat(source)[0] > src_before[0]
+    # the reads of unhydrated regions failed on the source, hydrating
+    # nothing
     assert clone_status(dm, name).hydrated_regions == len(hydrated)
     # whole regions read zeroes from the destination, not its stale data
     for r in (1, 16, 31, 501, 799):

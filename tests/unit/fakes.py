@@ -55,6 +55,9 @@ class FakeDMSetup(object):
         self.hydration = {}
         #: devices whose clone reports Fail.
         self.failed = set()
+        #: devices whose clone reports its metadata read-only ("ro": a
+        #: metadata commit failed).
+        self.read_only = set()
         #: regions marked hydrated by discards, per metadata device.
         self.discarded = {}
         #: called with (name, first region, end region) of a discard.
@@ -216,7 +219,7 @@ class FakeDMSetup(object):
             metadata_block_size=8, metadata_used=10, metadata_total=4096,
             region_size=args.region_size, hydrated_regions=hydrated,
             total_regions=total, hydrating_regions=0, features=features,
-            core_args=dict(args.core_args), read_only=False)
+            core_args=dict(args.core_args), read_only=name in self.read_only)
 
     def clone_statuses(self, errors=None):
         self._call('clone_statuses')

@@ -130,8 +130,24 @@ class ClonesTestCase(test.TestCase):
         self.vg.vg_free_space = 1.0   # the 8 MiB metadata LV does not fit
         self.assertRaises(dmc_exception.DestinationFull,
                           node.check_space, self.t, 1, 'node-b')
-        self.vg.vg_free_space = 1.01
+        # (1.01 as LVM prints it may be 1.005: the 8 MiB do not fit)
+        self.vg.vg_free_space = 1.02
         node.check_space(self.t, 1, 'node-b')
+
+    def test_check_space_free_space_as_printed_is_rounded(self):
+        # LVM prints the free space to two decimals, rounded to nearest:
+        # 255 free extents of 4 MiB (0.996 GiB) print as 1.00.  Taken at
+        # its word, a 1 GiB move passed the check and failed in lvcreate
+        # half way through the build (seen on the testbed, run
+        # 20261126-130431-17648: "insufficient free space (255 extents): 256
+        # required").
+        self.vg.vg_free_space = 1.0
+        exc = self.assertRaises(dmc_exception.DestinationFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn(VG, str(exc))
+        self.assertEqual([], self.vg.calls)
+        self.vg.vg_free_space = 1.01
+        self.node.check_space(self.t, 1, 'node-b')
 
     # -- check_space of a thin pool ------------------------------------------
 
@@ -286,7 +302,8 @@ class ClonesTestCase(test.TestCase):
                             self.execute, 'rh')
         self.node = node
         self.thin()
-        self.vg.vg_free_space = 0.01
+        # (0.01 as printed may be 5 MiB, short of the 8 MiB LV)
+        self.vg.vg_free_space = 0.02
         node.check_space(self.t, 1, 'node-b')
         self.vg.vg_free_space = 0.001
         self.assertRaises(dmc_exception.DestinationFull,
@@ -729,6 +746,23 @@ class ApplyMapTestCase(test.TestCase):
         exc = self.assertRaises(dmc_exception.InvalidTable,
                                 self.node.apply_map, self.t, [(0, 1)])
         self.assertIn('its region map is not trusted', str(exc))
+
+    def test_a_commit_that_failed_is_refused(self):
+        # R10-3: the count is checked after "dmsetup status" commits the
+        # bitmap; a commit that failed turns the metadata read-only ("ro")
+        # while the in-core count still matches.  The discards would be
+        # lost at the next reboot, and the clone can no longer hydrate:
+        # the move must be given up while it is still "preparing".
+        self._fresh()
+        discard = self.dm.discard
+
+        def discard_then_fail(name, start, sectors):
+            discard(name, start, sectors)
+            self.dm.read_only.add(name)
+        self.dm.discard = discard_then_fail
+        exc = self.assertRaises(dmc_exception.InvalidTable,
+                                self.node.apply_map, self.t, [(0, 1)])
+        self.assertIn('read-only', str(exc))
 
     def test_reads_zeroes_only_thin_in_a_zeroing_pool(self):
         self.assertFalse(self.node.reads_zeroes())

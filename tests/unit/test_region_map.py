@@ -204,3 +204,40 @@ class ThinMapsTestCase(test.TestCase):
     def test_names_are_checked(self):
         self.assertRaises(exception.InvalidDMName, region_map.ThinMaps,
                           'node-a', '../vg', self.dir)
+
+    def test_start_survives_a_record_dir_it_cannot_list(self):
+        # R10-1: <state_path>/dmclone is shared with the operator command
+        # cinder-dmclone (run as root, which creates it with root's umask)
+        # and anything else may stand at that path: release_leftovers
+        # runs at every start, also with dmclone_thin_map off, and must
+        # never fail the start.
+        for error in (PermissionError(13, 'Permission denied'),
+                      NotADirectoryError(20, 'Not a directory')):
+            self.mock_object(os, 'listdir', side_effect=error)
+            self.maps.release_leftovers()
+            self.assertEqual([], self.commands)
+
+    def test_start_survives_a_file_where_the_record_dir_should_be(self):
+        with open(self.dir, 'w') as f:
+            f.write('not a directory\n')
+        self.maps.release_leftovers()
+        self.assertEqual([], self.commands)
+
+    def test_a_table_that_does_not_parse_means_no_map(self):
+        # R10-2: the map is an optimisation; a failure to take it copies
+        # every region, it never refuses the move.
+        self.pool._thin_table = lambda cmd, lvs: ('garbage\n', '')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+
+    def test_an_lv_name_device_mapper_refuses_means_no_map(self):
+        self.mock_object(privileged, 'thin_table', side_effect=(
+            exception.InvalidDMName(value='x', reason='too long')))
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+
+    def test_a_map_that_does_not_encode_means_no_map(self):
+        self.mock_object(thin, 'encode_regions', side_effect=(
+            exception.RegionMapInvalid(value='x', reason='broken')))
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
