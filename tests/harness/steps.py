@@ -265,3 +265,45 @@ def wait_finalized(cloud, volume_id, timeout=900):
     testbed.wait_until(done, timeout, 'transfer of %s finalized' % volume_id,
                        interval=2,
                        diagnostics=lambda: 'last state %s' % last)
+
+
+def wait_nothing_left(cloud, node, volume_id, name_id=None):
+    """Until ``node`` keeps nothing of the volume.
+
+    (An old copy may be wiped and removed in the background: see
+    cinder_dmclone/wiper.py.)
+    """
+    testbed.wait_until(
+        lambda: kept_on(cloud, node, volume_id, name_id) == [], 300,
+        'node %s keeping nothing of %s' % (node.upper(), volume_id),
+        interval=5, diagnostics=lambda: kept_on(cloud, node, volume_id,
+                                                name_id))
+
+
+def check_on_b(cloud, vol, image, name_id=None):
+    """Finalized on B: every byte there, linear, A keeps nothing.
+
+    (After ``cinder migrate`` of a detached volume of node A to node B:
+    test_drain.py, test_thin_map.py.)
+    """
+    wait_finalized(cloud, vol.id)
+    v = cloud.get(vol.id)
+    assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
+        'available', 'b', 'az-b'), (v.status, cloud.host_of(v),
+                                    v.availability_zone)
+    assert cloud.name_id(vol.id) == name_id
+    wait_nothing_left(cloud, 'a', vol.id, name_id)
+    # only the volume's LV, named as before the move
+    assert kept_on(cloud, 'b', vol.id, name_id) == [
+        'LV volume-%s' % (name_id or vol.id)]
+    # Every MiB of the whole volume, read on node B's kernel through the
+    # attachment an instance there would have.
+    att = attached_on(cloud, vol.id, 'b')
+    try:
+        table = cloud.on_node('b', testbed.dm_table,
+                              att.path.rsplit('/', 1)[-1])
+        assert ' linear ' in ' %s ' % table, table
+        image.check(cloud, att)
+    finally:
+        cloud.detach(att)
+    assert cloud.get(vol.id).status == 'available'
