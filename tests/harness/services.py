@@ -59,6 +59,9 @@ THIN_BACKEND = 'dmclone-thin'
 #: the benchmarks' overrides of both backends, after thin.conf
 #: (``Stack.use_thin(True, extra=(BENCH_THIN_CONF,))``, tests/bench)
 BENCH_THIN_CONF = 'bench-thin.conf'
+#: the thin map on for the thin backend, after thin.conf, for the
+#: functional end-to-end proof only (tests/functional/test_thin_map.py)
+THIN_MAP_CONF = 'thin-map.conf'
 NODE_AZ = {'a': 'az-a', 'b': 'az-b', 'c': 'az-c'}
 MICROVERSION = '3.54'
 
@@ -113,16 +116,16 @@ def database_url(name):
 def install_volume_node(*nodes):
     """The volume services' configuration of ``nodes``: Cinder's, rootwrap.
 
-    cinder.conf, thin.conf and bench-thin.conf (which only
-    :meth:`Stack.use_thin` passes to the service) and each node's
+    cinder.conf, thin.conf, bench-thin.conf and thin-map.conf (which
+    only :meth:`Stack.use_thin` passes to the service) and each node's
     node-<key>.conf, rootwrap and the state
     directory.  Runs on the node (separate-kernel layout: node A's own
     guest has none of the files node B's :meth:`Stack.install_configs`
     writes).
     """
     os.makedirs(ETC, exist_ok=True)
-    for name in ['cinder.conf', 'thin.conf', BENCH_THIN_CONF] + [
-            'node-%s.conf' % key for key in nodes]:
+    for name in ['cinder.conf', 'thin.conf', BENCH_THIN_CONF,
+                 THIN_MAP_CONF] + ['node-%s.conf' % key for key in nodes]:
         shutil.copy(os.path.join(CONF_DIR, name), ETC)
     install_rootwrap(ETC)
     os.makedirs(STATE + '/tmp', exist_ok=True)
@@ -745,6 +748,22 @@ class Stack(object):
                 lines = f.read().splitlines()
             records += _error_records(name, lines)
         return records
+
+    def log_lines(self, marks, name, needle):
+        """The lines of log ``name`` written since ``marks`` with ``needle``.
+
+        ``name``: a file of the stack's log directory (``volume-a.log``:
+        node A's volume service, whichever kernel it runs on: the run
+        directory is every guest's).  For the INFO records a scenario
+        checks (:meth:`error_records` gives the errors).
+        """
+        path = os.path.join(self.log_dir, name)
+        try:
+            with open(path, errors='replace') as f:
+                f.seek(marks.get(name, 0))
+                return [line.rstrip('\n') for line in f if needle in line]
+        except FileNotFoundError:
+            return []
 
     def stop(self):
         for name in reversed(list(self.procs)):

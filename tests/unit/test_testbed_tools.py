@@ -809,6 +809,38 @@ class ThinBackendTestCase(test.TestCase):
         self.assertNotIn('dmclone_thin_map', plain[
             self.services.THIN_BACKEND])
 
+    def test_the_thin_map_conf_turns_the_map_on_and_nothing_else(self):
+        import configparser
+        conf_dir = os.path.join(os.path.dirname(__file__), '..', '..',
+                                'tools', 'testbed', 'stack')
+        own = configparser.ConfigParser(interpolation=None)
+        own.read(os.path.join(conf_dir, self.services.THIN_MAP_CONF))
+        self.assertEqual([self.services.THIN_BACKEND], own.sections())
+        self.assertEqual({'dmclone_thin_map': 'true'},
+                         dict(own[self.services.THIN_BACKEND]))
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read([os.path.join(conf_dir, n) for n in (
+            'cinder.conf', 'node-b.conf', 'thin.conf',
+            self.services.THIN_MAP_CONF)])
+        self.assertEqual('true', parser[self.services.THIN_BACKEND][
+            'dmclone_thin_map'])
+        self.assertNotIn('dmclone_thin_map', parser['dmclone'])
+
+    def test_log_lines_since_the_marks(self):
+        os.makedirs(self.stack.log_dir, exist_ok=True)
+        path = os.path.join(self.stack.log_dir, 'volume-a.log')
+        with open(path, 'w') as f:
+            f.write('an old needle\n')
+        marks = self.stack.log_marks()
+        with open(path, 'a') as f:
+            f.write('other\na new needle\n')
+        self.assertEqual(['a new needle'], self.stack.log_lines(
+            marks, 'volume-a.log', 'needle'))
+        self.assertEqual(['an old needle', 'a new needle'],
+                         self.stack.log_lines({}, 'volume-a.log', 'needle'))
+        self.assertEqual([], self.stack.log_lines(marks, 'volume-c.log',
+                                                  'needle'))
+
     def test_pools_ready_per_backend(self):
         pools = [{'name': 'node-a@dmclone#dmclone'},
                  {'name': 'node-b@dmclone#dmclone'},
