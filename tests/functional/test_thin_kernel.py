@@ -175,6 +175,14 @@ def held_root(vg, pool, node='b', noflush=False):
     return pool_status_fields(vg, pool, node, noflush)[6]
 
 
+def data_blocks_used(vg, pool, node='b', noflush=False):
+    """The pool's used data blocks.
+
+    Its status commits the pool's metadata first, unless ``noflush``.
+    """
+    return int(pool_status_fields(vg, pool, node, noflush)[5].split('/')[0])
+
+
 def raw_dump(vg, pool, node='b', dev_id=None):
     """thin_dump's XML of the held snapshot (for diagnostics, comparisons)."""
     cmd = ['thin_dump', '--format', 'xml', '--metadata-snap']
@@ -341,8 +349,14 @@ def test_reserve_dump_release_on_the_real_pool(privileged, topo, thin_pool,
     testbed.LOG.info('second reserve: %s', info.value)
     assert held_root(vg, pool) == root
 
-    # written after the reserve: the snapshot must not see it
+    # written after the reserve: the snapshot must not see it.  The pool
+    # maps the block (one more data block used) and its metadata is then
+    # committed (a status without --noflush), so the live metadata on
+    # disk holds the mapping: only a dump of the held snapshot lacks it.
+    used = data_blocks_used(vg, pool, noflush=True)
     testbed.write_pattern(lv, 99, 64 * KiB, 32 * MiB)
+    assert data_blocks_used(vg, pool) == used + 1, \
+        pool_status_fields(vg, pool)
 
     device_map = privileged.thin_dump(vg, pool, dev_id)
     raw = raw_dump(vg, pool, dev_id=dev_id)
@@ -834,8 +848,13 @@ def test_a_held_snapshot_survives_a_power_cycle(topo, thin_pool, thin_lv,
     assert status.returncode == 0, (status.stderr, lvs.stdout, lvs.stderr)
     assert held_root(vg, pool, node='a') == root, status.stdout
     with workers.NodeProcess('a') as node_a:
+        # a block mapped after the boot, committed to the live metadata
+        # (a status without --noflush): only the held snapshot lacks it
+        used = data_blocks_used(vg, pool, node='a', noflush=True)
         node_a.call(testbed.write_pattern_digest, lv, 90, 64 * KiB,
                     32 * MiB)
+        assert data_blocks_used(vg, pool, node='a') == used + 1, \
+            pool_status_fields(vg, pool, node='a')
         assert node_a.call(_on_node, 'reserve_metadata_snap', vg,
                            pool) == ('busy', None)
         _, after = node_a.call(_on_node, 'thin_dump', vg, pool, dev_id)
