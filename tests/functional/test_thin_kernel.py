@@ -198,12 +198,12 @@ def lv_thin_id(vg, lv, node='b'):
 
 
 def block_stat(path):
-    """(sectors read, sectors written) of block device ``path`` so far."""
+    """(sectors read, written, discarded) of block device ``path`` so far."""
     rdev = os.stat(path).st_rdev
     with open('/sys/dev/block/%d:%d/stat'
               % (os.major(rdev), os.minor(rdev))) as f:
         fields = f.read().split()
-    return int(fields[2]), int(fields[6])
+    return int(fields[2]), int(fields[6]), int(fields[13])
 
 
 def probe_regions(path, total, region=REGION, probe=4 * KiB):
@@ -616,8 +616,9 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
     # 20261126-130431-17648: 0 sectors read after reads that hit it).
     # That nothing was read from it is what the exact hydrated counts
     # above and the probe below prove: a region copied from it would
-    # have failed.)
-    assert block_stat(dest)[1] == dst_before[1], diag()
+    # have failed.)  Nothing written to the destination, nothing
+    # discarded there (no passdown); both counters are shown to move below.
+    assert block_stat(dest)[1:] == dst_before[1:], diag()
 
     readable, nonzero = probe_regions(clone, total)
     assert readable == hydrated, (sorted(readable ^ hydrated), diag())
@@ -635,6 +636,17 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
     region = testbed.read_direct(clone, 600 * REGION, REGION)
     assert region == bytes(8192) + written + bytes(REGION - 12288)
     assert clone_status(dm, name).hydrated_regions == len(hydrated)
+
+    # The controls: the destination's counters move when it is written or
+    # discarded (the write above went there; a discard of a region
+    # already read as zeroes, sent to it directly), so their standing
+    # still above says what it claims.
+    after = block_stat(dest)
+    assert after[1] - dst_before[1] >= 4 * KiB // SECTOR, (dst_before, after)
+    testbed.run(['blkdiscard', '--force', '--offset', str(700 * REGION),
+                 '--length', str(REGION), dest])
+    assert block_stat(dest)[2] - after[2] >= REGION_SECTORS, (
+        after, block_stat(dest))
 
 
 @pytest.mark.extended
