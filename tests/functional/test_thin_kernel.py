@@ -721,9 +721,21 @@ def test_a_probe_of_a_new_clone_hydrates_nothing(
     rdev = os.stat(clone).st_rdev
     syspath = os.path.realpath('/sys/dev/block/%d:%d' % (
         os.major(rdev), os.minor(rdev)))
-    testbed.run(['udevadm', 'test-builtin', 'blkid', syspath], check=False)
+    udev = testbed.run(['udevadm', 'test-builtin', 'blkid', syspath],
+                       check=False)
     # (exit 2: nothing recognised, as expected of random data)
-    testbed.run(['blkid', '-p', '-o', 'udev', clone], check=False)
+    probe = testbed.run(['blkid', '-p', '-o', 'udev', clone], check=False)
+    # The probes must have run and read the device (through the clone, so
+    # from the source): a probe that failed to open it read nothing and
+    # would leave the clone untouched whatever the clone does.
+    # (blkid: 0 found, 2 nothing found, 8 ambivalent; 4 is its own error)
+    assert probe.returncode in (0, 2, 8), (probe.returncode, probe.stderr)
+    probed = block_stat(source)[0] - before[0]
+    assert probed > 0, ('the probes read nothing from the source',
+                        udev.returncode, udev.stderr, probe.stderr)
+    st = clone_status(dm, name)
+    assert (st.hydrated_regions, st.hydrating_regions) == (0, 0), \
+        diagnostics(name)
     # O_DIRECT: past whatever the probes left in the page cache
     testbed.read_direct(clone, 0, MiB)
     testbed.read_direct(clone, SIZE - MiB, MiB)
@@ -731,7 +743,7 @@ def test_a_probe_of_a_new_clone_hydrates_nothing(
     assert (st.hydrated_regions, st.hydrating_regions) == (0, 0), \
         diagnostics(name)
     assert not st.hydration_enabled
-    assert block_stat(source)[0] - before[0] >= 2 * MiB // SECTOR
+    assert block_stat(source)[0] - before[0] >= probed + 2 * MiB // SECTOR
     assert block_stat(dest)[1] == dest_before[1]
 
 
