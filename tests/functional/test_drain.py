@@ -98,12 +98,17 @@ def check_on_b(cloud, vol, image, name_id=None):
     assert cloud.get(vol.id).status == 'available'
 
 
-def check_unchanged(cloud, vol, image, migration_status):
+def check_unchanged(cloud, vol, image, migration_status, rows):
     """A refused migration changed nothing: on A, every byte, B nothing.
 
     ``migration_status``: what Cinder recorded (None: the API refused
-    before it recorded anything).
+    before it recorded anything).  ``rows``: :func:`steps.volume_rows`
+    before the migration: no volume record made since (Cinder's generic
+    copy, had the driver declined instead of refusing, makes one, whose
+    LV on node B is named after its own id: what node B keeps of the
+    volume would not show it).
     """
+    assert steps.volume_rows(cloud) == rows, steps.newest_volume_rows(cloud)
     v = cloud.get(vol.id)
     assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
         'available', 'a', 'az-a'), (v.status, cloud.host_of(v),
@@ -187,6 +192,7 @@ def test_migrate_refused_while_hydrating(cloud):
         LOG.info('kept while hydrating: %s', kept)
 
         marks = cloud.stack.log_marks()
+        rows = steps.volume_rows(cloud)
         assert cloud.migrate(vol.id, 'a') == 'error'
         # The driver's refusal, in node B's service log (the migration is
         # a cast: the reason is logged there, not returned; just after
@@ -196,6 +202,9 @@ def test_migrate_refused_while_hydrating(cloud):
                         for _name, lines in cloud.stack.error_records(marks)),
             120, 'the refusal in node B\'s log', interval=2,
             diagnostics=lambda: cloud.stack.error_records(marks))
+        # no volume record for a generic copy to node A either
+        assert steps.volume_rows(cloud) == rows, \
+            steps.newest_volume_rows(cloud)
         state = cloud.transfer_state(vol.id)
         assert state['dmclone_state'] == 'hydrating', state
         v = cloud.get(vol.id)
@@ -226,6 +235,7 @@ def test_migrate_refused_when_destination_too_small(cloud):
     try:
         filler = steps.filled(cloud, 'b')
         marks = cloud.stack.log_marks()
+        rows = steps.volume_rows(cloud)
         assert cloud.migrate(vol.id, 'b') == 'error'
         # Who refused (the scheduler, or the driver on B up front with
         # DestinationFull) is logged; never a build started and failed
@@ -238,7 +248,7 @@ def test_migrate_refused_when_destination_too_small(cloud):
         assert ('cannot take volume' in text
                 or 'No valid backend' in text), text[:4000]
         assert 'insufficient free space' not in text, text[:4000]
-        check_unchanged(cloud, vol, image, 'error')
+        check_unchanged(cloud, vol, image, 'error', rows)
     finally:
         cloud.delete(vol.id)
         if filler is not None:
@@ -266,11 +276,12 @@ def test_migrate_refused_with_a_snapshot(cloud):
             lambda: snapshots(cloud).get(snap.id) == 'available', 600,
             'snapshot %s available' % snap.id, interval=2,
             diagnostics=lambda: snapshots(cloud))
+        rows = steps.volume_rows(cloud)
         with pytest.raises(Exception) as err:
             cloud.migrate(vol.id, 'b')
         LOG.info('migration with a snapshot refused: %s', err.value)
         assert 'snapshot' in str(err.value), str(err.value)
-        check_unchanged(cloud, vol, image, None)
+        check_unchanged(cloud, vol, image, None, rows)
     finally:
         if snap is not None:
             cloud.c.volume_snapshots.delete(snap.id)

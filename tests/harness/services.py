@@ -734,6 +734,12 @@ class Stack(object):
             records += _error_records(name, lines)
         return records
 
+    def log_lines(self, marks, name):
+        """The lines service log ``name`` got since ``marks``, any level."""
+        with open(os.path.join(self.log_dir, name), errors='replace') as f:
+            f.seek(marks.get(name, 0))
+            return f.read().splitlines()
+
     def stop(self):
         for name in reversed(list(self.procs)):
             end_group(self.procs[name])
