@@ -276,11 +276,25 @@ def test_migrate_refused_with_a_snapshot(cloud):
             lambda: snapshots(cloud).get(snap.id) == 'available', 600,
             'snapshot %s available' % snap.id, interval=2,
             diagnostics=lambda: snapshots(cloud))
+        # Cinder's refusal names every condition it checks at once ("must
+        # be available or in-use, must not be migrating, have snapshots,
+        # be replicated, be part of a group and destination host/cluster
+        # must be different"): its text cannot say which failed.  Every
+        # other condition is shown to hold, so the snapshot is the cause.
+        row = cloud.stack._db(
+            "SELECT status, migration_status, replication_status, "
+            "consistencygroup_id, group_id, host FROM volumes WHERE id='%s'"
+            % vol.id).split('\t')
+        assert row[:5] == ['available', 'NULL', row[2], 'NULL', 'NULL'] \
+            and row[2] in ('NULL', 'disabled', 'not-capable'), row
+        assert row[5] != cloud.pool_name('b'), row
         rows = steps.volume_rows(cloud)
         with pytest.raises(Exception) as err:
             cloud.migrate(vol.id, 'b')
         LOG.info('migration with a snapshot refused: %s', err.value)
-        assert 'snapshot' in str(err.value), str(err.value)
+        # the API's own refusal (HTTP 400), not any failure on the way
+        assert getattr(err.value, 'code', None) == 400, repr(err.value)
+        assert 'have snapshots' in str(err.value), str(err.value)
         check_unchanged(cloud, vol, image, None, rows)
     finally:
         if snap is not None:
