@@ -197,10 +197,20 @@ def test_migrate_refused_while_hydrating(cloud):
         # The driver's refusal, in node B's service log (the migration is
         # a cast: the reason is logged there, not returned; just after
         # the manager recorded the error).
+        # The record must be node B's, about this volume, and raised in
+        # the driver's migrate_volume (any 'is moving from' in any log,
+        # e.g. node A's source refusing something else, was accepted).
+        refusal = ('MoveInProgress: Volume volume-%s is moving from '
+                   'node-a to node-b' % vol.id)
+
+        def refused_on_b():
+            return [lines for name, lines in cloud.stack.error_records(marks)
+                    if name == 'volume-b.log'
+                    and refusal in '\n'.join(lines)
+                    and 'in migrate_volume' in '\n'.join(lines)
+                    and 'a migration to node-a' in '\n'.join(lines)]
         testbed.wait_until(
-            lambda: any('is moving from' in '\n'.join(lines)
-                        for _name, lines in cloud.stack.error_records(marks)),
-            120, 'the refusal in node B\'s log', interval=2,
+            refused_on_b, 120, 'the refusal in node B\'s log', interval=2,
             diagnostics=lambda: cloud.stack.error_records(marks))
         # no volume record for a generic copy to node A either
         assert steps.volume_rows(cloud) == rows, \
