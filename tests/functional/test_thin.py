@@ -253,10 +253,18 @@ def test_thin_volume_snapshot_clone_extend_moves_there_and_back(
             att = steps.attached_on(cloud, clone.id, new)
             # read through the clone, then written near the end, where
             # the copy (front to back) has most likely not been yet
+            before = steps.hydrated_fraction(cloud, att)
             assert cloud.sha256(att, GiB + 512 * MiB, 2 * MiB) == \
                 testbed.sha256(testbed.pattern(124, 2 * MiB))
             image.write(cloud, att, 125 + hop, 2 * GiB - hop * 8 * MiB,
                         4 * MiB)
+            # ... while the copy still ran: with it done, this was a read
+            # and a write of a plain LV, the move's part of it unproven
+            after = steps.hydrated_fraction(cloud, att)
+            LOG.info('hop %d: read and written at %.1f%% .. %.1f%% '
+                     'hydrated', hop, 100 * before, 100 * after)
+            assert after < 1, ('hydration outran the scenario: the clone '
+                               'was fully copied by the end of the write')
             steps.wait_finalized(cloud, clone.id, timeout=1800)
             image.check(cloud, att)
             allocation[new] = record_allocation(
