@@ -35,6 +35,7 @@ Extended tier (CI is at its time budget)::
 """
 
 import logging
+import re
 
 import pytest
 
@@ -60,12 +61,17 @@ def writes(seed):
             (seed + 2, GiB - 8 * MiB, 8 * MiB)]
 
 
-def check_unchanged(cloud, vol, image, migration_status):
+def check_unchanged(cloud, vol, image, migration_status, rows):
     """A refused migration changed nothing: on A, every byte, B nothing.
 
     ``migration_status``: what Cinder recorded (None: the API refused
-    before it recorded anything).
+    before it recorded anything).  ``rows``: :func:`steps.volume_rows`
+    before the migration: no volume record made since (Cinder's generic
+    copy, had the driver declined instead of refusing, makes one, whose
+    LV on node B is named after its own id: what node B keeps of the
+    volume would not show it).
     """
+    assert steps.volume_rows(cloud) == rows, steps.newest_volume_rows(cloud)
     v = cloud.get(vol.id)
     assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
         'available', 'a', 'az-a'), (v.status, cloud.host_of(v),
@@ -91,9 +97,11 @@ def test_drain_node_a_with_cinder_migrate(cloud):
     """A plain, a multiattach and a ``_name_id`` volume leave node A.
 
     Each is migrated in turn (the next once Cinder has an outcome for
-    the previous, as an operator's loop would), all three hydrating on B
-    together; then each must be finalized on B with every byte, and node
-    A must keep nothing of any.
+    the previous, as an operator's loop would), the copies overlapping
+    as far as the default pace lets them (logged, not checked: a 1 GiB
+    copy may end before the next migration is decided); then each must
+    be finalized on B with every byte, and node A must keep nothing of
+    any.
     """
     vols = []
     try:
@@ -117,6 +125,10 @@ def test_drain_node_a_with_cinder_migrate(cloud):
             assert v.status == 'available', v.status
             LOG.info('%s volume %s on B: %s', kind, vol.id,
                      cloud.transfer_state(vol.id))
+        LOG.info('moves after the last migration: %s', {
+            kind: cloud.transfer_state(vol.id).get('dmclone_state',
+                                                   'finalized')
+            for vol, _image, _name_id, kind in vols})
         # All finalized first: until then node B's iSCSI sessions to the
         # others' exports are in what it keeps (steps.kept_on).
         for vol, *_ in vols:
@@ -149,15 +161,29 @@ def test_migrate_refused_while_hydrating(cloud):
         LOG.info('kept while hydrating: %s', kept)
 
         marks = cloud.stack.log_marks()
+        rows = steps.volume_rows(cloud)
         assert cloud.migrate(vol.id, 'a') == 'error'
         # The driver's refusal, in node B's service log (the migration is
         # a cast: the reason is logged there, not returned; just after
         # the manager recorded the error).
+        # The record must be node B's, about this volume, and raised in
+        # the driver's migrate_volume (any 'is moving from' in any log,
+        # e.g. node A's source refusing something else, was accepted).
+        refusal = ('MoveInProgress: Volume volume-%s is moving from '
+                   'node-a to node-b' % vol.id)
+
+        def refused_on_b():
+            return [lines for name, lines in cloud.stack.error_records(marks)
+                    if name == 'volume-b.log'
+                    and refusal in '\n'.join(lines)
+                    and 'in migrate_volume' in '\n'.join(lines)
+                    and 'a migration to node-a' in '\n'.join(lines)]
         testbed.wait_until(
-            lambda: any('is moving from' in '\n'.join(lines)
-                        for _name, lines in cloud.stack.error_records(marks)),
-            120, 'the refusal in node B\'s log', interval=2,
+            refused_on_b, 120, 'the refusal in node B\'s log', interval=2,
             diagnostics=lambda: cloud.stack.error_records(marks))
+        # no volume record for a generic copy to node A either
+        assert steps.volume_rows(cloud) == rows, \
+            steps.newest_volume_rows(cloud)
         state = cloud.transfer_state(vol.id)
         assert state['dmclone_state'] == 'hydrating', state
         v = cloud.get(vol.id)
@@ -188,6 +214,7 @@ def test_migrate_refused_when_destination_too_small(cloud):
     try:
         filler = steps.filled(cloud, 'b')
         marks = cloud.stack.log_marks()
+        rows = steps.volume_rows(cloud)
         assert cloud.migrate(vol.id, 'b') == 'error'
         # Who refused (the scheduler, or the driver on B up front with
         # DestinationFull) is logged; never a build started and failed
@@ -197,10 +224,22 @@ def test_migrate_refused_when_destination_too_small(cloud):
         for name, lines in records:
             LOG.info('refusal logged in %s: %s', name, '\n'.join(lines[:6]))
         text = '\n'.join('\n'.join(lines) for _name, lines in records)
-        assert ('cannot take volume' in text
-                or 'No valid backend' in text), text[:4000]
+        # The driver on B (DestinationFull, naming this volume and B's
+        # volume group), or the scheduler for lack of capacity: its
+        # 'No valid backend' says nothing of why (a filter for the zone,
+        # a service down), so the filter that removed node B must be the
+        # capacity filter (its INFO line in the scheduler's log).
+        driver = ('Node %s cannot take volume %s: volume group %s has'
+                  % (cloud.topo.b.name, vol.id, cloud.topo.b.vg))
+        capacity = re.compile(r'Filtering removed all hosts .*'
+                              r'CapacityFilter: \(start: [1-9]\d*, end: 0\)')
+        scheduler = [line for line in cloud.stack.log_lines(
+            marks, 'cinder-scheduler.log') if capacity.search(line)]
+        assert driver in text or (
+            'No valid backend' in text and scheduler), (
+                text[:4000], scheduler)
         assert 'insufficient free space' not in text, text[:4000]
-        check_unchanged(cloud, vol, image, 'error')
+        check_unchanged(cloud, vol, image, 'error', rows)
     finally:
         cloud.delete(vol.id)
         if filler is not None:
@@ -228,11 +267,26 @@ def test_migrate_refused_with_a_snapshot(cloud):
             lambda: snapshots(cloud).get(snap.id) == 'available', 600,
             'snapshot %s available' % snap.id, interval=2,
             diagnostics=lambda: snapshots(cloud))
+        # Cinder's refusal names every condition it checks at once ("must
+        # be available or in-use, must not be migrating, have snapshots,
+        # be replicated, be part of a group and destination host/cluster
+        # must be different"): its text cannot say which failed.  Every
+        # other condition is shown to hold, so the snapshot is the cause.
+        row = cloud.stack._db(
+            "SELECT status, migration_status, replication_status, "
+            "consistencygroup_id, group_id, host FROM volumes WHERE id='%s'"
+            % vol.id).split('\t')
+        assert row[:5] == ['available', 'NULL', row[2], 'NULL', 'NULL'] \
+            and row[2] in ('NULL', 'disabled', 'not-capable'), row
+        assert row[5] != cloud.pool_name('b'), row
+        rows = steps.volume_rows(cloud)
         with pytest.raises(Exception) as err:
             cloud.migrate(vol.id, 'b')
         LOG.info('migration with a snapshot refused: %s', err.value)
-        assert 'snapshot' in str(err.value), str(err.value)
-        check_unchanged(cloud, vol, image, None)
+        # the API's own refusal (HTTP 400), not any failure on the way
+        assert getattr(err.value, 'code', None) == 400, repr(err.value)
+        assert 'have snapshots' in str(err.value), str(err.value)
+        check_unchanged(cloud, vol, image, None, rows)
     finally:
         if snap is not None:
             cloud.c.volume_snapshots.delete(snap.id)

@@ -27,6 +27,7 @@ right and that the LV is a thin LV of the node's pool, and put its
 log and junit.xml's properties).
 """
 
+import datetime
 import logging
 import uuid
 
@@ -90,6 +91,16 @@ def record_allocation(record_property, what, node, lv):
              int(lv['lv_size']) / GiB, lv)
     record_property('thin_data_percent_%s' % what, lv['data_percent'])
     return float(lv['data_percent'])
+
+
+def report_time(caps):
+    """When the scheduler received the pool's capabilities (a datetime).
+
+    The earliest time when there is no report.
+    """
+    stamp = (caps or {}).get('timestamp')
+    return (datetime.datetime.fromisoformat(stamp) if stamp
+            else datetime.datetime.min)
 
 
 def thin_pool_caps(stack, node):
@@ -167,14 +178,24 @@ def test_thin_pools_reported_to_the_scheduler(cloud, stack, topo,
         # the default (fast) hydration for the rest
         cloud.retype(vol.id, steps.thin_type(cloud).name)
         steps.wait_finalized(cloud, vol.id, timeout=1800)
+        # A report received until now may be older than the finalization
+        # (in run 20261126-130431-17648 the first poll already read 0: a
+        # report from the end of the copy, with the move still recorded,
+        # would read so too).  Nothing pending must be what a report made
+        # after the finalization says: one received later than this one.
+        last = report_time(thin_pool_caps(stack, 'b'))
         image.check(cloud, att)
         thin_lv(cloud, 'b', vol.id)
+
+        def reported_after_the_move():
+            caps = thin_pool_caps(stack, 'b') or {}
+            return (report_time(caps) > last
+                    and caps.get('dmclone_hydration_pending_gb') == 0)
         testbed.wait_until(
-            lambda: (thin_pool_caps(stack, 'b') or {}).get(
-                'dmclone_hydration_pending_gb') == 0, 600,
+            reported_after_the_move, 600,
             'node B reporting nothing pending after the move',
-            interval=5, diagnostics=lambda: 'capabilities: %s'
-            % thin_pool_caps(stack, 'b'))
+            interval=5, diagnostics=lambda: 'capabilities: %s (last report '
+            'before: %s)' % (thin_pool_caps(stack, 'b'), last))
         cloud.detach(att)
     finally:
         cloud.delete(vol.id)
@@ -232,10 +253,18 @@ def test_thin_volume_snapshot_clone_extend_moves_there_and_back(
             att = steps.attached_on(cloud, clone.id, new)
             # read through the clone, then written near the end, where
             # the copy (front to back) has most likely not been yet
+            before = steps.hydrated_fraction(cloud, att)
             assert cloud.sha256(att, GiB + 512 * MiB, 2 * MiB) == \
                 testbed.sha256(testbed.pattern(124, 2 * MiB))
             image.write(cloud, att, 125 + hop, 2 * GiB - hop * 8 * MiB,
                         4 * MiB)
+            # ... while the copy still ran: with it done, this was a read
+            # and a write of a plain LV, the move's part of it unproven
+            after = steps.hydrated_fraction(cloud, att)
+            LOG.info('hop %d: read and written at %.1f%% .. %.1f%% '
+                     'hydrated', hop, 100 * before, 100 * after)
+            assert after < 1, ('hydration outran the scenario: the clone '
+                               'was fully copied by the end of the write')
             steps.wait_finalized(cloud, clone.id, timeout=1800)
             image.check(cloud, att)
             allocation[new] = record_allocation(

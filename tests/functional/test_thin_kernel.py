@@ -175,6 +175,14 @@ def held_root(vg, pool, node='b', noflush=False):
     return pool_status_fields(vg, pool, node, noflush)[6]
 
 
+def data_blocks_used(vg, pool, node='b', noflush=False):
+    """The pool's used data blocks.
+
+    Its status commits the pool's metadata first, unless ``noflush``.
+    """
+    return int(pool_status_fields(vg, pool, node, noflush)[5].split('/')[0])
+
+
 def raw_dump(vg, pool, node='b', dev_id=None):
     """thin_dump's XML of the held snapshot (for diagnostics, comparisons)."""
     cmd = ['thin_dump', '--format', 'xml', '--metadata-snap']
@@ -190,12 +198,12 @@ def lv_thin_id(vg, lv, node='b'):
 
 
 def block_stat(path):
-    """(sectors read, sectors written) of block device ``path`` so far."""
+    """(sectors read, written, discarded) of block device ``path`` so far."""
     rdev = os.stat(path).st_rdev
     with open('/sys/dev/block/%d:%d/stat'
               % (os.major(rdev), os.minor(rdev))) as f:
         fields = f.read().split()
-    return int(fields[2]), int(fields[6])
+    return int(fields[2]), int(fields[6]), int(fields[13])
 
 
 def probe_regions(path, total, region=REGION, probe=4 * KiB):
@@ -341,8 +349,14 @@ def test_reserve_dump_release_on_the_real_pool(privileged, topo, thin_pool,
     testbed.LOG.info('second reserve: %s', info.value)
     assert held_root(vg, pool) == root
 
-    # written after the reserve: the snapshot must not see it
+    # written after the reserve: the snapshot must not see it.  The pool
+    # maps the block (one more data block used) and its metadata is then
+    # committed (a status without --noflush), so the live metadata on
+    # disk holds the mapping: only a dump of the held snapshot lacks it.
+    used = data_blocks_used(vg, pool, noflush=True)
     testbed.write_pattern(lv, 99, 64 * KiB, 32 * MiB)
+    assert data_blocks_used(vg, pool) == used + 1, \
+        pool_status_fields(vg, pool)
 
     device_map = privileged.thin_dump(vg, pool, dev_id)
     raw = raw_dump(vg, pool, dev_id=dev_id)
@@ -602,8 +616,9 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
     # 20261126-130431-17648: 0 sectors read after reads that hit it).
     # That nothing was read from it is what the exact hydrated counts
     # above and the probe below prove: a region copied from it would
-    # have failed.)
-    assert block_stat(dest)[1] == dst_before[1], diag()
+    # have failed.)  Nothing written to the destination, nothing
+    # discarded there (no passdown); both counters are shown to move below.
+    assert block_stat(dest)[1:] == dst_before[1:], diag()
 
     readable, nonzero = probe_regions(clone, total)
     assert readable == hydrated, (sorted(readable ^ hydrated), diag())
@@ -621,6 +636,17 @@ def test_discards_mark_whole_regions_hydrated_and_read_nothing(
     region = testbed.read_direct(clone, 600 * REGION, REGION)
     assert region == bytes(8192) + written + bytes(REGION - 12288)
     assert clone_status(dm, name).hydrated_regions == len(hydrated)
+
+    # The controls: the destination's counters move when it is written or
+    # discarded (the write above went there; a discard of a region
+    # already read as zeroes, sent to it directly), so their standing
+    # still above says what it claims.
+    after = block_stat(dest)
+    assert after[1] - dst_before[1] >= 4 * KiB // SECTOR, (dst_before, after)
+    testbed.run(['blkdiscard', '--force', '--offset', str(700 * REGION),
+                 '--length', str(REGION), dest])
+    assert block_stat(dest)[2] - after[2] >= REGION_SECTORS, (
+        after, block_stat(dest))
 
 
 @pytest.mark.extended
@@ -695,9 +721,21 @@ def test_a_probe_of_a_new_clone_hydrates_nothing(
     rdev = os.stat(clone).st_rdev
     syspath = os.path.realpath('/sys/dev/block/%d:%d' % (
         os.major(rdev), os.minor(rdev)))
-    testbed.run(['udevadm', 'test-builtin', 'blkid', syspath], check=False)
+    udev = testbed.run(['udevadm', 'test-builtin', 'blkid', syspath],
+                       check=False)
     # (exit 2: nothing recognised, as expected of random data)
-    testbed.run(['blkid', '-p', '-o', 'udev', clone], check=False)
+    probe = testbed.run(['blkid', '-p', '-o', 'udev', clone], check=False)
+    # The probes must have run and read the device (through the clone, so
+    # from the source): a probe that failed to open it read nothing and
+    # would leave the clone untouched whatever the clone does.
+    # (blkid: 0 found, 2 nothing found, 8 ambivalent; 4 is its own error)
+    assert probe.returncode in (0, 2, 8), (probe.returncode, probe.stderr)
+    probed = block_stat(source)[0] - before[0]
+    assert probed > 0, ('the probes read nothing from the source',
+                        udev.returncode, udev.stderr, probe.stderr)
+    st = clone_status(dm, name)
+    assert (st.hydrated_regions, st.hydrating_regions) == (0, 0), \
+        diagnostics(name)
     # O_DIRECT: past whatever the probes left in the page cache
     testbed.read_direct(clone, 0, MiB)
     testbed.read_direct(clone, SIZE - MiB, MiB)
@@ -705,7 +743,7 @@ def test_a_probe_of_a_new_clone_hydrates_nothing(
     assert (st.hydrated_regions, st.hydrating_regions) == (0, 0), \
         diagnostics(name)
     assert not st.hydration_enabled
-    assert block_stat(source)[0] - before[0] >= 2 * MiB // SECTOR
+    assert block_stat(source)[0] - before[0] >= probed + 2 * MiB // SECTOR
     assert block_stat(dest)[1] == dest_before[1]
 
 
@@ -834,8 +872,13 @@ def test_a_held_snapshot_survives_a_power_cycle(topo, thin_pool, thin_lv,
     assert status.returncode == 0, (status.stderr, lvs.stdout, lvs.stderr)
     assert held_root(vg, pool, node='a') == root, status.stdout
     with workers.NodeProcess('a') as node_a:
+        # a block mapped after the boot, committed to the live metadata
+        # (a status without --noflush): only the held snapshot lacks it
+        used = data_blocks_used(vg, pool, node='a', noflush=True)
         node_a.call(testbed.write_pattern_digest, lv, 90, 64 * KiB,
                     32 * MiB)
+        assert data_blocks_used(vg, pool, node='a') == used + 1, \
+            pool_status_fields(vg, pool, node='a')
         assert node_a.call(_on_node, 'reserve_metadata_snap', vg,
                            pool) == ('busy', None)
         _, after = node_a.call(_on_node, 'thin_dump', vg, pool, dev_id)

@@ -749,21 +749,22 @@ class Stack(object):
             records += _error_records(name, lines)
         return records
 
-    def log_lines(self, marks, name, needle):
-        """The lines of log ``name`` written since ``marks`` with ``needle``.
+    def log_lines(self, marks, name, needle=None):
+        """The lines of log ``name`` written since ``marks``, any level.
 
         ``name``: a file of the stack's log directory (``volume-a.log``:
         node A's volume service, whichever kernel it runs on: the run
-        directory is every guest's).  For the INFO records a scenario
-        checks (:meth:`error_records` gives the errors).
+        directory is every guest's).  With ``needle``, only the lines
+        holding it.  (:meth:`error_records` gives the errors.)
         """
         path = os.path.join(self.log_dir, name)
         try:
             with open(path, errors='replace') as f:
                 f.seek(marks.get(name, 0))
-                return [line.rstrip('\n') for line in f if needle in line]
+                lines = f.read().splitlines()
         except FileNotFoundError:
             return []
+        return [line for line in lines if needle is None or needle in line]
 
     def stop(self):
         for name in reversed(list(self.procs)):

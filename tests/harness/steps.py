@@ -199,6 +199,26 @@ def name_id_volume_on(cloud, node, writes=()):
     return vol, image, temp.id
 
 
+def volume_rows(cloud):
+    """How many volume records Cinder ever made, deleted ones too.
+
+    (Cinder deletes a volume's record softly: the row stays.)  A
+    migration Cinder did itself (its generic copy, after a driver that
+    declined) makes a volume record for the copy; one that was refused
+    makes none.  The copy's LV and targets are named after its own id,
+    so what a node keeps of the migrated volume (:func:`kept_on`) never
+    shows it.
+    """
+    return int(cloud.stack._db('SELECT COUNT(*) FROM volumes'))
+
+
+def newest_volume_rows(cloud, n=3):
+    """The last volume records made (id, host, status, migration_status)."""
+    return cloud.stack._db(
+        'SELECT id, host, status, migration_status, deleted FROM volumes '
+        'ORDER BY created_at DESC LIMIT %d' % n)
+
+
 def vg_free_bytes(node, vg):
     """The free bytes of volume group ``vg``, read on ``node``'s kernel."""
     return int(testbed.lvm('vgs', '--noheadings', '--units', 'b',
