@@ -61,44 +61,6 @@ def writes(seed):
             (seed + 2, GiB - 8 * MiB, 8 * MiB)]
 
 
-def wait_nothing_left(cloud, node, volume_id, name_id=None):
-    """Until ``node`` keeps nothing of the volume.
-
-    (An old copy may be wiped and removed in the background: see
-    cinder_dmclone/wiper.py.)
-    """
-    testbed.wait_until(
-        lambda: steps.kept_on(cloud, node, volume_id, name_id) == [], 300,
-        'node %s keeping nothing of %s' % (node.upper(), volume_id),
-        interval=5, diagnostics=lambda: steps.kept_on(cloud, node,
-                                                      volume_id, name_id))
-
-
-def check_on_b(cloud, vol, image, name_id=None):
-    """Finalized on B: every byte there, linear, A keeps nothing."""
-    steps.wait_finalized(cloud, vol.id)
-    v = cloud.get(vol.id)
-    assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
-        'available', 'b', 'az-b'), (v.status, cloud.host_of(v),
-                                    v.availability_zone)
-    assert cloud.name_id(vol.id) == name_id
-    wait_nothing_left(cloud, 'a', vol.id, name_id)
-    # only the volume's LV, named as before the move
-    assert steps.kept_on(cloud, 'b', vol.id, name_id) == [
-        'LV volume-%s' % (name_id or vol.id)]
-    # Every MiB of the whole volume, read on node B's kernel through the
-    # attachment an instance there would have.
-    att = steps.attached_on(cloud, vol.id, 'b')
-    try:
-        table = cloud.on_node('b', testbed.dm_table,
-                              att.path.rsplit('/', 1)[-1])
-        assert ' linear ' in ' %s ' % table, table
-        image.check(cloud, att)
-    finally:
-        cloud.detach(att)
-    assert cloud.get(vol.id).status == 'available'
-
-
 def check_unchanged(cloud, vol, image, migration_status, rows):
     """A refused migration changed nothing: on A, every byte, B nothing.
 
@@ -119,7 +81,7 @@ def check_unchanged(cloud, vol, image, migration_status, rows):
         lambda: not cloud.transfer_state(vol.id), 300,
         'no move of %s recorded' % vol.id, interval=2,
         diagnostics=lambda: cloud.transfer_state(vol.id))
-    wait_nothing_left(cloud, 'b', vol.id)
+    steps.wait_kept_nothing(cloud, 'b', vol.id)
     # the LV, and no export left for the migration
     assert steps.kept_on(cloud, 'a', vol.id) == ['LV volume-%s' % vol.id]
     LOG.info('user messages of %s: %s', vol.id, cloud.messages(vol.id))
@@ -173,7 +135,7 @@ def test_drain_node_a_with_cinder_migrate(cloud):
             steps.wait_finalized(cloud, vol.id)
         for vol, image, name_id, kind in vols:
             LOG.info('checking the %s volume %s on node B', kind, vol.id)
-            check_on_b(cloud, vol, image, name_id)
+            steps.check_finalized_on(cloud, vol, image, 'b', 'a', name_id)
         # node A is drained of them
         assert [cloud.node_of(vol.id) for vol, *_ in vols] == ['b'] * 3
     finally:
@@ -233,7 +195,7 @@ def test_migrate_refused_while_hydrating(cloud):
 
         # the rest at the driver's default pace
         cloud.retype(vol.id, services.VOLUME_TYPE)
-        check_on_b(cloud, vol, image)
+        steps.check_finalized_on(cloud, vol, image, 'b', 'a')
     finally:
         cloud.delete(vol.id)
 

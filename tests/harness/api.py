@@ -348,9 +348,13 @@ class Cloud(object):
 
     # -- the operator's migration ---------------------------------------------
 
-    def pool_name(self, node_key):
-        """The scheduler's name of a node's pool: ``host@backend#pool``."""
-        prefix = self.topo.node(node_key).name + '@'
+    def pool_name(self, node_key, backend=services.BACKEND):
+        """The scheduler's name of a node's pool: ``host@backend#pool``.
+
+        ``backend``: the pool of that backend of the node (the thin one
+        runs beside it while :meth:`services.Stack.use_thin` is on).
+        """
+        prefix = '%s@%s#' % (self.topo.node(node_key).name, backend)
         names = [p['name'] for p in self.stack.pools()
                  if p['name'].startswith(prefix)]
         assert len(names) == 1, 'pools of node %s: %s (all: %s)' % (
@@ -361,15 +365,18 @@ class Cloud(object):
         return getattr(self.get(volume_id), 'os-vol-mig-status-attr:migstat',
                        None)
 
-    def migrate(self, volume_id, node_key, timeout=900):
+    def migrate(self, volume_id, node_key, timeout=900,
+                backend=services.BACKEND):
         """``cinder migrate`` to the node's pool; Cinder's outcome.
+
+        (The pool of ``backend`` on the node: see :meth:`pool_name`.)
 
         The API records ``migration_status`` ``starting`` before it
         answers, so what is polled afterwards is this migration's: until
         it is ``success`` or ``error`` (returned).  A refusal of the API
         itself raises (cinderclient's error).
         """
-        pool = self.pool_name(node_key)
+        pool = self.pool_name(node_key, backend)
         t0 = time.monotonic()
         self.c.volumes.migrate_volume(volume_id, pool, False, False)
         seen = []
