@@ -50,12 +50,16 @@ class Image(object):
                 data[i:i + BLOCK])
 
     def check(self, cloud, att):
-        seen = cloud.on_node(att.node, api.block_digests, att.path,
+        self.check_device(cloud, att.node, att.path)
+
+    def check_device(self, cloud, node, path):
+        """Every block of device ``path``, read on ``node``'s kernel."""
+        seen = cloud.on_node(node, api.block_digests, path,
                              len(self.digests) * BLOCK, BLOCK)
         wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
                  if a != b]
-        assert not wrong, ('%d MiB blocks differ on node %s, first: %s'
-                           % (len(wrong), att.node.upper(), wrong[:10]))
+        assert not wrong, ('%d MiB blocks of %s differ on node %s, first: %s'
+                           % (len(wrong), path, node.upper(), wrong[:10]))
 
 
 def kept_on(cloud, node, volume_id, name_id=None):
