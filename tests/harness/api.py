@@ -310,6 +310,11 @@ class Cloud(object):
                         volume_id)
             self._forget(att.id)
         self.c.volumes.delete(volume_id)
+        self.wait_gone(volume_id, timeout)
+
+    def wait_gone(self, volume_id, timeout=600, what='deleted'):
+        """Until the API knows the volume no more (deleted, unmanaged)."""
+        seen = []
 
         def gone():
             try:
@@ -318,11 +323,17 @@ class Cloud(object):
                 if getattr(exc, 'code', None) == 404:
                     return True
                 raise
-            if v.status == 'error_deleting':
-                raise AssertionError('volume %s: error_deleting' % volume_id)
+            if not seen or seen[-1] != v.status:
+                seen.append(v.status)
+            if v.status.startswith('error'):
+                raise AssertionError('volume %s: %s (seen %s); user '
+                                     'messages: %s' % (
+                                         volume_id, v.status, seen,
+                                         self.messages(volume_id)))
             return False
-        testbed.wait_until(gone, timeout, 'volume %s deleted' % volume_id,
-                           interval=1)
+        testbed.wait_until(gone, timeout, 'volume %s %s' % (volume_id, what),
+                           interval=1,
+                           diagnostics=lambda: 'statuses seen: %s' % seen)
 
     def messages(self, volume_id):
         return [m.user_message for m in self.c.messages.list()
