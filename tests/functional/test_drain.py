@@ -81,7 +81,7 @@ def check_unchanged(cloud, vol, image, migration_status, rows):
         lambda: not cloud.transfer_state(vol.id), 300,
         'no move of %s recorded' % vol.id, interval=2,
         diagnostics=lambda: cloud.transfer_state(vol.id))
-    steps.wait_nothing_left(cloud, 'b', vol.id)
+    steps.wait_kept_nothing(cloud, 'b', vol.id)
     # the LV, and no export left for the migration
     assert steps.kept_on(cloud, 'a', vol.id) == ['LV volume-%s' % vol.id]
     LOG.info('user messages of %s: %s', vol.id, cloud.messages(vol.id))
@@ -135,7 +135,7 @@ def test_drain_node_a_with_cinder_migrate(cloud):
             steps.wait_finalized(cloud, vol.id)
         for vol, image, name_id, kind in vols:
             LOG.info('checking the %s volume %s on node B', kind, vol.id)
-            steps.check_on_b(cloud, vol, image, name_id)
+            steps.check_finalized_on(cloud, vol, image, 'b', 'a', name_id)
         # node A is drained of them
         assert [cloud.node_of(vol.id) for vol, *_ in vols] == ['b'] * 3
     finally:
@@ -195,7 +195,7 @@ def test_migrate_refused_while_hydrating(cloud):
 
         # the rest at the driver's default pace
         cloud.retype(vol.id, services.VOLUME_TYPE)
-        steps.check_on_b(cloud, vol, image)
+        steps.check_finalized_on(cloud, vol, image, 'b', 'a')
     finally:
         cloud.delete(vol.id)
 

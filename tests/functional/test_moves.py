@@ -87,47 +87,11 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
     the source until the switch-over, then Nova deletes the source's
     attachment (commit) or, when the migration fails, the destination's
     (rollback: the source keeps every write, the destination nothing).
+    (:func:`steps.live_migrations`; test_thin.py runs it on thin LVs.)
     """
     vol = cloud.create(size=1, az='az-a')
     try:
-        # att: the instance's attachment on the node where it runs
-        att = steps.attached_on(cloud, vol.id, 'a')
-        image = steps.Image(cloud.on_node('a', api.block_digests,
-                                          att.path, GiB, steps.BLOCK))
-        image.write(cloud, att, 71, 0, 8 * MiB)
-        instance = att.instance
-
-        for hop, (old, new) in enumerate((('a', 'b'), ('b', 'a')), 1):
-            LOG.info('live migration %d: %s -> %s', hop, old.upper(),
-                     new.upper())
-            dest = cloud.attach(vol.id, new, instance=instance,
-                                migration=True)
-            assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
-            # the instance still runs on the old node and writes there;
-            # the destination reads it through the clone (no copy yet)
-            image.write(cloud, att, 71 + hop, hop * 64 * MiB, MiB)
-            assert cloud.sha256(dest, hop * 64 * MiB, MiB) == testbed.sha256(
-                testbed.pattern(71 + hop, MiB))
-            assert cloud.sha256(dest, 0, 8 * MiB) == testbed.sha256(
-                testbed.pattern(71, 8 * MiB))
-            cloud.detach(att)                   # switch-over: commit
-            att = dest
-            steps.wait_finalized(cloud, vol.id)
-            image.check(cloud, att)
-            assert steps.kept_on(cloud, old, vol.id) == []
-            assert cloud.node_of(vol.id) == new
-
-        LOG.info('live migration 3: A -> B, fails')
-        att_b = cloud.attach(vol.id, 'b', instance=instance, migration=True)
-        assert cloud.transfer_state(vol.id)['dmclone_state'] == 'cloned'
-        image.write(cloud, att, 79, 300 * MiB, MiB)
-        cloud.detach(att_b)                     # Nova's rollback
-        assert cloud.transfer_state(vol.id) == {}
-        assert (cloud.get(vol.id).status, cloud.node_of(vol.id)) == (
-            'in-use', 'a')
-        image.check(cloud, att)
-        assert steps.kept_on(cloud, 'b', vol.id) == []
-        cloud.detach(att)
+        steps.live_migrations(cloud, vol.id)
     finally:
         cloud.delete(vol.id)
 

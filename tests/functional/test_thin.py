@@ -19,6 +19,12 @@ VG is the node's own disk ``dmc-<node>-thin``, its pool
 ``dmc-<node>-thin-pool`` made by Cinder's LVM driver, 95% of 16 GiB).
 Volume type ``dmclone-thin`` selects it (:func:`steps.thin_type`).
 
+Item 1 of issue 19 (thin is first-class): the scenarios the thick
+backend goes through, on thin LVs: snapshot, clone, extend and moves;
+revert to a snapshot; manage and unmanage of a thin LV made by hand;
+live migration, committed and rolled back; a multiattach and a
+``_name_id`` volume migrated (``cinder migrate``) into node B's pool.
+
 What a move does to a thin volume's allocation is recorded, not judged:
 until a move copies only the source's data (issue 19), the destination's
 thin LV ends fully allocated.  The tests assert that every byte is
@@ -71,12 +77,15 @@ def thin_pool_name(topo, node):
     return '%s-pool' % topo.node(node).thin_vg
 
 
-def thin_lv(cloud, node, volume_id):
-    """The LVM report of the volume's LV on ``node``: a thin LV of its pool."""
+def thin_lv(cloud, node, volume_id, name_id=None):
+    """The LVM report of the volume's LV on ``node``: a thin LV of its pool.
+
+    ``name_id``: the volume's ``_name_id``, which names its LV.
+    """
     topo = cloud.topo
     vg = topo.node(node).thin_vg
     report = testbed.lv_report(vg, node=node)
-    lv = report.get('volume-%s' % volume_id)
+    lv = report.get('volume-%s' % (name_id or volume_id))
     assert lv is not None, ('no LV of volume %s in VG %s of node %s: %s'
                             % (volume_id, vg, node.upper(), report))
     assert (lv['segtype'], lv['pool_lv']) == (
@@ -332,3 +341,266 @@ def test_move_into_a_thin_pool_too_small_is_refused(cloud, stack, topo,
         assert steps.kept_on(cloud, 'b', vol.id) == []
     finally:
         cloud.delete(vol.id)
+
+
+@pytest.mark.extended
+def test_thin_volume_reverted_to_its_snapshot_after_a_move(
+        cloud, topo, thin_backend, record_property):
+    """A thin volume moved to node B is reverted there to its snapshot.
+
+    Written on node A, moved to node B on attach and finalized; its
+    snapshot taken on B, then written more (over the snapshot's data
+    and where it read zeros).  Reverted (Cinder's generic revert, a copy
+    from a temporary volume of the snapshot: the driver declines thin
+    LVM's), every MiB reads as at the snapshot on node B's kernel, the
+    LV is still a thin LV of node B's pool, node A keeps nothing, and
+    of Cinder's backup snapshot and temporary volume nothing is left
+    (no snapshot record but the one reverted to, no LV more in node B's
+    thin VG than before the revert).
+    """
+    vt = steps.thin_type(cloud)
+    vol, image = steps.seeded_on(cloud, 'a', SPARSE, vt.id)
+    snap = None
+    try:
+        thin_lv(cloud, 'a', vol.id)
+        att = steps.attached_on(cloud, vol.id, 'b')
+        steps.wait_finalized(cloud, vol.id, timeout=1800)
+        image.check(cloud, att)
+        cloud.detach(att)
+        thin_lv(cloud, 'b', vol.id)
+        assert steps.kept_on(cloud, 'a', vol.id) == []
+
+        snap = cloud.create_snapshot(vol.id)
+        at_snapshot = steps.Image(image.digests)
+        att = steps.attached_on(cloud, vol.id, 'b')
+        image.write(cloud, att, 151, 0, 2 * MiB)
+        image.write(cloud, att, 152, 512 * MiB, 4 * MiB)
+        image.write(cloud, att, 153, GiB - MiB, MiB)
+        image.check(cloud, att)
+        cloud.detach(att)
+        assert image.digests != at_snapshot.digests
+        record_allocation(record_property, 'before_revert', 'b',
+                          thin_lv(cloud, 'b', vol.id))
+        vg_b = topo.node('b').thin_vg
+        lvs_before = sorted(testbed.lv_report(vg_b, node='b'))
+
+        cloud.c.volumes.revert_to_snapshot(vol.id, snap.id)
+        # (the API marks the volume reverting before it answers)
+        cloud.wait_status(vol.id, 'available', timeout=1800)
+        # Cinder deletes its backup snapshot after the volume is available
+        testbed.wait_until(
+            lambda: [s.id for s in cloud.c.volume_snapshots.list(
+                search_opts={'volume_id': vol.id})] == [snap.id], 600,
+            'only the snapshot reverted to left of volume %s' % vol.id,
+            interval=2, diagnostics=lambda: [
+                (s.id, s.status) for s in cloud.c.volume_snapshots.list(
+                    search_opts={'volume_id': vol.id})])
+        testbed.wait_until(
+            lambda: cloud.c.volume_snapshots.get(snap.id).status
+            == 'available', 300, 'snapshot %s available' % snap.id,
+            interval=2)
+        v = cloud.get(vol.id)
+        assert (v.status, cloud.node_of(vol.id), v.size) == (
+            'available', 'b', 1)
+        LOG.info('user messages of %s: %s', vol.id, cloud.messages(vol.id))
+
+        att = steps.attached_on(cloud, vol.id, 'b')
+        at_snapshot.check(cloud, att)
+        cloud.detach(att)
+        record_allocation(record_property, 'after_revert', 'b',
+                          thin_lv(cloud, 'b', vol.id))
+        assert steps.kept_on(cloud, 'a', vol.id) == []
+        assert steps.kept_on(cloud, 'b', vol.id) == ['LV volume-%s' % vol.id]
+        assert sorted(testbed.lv_report(vg_b, node='b')) == lvs_before
+    finally:
+        if snap is not None:
+            cloud.delete_snapshot(snap.id)
+        cloud.delete(vol.id)
+
+
+def manageable(cloud, node, lv_name):
+    """The manage listing's entry of ``lv_name`` (``cinder manageable-list``).
+
+    The listing of ``node``'s thin backend; None when it lists no such LV.
+    """
+    host = '%s@%s' % (cloud.topo.node(node).name, services.THIN_BACKEND)
+    found = [e.to_dict() for e in cloud.c.volumes.list_manageable(host)
+             if e.reference['source-name'] == lv_name]
+    LOG.info('manageable on node %s, %s: %s', node.upper(), lv_name, found)
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+@pytest.mark.extended
+def test_thin_lv_managed_moved_and_unmanaged(cloud, topo, thin_backend,
+                                             record_property):
+    """A thin LV made by hand on node A: managed, moved to B, unmanaged.
+
+    The LV (``lvcreate -T`` in node A's pool, 1 GiB, a sparse pattern
+    written on node A's kernel) is listed safe to manage; managed into
+    the thin backend through the API, it is renamed after the volume
+    and listed as ``already managed`` by it, every MiB reads as written
+    through an instance's attachment on node A.  It then moves to node
+    B on attach (written there near its end): every MiB on node B's
+    kernel, a thin LV of B's pool, node A keeps nothing.  Unmanaged, the
+    volume is gone from the API, its LV stays on node B with every MiB
+    and nothing else of it (no handle, target or session), and the
+    listing no longer offers it as safe (named like a volume).  The
+    test removes that LV.
+    """
+    vg_a = topo.node('a').thin_vg
+    name = 'ft-legacy-%s' % uuid.uuid4().hex[:8]
+    path = testbed.lv_path(vg_a, name)
+    vt = steps.thin_type(cloud)
+    vol_id = None
+    try:
+        testbed.lvm('lvcreate', '-q', '-y', '-T',
+                    '%s/%s' % (vg_a, thin_pool_name(topo, 'a')),
+                    '-V', '1g', '-n', name, node='a')
+        testbed.wait_until(lambda: testbed.path_exists(path, 'a'), 30,
+                           'device node %s on node A' % path)
+        lv = testbed.lv_report(vg_a, node='a')[name]
+        assert (lv['segtype'], lv['pool_lv'], int(lv['lv_size'])) == (
+            'thin', thin_pool_name(topo, 'a'), GiB), lv
+        image = steps.Image([ZERO] * (GiB // MiB))
+        for seed, offset, length in SPARSE:
+            cloud.on_node('a', testbed.write_pattern_digest, path, seed + 40,
+                          length, offset)
+            image.record(seed + 40, offset, length)
+        image.check_device(cloud, 'a', path)
+        entry = manageable(cloud, 'a', name)
+        assert entry is not None, 'LV %s not listed on node A' % name
+        assert (entry['safe_to_manage'], entry['cinder_id'],
+                entry['size']) == (True, None, 1), entry
+
+        vol = cloud.c.volumes.manage(
+            cloud.pool_name('a', services.THIN_BACKEND),
+            {'source-name': name}, name='ft-managed-%s' % name,
+            volume_type=vt.name)
+        vol_id = vol.id
+        cloud.wait_status(vol_id, 'available')
+        v = cloud.get(vol_id)
+        assert (cloud.node_of(vol_id), v.availability_zone, v.size,
+                v.volume_type) == ('a', 'az-a', 1, vt.name), (
+                    cloud.host_of(v), v.availability_zone, v.size,
+                    v.volume_type)
+        thin_lv(cloud, 'a', vol_id)
+        assert name not in testbed.lv_report(vg_a, node='a')
+        assert manageable(cloud, 'a', name) is None
+        entry = manageable(cloud, 'a', 'volume-%s' % vol_id)
+        assert entry is not None, 'LV of %s not listed on node A' % vol_id
+        assert (entry['safe_to_manage'], entry['reason_not_safe'],
+                entry['cinder_id']) == (False, 'already managed',
+                                        vol_id), entry
+        att = steps.attached_on(cloud, vol_id, 'a')
+        image.check(cloud, att)
+        cloud.detach(att)
+        assert steps.kept_on(cloud, 'b', vol_id) == []
+
+        att = steps.attached_on(cloud, vol_id, 'b')
+        image.write(cloud, att, 165, GiB - 16 * MiB, 4 * MiB)
+        steps.wait_finalized(cloud, vol_id, timeout=1800)
+        image.check(cloud, att)
+        cloud.detach(att)
+        record_allocation(record_property, 'managed_on_b', 'b',
+                          thin_lv(cloud, 'b', vol_id))
+        assert steps.kept_on(cloud, 'a', vol_id) == []
+        assert steps.kept_on(cloud, 'b', vol_id) == ['LV volume-%s' % vol_id]
+        entry = manageable(cloud, 'b', 'volume-%s' % vol_id)
+        assert entry is not None and entry['cinder_id'] == vol_id, entry
+
+        cloud.c.volumes.unmanage(vol_id)
+        cloud.wait_gone(vol_id, what='unmanaged')
+        thin_lv(cloud, 'b', vol_id)
+        assert steps.kept_on(cloud, 'b', vol_id) == ['LV volume-%s' % vol_id]
+        assert steps.kept_on(cloud, 'a', vol_id) == []
+        image.check_device(cloud, 'b', testbed.lv_path(
+            topo.node('b').thin_vg, 'volume-%s' % vol_id))
+        entry = manageable(cloud, 'b', 'volume-%s' % vol_id)
+        assert entry is not None, 'unmanaged LV not listed on node B'
+        assert (entry['safe_to_manage'], entry['cinder_id']) == (
+            False, None), entry
+        assert entry['reason_not_safe'].startswith(
+            'named like another volume'), entry
+    finally:
+        if vol_id is not None and vol_id in [
+                v.id for v in cloud.c.volumes.list()]:
+            cloud.delete(vol_id)
+        testbed.remove_lv(vg_a, name, node='a')
+        if vol_id is not None:
+            for node in ('a', 'b'):
+                testbed.remove_lv(topo.node(node).thin_vg,
+                                  'volume-%s' % vol_id, node=node)
+
+
+@pytest.mark.extended
+def test_thin_volume_live_migration_there_and_back_and_a_rollback(
+        cloud, thin_backend, record_property):
+    """test_moves.py's live migrations, of a thin volume.
+
+    A to B committed, B to A committed, A to B rolled back
+    (:func:`steps.live_migrations`: every MiB on the kernel of the node
+    that holds the volume after each, the other keeping nothing); the
+    volume reads zeros before, and its LV is a thin LV of the holding
+    node's pool after each (allocation recorded).
+    """
+    vol = cloud.create(size=1, az='az-a',
+                       volume_type=steps.thin_type(cloud).id)
+    step = []
+
+    def thin_there(node):
+        step.append(node)
+        record_allocation(record_property, 'live_migration_%d_on_%s' % (
+            len(step), node), node, thin_lv(cloud, node, vol.id))
+    try:
+        thin_lv(cloud, 'a', vol.id)
+        steps.live_migrations(cloud, vol.id, steps.Image(
+            [ZERO] * (GiB // MiB)), holder_check=thin_there)
+        assert step == ['b', 'a', 'a'], step
+    finally:
+        cloud.delete(vol.id)
+
+
+@pytest.mark.extended
+def test_thin_multiattach_and_name_id_volumes_migrated_to_b(
+        cloud, thin_backend):
+    """``cinder migrate`` takes a multiattach and a ``_name_id`` thin volume.
+
+    As test_drain.py's drain, into node B's thin pool: each volume is
+    migrated in turn and must be on B at once; once finalized, each is
+    available on B with every MiB read on B's kernel, its LV (named
+    after the ``_name_id`` for that one) a thin LV of B's pool, and node
+    A keeps nothing of either.
+    """
+    vols = []
+    try:
+        multi, image = steps.seeded_on(
+            cloud, 'a', [(171, 0, 16 * MiB), (172, GiB - 8 * MiB, 8 * MiB)],
+            steps.thin_type(cloud, multiattach=True).id)
+        assert cloud.get(multi.id).multiattach
+        vols.append((multi, image, None, 'multiattach'))
+        renamed, image, name_id = steps.name_id_volume_on(
+            cloud, 'a', [(181, 0, 16 * MiB), (182, 600 * MiB, 8 * MiB)],
+            volume_type=steps.thin_type(cloud).id)
+        vols.append((renamed, image, name_id, '_name_id'))
+        for vol, _image, name_id, _kind in vols:
+            thin_lv(cloud, 'a', vol.id, name_id)
+
+        for vol, _image, name_id, kind in vols:
+            LOG.info('cinder migrate %s (%s) to node B\'s thin pool',
+                     vol.id, kind)
+            assert cloud.migrate(vol.id, 'b', backend=services.THIN_BACKEND
+                                 ) == 'success', (kind,
+                                                  cloud.messages(vol.id))
+            v = cloud.get(vol.id)
+            assert (cloud.node_of(vol.id), v.status) == (
+                'b', 'available'), (cloud.host_of(v), v.status)
+        for vol, *_ in vols:
+            steps.wait_finalized(cloud, vol.id)
+        for vol, image, name_id, kind in vols:
+            LOG.info('checking the %s volume %s on node B', kind, vol.id)
+            steps.check_finalized_on(cloud, vol, image, 'b', 'a', name_id)
+            thin_lv(cloud, 'b', vol.id, name_id)
+    finally:
+        for vol, *_ in vols:
+            cloud.delete(vol.id)

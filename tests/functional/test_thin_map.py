@@ -413,7 +413,7 @@ def test_cinder_migrate_of_a_thin_volume_copies_only_its_data(
                 dst_alloc / src_alloc, 4)})
         record(record_property, 'migrate', figures)
 
-        steps.check_on_b(cloud, vol, image)
+        steps.check_finalized_on(cloud, vol, image, 'b', 'a')
         check_needed(figures, size, data, slack)
         check_hydrated_at_build(first, figures)
         assert read['settled'], read
@@ -485,7 +485,7 @@ def test_a_destination_pool_that_does_not_zero_gets_a_full_copy(
             'destination_data_percent': dst_lv['data_percent']}
         record(record_property, 'no_zeroing', figures)
 
-        steps.check_on_b(cloud, vol, image)
+        steps.check_finalized_on(cloud, vol, image, 'b', 'a')
         assert float(dst_lv['data_percent']) >= 99.99, dst_lv
         assert read['bytes'] >= size, read
     finally:
@@ -562,7 +562,7 @@ def test_moves_by_attach_there_and_back_with_the_map(
                            + written_on_b + slack), (b_alloc, src_alloc)
         cloud.detach(att)
         att = None
-        steps.wait_nothing_left(cloud, 'a', vol.id)
+        steps.wait_kept_nothing(cloud, 'a', vol.id)
 
         LOG.info('attach on node A: back from node B with B\'s map')
         marks = stack.log_marks()
@@ -587,7 +587,7 @@ def test_moves_by_attach_there_and_back_with_the_map(
             a_alloc, b_alloc)
         cloud.detach(att)
         att = None
-        steps.wait_nothing_left(cloud, 'b', vol.id)
+        steps.wait_kept_nothing(cloud, 'b', vol.id)
         no_snapshot_left(topo, 'a')
     finally:
         if att is not None:
@@ -659,7 +659,7 @@ def test_a_snapshot_left_held_is_released_at_start(
         figures = map_applied(stack, marks, topo, vol.id, 'a', 'b')
         no_snapshot_left(topo, 'a')
         record(record_property, 'after_restart', figures)
-        steps.check_on_b(cloud, vol, image)
+        steps.check_finalized_on(cloud, vol, image, 'b', 'a')
         check_needed(figures, size, data,
                      (len(writes) + 1) * pool_chunk(topo, 'a'))
     finally:

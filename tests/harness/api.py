@@ -310,6 +310,11 @@ class Cloud(object):
                         volume_id)
             self._forget(att.id)
         self.c.volumes.delete(volume_id)
+        self.wait_gone(volume_id, timeout)
+
+    def wait_gone(self, volume_id, timeout=600, what='deleted'):
+        """Until the API knows the volume no more (deleted, unmanaged)."""
+        seen = []
 
         def gone():
             try:
@@ -318,11 +323,17 @@ class Cloud(object):
                 if getattr(exc, 'code', None) == 404:
                     return True
                 raise
-            if v.status == 'error_deleting':
-                raise AssertionError('volume %s: error_deleting' % volume_id)
+            if not seen or seen[-1] != v.status:
+                seen.append(v.status)
+            if v.status.startswith('error'):
+                raise AssertionError('volume %s: %s (seen %s); user '
+                                     'messages: %s' % (
+                                         volume_id, v.status, seen,
+                                         self.messages(volume_id)))
             return False
-        testbed.wait_until(gone, timeout, 'volume %s deleted' % volume_id,
-                           interval=1)
+        testbed.wait_until(gone, timeout, 'volume %s %s' % (volume_id, what),
+                           interval=1,
+                           diagnostics=lambda: 'statuses seen: %s' % seen)
 
     def messages(self, volume_id):
         return [m.user_message for m in self.c.messages.list()
@@ -348,15 +359,13 @@ class Cloud(object):
 
     # -- the operator's migration ---------------------------------------------
 
-    def pool_name(self, node_key, backend=None):
+    def pool_name(self, node_key, backend=services.BACKEND):
         """The scheduler's name of a node's pool: ``host@backend#pool``.
 
-        ``backend``: the pool of that backend section (the node runs
-        more than one while :meth:`services.Stack.use_thin` is on).
+        ``backend``: the pool of that backend of the node (the thin one
+        runs beside it while :meth:`services.Stack.use_thin` is on).
         """
-        prefix = self.topo.node(node_key).name + '@'
-        if backend:
-            prefix += backend + '#'
+        prefix = '%s@%s#' % (self.topo.node(node_key).name, backend)
         names = [p['name'] for p in self.stack.pools()
                  if p['name'].startswith(prefix)]
         assert len(names) == 1, 'pools of node %s: %s (all: %s)' % (
@@ -367,14 +376,16 @@ class Cloud(object):
         return getattr(self.get(volume_id), 'os-vol-mig-status-attr:migstat',
                        None)
 
-    def migrate(self, volume_id, node_key, timeout=900, backend=None):
+    def migrate(self, volume_id, node_key, timeout=900,
+                backend=services.BACKEND):
         """``cinder migrate`` to the node's pool; Cinder's outcome.
+
+        (The pool of ``backend`` on the node: see :meth:`pool_name`.)
 
         The API records ``migration_status`` ``starting`` before it
         answers, so what is polled afterwards is this migration's: until
         it is ``success`` or ``error`` (returned).  A refusal of the API
-        itself raises (cinderclient's error).  ``backend``: the pool of
-        that backend section (see :meth:`pool_name`).
+        itself raises (cinderclient's error).
         """
         pool = self.pool_name(node_key, backend)
         t0 = time.monotonic()

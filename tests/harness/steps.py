@@ -40,18 +40,26 @@ class Image(object):
 
     def write(self, cloud, att, seed, offset, length):
         cloud.write(att, seed, length, offset)
+        self.record(seed, offset, length)
+
+    def record(self, seed, offset, length):
+        """``pattern(seed, length)`` was written at ``offset``."""
         data = testbed.pattern(seed, length)
         for i in range(0, length, BLOCK):
             self.digests[(offset + i) // BLOCK] = testbed.sha256(
                 data[i:i + BLOCK])
 
     def check(self, cloud, att):
-        seen = cloud.on_node(att.node, api.block_digests, att.path,
+        self.check_device(cloud, att.node, att.path)
+
+    def check_device(self, cloud, node, path):
+        """Every block of device ``path``, read on ``node``'s kernel."""
+        seen = cloud.on_node(node, api.block_digests, path,
                              len(self.digests) * BLOCK, BLOCK)
         wrong = [i for i, (a, b) in enumerate(zip(seen, self.digests))
                  if a != b]
-        assert not wrong, ('%d MiB blocks differ on node %s, first: %s'
-                           % (len(wrong), att.node.upper(), wrong[:10]))
+        assert not wrong, ('%d MiB blocks of %s differ on node %s, first: %s'
+                           % (len(wrong), path, node.upper(), wrong[:10]))
 
 
 def kept_on(cloud, node, volume_id, name_id=None):
@@ -97,14 +105,16 @@ def slow_hydration_type(cloud):
     return vt
 
 
-def thin_type(cloud, slow=False):
+def thin_type(cloud, slow=False, multiattach=False):
     """A type of the thin backend, placed like the default type.
 
     The backend runs only while :meth:`services.Stack.use_thin` is on.
     ``slow``: its volumes hydrate one region at a time, as
-    :func:`slow_hydration_type`'s.
+    :func:`slow_hydration_type`'s.  ``multiattach``: a multiattach type,
+    as :meth:`api.Cloud.ensure_multiattach_type`'s.
     """
-    name = 'dmclone-thin' + ('-slow' if slow else '')
+    name = 'dmclone-thin' + ('-slow' if slow else '') + (
+        '-multiattach' if multiattach else '')
     types = [t for t in cloud.c.volume_types.list() if t.name == name]
     vt = types[0] if types else cloud.c.volume_types.create(name)
     specs = {'volume_backend_name': services.THIN_BACKEND,
@@ -112,6 +122,8 @@ def thin_type(cloud, slow=False):
     if slow:
         specs.update({'dmclone:hydration_threshold': '1',
                       'dmclone:hydration_batch_size': '1'})
+    if multiattach:
+        specs['multiattach'] = '<is> True'
     vt.set_keys(specs)
     return vt
 
@@ -156,7 +168,7 @@ def seeded_on(cloud, node, writes=(), volume_type=None, fill=None):
     return vol, content
 
 
-def name_id_volume_on(cloud, node, writes=()):
+def name_id_volume_on(cloud, node, writes=(), volume_type=None):
     """A volume of ``node`` whose LV is named after its ``_name_id``.
 
     As Cinder's generic migration of an in-use volume leaves it: a
@@ -170,11 +182,13 @@ def name_id_volume_on(cloud, node, writes=()):
     :func:`seeded_on`) go into the temporary one, the swap is the same
     update of the two rows' ``_name_id`` the manager makes, and the
     delete of the temporary record is Cinder's own (API and driver).
+    Both volumes are of ``volume_type`` (None: the default type).
     Returns ``(volume, image, name_id)``, the volume detached.
     """
-    temp, image = seeded_on(cloud, node, writes)
+    temp, image = seeded_on(cloud, node, writes, volume_type)
     try:
-        vol = cloud.create(size=1, az=services.NODE_AZ[node])
+        vol = cloud.create(size=1, az=services.NODE_AZ[node],
+                           volume_type=volume_type)
     except BaseException:
         cloud.delete(temp.id)
         raise
@@ -287,8 +301,8 @@ def wait_finalized(cloud, volume_id, timeout=900):
                        diagnostics=lambda: 'last state %s' % last)
 
 
-def wait_nothing_left(cloud, node, volume_id, name_id=None):
-    """Until ``node`` keeps nothing of the volume.
+def wait_kept_nothing(cloud, node, volume_id, name_id=None):
+    """Until ``node`` keeps nothing of the volume (:func:`kept_on`).
 
     (An old copy may be wiped and removed in the background: see
     cinder_dmclone/wiper.py.)
@@ -300,30 +314,93 @@ def wait_nothing_left(cloud, node, volume_id, name_id=None):
                                                 name_id))
 
 
-def check_on_b(cloud, vol, image, name_id=None):
-    """Finalized on B: every byte there, linear, A keeps nothing.
+def check_finalized_on(cloud, vol, image, node, old, name_id=None):
+    """A detached volume moved from ``old`` finalized on ``node``.
 
-    (After ``cinder migrate`` of a detached volume of node A to node B:
-    test_drain.py, test_thin_map.py.)
+    Available there (its zone), its ``_name_id`` still ``name_id``,
+    ``old`` keeping nothing of it, ``node`` only its LV, named as before
+    the move; then every MiB of ``image`` read on ``node``'s kernel
+    through the attachment an instance there would have, a linear
+    handle.  Detached again.
     """
     wait_finalized(cloud, vol.id)
     v = cloud.get(vol.id)
     assert (v.status, cloud.node_of(vol.id), v.availability_zone) == (
-        'available', 'b', 'az-b'), (v.status, cloud.host_of(v),
-                                    v.availability_zone)
+        'available', node, services.NODE_AZ[node]), (
+            v.status, cloud.host_of(v), v.availability_zone)
     assert cloud.name_id(vol.id) == name_id
-    wait_nothing_left(cloud, 'a', vol.id, name_id)
-    # only the volume's LV, named as before the move
-    assert kept_on(cloud, 'b', vol.id, name_id) == [
+    wait_kept_nothing(cloud, old, vol.id, name_id)
+    assert kept_on(cloud, node, vol.id, name_id) == [
         'LV volume-%s' % (name_id or vol.id)]
-    # Every MiB of the whole volume, read on node B's kernel through the
-    # attachment an instance there would have.
-    att = attached_on(cloud, vol.id, 'b')
+    att = attached_on(cloud, vol.id, node)
     try:
-        table = cloud.on_node('b', testbed.dm_table,
+        table = cloud.on_node(node, testbed.dm_table,
                               att.path.rsplit('/', 1)[-1])
         assert ' linear ' in ' %s ' % table, table
         image.check(cloud, att)
     finally:
         cloud.detach(att)
     assert cloud.get(vol.id).status == 'available'
+
+
+def live_migrations(cloud, volume_id, image=None, holder_check=None):
+    """Live migration A to B committed, B to A committed, A to B failed.
+
+    Of a detached 1 GiB volume on node A.  Nova's flow each time: the
+    destination's attachment for the same instance (the volume moves,
+    hydration off), the instance writes on the source until the
+    switch-over, then Nova deletes the source's attachment (commit) or,
+    when the migration fails, the destination's (rollback: the source
+    keeps every write, the destination nothing).  After each, every MiB
+    is checked on the node that holds the volume, and the other keeps
+    nothing of it.
+
+    ``image``: what the volume reads before (checked first; None: what
+    it reads then).  ``holder_check(node)``: more checks of the node
+    that holds the volume, after each.  Ends detached, on node A.
+    """
+    # att: the instance's attachment on the node where it runs
+    att = attached_on(cloud, volume_id, 'a')
+    if image is None:
+        image = Image(cloud.on_node('a', api.block_digests, att.path, GiB,
+                                    BLOCK))
+    else:
+        image.check(cloud, att)
+    image.write(cloud, att, 71, 0, 8 * MiB)
+    instance = att.instance
+
+    for hop, (old, new) in enumerate((('a', 'b'), ('b', 'a')), 1):
+        LOG.info('live migration %d: %s -> %s', hop, old.upper(),
+                 new.upper())
+        dest = cloud.attach(volume_id, new, instance=instance,
+                            migration=True)
+        assert cloud.transfer_state(volume_id)['dmclone_state'] == 'cloned'
+        # the instance still runs on the old node and writes there;
+        # the destination reads it through the clone (no copy yet)
+        image.write(cloud, att, 71 + hop, hop * 64 * MiB, MiB)
+        assert cloud.sha256(dest, hop * 64 * MiB, MiB) == testbed.sha256(
+            testbed.pattern(71 + hop, MiB))
+        assert cloud.sha256(dest, 0, 8 * MiB) == testbed.sha256(
+            testbed.pattern(71, 8 * MiB))
+        cloud.detach(att)                   # switch-over: commit
+        att = dest
+        wait_finalized(cloud, volume_id)
+        image.check(cloud, att)
+        assert kept_on(cloud, old, volume_id) == []
+        assert cloud.node_of(volume_id) == new
+        if holder_check:
+            holder_check(new)
+
+    LOG.info('live migration 3: A -> B, fails')
+    att_b = cloud.attach(volume_id, 'b', instance=instance, migration=True)
+    assert cloud.transfer_state(volume_id)['dmclone_state'] == 'cloned'
+    image.write(cloud, att, 79, 300 * MiB, MiB)
+    cloud.detach(att_b)                     # Nova's rollback
+    assert cloud.transfer_state(volume_id) == {}
+    assert (cloud.get(volume_id).status, cloud.node_of(volume_id)) == (
+        'in-use', 'a')
+    image.check(cloud, att)
+    assert kept_on(cloud, 'b', volume_id) == []
+    if holder_check:
+        holder_check('a')
+    cloud.detach(att)
