@@ -772,13 +772,9 @@ def pool_zeroes(vg, pool, execute=None, root_helper=None):
     active (no thin LV) raises
     :class:`~cinder_dmclone.exception.DMDeviceNotFound`.
     """
-    name = dmsetup.validate_name(thin.pool_device(
-        layout.validate_vg_name(vg), layout.validate_lv_name(pool)))
-    out, _err = _run('dmsetup', 'table', name, execute=execute,
-                     root_helper=root_helper, known=list(DM_NOT_FOUND),
-                     failed=exception.DMSetupCommandFailed,
-                     refused=exception.DMSetupCommandRefused)
-    return thin.pool_zeroes(dmsetup.parse_table(out), name)
+    name = thin.pool_device(layout.validate_vg_name(vg),
+                            layout.validate_lv_name(pool))
+    return thin.pool_zeroes(DMSetup(execute, root_helper).table(name), name)
 
 
 def thin_table(vg, lv, execute=None, root_helper=None):
@@ -789,13 +785,8 @@ def thin_table(vg, lv, execute=None, root_helper=None):
     <cinder_dmclone.thin.check_thin_table>`.  An LV that is not active
     raises :class:`~cinder_dmclone.exception.DMDeviceNotFound`.
     """
-    name = dmsetup.validate_name(thin.lv_device(
+    return DMSetup(execute, root_helper).table(thin.lv_device(
         layout.validate_vg_name(vg), layout.validate_lv_name(lv)))
-    out, _err = _run('dmsetup', 'table', name, execute=execute,
-                     root_helper=root_helper, known=list(DM_NOT_FOUND),
-                     failed=exception.DMSetupCommandFailed,
-                     refused=exception.DMSetupCommandRefused)
-    return dmsetup.parse_table(out)
 
 
 def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):

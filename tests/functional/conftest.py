@@ -42,11 +42,13 @@ from tests.harness.pytest_fixtures import cloud  # noqa: F401
 from tests.harness.pytest_fixtures import cluster  # noqa: F401
 from tests.harness.pytest_fixtures import cluster_running  # noqa: F401
 from tests.harness.pytest_fixtures import control_plane  # noqa: F401
+from tests.harness.pytest_fixtures import dm  # noqa: F401
 from tests.harness.pytest_fixtures import iscsi_source  # noqa: F401
 from tests.harness.pytest_fixtures import make_lv  # noqa: F401
 from tests.harness.pytest_fixtures import no_leaks  # noqa: F401
 from tests.harness.pytest_fixtures import node_a  # noqa: F401
 from tests.harness.pytest_fixtures import nodes_answer  # noqa: F401
+from tests.harness.pytest_fixtures import privileged  # noqa: F401
 from tests.harness.pytest_fixtures import services_running  # noqa: F401
 from tests.harness.pytest_fixtures import stack  # noqa: F401
 from tests.harness.pytest_fixtures import topo  # noqa: F401

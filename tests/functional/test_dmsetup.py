@@ -54,29 +54,6 @@ def dmsetup():
     return dmsetup
 
 
-@pytest.fixture
-def privileged():
-    from cinder.common import config  # noqa: F401 (as in ``dmsetup``)
-    from cinder_dmclone import privileged
-    return privileged
-
-
-@pytest.fixture
-def dm(privileged, cleanup):
-    """The real DMSetup; devices it creates are removed after the test."""
-    wrapper = privileged.DMSetup()
-
-    class Tracking(object):
-        def __getattr__(self, name):
-            return getattr(wrapper, name)
-
-        def create(self, name, segments, uuid=None):
-            wrapper.create(name, segments, uuid or 'dmclone-ft-' + name)
-            cleanup(wrapper.remove, name)
-
-    return Tracking()
-
-
 def raw_status(name):
     """The kernel's status line and its fields, split by hand."""
     line = testbed.dm_status(name)

@@ -69,31 +69,6 @@ POOL_SIZE = 64 * MiB                     # every pool's data size
 # Fixtures and helpers
 # --------------------------------------------------------------------------
 
-@pytest.fixture
-def privileged():
-    # cinder's utils.execute reads CONF.rootwrap_config (when no root helper
-    # is given): register cinder's global options as a cinder service does
-    from cinder.common import config  # noqa: F401
-    from cinder_dmclone import privileged
-    return privileged
-
-
-@pytest.fixture
-def dm(privileged, cleanup):
-    """The real DMSetup; devices it creates are removed after the test."""
-    wrapper = privileged.DMSetup()
-
-    class Tracking(object):
-        def __getattr__(self, name):
-            return getattr(wrapper, name)
-
-        def create(self, name, segments, uuid=None):
-            wrapper.create(name, segments, uuid or 'dmclone-ft-' + name)
-            cleanup(wrapper.remove, name)
-
-    return Tracking()
-
-
 def dm_name(name):
     return name.replace('-', '--')
 

@@ -104,6 +104,37 @@ def cleanup():
     c.run()
 
 
+# -- the device-mapper layer on this kernel ---------------------------------
+
+@pytest.fixture
+def privileged():
+    """cinder_dmclone.privileged, run as a volume service runs it.
+
+    cinder's utils.execute reads CONF.rootwrap_config (when no root
+    helper is given): cinder's global options are registered first, as a
+    cinder service does.
+    """
+    from cinder.common import config  # noqa: F401
+    from cinder_dmclone import privileged
+    return privileged
+
+
+@pytest.fixture
+def dm(privileged, cleanup):
+    """The real DMSetup; devices it creates are removed after the test."""
+    wrapper = privileged.DMSetup()
+
+    class Tracking(object):
+        def __getattr__(self, name):
+            return getattr(wrapper, name)
+
+        def create(self, name, segments, uuid=None):
+            wrapper.create(name, segments, uuid or 'dmclone-ft-' + name)
+            cleanup(wrapper.remove, name)
+
+    return Tracking()
+
+
 # -- the full stack ----------------------------------------------------------
 
 @pytest.fixture(scope='session')
