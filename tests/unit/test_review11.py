@@ -1,0 +1,229 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Review 11 of the thin map (thin-next at d026a18): what it must not do.
+
+Each test names its finding (R11-n).  A test that fails shows the
+defect; see the review's report for the sequence and the fix it asks.
+"""
+
+import contextlib
+import os
+from unittest import mock
+
+import fixtures
+
+from cinder.objects import fields
+from cinder.tests.unit import fake_constants as fake
+from cinder.tests.unit import test
+
+from cinder_dmclone import destination as dmc_destination
+from cinder_dmclone import hydration
+from cinder_dmclone import peer
+from cinder_dmclone import privileged
+from cinder_dmclone import recovery
+from cinder_dmclone import region_map
+from cinder_dmclone import side
+from cinder_dmclone import source as dmc_source
+from cinder_dmclone import thin
+from tests.harness import fake_cluster
+from tests.harness.fake_cluster import HANDLE
+from tests.unit import fakes
+
+RESERVED = fields.VolumeAttachStatus.RESERVED
+ATTACHED = fields.VolumeAttachStatus.ATTACHED
+
+
+class ThinMapRacesTestCase(test.TestCase):
+    """A detached thin volume's move with the map, and what races it."""
+
+    def setUp(self):
+        super().setUp()
+        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
+        self.a = self.c.a
+        self.b = self.c.b
+        self.log = mock.Mock()
+        for module in (side, dmc_source, dmc_destination, recovery,
+                       hydration):
+            self.mock_object(module, 'LOG', self.log)
+
+    def prepare_steps(self):
+        return [call[2] for call in self.c.rpc.calls
+                if call[2] and call[2]['op'] == peer.PREPARE]
+
+    def local_attach_on_a_during(self, obj, attr):
+        """Nova attaches the volume on node-a while ``obj.attr`` runs.
+
+        Cinder reserves an attachment of an available volume whatever
+        its ``migration_status`` (``_attachment_reserve`` checks only
+        the status), and node-a's initialize_connection hands out the
+        local path as long as no move is recorded yet; the attachment
+        stays ``reserved`` until the manager's ``volume_attached``, after
+        the driver returned.  Returns the attachment.
+        """
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': fake.INSTANCE_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        original = getattr(obj, attr)
+
+        def racing(*args, **kwargs):
+            self.c.attachments.append(att)
+            self.info = self.a.initialize_connection(self.c.volume(),
+                                                     dict(self.a.props))
+            return original(*args, **kwargs)
+        self.mock_object(obj, attr, side_effect=racing)
+        return att
+
+    # R11-1 (HIGH): cinder migrate (the drain) races a local attach on
+    # the source.  The driver's "no attachment" check reads the
+    # manager's volume object; Source.move counts only ACTIVE
+    # attachments (attached, attaching) on this node, not a RESERVED one
+    # whose local path node-a has just handed out.  The move hydrates
+    # at once and sends the map (the handle is not open yet: qemu opens
+    # it only after Nova gets the connection info), node-b discards
+    # every unmapped region and the volume record names node-b, while
+    # the instance on node-a writes to the old LV: every write is lost
+    # (and the LV is retired under it).
+    def test_r11_1_migrate_racing_a_local_attach_must_not_hydrate(self):
+        att = self.local_attach_on_a_during(self.a.source, '_record')
+        self.c.migrate(self.b)
+        self.assertEqual('local', self.info['driver_volume_type'])
+        self.assertEqual(1, len(self.prepare_steps()))
+        att.update(attach_status=ATTACHED, attached_host='node-a',
+                   connector=dict(self.a.props))
+        for step in self.prepare_steps():
+            self.assertNotIn(peer.REGION_MAP, step,
+                             'a map was taken of an LV just handed out '
+                             'to an instance on node-a')
+            self.assertFalse(step.get('hydrate'),
+                             'node-b hydrates from an LV that an instance '
+                             'on node-a is about to write')
+
+    # R11-2 (MEDIUM): an attach elsewhere of a volume still
+    # "downloading" (copy_image_to_volume on node-a: the image is
+    # fetched to a temporary file first, then qemu-img writes it through
+    # the handle resolved before).  Cinder reserves a "downloading"
+    # volume (its FIXME in _attachment_reserve); nothing here refuses
+    # the move, and the handle has no opener while the image downloads,
+    # so the map says "empty": node-b discards every region, and the
+    # image written afterwards on node-a is lost.
+    def test_r11_2_no_map_of_a_volume_being_written_with_an_image(self):
+        self.c.db.volumes[fake_cluster.VOLUME_ID]['status'] = 'downloading'
+        try:
+            self.c.attach(self.b)
+        except Exception:
+            pass        # refusing the move is a right answer too
+        for step in self.prepare_steps():
+            self.assertNotIn(peer.REGION_MAP, step,
+                             'a map was taken while the image is still '
+                             'to be written on node-a')
+
+    # R11-3 (LOW): Clones.apply_map checks hydration, the hydrated count
+    # and no_discard_passdown, but not that nothing has opened the new
+    # clone: the comment "its path is not returned yet" is the only
+    # guard.  udev's rules run on the new dm device (blkid; LVM
+    # autoactivation or mdadm --incremental on what the tenant's data
+    # looks like), and a writer there is race 2 of thin-map.rst.  The
+    # harness's fake clone reports a discard on an open clone.
+    def test_r11_3_map_discards_refused_on_an_open_clone(self):
+        build = self.b.dest.build_clone
+
+        def build_then_open(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.b.dm.openers[HANDLE] = 1       # (udev, mdadm, LVM...)
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_open)
+        try:
+            self.c.migrate(self.b)
+        except Exception:
+            pass        # refusing the map, or the move, is right
+        self.assertEqual([], [v for v in self.c.violations
+                              if 'while the clone is open' in v])
+
+    # R11-4 (LOW): the map is taken after the move is recorded with its
+    # budget (Side.stale_prepare_after: the transfer timeout plus a
+    # margin) and before the prepare is sent, so the time of
+    # ``thin_dump`` and of the wait for the pool's lock (moves of one
+    # pool take their maps in turn: a drain) is not in the budget.  The
+    # record of an attempt that is still running then looks outlived
+    # (Side.prepare_outlived, "the only proof that no attempt will still
+    # record the outcome").
+    def test_r11_4_an_attempt_taking_its_map_is_not_outlived(self):
+        take = self.a.source.thin_maps.take
+        outlived = []
+
+        def slow_take(lv, sectors, region):
+            self.c.now += self.a.source.stale_prepare_after() + 1
+            outlived.append(self.a.source.prepare_outlived(
+                self.c.transfer()))
+            return take(lv, sectors, region)
+        self.mock_object(self.a.source.thin_maps, 'take',
+                         side_effect=slow_take)
+        try:
+            moved = self.c.migrate(self.b)
+        except Exception as exc:
+            moved = exc     # (d026a18: MoveDeadlinePassed at the commit)
+        self.assertEqual(([False], True), (outlived, moved))
+
+
+class ThinMapsRecordTestCase(test.TestCase):
+    """The reservation records of ThinMaps (region_map.py)."""
+
+    VG = 'cinder-volumes'
+    REGION = 128
+    SECTORS = 2048
+
+    def setUp(self):
+        super().setUp()
+        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                                'dmclone')
+        self.pool = fakes.FakeThinPool(self.VG)
+        self.pool.add('volume-1', [(0, 2)])
+        self.pool.add('volume-2', [(5, 6)])
+        self.nested = None
+
+    @staticmethod
+    @contextlib.contextmanager
+    def lock(node, vg, pool):
+        yield
+
+    def maps(self, node, execute):
+        return region_map.ThinMaps(node, self.VG, self.dir, execute=execute,
+                                   root_helper='rw', lock=self.lock)
+
+    # R11-5 (LOW): a record names the pool only (<state_path>/dmclone/
+    # <vg>-<pool>-tpool.metasnap), the lock names the node as well
+    # (move.pool_lock).  Two volume services of one host sharing a VG
+    # under two node names (two backends with their own backend_host or
+    # dmclone_node_name) take different locks and read each other's
+    # live record as "a leftover of ours": the second releases the
+    # first's snapshot while the first's thin_dump reads it (metadata
+    # blocks the live pool may reuse: a dump of freed blocks), then the
+    # first's release drops the second's.
+    def test_r11_5_a_live_reservation_is_never_released_by_another(self):
+        second = {}
+
+        def execute(*cmd, **kwargs):
+            cmd = cmd[len(privileged.ENV_PREFIX):]
+            if cmd[0] == 'thin_dump' and self.nested is None:
+                self.nested = True
+                second['token'] = other.take('volume-2', self.SECTORS,
+                                             self.REGION)
+            return self.pool.run(cmd)
+        first = self.maps('node-a', execute)
+        other = self.maps('node-a.example.org', execute)
+        token = first.take('volume-1', self.SECTORS, self.REGION)
+        self.assertIsNotNone(token, 'the first map lost its snapshot to '
+                             'the other service: %s' % self.pool.calls)
+        self.assertEqual([(0, 2)], thin.decode_regions(
+            token, self.SECTORS // self.REGION, self.REGION))
