@@ -498,7 +498,8 @@ class Destination(side.Side):
             current = attachments.current(volume)
             on_source = attachments.on(volume, t.source_names, current)
             if host in t.source_names:
-                if on_source <= 1:
+                if attachments.may_use(volume, t.source_names,
+                                       current) <= 1:
                     self.commit_once_closed(volume, t)
                 return True
             if host in self.node_names and on_source > 0:
@@ -614,8 +615,10 @@ class Destination(side.Side):
             if self.source_resting(t):
                 return False
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
-            if attachments.on(volume, t.source_names,
-                              attachments.current(volume)):
+            # (Also an attach still reserved with no host: one the source
+            # handed a local path before the move was recorded.)
+            if attachments.may_use(volume, t.source_names,
+                                   attachments.current(volume)):
                 return False
             return self.commit_once_closed(volume, t)
 

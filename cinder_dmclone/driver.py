@@ -607,15 +607,21 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def copy_image_to_volume(self, context, volume, image_service, image_id,
                              disable_sparse=False):
-        """Write the image through the handle."""
-        image_utils.fetch_to_raw(context,
-                                 image_service,
-                                 image_id,
-                                 self._ensure_handle(
-                                     volume, _('writing an image to it')),
-                                 self.configuration.volume_dd_blocksize,
-                                 size=volume['size'],
-                                 disable_sparse=disable_sparse)
+        """Write the image through the handle.
+
+        No move of the volume starts meanwhile (Source.writing): no
+        attachment shows this writer, and Cinder lets Nova reserve a
+        volume whose image is being written.
+        """
+        action = _('writing an image to it')
+        with self.source.writing(volume, action):
+            image_utils.fetch_to_raw(context,
+                                     image_service,
+                                     image_id,
+                                     self._ensure_handle(volume, action),
+                                     self.configuration.volume_dd_blocksize,
+                                     size=volume['size'],
+                                     disable_sparse=disable_sparse)
 
     def copy_volume_to_image(self, context, volume, image_service,
                              image_meta):
@@ -668,7 +674,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         volume.save()
         try:
             info = self.source.move(volume, connector,
-                                    self._lv_sectors_reader(volume))
+                                    self._lv_sectors_reader(volume),
+                                    migration=True)
         except Exception:
             with excutils.save_and_reraise_exception():
                 self._drop_migration_export(ctxt, volume)

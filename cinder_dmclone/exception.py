@@ -186,6 +186,22 @@ class SourceUnreachable(exception.VolumeBackendAPIException):
                 "%(node)s: %(reason)s")
 
 
+class VolumeNotMovable(exception.InvalidVolume):
+    """The volume is written or read on its node without an attachment.
+
+    An image being written to it (``downloading``: Cinder lets Nova
+    reserve such a volume), a backup being restored to it or taken of
+    it, an image being uploaded from it: the copy on its node is in use
+    by its own volume service, which no attachment shows, so it must not
+    move (a move copies from it, or skips the regions it has not written
+    yet, and then retires it).  Also a migration of a volume that an
+    attachment uses.
+    """
+
+    message = _("Volume %(volume)s cannot move from node %(node)s now: "
+                "%(reason)s. Try again once it is available.")
+
+
 class LostCopyHere(exception.VolumeBackendAPIException):
     """A node still holds the old copy of an abandoned move of the volume.
 

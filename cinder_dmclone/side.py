@@ -162,6 +162,14 @@ class Side(object):
         On its destination, once the clone is built, the handle *is* the
         volume: an attach there is as safe as the one that moved it (a
         re-attach during hydration, the first attach after a migration).
+
+        With no move recorded, nothing is waited for: Cinder reserved this
+        attach's attachment before it asked for the connection, and a
+        move reads the attachments only after it recorded itself (see
+        Source._may_be_used_here).  Of this read and a move's record,
+        whichever comes second sees the other: the move is refused here,
+        or the move counts this attachment and does not hydrate from the
+        copy here until it is detached.
         """
         t = self.load(volume['id'])
         if t is None:

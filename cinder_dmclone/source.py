@@ -21,6 +21,8 @@ left, remove the export and the old copy), which run inside the
 destination's critical section and so take no lock.
 """
 
+import collections
+import contextlib
 import time
 
 from oslo_log import log as logging
@@ -152,6 +154,9 @@ class Source(side.Side):
         #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
         #: volume group, or None (dmclone_thin_map off: no map is sent).
         self.thin_maps = thin_maps
+        #: volume id -> how many writers without an attachment (an image
+        #: being written, see :meth:`writing`) its copy here has.
+        self.writers = collections.Counter()
 
     # -- starting a move ---------------------------------------------------
 
@@ -190,7 +195,7 @@ class Source(side.Side):
             return False
         return True
 
-    def move(self, volume, connector, read_sectors):
+    def move(self, volume, connector, read_sectors, migration=False):
         """Move ``volume`` to the connector's node; return conn info.
 
         Runs inside the attach request.  The destination's service builds
@@ -204,6 +209,13 @@ class Source(side.Side):
         which an online extend takes too, the clone recorded covers the
         whole LV (read before, an extend in between would leave its tail
         on this node only, to be wiped with the old copy).
+
+        ``migration``: no attach asked for the move (``cinder migrate``);
+        it is refused if the volume has any attachment now.  Either way,
+        a volume that its own service writes or reads here without an
+        attachment is refused (:meth:`_refuse_unless_movable`).
+        Hydration starts at once only if no attachment may use the copy
+        here (:meth:`_may_be_used_here`).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
@@ -213,6 +225,7 @@ class Source(side.Side):
             self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
+            self._refuse_unless_movable(volume, migration)
             dest_host, dest_az = service_host(ctxt, volume, dest_node)
             if dest_host is None:
                 LOG.warning('No volume service of this backend on node '
@@ -222,10 +235,9 @@ class Source(side.Side):
             t = self._record(ctxt, volume, connector, dest_host, lv_sectors)
             if t is None:
                 return None
+            # Read after the move is recorded: see _may_be_used_here.
             current = attachments.current(volume)
-            # Any name of this node: an attachment made under an alias
-            # still writes to the source, so it must not be hydrated yet.
-            hydrate = not attachments.on(volume, self.node_names, current)
+            hydrate = not self._may_be_used_here(volume, current, migration)
             starting = attachments.starting(volume, current)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
@@ -252,6 +264,68 @@ class Source(side.Side):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    #: volume statuses in which a move may start: an attach's
+    #: (``reserved``: Cinder reserved the volume for it; ``in-use``: a
+    #: live migration) or a migration's (``available``).
+    MOVABLE = ('available', 'reserved', 'attaching', 'in-use')
+
+    def _refuse_unless_movable(self, volume, migration):
+        """Refuse a move while the copy here is used without an attachment.
+
+        Under the volume's lock, with the record read now (the caller's
+        object may predate what started since).  The volume's own service
+        writes to the LV here while an image is written to it
+        (``downloading``, which Cinder lets Nova reserve), or a backup is
+        restored to it, and reads it for a backup or an image upload: no
+        attachment shows it, no map or hydration must start from it, and
+        the old copy must not be retired under it.  An image being written
+        is also known in this process (:meth:`writing`): Cinder's reserve
+        overwrites the ``downloading`` status with ``reserved``.  A
+        migration (no attach asked for it) is refused as well if the
+        volume has any attachment now: Cinder's reserve of an attachment
+        checks the status, not the migration status, so an attach may
+        have started since the manager loaded the volume.
+        """
+        current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        status = current.status
+        reason = None
+        if volume['id'] in self.writers:
+            reason = _('an image is being written to it')
+        elif status not in (('available',) if migration else self.MOVABLE):
+            reason = _('its status is %s') % status
+        elif migration and any(
+                a.attach_status in attachments.IN_USE
+                for a in attachments.current(volume)):
+            reason = _('an attach of it started')
+        if reason is None:
+            return
+        LOG.warning('Volume %(vol)s stays on %(node)s: %(why)s.',
+                    {'vol': volume['id'], 'node': self.node_name,
+                     'why': reason})
+        raise dmc_exception.VolumeNotMovable(
+            volume=volume['id'], node=self.node_name, reason=reason)
+
+    def _may_be_used_here(self, volume, current, migration):
+        """True if an attachment (besides the move's own) may use the copy.
+
+        ``current`` is read after the move was recorded.  Any name of this
+        node counts: an attachment made under an alias still writes to
+        the source.  So does every instance attachment still reserved with
+        no host (:func:`~cinder_dmclone.attachments.unconnected`), but the
+        one of the attach that asks for the move: it may be a local
+        attach whose path this node handed out before the move was
+        recorded, and its instance is about to write to the copy here.
+        Cinder reserves an attachment before it asks for its connection,
+        and a local connection is refused once a move is recorded
+        (:meth:`refuse_local_attach`); the move reads the attachments
+        after it is recorded.  So of a local attach and a move, whichever
+        comes second sees the other, whatever the locks.
+        """
+        count = attachments.may_use(volume, self.node_names, current)
+        if not migration and attachments.unconnected(volume, current):
+            count -= 1      # (the attach that asks for the move)
+        return count > 0
 
     def _region_map(self, t):
         """The regions move ``t``'s thin LV holds (encoded), or None.
@@ -622,6 +696,25 @@ class Source(side.Side):
         """Side.refuse_local_attach, once a dead ``preparing`` is ended."""
         self.end_stale_prepare(volume)
         super().refuse_local_attach(volume, action)
+
+    @contextlib.contextmanager
+    def writing(self, volume, action):
+        """Around a write to the volume here that no attachment shows.
+
+        (An image written to it.)  Registered under the volume's lock,
+        refused if a move is recorded: a move, which checks the writers
+        under the lock (:meth:`_refuse_unless_movable`), either sees this
+        one or was seen by it.
+        """
+        with move.lock(volume['id']):
+            self.refuse_if_moving(volume, action)
+            self.writers[volume['id']] += 1
+        try:
+            yield
+        finally:
+            self.writers[volume['id']] -= 1
+            if self.writers[volume['id']] <= 0:
+                del self.writers[volume['id']]
 
     def prepare_age(self, t):
         """Side.prepare_age: this node's wall clock against its own record.

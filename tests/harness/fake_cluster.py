@@ -421,7 +421,8 @@ class Node(object):
         self._save(volume, self.create_export(ctxt, volume, connector))
         try:
             info = self.source.move(volume, connector,
-                                    lambda: self.dm.device_sectors(LV_PATH))
+                                    lambda: self.dm.device_sectors(LV_PATH),
+                                    migration=True)
         except Exception:
             with excutils.save_and_reraise_exception():
                 self._drop_migration_export(ctxt, volume)

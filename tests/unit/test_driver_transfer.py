@@ -128,8 +128,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         # Saved before the move: the destination logs in with its CHAP.
         save.assert_called_once_with()
         self.assertEqual('CHAP u p', self.volume.provider_auth)
+        # (migration: Source.move refuses if an attach started since)
         self.source.move.assert_called_once_with(self.volume, connector,
-                                                 mock.ANY)
+                                                 mock.ANY, migration=True)
         # (the LV's length, read when Source.move holds the lock)
         self.assertEqual(2097152, self.source.move.call_args[0][2]())
 

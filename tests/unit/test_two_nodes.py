@@ -71,6 +71,16 @@ IQN = 'iqn.2010-10.org.openstack:%s' % LV
 INSTANCE2_ID = '0a4ff1ce-1d1b-4f7c-a5b3-9c87a3b8c1f2'
 
 
+@contextlib.contextmanager
+def testtools_raises(test, exc_class):
+    """assertRaises as a context manager (testtools has none)."""
+    try:
+        yield
+    except exc_class:
+        return
+    test.fail('%s not raised' % exc_class.__name__)
+
+
 def attachment(status, instance=fake.INSTANCE_ID, host=None,
                connector=None):
     return objects.VolumeAttachment(
@@ -1447,6 +1457,120 @@ class MigrateTestCase(ClusterTestCase):
         self.assertEqual(self.b.az, rec['availability_zone'])
         self.c.settle()
         self.c.assert_completed()
+
+    def test_attach_reserved_since_the_manager_read_is_refused(self):
+        # Cinder reserves an attachment of an available volume whatever
+        # its migration status; the manager's volume object predates it.
+        create_export = self.a.create_export
+
+        def reserve_then_export(*args):
+            self.c.attachments.append({
+                'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+                'attach_status': RESERVED, 'attached_host': None,
+                'connector': None})
+            return create_export(*args)
+        self.mock_object(self.a, 'create_export',
+                         side_effect=reserve_then_export)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('an attach of it started', str(exc))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.c.rpc.calls)
+
+    def test_reserved_local_attach_keeps_the_move_from_committing(self):
+        # (R11-1: a local attach on node-a handed out its path before the
+        # move was recorded.)  The move waits in "cloned" while that
+        # attachment is reserved or attached, and commits once detached.
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        record = self.a.source._record
+
+        def local_attach_then_record(*args, **kwargs):
+            self.c.attachments.append(att)
+            self.a.initialize_connection(self.volume(), dict(self.a.props))
+            return record(*args, **kwargs)
+        self.mock_object(self.a.source, '_record',
+                         side_effect=local_attach_then_record)
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        att.update(attach_status=ATTACHED, attached_host='node-a',
+                   connector=dict(self.a.props))
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.detach(att)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_local_attach_after_the_move_is_recorded_is_refused(self):
+        # The other order: the move is recorded first.  A local attach
+        # then reads the record (and waits for the lock, which the move
+        # holds: not modelled in one thread), and is refused.
+        record = self.a.source._record
+        seen = []
+
+        def record_then_local_attach(*args, **kwargs):
+            t = record(*args, **kwargs)
+            seen.append(self.a.source.load(VOLUME_ID))
+            return t
+        self.mock_object(self.a.source, '_record',
+                         side_effect=record_then_local_attach)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertTrue(self.a.source.is_source(seen[0]))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertRaises(move.MoveInProgress,
+                          self.a.source.refuse_local_attach, self.volume(),
+                          'attaching it here')
+
+
+class NotMovableTestCase(ClusterTestCase):
+    """A volume its own service uses without an attachment does not move."""
+
+    def assert_not_moved(self, exc, reason):
+        self.assertIn('cannot move from node node-a now: %s' % reason,
+                      str(exc))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], [c for c in self.c.rpc.calls if c[2]])
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_statuses_that_use_the_copy_refuse_an_attach_elsewhere(self):
+        for status in ('downloading', 'restoring-backup', 'backing-up',
+                       'uploading', 'creating', 'retyping'):
+            self.c.db.volumes[VOLUME_ID]['status'] = status
+            exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                    self.c.attach, self.b)
+            self.assert_not_moved(exc, 'its status is %s' % status)
+
+    def test_statuses_of_an_attach_move(self):
+        for status in ('reserved', 'in-use'):
+            self.c = fake_cluster.Cluster(self)
+            self.c.db.volumes[VOLUME_ID]['status'] = status
+            self.c.attach(self.c.b)
+            self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_a_migration_moves_an_available_volume_only(self):
+        self.c.db.volumes[VOLUME_ID]['status'] = 'reserved'
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assert_not_moved(exc, 'its status is reserved')
+
+    def test_an_image_being_written_refuses_a_move(self):
+        # Cinder's reserve overwrites "downloading" with "reserved".
+        with self.a.source.writing(self.volume(), 'writing an image'):
+            exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                    self.c.attach, self.b)
+            self.assert_not_moved(exc, 'an image is being written to it')
+        self.assertEqual({}, dict(self.a.source.writers))
+        self.c.attach(self.b)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_no_image_is_written_to_a_moving_volume(self):
+        self.c.attach(self.b)
+        with testtools_raises(self, move.MoveInProgress):
+            with self.a.source.writing(self.volume(), 'writing an image'):
+                pass
+        self.assertEqual({}, dict(self.a.source.writers))
 
 
 class NameIdTestCase(ClusterTestCase):
