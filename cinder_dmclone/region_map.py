@@ -62,6 +62,16 @@ class ThinMaps(object):
     ``root_helper`` run the root commands.
     """
 
+    #: Seconds a move's attempt allows for taking its map (waiting for
+    #: the pool's lock behind the other moves of the pool, then
+    #: ``thin_dump``), on top of its prepare's budget: the source
+    #: records the move before it takes the map (the map is taken only
+    #: once the attachments read after the record allow it).  A map
+    #: slower than this eats into the prepare's time; should the
+    #: attempt then pass its recorded deadline, its commit is refused
+    #: (MoveDeadlinePassed) and the move given up, as any late attempt.
+    TIME_LIMIT = 60
+
     def __init__(self, node_name, vg_name, record_dir, execute=None,
                  root_helper=None, lock=None):
         self.node_name = node_name

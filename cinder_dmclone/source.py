@@ -515,12 +515,27 @@ class Source(side.Side):
             target_lun=data.get('target_lun', 0),
             source_aliases=tuple(sorted(self.node_names - {self.node_name})))
         try:
-            self.store.save(ctxt, t, budget=self.stale_prepare_after(),
+            self.store.save(ctxt, t, budget=self.move_budget(),
                             initiator=connector.get('initiator'))
         except Exception:
             with excutils.save_and_reraise_exception():
                 self._drop_unrecorded_acl(volume, connector)
         return t
+
+    def move_budget(self):
+        """Seconds an attempt to move a volume away from here may last.
+
+        The prepare's (:meth:`~cinder_dmclone.side.Side.stale_prepare_after`),
+        and, when this node sends thin maps, the time a map may take
+        (:attr:`ThinMaps.TIME_LIMIT
+        <cinder_dmclone.region_map.ThinMaps.TIME_LIMIT>`): it is taken
+        after the move is recorded, and must not make a running attempt
+        look outlived.
+        """
+        budget = self.stale_prepare_after()
+        if self.thin_maps is not None:
+            budget += self.thin_maps.TIME_LIMIT
+        return budget
 
     def _drop_unrecorded_acl(self, volume, connector):
         """The move's write failed: remove the ACL just made for it.
