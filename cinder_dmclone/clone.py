@@ -355,8 +355,12 @@ class Clones(object):
         just built: ``no_hydration``, ``no_discard_passdown``, and no
         region hydrated yet; anything else raises InvalidTable before a
         discard is sent, since a discard racing a copy or over a written
-        region loses data.  The caller guarantees that nothing else has
-        the clone (its path is not returned yet).  Then ``dmsetup
+        region loses data.  Its path is not returned yet, but udev's
+        rules (blkid, LVM autoactivation, mdadm) may open the new device:
+        an open clone gets no discard, and None is returned (every region
+        is copied); one opened while the discards ran raises InvalidTable
+        (the move is given up: a discard may have raced a write).  Then
+        ``dmsetup
         status`` (without ``--noflush``) commits the bitmap: metadata
         read-only (the commit failed) raises InvalidTable, and the kernel
         must count exactly the regions discarded: any other count raises
@@ -373,11 +377,18 @@ class Clones(object):
                        % (t.volume_id, 'on' if before.hydration_enabled
                           else 'off', before.hydrated_regions,
                           ' '.join(before.features)))
+        if self._opened(t):
+            return None
         ranges = thin.discard_plan(needed, t.clone_sectors, t.region_sectors,
                                    self.MAX_DISCARD_COMMANDS)
         privileged.discard_regions(self.vg.vg_name, t.lv_name, ranges,
                                    execute=self._execute,
                                    root_helper=self._root_helper)
+        if self._opened(t):
+            raise dmc_exception.InvalidTable(
+                reason='the clone of volume %s was opened while its region '
+                       'map was applied; its map is not trusted'
+                       % t.volume_id)
         expected = sum(sectors for _start, sectors in ranges) \
             // t.region_sectors
         after = self._clone_status(t)
@@ -395,6 +406,16 @@ class Clones(object):
                        'trusted' % (t.volume_id, after.hydrated_regions,
                                     expected))
         return expected
+
+    def _opened(self, t):
+        """True (logged) if something has the clone of ``t`` open."""
+        count = self.dm.open_count(self.handle_name(t))
+        if count > 0:
+            LOG.warning('The clone of volume %(vol)s is open (%(n)d '
+                        'opener(s)) before its path was handed out: no '
+                        'region of it is discarded.',
+                        {'vol': t.volume_id, 'n': count})
+        return count > 0
 
     def enable_hydration(self, t):
         self.dm.message(self.handle_name(t), 'enable_hydration')

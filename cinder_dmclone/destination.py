@@ -327,10 +327,15 @@ class Destination(side.Side):
         """
         skipped = self.clones.apply_map(t, needed)
         total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
-        LOG.info('Volume %(vol)s: %(skip)d of its %(total)d regions hold '
-                 'no data on %(src)s and are not copied.',
-                 {'vol': volume['id'], 'skip': skipped, 'total': total,
-                  'src': t.source_node})
+        if skipped is None:
+            LOG.info('Volume %(vol)s: every region is copied from %(src)s '
+                     '(its clone was open, its map not applied).',
+                     {'vol': volume['id'], 'src': t.source_node})
+        else:
+            LOG.info('Volume %(vol)s: %(skip)d of its %(total)d regions '
+                     'hold no data on %(src)s and are not copied.',
+                     {'vol': volume['id'], 'skip': skipped, 'total': total,
+                      'src': t.source_node})
         if hydrate:
             self.clones.enable_hydration(t)
 
