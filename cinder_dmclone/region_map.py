@@ -37,6 +37,7 @@ copies every region, as it would without one.
 """
 
 import os
+import urllib.parse
 
 from oslo_log import log as logging
 
@@ -79,6 +80,11 @@ class ThinMaps(object):
         self.record_dir = record_dir
         self._kw = {'execute': execute, 'root_helper': root_helper}
         self._lock = lock
+
+    @property
+    def _owner(self):
+        """The node's name as its records carry it (no blank, no slash)."""
+        return urllib.parse.quote(self.node_name, safe='')
 
     def _pool_lock(self, pool):
         lock = self._lock or move.pool_lock
@@ -240,13 +246,24 @@ class ThinMaps(object):
 
     # -- records ------------------------------------------------------------
 
-    def _record_path(self, pool):
-        return os.path.join(self.record_dir,
-                            thin.pool_device(self.vg_name, pool)
-                            + RECORD_SUFFIX)
+    def _record_path(self, pool, owner=True):
+        """The path of this node's record of ``pool``'s reservation.
+
+        Named after the node, as the pool's lock is
+        (:func:`~cinder_dmclone.move.pool_lock`): two volume services of
+        one host may share a record directory and a volume group under
+        two node names, and each must see only its own records (another
+        service's is foreign: its snapshot is never released here).
+        ``owner=False``: the path of a record of a release that named no
+        node.
+        """
+        name = thin.pool_device(self.vg_name, pool)
+        if owner:
+            name += '.' + self._owner
+        return os.path.join(self.record_dir, name + RECORD_SUFFIX)
 
     def recorded(self, pool):
-        """True if a reservation of ``pool`` is recorded."""
+        """True if this node recorded a reservation of ``pool``."""
         return os.path.exists(self._record_path(pool))
 
     def recorded_pools(self):
@@ -272,33 +289,49 @@ class ThinMaps(object):
                 continue
             try:
                 with open(os.path.join(self.record_dir, name)) as f:
-                    vg, pool = f.read().split()
+                    fields = f.read().split()
+                vg, pool = fields[:2]
+                owner = fields[2] if len(fields) == 3 else None
+                if len(fields) > 3:
+                    raise ValueError(name)
                 layout.validate_lv_name(pool)
             except (OSError, ValueError, exception.InvalidDMName):
                 LOG.warning('Ignoring %s: not a metadata snapshot record '
                             'of this service.', name)
                 continue
-            if vg == self.vg_name and name == os.path.basename(
+            if vg != self.vg_name:
+                continue
+            if owner == self._owner and name == os.path.basename(
                     self._record_path(pool)):
                 pools.append(pool)
-        return pools
+            elif owner is None and name == os.path.basename(
+                    self._record_path(pool, owner=False)):
+                # (Left by a release that named no node: this service's
+                # own, as that release took it for.)
+                pools.append(pool)
+        return sorted(set(pools))
 
     def _write_record(self, pool):
         """Record a reservation of ``pool``, on disk before it is made."""
         os.makedirs(self.record_dir, exist_ok=True)
         path = self._record_path(pool)
         with open(path, 'w') as f:
-            f.write('%s %s\n' % (self.vg_name, pool))
+            f.write('%s %s %s\n' % (self.vg_name, pool, self._owner))
             f.flush()
             os.fsync(f.fileno())
         self._sync_dir()
 
     def _remove_record(self, pool):
-        try:
-            os.unlink(self._record_path(pool))
-        except FileNotFoundError:
-            return
-        self._sync_dir()
+        """Forget this node's record of ``pool`` (and an unowned one)."""
+        removed = False
+        for owner in (True, False):
+            try:
+                os.unlink(self._record_path(pool, owner))
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            self._sync_dir()
 
     def _sync_dir(self):
         fd = os.open(self.record_dir, os.O_RDONLY)
