@@ -43,17 +43,24 @@ FREE_SPACE_PRINT_ERROR = 0.005
 #: Why a thin pool cannot take a move (ThinPoolFull), per shortfall.
 _THIN_DATA = (
     'has %(free).2f GiB of data space free beyond its reserved_percentage '
-    '(%(reserved)s%%), %(need).2f GiB needed: a move writes every region of '
-    'the volume (%(writes).2f GiB), and the moves into this node still '
-    'hydrating will write %(pending).2f GiB')
+    '(%(reserved)s%%), %(need).2f GiB needed: %(writes_why)s, and the '
+    'moves into this node still hydrating will write %(pending).2f GiB')
 _THIN_METADATA = (
     'has %(free).2f MiB of metadata space free beyond its '
-    'reserved_percentage (%(reserved)s%%), %(need).2f MiB needed to map what '
-    'a move writes (every region of the volume, %(writes).2f GiB) and the '
-    'moves into this node still hydrating (%(pending).2f GiB)')
+    'reserved_percentage (%(reserved)s%%), %(need).2f MiB needed to map '
+    'what %(writes_why)s, and the moves into this node still hydrating '
+    '(%(pending).2f GiB)')
 _THIN_PROVISIONED = (
     'would hold %(need).2f GiB of thin volumes, more than its '
     'max_over_subscription_ratio (%(ratio)s) allows: %(free).2f GiB')
+#: What a move writes into the pool, for those messages.
+_WRITES_WHOLE = ('a move writes every region of the volume '
+                 '(%(writes).2f GiB)')
+_WRITES_MAPPED = (
+    'a move with its source\'s region map writes %(writes).2f GiB, what '
+    'it copies (%(copied).2f GiB) and room for writes during the move '
+    '(%(headroom).2f GiB: the other %(rest).2f GiB of the volume over '
+    'max_over_subscription_ratio %(ratio)s)')
 
 
 class Clones(object):
@@ -67,13 +74,15 @@ class Clones(object):
     by default it is simply deleted.  With ``lvm_type = thin`` the data
     LVs are thin LVs of ``thin_pool`` (Cinder's ``<vg>-pool``), which a
     move must fit in as the backend's ``max_over_subscription_ratio``
-    and ``reserved_percentage`` say (see :meth:`check_space`).
+    and ``reserved_percentage`` say (see :meth:`check_space`).  With
+    ``thin_map`` (``dmclone_thin_map``) region maps are applied here,
+    and a move counts what it copies (see :meth:`check_thin_pool`).
     """
 
     def __init__(self, dm, vg, meta_vg, connector, execute, root_helper,
                  lvm_type='default', metadata_reserve=2.0, discard=None,
                  thin_pool=None, max_over_subscription_ratio='20.0',
-                 reserved_percentage=0):
+                 reserved_percentage=0, thin_map=False):
         self.discard = discard or vg.delete
         self.dm = dm
         self.vg = vg
@@ -86,6 +95,9 @@ class Clones(object):
         self.thin_pool = thin_pool or '%s-pool' % vg.vg_name
         self.max_over_subscription_ratio = max_over_subscription_ratio
         self.reserved_percentage = reserved_percentage
+        #: region maps are applied here (dmclone_thin_map): a loaded
+        #: clone counts only what it still copies (see pending_writes).
+        self.thin_map = thin_map
 
     # -- names ----------------------------------------------------------
 
@@ -107,14 +119,16 @@ class Clones(object):
             t.region_sectors * dmsetup.SECTOR_SIZE,
             self.metadata_reserve)
 
-    def check_space(self, t, size_gb, node_name):
+    def check_space(self, t, size_gb, node_name, needed=None):
         """Refuse a move the volume groups here cannot hold, up front.
 
         Checked before anything is created, so that a full node answers
         with a clear error instead of failing half way through the build.
         The metadata LV is always thick, in the metadata volume group; a
         thick data LV takes ``size_gb`` of its volume group, a thin one
-        what :meth:`check_thin_pool` says of its pool.
+        what :meth:`check_thin_pool` says of its pool.  ``needed``: the
+        regions of the source's map that this move applies
+        (:meth:`apply_map`), or None: it copies every region.
         """
         meta_gb = self.metadata_bytes(t) / units.Gi
         if self.lvm_type == 'thin':
@@ -124,7 +138,7 @@ class Clones(object):
         else:
             needs = [(self.vg, float(size_gb)), (self.meta_vg, meta_gb)]
         if self.lvm_type == 'thin':
-            self.check_thin_pool(t, size_gb, node_name)
+            self.check_thin_pool(t, size_gb, node_name, needed)
         for vg, need in needs:
             vg.update_volume_group_info()
             if vg.vg_free_space - FREE_SPACE_PRINT_ERROR < need:
@@ -132,34 +146,39 @@ class Clones(object):
                     node=node_name, volume=t.volume_id, vg=vg.vg_name,
                     free=vg.vg_free_space, need=need)
 
-    def check_thin_pool(self, t, size_gb, node_name):
+    def check_thin_pool(self, t, size_gb, node_name, needed=None):
         """Refuse a move into a thin pool that cannot hold it: ThinPoolFull.
 
-        A move hydrates every region of its clone: the destination's thin
-        LV ends fully allocated however little the source's held, so the
-        whole clone counts, with what the other clones here will still
-        write (:func:`~cinder_dmclone.thin.unhydrated_bytes`), against
-        the pool's free data and metadata space, and the volume's virtual
-        size against the over-subscription the backend allows
+        What the move writes (:meth:`move_writes`: every region of its
+        clone, or with a map what the map leaves to copy and room for
+        the rest), with what the other moves here will still write
+        (:meth:`pending_writes`), counts against the pool's free data
+        and metadata space, and the volume's virtual size against the
+        over-subscription the backend allows
         (:func:`~cinder_dmclone.thin.shortfall`).  The pool is read from
         LVM now (:func:`~cinder_dmclone.privileged.thin_lvs`); a report
         that cannot be read fails the move.  The caller serialises the
         check with the creation of the LVs (:func:`~cinder_dmclone.move.
-        space_lock`), so that the next move's check sees this one's LV.
+        space_lock`), so that the next move's check sees this one's LV;
+        and it gives the move up if a map counted here is not applied
+        (the clone is then torn down before it copies anything), so a
+        move never copies more than was checked.
         """
         lvs = privileged.thin_lvs(self.vg.vg_name, execute=self._execute,
                                   root_helper=self._root_helper)
         pool = thin.pool_usage(lvs, self.thin_pool)
-        writes = t.clone_sectors * dmsetup.SECTOR_SIZE
-        pending = self.pending_writes(lvs, skip=t.lv_name)
         ratio = self.max_ratio(pool)
-        short = thin.shortfall(pool, size_gb * units.Gi, writes, pending,
-                               ratio, self.reserved_percentage)
+        virtual = size_gb * units.Gi
+        writes, writes_why = self.move_writes(t, virtual, pool, ratio,
+                                              needed)
+        pending = self.pending_writes(lvs, skip=t.lv_name)
+        short = thin.shortfall(pool, virtual, writes, pending, ratio,
+                               self.reserved_percentage)
         if short is None:
             return
         gib = {'free': short.available / units.Gi,
                'need': short.needed / units.Gi,
-               'writes': writes / units.Gi, 'pending': pending / units.Gi,
+               'writes_why': writes_why, 'pending': pending / units.Gi,
                'reserved': self.reserved_percentage, 'ratio': ratio}
         if short.kind == 'data':
             reason = _THIN_DATA % gib
@@ -175,6 +194,31 @@ class Clones(object):
             reason=reason, kind=short.kind, free=gib['free'],
             need=gib['need'])
 
+    def move_writes(self, t, virtual, pool, ratio, needed):
+        """What move ``t`` writes into the pool, and the words that say so.
+
+        Without a map, every region of its clone: the destination's thin
+        LV ends fully allocated however little the source's held.  With
+        one (``needed``), what its discard plan leaves to copy, in the
+        pool's chunks (:func:`~cinder_dmclone.thin.copied_bytes`), and
+        room for what the instance may write during the move into the
+        ``virtual`` bytes of the volume not copied
+        (:func:`~cinder_dmclone.thin.headroom`, over ``ratio``); never
+        more than a full copy.
+        """
+        whole = t.clone_sectors * dmsetup.SECTOR_SIZE
+        if needed is None:
+            return whole, _WRITES_WHOLE % {'writes': whole / units.Gi}
+        copied = thin.copied_bytes(needed, t.clone_sectors,
+                                   t.region_sectors, pool.chunk_size,
+                                   self.MAX_DISCARD_COMMANDS)
+        room = thin.headroom(virtual, copied, ratio)
+        writes = min(copied + room, max(whole, copied))
+        return writes, _WRITES_MAPPED % {
+            'copied': copied / units.Gi, 'headroom': room / units.Gi,
+            'rest': max(virtual - copied, 0) / units.Gi, 'ratio': ratio,
+            'writes': writes / units.Gi}
+
     def moving_in(self):
         """Data LVs here with a metadata LV beside them (moves into here).
 
@@ -187,29 +231,48 @@ class Clones(object):
     def pending_writes(self, lvs, skip=None):
         """What the moves into this thin pool will still write to it.
 
-        From LVM (:func:`~cinder_dmclone.thin.unwritten_bytes`): every
-        move with a metadata LV here counts, its clone loaded or not; an
-        LV created since ``lvs`` was read counts whole.  Never less than
-        the loaded clones tell (:meth:`unhydrated_bytes`).  ``skip``: the
-        LV of the move being checked, which counts whole already.
+        Every move with a metadata LV here counts, its clone loaded or
+        not; an LV created since ``lvs`` was read counts whole.
+        ``skip``: the LV of the move being checked, counted already.
+        Without ``thin_map`` as LVM tells
+        (:func:`~cinder_dmclone.thin.unwritten_bytes`: each LV's virtual
+        size less what it holds), never less than the loaded clones tell
+        (:meth:`unhydrated_bytes`): a move copies every region.  With
+        it, move by move (:func:`~cinder_dmclone.thin.pending_bytes`): a
+        working clone by what it still copies (the regions its map
+        discarded count as hydrated), any other whole.
         """
         names = self.moving_in() - {skip}
-        unwritten = thin.unwritten_bytes(lvs, self.thin_pool, names)
+        created = {}
         for name in sorted(names - set(lvs)):
             lv = self.vg.get_volume(name)
             if lv is not None:
-                unwritten += int(float(lv['size']) * units.Gi)
-        return max(unwritten, self.unhydrated_bytes())
+                created[name] = int(float(lv['size']) * units.Gi)
+        if not self.thin_map:
+            unwritten = thin.unwritten_bytes(lvs, self.thin_pool, names)
+            return max(unwritten + sum(created.values()),
+                       self.unhydrated_bytes())
+        clones = self.loaded_clones()
+        clones.pop(skip, None)
+        pending = thin.pending_bytes(
+            lvs, thin.pool_usage(lvs, self.thin_pool), names, clones,
+            self.MAX_DISCARD_COMMANDS + 1)
+        return pending + sum(size for name, size in created.items()
+                             if name not in clones)
 
-    def unhydrated_bytes(self):
-        """What the clones of this volume group will still write to it.
+    def loaded_clones(self):
+        """{LV name: dm-clone status} of the clones of this volume group.
 
         One ``dmsetup status --target clone``, as the monitor reads.
         """
-        statuses = self.dm.clone_statuses()
-        return thin.unhydrated_bytes(
-            status for name, status in statuses.items()
-            if layout.lv_name_from_handle(name, self.vg.vg_name))
+        vg_name = self.vg.vg_name
+        return {layout.lv_name_from_handle(name, vg_name): status
+                for name, status in self.dm.clone_statuses().items()
+                if layout.lv_name_from_handle(name, vg_name)}
+
+    def unhydrated_bytes(self):
+        """What the clones of this volume group will still write to it."""
+        return thin.unhydrated_bytes(self.loaded_clones().values())
 
     def max_ratio(self, pool):
         """The backend's max_over_subscription_ratio, ``auto`` resolved.

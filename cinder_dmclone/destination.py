@@ -252,13 +252,16 @@ class Destination(side.Side):
             # up (the source timed out and cleared its state): never reuse
             # a clone or metadata LV whose regions may hold stale data.
             self.tear_down(volume, t)
-            # (One move at a time: the next check counts this one's LVs.)
-            with move.space_lock(clones.vg.vg_name):
-                clones.check_space(t, size_gb, self.node_name)
-                clones.create_volumes(t, size_gb)
-            path = clones.connect_source(t, volume['provider_auth'])
+            # Decided before the space check, which counts what the map
+            # leaves to copy: from here on the move applies it or is
+            # given up (the teardown below), never copies every region.
             needed = self._region_map(volume, step, t, hydrate)
             mapped = needed is not None
+            # (One move at a time: the next check counts this one's LVs.)
+            with move.space_lock(clones.vg.vg_name):
+                clones.check_space(t, size_gb, self.node_name, needed)
+                clones.create_volumes(t, size_gb)
+            path = clones.connect_source(t, volume['provider_auth'])
             path = clones.build_clone(t, path, hydrate and not mapped,
                                       threshold, batch,
                                       discard_passdown=not mapped)

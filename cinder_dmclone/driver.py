@@ -345,7 +345,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             thin_pool=self._thin_pool_name(),
             max_over_subscription_ratio=(
                 self.configuration.max_over_subscription_ratio),
-            reserved_percentage=self.configuration.reserved_percentage)
+            reserved_percentage=self.configuration.reserved_percentage,
+            thin_map=self.configuration.dmclone_thin_map)
 
     def _thin_pool_name(self):
         """The thin pool of ``lvm_type = thin``, named as Cinder's driver."""
@@ -909,13 +910,12 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
         Cinder's LVM driver reports a thin pool's free data space as it
         is now, and as provisioned every LV of the volume group but the
-        pool.  A clone moving here still writes every region it has not
+        pool.  A clone moving here still writes the regions it has not
         hydrated, and a pool whose metadata is full takes no more data:
         ``free_capacity_gb`` is what the pool can still take
-        (:func:`cinder_dmclone.thin.free_bytes`) less what the clones
-        will write (``dmclone_hydration_pending_gb``: the data LVs of
-        moves into this node, their clones loaded or not, as a move
-        counts them), and
+        (:func:`cinder_dmclone.thin.free_bytes`) less what the moves
+        into this node will still write (``dmclone_hydration_pending_gb``,
+        :meth:`_pending_bytes`), and
         ``provisioned_capacity_gb`` the virtual sizes of the pool's thin
         LVs (not the thick metadata LVs of clones), as the destination
         of a move counts them (:meth:`Clones.check_thin_pool
@@ -938,26 +938,36 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                         'reported without the writes of the moves into '
                         'this node.', self._thin_pool_name(), exc_info=True)
             return {}
-        pending = max(thin.unhydrated_bytes((clones or {}).values()),
-                      self._unwritten_bytes(lvs))
+        pending = self._pending_bytes(lvs, pool, clones or {})
         return {
             'free_capacity_gb': round(
                 thin.free_bytes(pool, pending) / units.Gi, 2),
             'provisioned_capacity_gb': round(pool.provisioned / units.Gi, 2),
             'dmclone_hydration_pending_gb': round(pending / units.Gi, 2)}
 
-    def _unwritten_bytes(self, lvs):
-        """What the moves into the thin pool still write, from LVM.
+    def _pending_bytes(self, lvs, pool, clones):
+        """What the moves into the thin pool still write, as a move counts.
 
-        As a move into this node counts them (:meth:`Clones.pending_writes
-        <cinder_dmclone.clone.Clones.pending_writes>`): every data LV
-        with a metadata LV beside it, its clone loaded or not.
+        As the destination of a move counts them
+        (:meth:`Clones.pending_writes <cinder_dmclone.clone.Clones.
+        pending_writes>`): every data LV with a metadata LV beside it,
+        its clone loaded or not.  Without ``dmclone_thin_map``, what
+        LVM says each lacks, never less than the loaded clones
+        (``clones``, {handle: status}) say; with it, move by move, a
+        working clone by what it still copies
+        (:func:`cinder_dmclone.thin.pending_bytes`).
         """
         meta_vg = self.metadata_vg or self.vg
-        names = (layout.lv_name_from_metadata_lv(lv['name'])
-                 for lv in meta_vg.get_volumes())
-        return thin.unwritten_bytes(lvs, self._thin_pool_name(),
-                                    {name for name in names if name})
+        names = {name for name in (layout.lv_name_from_metadata_lv(lv['name'])
+                                   for lv in meta_vg.get_volumes()) if name}
+        if not self.configuration.dmclone_thin_map:
+            return max(thin.unhydrated_bytes(clones.values()),
+                       thin.unwritten_bytes(lvs, pool.name, names))
+        vg_name = self.configuration.volume_group
+        loaded = {layout.lv_name_from_handle(name, vg_name): status
+                  for name, status in clones.items()}
+        return thin.pending_bytes(lvs, pool, names, loaded,
+                                  clone.Clones.MAX_DISCARD_COMMANDS + 1)
 
     # ------------------------------------------------------------------
     # Exports and connections

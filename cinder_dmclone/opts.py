@@ -129,7 +129,11 @@ dmclone_opts = [
                      'source LV is thin, and the destination\'s LV is '
                      'thin in a pool that zeroes new blocks (LVM --zero '
                      'y, the default); any other move, and every live '
-                     'migration, copies every region. Off by default until '
+                     'migration, copies every region. The destination\'s '
+                     'thin pool check and pool stats then count what such '
+                     'a move copies, with room for writes during it (the '
+                     'rest of the volume over max_over_subscription_ratio), '
+                     'not the whole volume. Off by default until '
                      'the kernel behaviour it relies on is proven on the '
                      'testbed.'),
     cfg.ListOpt('dmclone_node_aliases',

@@ -284,6 +284,96 @@ def free_bytes(pool, pending):
                - pending, 0)
 
 
+def copied_bytes(needed, length, region_sectors, chunk_size, max_ranges):
+    """Pool data a clone that applies the map ``needed`` makes its LV take.
+
+    What hydration copies is every region but those
+    :func:`discard_plan` discards (``needed``, the short last region and
+    the gaps the plan leaves out for its bound ``max_ranges``); the
+    thin LV under the clone allocates each pool chunk
+    (``chunk_size`` bytes) that a copy touches, whole: a chunk partly
+    copied counts whole, and a chunk two runs share counts once.
+    """
+    plan = discard_plan(needed, length, region_sectors, max_ranges)
+    total = 0
+    last = -1       # the last chunk counted
+    position = 0
+    for start, sectors in list(plan) + [(length, 0)]:
+        if start > position:
+            first = max(position * dmsetup.SECTOR_SIZE // chunk_size,
+                        last + 1)
+            end = (start * dmsetup.SECTOR_SIZE - 1) // chunk_size
+            if end >= first:
+                total += (end - first + 1) * chunk_size
+                last = end
+        position = start + sectors
+    return total
+
+
+def headroom(virtual, copied, max_ratio):
+    """Room for what is written during a move that copies only its data.
+
+    The ``virtual - copied`` bytes of a volume that its map leaves
+    uncopied are an empty thin volume of that size, that the instance
+    may write while the move goes on, as it may any thin volume.  They
+    take their share of the pool under over-subscription: their size
+    over ``max_ratio`` (Cinder's ``max_over_subscription_ratio``,
+    resolved): all of it without over-subscription (1.0), a twentieth
+    at Cinder's default.  (The pool's ``reserved_percentage`` is kept
+    free besides.)
+    """
+    return math.ceil(max(virtual - copied, 0) / float(max_ratio))
+
+
+def clone_writes(status, chunk_size, runs):
+    """At most what one loaded clone's hydration still takes of its pool.
+
+    ``status`` a working clone's (:mod:`cinder_dmclone.dmsetup`): every
+    region not hydrated yet is copied, whole (a region a map discarded
+    counts as hydrated already).  When the pool's chunks do not fall on
+    region boundaries (a chunk larger than a region, or not dividing
+    it), a chunk of which some regions were discarded and others are
+    copied is allocated whole: one more chunk at each end of each of the
+    ``runs`` runs of copied regions (one for a clone that copies
+    everything; a map of :attr:`~cinder_dmclone.clone.Clones.
+    MAX_DISCARD_COMMANDS` discards leaves one more than that).
+    """
+    left = status.total_regions - status.hydrated_regions
+    region = status.region_size * dmsetup.SECTOR_SIZE
+    if left <= 0:
+        return 0
+    slack = 0 if region % chunk_size == 0 else 2 * runs * chunk_size
+    return left * region + slack
+
+
+def pending_bytes(lvs, pool, lv_names, clones, runs):
+    """What the moves into ``pool`` will still write to it, move by move.
+
+    ``lv_names`` are the data LVs of the moves into this node (a
+    metadata LV beside each), ``clones`` {LV name: dm-clone status} of
+    those whose clone is loaded.  A working clone counts what it still
+    copies (:func:`clone_writes`), never more than LVM says its LV can
+    still take; a move without one (a clone not rebuilt yet after a
+    reboot, still being built, or failed) counts its LV whole, as
+    :func:`unwritten_bytes` does: what its map skips is known only to
+    a loaded clone.  A clone of an LV that ``lvs`` does not hold yet
+    counts its own figure; an LV of another pool counts for nothing.
+    """
+    total = 0
+    for name in set(lv_names) | set(clones):
+        lv = lvs.get(name)
+        whole = None
+        if lv is not None and lv.pool == pool.name:
+            whole = max(lv.size - (lv.allocated or 0), 0)
+        status = clones.get(name)
+        if status is not None and not status.failed:
+            writes = clone_writes(status, pool.chunk_size, runs)
+            total += writes if whole is None else min(writes, whole)
+        elif whole is not None:
+            total += whole
+    return total
+
+
 # --------------------------------------------------------------------------
 # A thin LV's pool and device id; the pool's device-mapper names
 # --------------------------------------------------------------------------

@@ -107,7 +107,8 @@ class Node(object):
         self.pool = fakes.FakeThinPool(VG) if cluster.thin else None
         self.dest = clone.Clones(
             self.dm, self.vg, self.vg, self.connector, self.execute, 'sudo',
-            lvm_type='thin' if cluster.thin else 'default')
+            lvm_type='thin' if cluster.thin else 'default',
+            thin_map=cluster.thin_map)
         self.dm.check_discard = self._check_discard
         #: the service's state directory (records of held metadata
         #: snapshots): on disk, so it outlives restarts and reboots.

@@ -446,6 +446,9 @@ class FakeThinPool(object):
         self.pool = pool or '%s-pool' % vg
         self.block_sectors = block_sectors
         self.zeroing = zeroing
+        #: the pool's size in bytes and the share of it in use (lvs).
+        self.size = 1 << 40
+        self.data_percent = 1.0
         self.mapped = {}
         self.thin_ids = {}
         self.held = False
@@ -515,8 +518,9 @@ class FakeThinPool(object):
         return '  %d|%s\n' % (self.thin_ids[lv], self.pool), ''
 
     def _thin_lvs(self, cmd, lvs):
-        lines = ['  %s|%d|1.00|1.00|1073741824|%d|' % (
-            self.pool, 1 << 40, self.block_sectors * 512)]
+        lines = ['  %s|%d|%.2f|1.00|1073741824|%d|' % (
+            self.pool, self.size, self.data_percent,
+            self.block_sectors * 512)]
         for name, size in sorted(lvs.items()):
             lines.append('  %s|%d|0.00|||0|%s' % (name, size, self.pool))
         return '\n'.join(lines) + '\n', ''

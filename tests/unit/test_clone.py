@@ -319,6 +319,124 @@ class ClonesTestCase(test.TestCase):
         self.assertRaises(dmc_exception.LVSParseError,
                           self.node.check_space, self.t, 1, 'node-b')
 
+    # -- check_space of a thin pool, with a region map ---------------------
+    # (issue 19, item 1: a move that applies its source's map allocates
+    # only what it copies; counted whole, it was refused where it fits.)
+
+    #: The map of a 1 GiB move whose first 128 MiB hold data: 2048 of its
+    #: 16384 regions of 64 KiB.
+    NEEDED = [(0, 2048)]
+
+    def test_thin_pool_with_a_map_counts_what_it_copies(self):
+        # 0.5 GiB free: the whole volume does not fit, what the map copies
+        # (128 MiB) and the headroom for the rest (896 MiB / 20) do.
+        self.thin(pool_gib=100, data=99.5)
+        self.assertRaises(dmc_exception.ThinPoolFull, self.node.check_space,
+                          self.t, 1, 'node-b')
+        self.node.check_space(self.t, 1, 'node-b', needed=self.NEEDED)
+        self.assertEqual([], self.vg.calls)
+
+    def test_thin_pool_with_a_map_refused_says_what_it_counts(self):
+        # 0.1 GiB free; 128 MiB + 44.8 MiB = 0.17 GiB needed.
+        self.thin(pool_gib=100, data=99.9)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b',
+                                needed=self.NEEDED)
+        self.assertEqual('data', exc.kwargs['kind'])
+        for text in ('0.10 GiB of data space free', '0.17 GiB needed',
+                     'region map writes 0.17 GiB', 'copies (0.12 GiB)',
+                     'max_over_subscription_ratio 20.0'):
+            self.assertIn(text, str(exc))
+        self.assertNotIn('every region', str(exc))
+
+    def test_thin_pool_map_headroom_follows_the_ratio(self):
+        # Without over-subscription (1.0) the rest of the volume counts
+        # whole: 128 MiB + 896 MiB do not fit in 0.5 GiB.
+        self.thin(pool_gib=100, data=99.5, ratio='1.0')
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b',
+                                needed=self.NEEDED)
+        self.assertIn('1.00 GiB needed', str(exc))
+
+    def test_thin_pool_map_metadata(self):
+        # 100 MiB of metadata, 0.05 % (51 KiB) free: it maps 68 MiB of
+        # 64 KiB chunks, short of the 172.8 MiB the move needs.
+        self.thin(metadata=99.95)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b',
+                                needed=self.NEEDED)
+        self.assertEqual('metadata', exc.kwargs['kind'])
+        self.assertIn('region map', str(exc))
+
+    def test_thin_pool_map_still_bounds_the_virtual_size(self):
+        # The over-subscription bound is on the virtual size, map or not.
+        self.thin(provisioned_gib=100, ratio='1.0')
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b',
+                                needed=self.NEEDED)
+        self.assertEqual('provisioned', exc.kwargs['kind'])
+
+    def test_thick_destination_ignores_a_map(self):
+        # (A thick LV never gets a map applied: Destination._region_map.)
+        self.vg.vg_free_space = 0.5
+        self.assertRaises(dmc_exception.DestinationFull,
+                          self.node.check_space, self.t, 1, 'node-b',
+                          needed=self.NEEDED)
+
+    # -- what the other moves into a thin pool still write -------------------
+
+    def mapped_other(self, left):
+        """volume-other moves here too, with a map: ``left`` regions to copy.
+
+        Its 80 GiB thin LV holds 10 % (LVM: 72 GiB still unallocated),
+        its metadata LV is beside it, its clone loaded.
+        """
+        self.meta_vg.add('volume-other-dmcmeta', '8m')
+        self.other_clone(hydrated=16384 - left)
+
+    def test_a_mapped_clone_counts_what_it_still_copies(self):
+        # 1.5 GiB free: this 1 GiB move fits beside another whose clone
+        # still copies 1000 regions (62.5 MiB), not its LV's 72 GiB.
+        self.thin(pool_gib=100, data=98.5)
+        self.node.thin_map = True
+        self.mapped_other(left=1000)
+        self.node.check_space(self.t, 1, 'node-b')
+        # ... but not beside one that still copies 0.75 GiB.
+        self.mapped_other(left=12288)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('0.75 GiB', str(exc))
+
+    def test_option_off_other_moves_count_as_before(self):
+        # dmclone_thin_map off: as before, every move with a metadata LV
+        # here counts what LVM says its LV still lacks (72 GiB).
+        self.thin(pool_gib=100, data=98.5)
+        self.mapped_other(left=1000)
+        exc = self.assertRaises(dmc_exception.ThinPoolFull,
+                                self.node.check_space, self.t, 1, 'node-b')
+        self.assertIn('72.00 GiB', str(exc))
+
+    def test_a_failed_or_missing_clone_counts_whole_with_the_map_on(self):
+        self.thin(pool_gib=100, data=98.5)
+        self.node.thin_map = True
+        self.mapped_other(left=1000)
+        self.dm.failed.add(layout.handle_name(VG, 'volume-other'))
+        self.assertRaises(dmc_exception.ThinPoolFull, self.node.check_space,
+                          self.t, 1, 'node-b')
+        del self.dm.devices[layout.handle_name(VG, 'volume-other')]
+        self.assertRaises(dmc_exception.ThinPoolFull, self.node.check_space,
+                          self.t, 1, 'node-b')
+
+    def test_second_move_counts_the_first_whole_with_the_map_on(self):
+        # The first move's clone is not loaded yet: counted whole, which
+        # is safe (what its map skips is known once its clone is).
+        self.node.thin_map = True
+        self.test_second_move_counts_the_first_one_not_yet_built()
+
+    def test_a_clone_not_rebuilt_yet_counts_whole_with_the_map_on(self):
+        self.node.thin_map = True
+        self.test_a_clone_not_rebuilt_yet_after_a_reboot_still_counts()
+
     def test_metadata_lv_created_first(self):
         order = []
         self.meta_vg.create_volume = mock.Mock(

@@ -388,12 +388,15 @@ class SetupTestCase(DriverTestBase):
     def test_thin_map_off_by_default(self):
         self.assertIsNone(self.drv.moves.source.thin_maps)
         self.assertFalse(self.drv.moves.destination.thin_map)
+        self.assertFalse(self.drv.moves.destination.clones.thin_map)
 
     def test_thin_map_on_both_sides(self):
         drv = self._make_driver(dmclone_thin_map=True)
         maps = drv.moves.source.thin_maps
         self.assertIsInstance(maps, region_map.ThinMaps)
         self.assertTrue(drv.moves.destination.thin_map)
+        # (and the space check counts what the maps copy)
+        self.assertTrue(drv.moves.destination.clones.thin_map)
         self.assertEqual(VG, maps.vg_name)
         self.assertEqual('node-a', maps.node_name)
         self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone'),
@@ -913,6 +916,42 @@ class StatsTestCase(DriverTestBase):
         # but its clone is not loaded (a reboot; its source is down):
         # its 50 GiB thin LV holds 25 %, it still writes 37.5 GiB.
         self.thin()
+        self.vg.get_volumes.return_value = [
+            {'name': 'volume-1-dmcmeta', 'size': '0.01'}]
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(37.5, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual(22.5, pool['free_capacity_gb'])
+
+    def mapped_clone_of_volume_1(self):
+        """volume-1 moves here with a region map: 1024 regions left.
+
+        Its metadata LV is beside it, its clone loaded (16384 regions of
+        64 KiB, the others discarded or copied): it still copies 64 MiB;
+        LVM says its 50 GiB LV, 25 % allocated, lacks 37.5 GiB.
+        """
+        self.vg.get_volumes.return_value = [
+            {'name': 'volume-1-dmcmeta', 'size': '0.01'}]
+        self._clone_handle('dmclone-dmc--vg-volume-1', '/dev/dmc-vg/volume-1',
+                           hydrated=16384 - 1024)
+
+    def test_thin_pool_counts_what_mapped_clones_still_copy(self):
+        # Issue 19, item 1: with dmclone_thin_map, a loaded clone counts
+        # what it still copies; the scheduler sees the pool's real room.
+        self.thin(dmclone_thin_map=True)
+        self.mapped_clone_of_volume_1()
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(0.06, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual(59.94, pool['free_capacity_gb'])
+
+    def test_thin_pool_with_the_map_off_counts_as_before(self):
+        self.thin()
+        self.mapped_clone_of_volume_1()
+        pool = self.drv.get_volume_stats(refresh=True)['pools'][0]
+        self.assertEqual(37.5, pool['dmclone_hydration_pending_gb'])
+        self.assertEqual(22.5, pool['free_capacity_gb'])
+
+    def test_thin_pool_counts_a_clone_not_rebuilt_yet_with_the_map_on(self):
+        self.thin(dmclone_thin_map=True)
         self.vg.get_volumes.return_value = [
             {'name': 'volume-1-dmcmeta', 'size': '0.01'}]
         pool = self.drv.get_volume_stats(refresh=True)['pools'][0]

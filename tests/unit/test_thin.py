@@ -12,6 +12,8 @@
 
 """Thin pools: the lvs report parsed, and what a move into a pool needs."""
 
+import math
+
 import ddt
 
 from cinder.tests.unit import test
@@ -181,3 +183,96 @@ class NeedTestCase(test.TestCase):
         # Metadata that can map less than the free data bounds it.
         pool = make_pool(metadata_used=100 * MIB - 48 * 16)
         self.assertEqual(MIB, thin.free_bytes(pool, 0))
+
+
+class MapNeedTestCase(test.TestCase):
+    """What a move that applies a region map writes into a thin pool."""
+
+    def test_copied_bytes_of_whole_regions_and_chunks(self):
+        # 8 regions of 64 KiB, 64 KiB chunks: regions 1, 5 and 6 copied.
+        self.assertEqual(3 * CHUNK, thin.copied_bytes(
+            [(1, 2), (5, 7)], 1024, 128, CHUNK, 64))
+
+    def test_a_chunk_partly_copied_is_allocated_whole(self):
+        # 4 KiB regions in 64 KiB chunks: one region copied allocates its
+        # chunk; two runs in one chunk count it once.
+        self.assertEqual(CHUNK, thin.copied_bytes([(16, 17)], 1024, 8,
+                                                  CHUNK, 64))
+        self.assertEqual(CHUNK, thin.copied_bytes([(16, 17), (20, 21)],
+                                                  1024, 8, CHUNK, 64))
+        self.assertEqual(2 * CHUNK, thin.copied_bytes(
+            [(16, 17), (40, 41)], 1024, 8, CHUNK, 64))
+
+    def test_the_short_last_region_is_copied(self):
+        # 1000 sectors: seven whole regions discarded, the short eighth
+        # copied (its chunk allocated).
+        self.assertEqual(CHUNK, thin.copied_bytes([], 1000, 128, CHUNK, 64))
+        self.assertEqual(0, thin.copied_bytes([], 1024, 128, CHUNK, 64))
+
+    def test_the_gaps_a_bounded_plan_keeps_are_copied(self):
+        # every other region of 16 holds data; two discards only: 14 of
+        # the 16 regions are copied.
+        needed = [(i, i + 1) for i in range(1, 16, 2)]
+        self.assertEqual(14 * CHUNK, thin.copied_bytes(needed, 2048, 128,
+                                                       CHUNK, 2))
+        self.assertEqual(8 * CHUNK, thin.copied_bytes(needed, 2048, 128,
+                                                      CHUNK, 64))
+
+    def test_headroom_is_the_rest_over_the_ratio(self):
+        # The part of the volume the map does not copy counts as a new
+        # thin volume of that size: its share of the pool under
+        # max_over_subscription_ratio.
+        self.assertEqual(math.ceil(0.75 * GIB / 20),
+                         thin.headroom(GIB, GIB // 4, 20.0))
+        self.assertEqual(0.75 * GIB, thin.headroom(GIB, GIB // 4, 1.0))
+        self.assertEqual(0, thin.headroom(GIB, 2 * GIB, 20.0))
+
+    def status(self, text='8 40/4096 128 256/1024 16 0 0 rw'):
+        return dmsetup.parse_clone_status(text)
+
+    def test_clone_writes_regions_that_fall_on_chunks(self):
+        # 768 regions of 64 KiB left, 64 KiB chunks: exactly those.
+        self.assertEqual(768 * CHUNK,
+                         thin.clone_writes(self.status(), CHUNK, 65))
+        # 128 KiB regions hold two whole chunks each: no more either.
+        self.assertEqual(768 * 2 * CHUNK, thin.clone_writes(
+            self.status('8 40/4096 256 256/1024 16 0 0 rw'), CHUNK, 65))
+
+    def test_clone_writes_a_chunk_at_each_end_of_each_run(self):
+        # 64 KiB regions in 256 KiB chunks: a chunk of which other
+        # regions were discarded is allocated whole by the copy of one
+        # region, at most at each end of each run of copied regions.
+        self.assertEqual(768 * CHUNK + 2 * 4 * CHUNK,
+                         thin.clone_writes(self.status(), 4 * CHUNK, 1))
+        self.assertEqual(768 * CHUNK + 2 * 65 * 4 * CHUNK,
+                         thin.clone_writes(self.status(), 4 * CHUNK, 65))
+        # 192 KiB chunks: a region may straddle two.
+        self.assertEqual(768 * CHUNK + 2 * 3 * CHUNK,
+                         thin.clone_writes(self.status(), 3 * CHUNK, 1))
+        # A clone fully hydrated writes nothing more.
+        self.assertEqual(0, thin.clone_writes(
+            self.status('8 40/4096 128 1024/1024 0 0 0 rw'), 4 * CHUNK, 65))
+
+    def test_pending_bytes_per_move(self):
+        lvs = thin.parse_lvs(REPORT)
+        pool = thin.pool_usage(lvs, 'cinder-volumes-pool')
+        clone = self.status()          # 768 regions of 64 KiB left
+        # volume-1 (50 GiB, 25 % allocated) moves in with a map: its
+        # loaded clone tells what it still copies, not LVM's 37.5 GiB.
+        self.assertEqual(768 * CHUNK, thin.pending_bytes(
+            lvs, pool, {'volume-1'}, {'volume-1': clone}, 65))
+        # Not loaded (a reboot, or still being built): whole.
+        self.assertEqual(37.5 * GIB, thin.pending_bytes(
+            lvs, pool, {'volume-1'}, {}, 65))
+        # A failed clone tells nothing: whole.
+        self.assertEqual(37.5 * GIB, thin.pending_bytes(
+            lvs, pool, {'volume-1'},
+            {'volume-1': dmsetup.FailedCloneStatus('Fail')}, 65))
+        # Never more than LVM says the LV can still allocate (volume-2 is
+        # fully allocated).
+        self.assertEqual(0, thin.pending_bytes(
+            lvs, pool, {'volume-2'}, {'volume-2': clone}, 65))
+        # A clone of an LV the report does not hold yet: the clone's
+        # figure; an LV of another pool: nothing.
+        self.assertEqual(768 * CHUNK, thin.pending_bytes(
+            lvs, pool, {'volume-9', 'other'}, {'volume-9': clone}, 65))

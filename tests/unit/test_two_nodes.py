@@ -3579,6 +3579,68 @@ class ThinMapTestCase(ClusterTestCase):
              prefix + 'over regions the source holds data in: [0, 1]'],
             self.c.violations)
 
+    # Issue 19, item 1: node-b's thin pool counts what the map copies.
+
+    def small_pool(self):
+        """node-b's pool: 100 GiB, 0.5 GiB free.
+
+        The 1 GiB volume does not fit whole; its 116 regions and room for
+        the rest do.
+        """
+        self.b.pool.size = 100 * 1024 ** 3
+        self.b.pool.data_percent = 99.5
+
+    def test_a_move_that_fits_only_with_its_map_is_taken(self):
+        self.small_pool()
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(SECTORS // fake_cluster.REGION - 116,
+                         self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def refused_whole(self):
+        # (ThinPoolFull on node-b, through the RPC.)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('0.50 GiB of data space free', str(exc))
+        self.assertIn('every region of the volume (1.00 GiB)', str(exc))
+        self.assertNotIn(LV, self.b.vg.lvs)
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_option_off_on_the_destination_counts_the_whole_volume(self):
+        self.small_pool()
+        self.b.destination.thin_map = False
+        self.b.dest.thin_map = False
+        self.refused_whole()
+
+    def test_a_pool_that_does_not_zero_counts_the_whole_volume(self):
+        self.small_pool()
+        self.b.pool.zeroing = False
+        self.refused_whole()
+
+    def test_a_map_for_another_geometry_counts_the_whole_volume(self):
+        self.small_pool()
+        take = self.a.source.thin_maps.take
+        self.mock_object(self.a.source.thin_maps, 'take',
+                         side_effect=lambda lv, sectors, region:
+                         take(lv, sectors // 2, region))
+        self.refused_whole()
+
+    def test_a_map_not_applied_after_the_check_gives_the_move_up(self):
+        # Counted with its map, the move must never copy every region:
+        # a map that fails to apply gives it up before any copy.
+        self.small_pool()
+        self.mock_object(privileged, 'discard_regions',
+                         side_effect=dmc_exception.PrivilegedCommandFailed(
+                             command='blkdiscard', reason='boom'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertNotIn(LV, self.b.vg.lvs)
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
     def test_snapshot_left_held_is_released_by_the_next_move(self):
         self.a.thin_maps()._write_record(self.a.pool.pool)
         self.a.pool.held = True
