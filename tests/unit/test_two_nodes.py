@@ -3131,8 +3131,12 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.assertIn(LV, self.b.vg.lvs)
 
     def test_delete_not_here(self):
+        # A delete on the source of a move into node-b, whose record names
+        # node-b: refused (before: False, and the driver went on to
+        # remove the LV node-b's clone still reads from).
         self.moved()
-        self.assertFalse(self.a.destination.delete(self.volume()))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.a.destination.delete, self.volume())
         self.assertIn(LV, self.a.vg.lvs)
         self.assertIn(LV, self.b.vg.lvs)
 
@@ -3289,6 +3293,49 @@ class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
             self.b.destination.extend, stale,
             lambda: grown.append(self.b.vg.extend_volume(LV, '2g')))
         self.assertEqual([], grown)
+
+    def assert_delete_refused_and_nothing_gone(self, stale):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.b.delete_volume, stale)
+        self.assertIn('lives on %s' % self.a.host, str(exc))
+        # The kept LV is an operator's (it may hold the instance's last
+        # writes): neither wiped nor removed ...
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual([], self.b.wiped)
+        # ... and the volume itself, on node-a, is untouched.
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
+        self.assertIn(HANDLE, self.a.dm.devices)
+        self.assertEqual([], self.c.violations)
+
+    def test_delete_just_after_the_rollback_is_refused(self):
+        # Review 9: a delete routed to node-b by cinder-api's read made
+        # while the record still named node-b reaches node-b after the
+        # rollback.  Before, no move was recorded any more, so node-b
+        # removed the LV named like the volume -- the kept copy -- and
+        # reported the volume deleted, whose copy on node-a lived on
+        # with no record.
+        src, dst, stale = self.roll_back_keeping_lv()
+        self.c.detach(dst)                  # the rollback, kept LV
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assert_delete_refused_and_nothing_gone(stale)
+
+    def test_delete_racing_the_rollback_is_refused(self):
+        # The delete waits for the lock the rollback detach holds: under
+        # the lock no move is recorded any more, and the record names
+        # node-a.
+        src, dst, stale = self.roll_back_keeping_lv()
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+        self.assert_delete_refused_and_nothing_gone(stale)
+        self.assertEqual(1, len(raced))
 
 
 class ThinMapTestCase(ClusterTestCase):
