@@ -149,6 +149,10 @@ class Source(side.Side):
         #: move that is over (see :meth:`drop_leftover_export`): the
         #: monitor tries again.
         self.leftover_exports = set()
+        #: volume id -> when (``clock``) each iSCSI attach from another
+        #: node made or reused the volume's export and has not admitted
+        #: its initiator yet (see :meth:`export_for_attach`).
+        self.attaches_in_flight = {}
         #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
         #: volume group, or None (dmclone_thin_map off: no map is sent).
         self.thin_maps = thin_maps
@@ -527,6 +531,66 @@ class Source(side.Side):
             self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
 
+    def export_for_attach(self, volume, create):
+        """``create()`` the export an iSCSI attach from another node uses.
+
+        Cinder's manager makes the export (create_export) before the
+        connection (initialize_connection), which admits the attach's
+        initiator: in between, the export admits nobody for it -- or
+        only the ACL a move that is over left, which the monitor's tick
+        removes.  The export is made under the volume's lock and the
+        attach recorded as in flight until :meth:`attach_done`: a tick,
+        under the same lock, either removes the export before it is made
+        (it is then made anew) or sees the attach and leaves the export
+        to it (:meth:`_drop_emptied_export`).
+        """
+        with move.lock(volume['id']):
+            info = create()
+            self.attaches_in_flight.setdefault(volume['id'], []).append(
+                self._clock())
+        return info
+
+    def attach_done(self, volume):
+        """The connection of an attach made by export_for_attach is done.
+
+        Made or failed: either its ACL is in place, or the manager
+        removes the export next.
+        """
+        started = self.attaches_in_flight.get(volume['id'])
+        if started:
+            started.pop(0)
+            if not started:
+                del self.attaches_in_flight[volume['id']]
+
+    def _attach_in_flight(self, volume_id):
+        """True if an attach from another node may still be connecting.
+
+        An attach whose connection never came (its manager died between
+        the two calls) counts for as long as an attempt to move the
+        volume may last (its connection may wait for the volume's lock
+        that long): then the export is no longer kept for it.
+        """
+        now = self._clock()
+        window = self.stale_prepare_after()
+        return any(now - started <= window
+                   for started in self.attaches_in_flight.get(volume_id, ()))
+
+    def _drop_emptied_export(self, volume):
+        """Remove an export that admits nobody now, under the volume's lock.
+
+        Called once the ACL a move that is over gave is gone.  Not while
+        an iSCSI attach from another node is connecting to the export
+        (:meth:`export_for_attach`): it is that attach's, whose failure
+        removes it (Cinder's manager removes the export when the
+        connection fails).
+        """
+        if self._attach_in_flight(volume['id']):
+            LOG.info('Volume %s: its export admits nobody now, but an '
+                     'iSCSI attach from another node is connecting to it: '
+                     'it stays.', volume['id'])
+            return
+        self.drop_and_forget_export(volume, ANY_INITIATOR)
+
     def _recorded_acl_is(self, volume, connector):
         """True if the ACL a move from here recorded is ``connector``'s."""
         recorded = self.store.move_export(self.ctxt(), volume['id'])
@@ -799,7 +863,8 @@ class Source(side.Side):
         goes: another node may reach the volume through the same target
         (an iSCSI attach made since); the target goes too if it then
         admits nobody, with ``whole`` (not while an attach here has just
-        made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
+        made it: see :meth:`_give_up_stale_prepare` and
+        :meth:`_drop_emptied_export`).  With ``restore``
         (at start) LIO's saved targets are restored first (a reboot
         left the ACL in LIO's saved configuration only); if the target
         the record names is still not in the kernel then (the restore
@@ -885,7 +950,7 @@ class Source(side.Side):
                 self.target_driver.terminate_connection(
                     volume, {'initiator': initiator, 'host': None})
             if admitted and not self._lio_acls(target_iqn):
-                self.drop_and_forget_export(volume, ANY_INITIATOR)
+                self._drop_emptied_export(volume)
         except Exception:
             LOG.exception('Volume %s: could not remove the ACLs no '
                           'attachment uses from its export.', volume['id'])
@@ -963,7 +1028,7 @@ class Source(side.Side):
         if initiator in admitted:
             return False
         if whole and not admitted:
-            self.drop_and_forget_export(volume, ANY_INITIATOR)
+            self._drop_emptied_export(volume)
         return True
 
     def _abort_peer(self, ctxt, volume, t):

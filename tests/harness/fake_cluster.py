@@ -352,7 +352,9 @@ class Node(object):
         self.source.end_stale_prepare(volume)
         self.source.refuse_if_moving(volume, 'attaching on %s'
                                      % connector['host'])
-        update = self.target.create_export(ctxt, volume, self.ensure_handle())
+        path = self.ensure_handle()
+        update = self.source.export_for_attach(
+            volume, lambda: self.target.create_export(ctxt, volume, path))
         return {'provider_location': update['location'],
                 'provider_auth': update['auth']}
 
@@ -365,13 +367,17 @@ class Node(object):
         if connector['host'] == self.name:
             self.source.refuse_local_attach(volume, 'attaching it here')
             return self._local(volume, self.ensure_handle())
-        if self.source.wants_move(volume, connector):
-            info = self.source.move(
-                volume, connector, lambda: self.dm.device_sectors(LV_PATH))
-            if info is not None:
-                return info
-        return self.source.connect_over_iscsi(
-            volume, connector, self.target.initialize_connection)
+        try:
+            if self.source.wants_move(volume, connector):
+                info = self.source.move(
+                    volume, connector,
+                    lambda: self.dm.device_sectors(LV_PATH))
+                if info is not None:
+                    return info
+            return self.source.connect_over_iscsi(
+                volume, connector, self.target.initialize_connection)
+        finally:
+            self.source.attach_done(volume)
 
     def terminate_connection(self, volume, connector, force=False):
         """DMCloneVolumeDriver.terminate_connection."""

@@ -1090,6 +1090,21 @@ class ConnectionTestCase(DriverTestBase):
         self.assertEqual({}, self.dm.devices)
         image.assert_not_called()
 
+    def test_remote_export_is_an_attach_in_flight_until_it_connects(self):
+        # Review 9: the monitor's tick leaves an export an attach from
+        # another node is connecting to (Source.export_for_attach).
+        self.mock_object(self.drv.target_driver, 'create_export',
+                         return_value={'location': 'loc', 'auth': 'CHAP u p'})
+        self.drv.create_export(self.ctxt, self.volume, REMOTE)
+        self.assertTrue(self.drv.source._attach_in_flight(self.volume.id))
+        self.mock_object(self.drv.source, 'wants_move', return_value=False)
+        self.mock_object(self.drv.source, 'connect_over_iscsi',
+                         side_effect=exception.ISCSITargetAttachFailed(
+                             volume_id=self.volume.id))
+        self.assertRaises(exception.ISCSITargetAttachFailed,
+                          self.drv.initialize_connection, self.volume, REMOTE)
+        self.assertFalse(self.drv.source._attach_in_flight(self.volume.id))
+
     def test_remote_export_exports_the_handle(self):
         target = self.mock_object(
             self.drv.target_driver, 'create_export',
