@@ -839,7 +839,7 @@ class Source(side.Side):
                 volume_id=volume['id'], expected='/'.join(move.UNCOMMITTED),
                 found=current.state)
         if current.state == move.ABORTED:
-            self._drop_recorded_acl(volume, current.target_iqn)
+            self._drop_recorded_acl(volume, current)
             return
         try:
             self.drop_and_forget_export(volume, connector)
@@ -911,26 +911,30 @@ class Source(side.Side):
         self.store.forget_move_export(ctxt, volume_id)
         return True
 
-    def _drop_unclaimed_acls(self, volume, target_iqn):
-        """Ending an aborted move that recorded no ACL: drop unclaimed ones.
+    def _drop_unclaimed_acls(self, volume, t):
+        """Ending an aborted move that recorded no ACL: drop its destination's.
 
         An aborted move recorded by an older release has no
         :data:`~cinder_dmclone.move.EXPORT_KEY`, yet its give-up may have
-        kept the export made for it (the removal failed).  Which
-        initiator it admitted is not known; every other ACL of the target
-        belongs to an attachment (Cinder's iSCSI attaches each have one,
-        with their connector).  So the ACLs that no current attachment's
-        connector names go, and the target if it then admits nobody.
-        Nothing goes while an attachment in use names no initiator yet
-        (an attach in progress).  Errors are logged: the export then
-        stays as before this release.
+        kept the export made for it (the removal failed).  Its record
+        names the destination node, not the initiator it admitted: that
+        is known only from the connectors of the node's attachments
+        (:func:`~cinder_dmclone.attachments.node_initiators`).  Only the
+        ACLs of those initiators go, unless an attachment of this volume
+        uses one, and the target if it then admits nobody: any other ACL
+        may serve a connection no attachment records (cinder-backup's,
+        Cinder's ``os-initialize_connection``).  With no initiator of
+        the destination known, nothing goes: logged for an operator.
+        Nothing goes either while an attachment in use names no
+        initiator yet (an attach in progress).  Errors are logged: the
+        export then stays as before this release.
         """
         location = (volume.get('provider_location') or '').split(' ')
         if len(location) < 2:
             LOG.info('Volume %s: the export made for its aborted move is '
                      'gone already.', volume['id'])
             return
-        target_iqn = target_iqn or location[1]
+        target_iqn = t.target_iqn or location[1]
         try:
             current = attachments.current(volume)
             if attachments.unnamed(volume, current):
@@ -939,21 +943,36 @@ class Source(side.Side):
                             'progress; its export is left in place.',
                             volume['id'])
                 return
-            claimed = attachments.initiators(volume, current)
             admitted = self._lio_acls(target_iqn)
-            for initiator in sorted(admitted - claimed):
+            dest = attachments.node_initiators(t.dest_node)
+            claimed = attachments.initiators(volume, current)
+            if not dest and admitted:
+                LOG.warning('Volume %(vol)s: its aborted move to %(dst)s, '
+                            'recorded by an older release, did not record '
+                            'the ACL it gave, and no attachment on %(dst)s '
+                            'tells its initiator: the ACLs of target '
+                            '%(iqn)s (%(acls)s) are left in place. Remove '
+                            "the one of %(dst)s's initiator by hand "
+                            '(cinder-rtstool delete-initiator).',
+                            {'vol': volume['id'], 'dst': t.dest_node,
+                             'iqn': target_iqn,
+                             'acls': ', '.join(sorted(admitted))})
+                return
+            for initiator in sorted((admitted & dest) - claimed):
                 LOG.warning('Volume %(vol)s: removing the ACL of initiator '
-                            '%(ini)s, which no attachment uses, from its '
-                            'export as its aborted move ends (recorded by '
-                            'an older release).',
-                            {'vol': volume['id'], 'ini': initiator})
+                            '%(ini)s (%(dst)s\'s) from its export as its '
+                            'aborted move to %(dst)s ends (recorded by an '
+                            'older release).',
+                            {'vol': volume['id'], 'ini': initiator,
+                             'dst': t.dest_node})
                 self.target_driver.terminate_connection(
                     volume, {'initiator': initiator, 'host': None})
             if admitted and not self._lio_acls(target_iqn):
                 self._drop_emptied_export(volume)
         except Exception:
-            LOG.exception('Volume %s: could not remove the ACLs no '
-                          'attachment uses from its export.', volume['id'])
+            LOG.exception('Volume %(vol)s: could not remove the ACL of '
+                          '%(dst)s from its export.',
+                          {'vol': volume['id'], 'dst': t.dest_node})
 
     def _target_missing(self, volume):
         """True if the record names a target that the kernel does not hold."""
@@ -979,8 +998,8 @@ class Source(side.Side):
                  {'vol': volume['id'], 'ini': initiator})
         return True
 
-    def _drop_recorded_acl(self, volume, target_iqn):
-        """Remove the ACL a move from here recorded it gave; then forget it.
+    def _drop_recorded_acl(self, volume, t):
+        """Remove the ACL aborted move ``t`` recorded it gave; then forget it.
 
         The target goes too if it then admits nobody.  An ACL that an
         attachment uses (:meth:`_used_by_attachment`) stays, and the
@@ -994,7 +1013,7 @@ class Source(side.Side):
         recorded = self.store.move_export(ctxt, volume['id'])
         if recorded is None:
             if not self.store.export_recorded(ctxt, volume['id']):
-                self._drop_unclaimed_acls(volume, target_iqn)
+                self._drop_unclaimed_acls(volume, t)
                 return
             LOG.info('Volume %s: the export made for its aborted move is '
                      'gone already (or an attach took its ACL over); its '
@@ -1006,7 +1025,7 @@ class Source(side.Side):
                      'place.', volume['id'])
             return
         if self._used_by_attachment(volume, recorded[1]) or \
-                self._drop_acl(volume, recorded[1], True, target_iqn):
+                self._drop_acl(volume, recorded[1], True, t.target_iqn):
             self.store.forget_move_export(ctxt, volume['id'])
 
     def _drop_acl(self, volume, initiator, whole, target_iqn=None):

@@ -577,6 +577,11 @@ class Cluster(object):
                          'get_all_by_volume_id',
                          side_effect=lambda ctxt, vid:
                          self.volume(vid).volume_attachment)
+        #: attachments of other volumes (dicts as in ``attachments``),
+        #: which VolumeAttachmentList.get_all_by_host lists too.
+        self.other_attachments = []
+        test.mock_object(objects.VolumeAttachmentList, 'get_all_by_host',
+                         side_effect=self._attachments_by_host)
         self.db.volumes[VOLUME_ID] = {
             'host': self.a.host, 'size': 1,
             'availability_zone': self.a.az, 'provider_location': None,
@@ -598,6 +603,18 @@ class Cluster(object):
         if self.lock_error is not None:
             raise self.lock_error
         return FakeLock(self, 'dmclone-%s' % volume_id)
+
+    def _attachments_by_host(self, ctxt, host, search_opts=None):
+        """The attachments on ``host`` not detached, of every volume."""
+        return objects.VolumeAttachmentList(objects=[
+            objects.VolumeAttachment(
+                id=a['id'], volume_id=a.get('volume_id', self.volume_id),
+                instance_uuid=a['instance_uuid'],
+                attach_status=a['attach_status'],
+                attached_host=a['attached_host'], connector=a['connector'])
+            for a in self.attachments + self.other_attachments
+            if a['attached_host'] == host and a['attach_status']
+            != fields.VolumeAttachStatus.DETACHED])
 
     def _service(self, ctxt, host, binary):
         node = self.nodes.get(host.partition('@')[0])
