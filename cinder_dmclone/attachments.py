@@ -138,3 +138,17 @@ def initiators(volume, attachments=None):
     return {str((a.connector or {}).get('initiator')).lower()
             for a in attachments if a.attach_status in IN_USE
             and (a.connector or {}).get('initiator')}
+
+
+def node_initiators(node):
+    """The iSCSI initiators (lowercase) that ``node``'s connectors name.
+
+    Those of the attachments on ``node`` (``attached_host``, the
+    connector's host) of any volume, not detached: one initiator serves
+    every iSCSI session of a node, so these are the ones an ACL made
+    for that node admits.  Empty when no attachment there tells.
+    """
+    found = objects.VolumeAttachmentList.get_all_by_host(
+        context.get_admin_context(), node)
+    return {str((a.connector or {}).get('initiator')).lower()
+            for a in found if (a.connector or {}).get('initiator')}

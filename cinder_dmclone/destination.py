@@ -882,15 +882,21 @@ class Destination(side.Side):
         """A volume moving here is deleted: clean both nodes.
 
         Returns False when the caller still has to delete the volume's LV
-        here (no move into this node).
+        here (no move into this node), once the volume record, read then,
+        names this node (:meth:`refuse_delete_unless_here`): a move that
+        ended while this waited for the lock may have been a rollback
+        that kept the LV here, named like the volume, and pointed the
+        record at the source.
         """
         t = self.load(volume['id'])
         if not self.is_dest(t):
+            self.refuse_delete_unless_here(volume)
             return False
         ctxt = self.ctxt()
         with move.lock(volume['id']):
             t = self.load(volume['id'])
             if not self.is_dest(t):
+                self.refuse_delete_unless_here(volume)
                 return False
             self.tear_down(volume, t)
             try:

@@ -1072,7 +1072,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             volume, _('attaching on %s') % connector['host'])
         if self._is_local_connector(connector):
             return {}
-        export_info = self.target_driver.create_export(context, volume, path)
+        export_info = self.source.export_for_attach(
+            volume,
+            lambda: self.target_driver.create_export(context, volume, path))
         return {'provider_location': export_info['location'],
                 'provider_auth': export_info['auth']}
 
@@ -1125,6 +1127,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             self.source.refuse_local_attach(volume, _('attaching it here'))
             return self._local_connection(
                 volume, self._ensure_handle(volume, _('attaching it here')))
+        try:
+            return self._connect_remote(volume, connector)
+        finally:
+            self.source.attach_done(volume)
+
+    def _connect_remote(self, volume, connector):
+        """A move to the connector's node, or an iSCSI connection."""
         if self.source.wants_move(volume, connector):
             try:
                 info = self.source.move(volume, connector,

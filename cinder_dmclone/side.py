@@ -26,6 +26,7 @@ from cinder import context
 from cinder import exception
 from cinder.i18n import _
 from cinder import objects
+from cinder.objects import fields
 from cinder.volume import volume_utils
 
 from cinder_dmclone import exception as dmc_exception
@@ -205,6 +206,38 @@ class Side(object):
                        'node: refusing %(action)s.')
                 % {'vol': volume['id'], 'host': current.host,
                    'action': action})
+
+    def refuse_delete_unless_here(self, volume):
+        """Refuse a delete if the volume record, read now, names another node.
+
+        Cinder routes a delete by cinder-api's read of the record, which
+        may predate a rollback that kept this node's LV (named like the
+        volume, see Destination.roll_back_without_metadata).  That LV is
+        no longer the volume and may hold an instance's last writes: it
+        is an operator's, and the volume's delete belongs to the node its
+        record names.  Refused, nothing here is removed, and Cinder keeps
+        the record (``error_deleting``): a new delete goes to that node.
+        A record still ``creating`` is let through: Cinder's create flow,
+        rescheduling a create that failed here, clears the record's host
+        before it deletes what the driver made here.
+        """
+        current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        if current.status == fields.VolumeStatus.CREATING or \
+                volume_utils.extract_host(current.host, 'host') \
+                in self.record_names:
+            return
+        LOG.error('Refusing to delete volume %(vol)s on this node: its '
+                  'record names %(host)s now (this delete was routed by an '
+                  'older read). Nothing is removed here; an LV here named '
+                  'like the volume is not the volume (a copy kept by a '
+                  'rollback?) and is left for an operator. Delete the '
+                  'volume again: Cinder sends it to %(host)s.',
+                  {'vol': volume['id'], 'host': current.host})
+        raise exception.VolumeBackendAPIException(
+            data=_('Volume %(vol)s lives on %(host)s, not on this node: '
+                   'refusing a delete routed here by an older read of its '
+                   'record; delete it again.')
+            % {'vol': volume['id'], 'host': current.host})
 
     def raise_moving(self, volume, t, action, percent=None):
         if percent is None:

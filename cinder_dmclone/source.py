@@ -151,6 +151,10 @@ class Source(side.Side):
         #: move that is over (see :meth:`drop_leftover_export`): the
         #: monitor tries again.
         self.leftover_exports = set()
+        #: volume id -> when (``clock``) each iSCSI attach from another
+        #: node made or reused the volume's export and has not admitted
+        #: its initiator yet (see :meth:`export_for_attach`).
+        self.attaches_in_flight = {}
         #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
         #: volume group, or None (dmclone_thin_map off: no map is sent).
         self.thin_maps = thin_maps
@@ -616,6 +620,66 @@ class Source(side.Side):
             self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
 
+    def export_for_attach(self, volume, create):
+        """``create()`` the export an iSCSI attach from another node uses.
+
+        Cinder's manager makes the export (create_export) before the
+        connection (initialize_connection), which admits the attach's
+        initiator: in between, the export admits nobody for it -- or
+        only the ACL a move that is over left, which the monitor's tick
+        removes.  The export is made under the volume's lock and the
+        attach recorded as in flight until :meth:`attach_done`: a tick,
+        under the same lock, either removes the export before it is made
+        (it is then made anew) or sees the attach and leaves the export
+        to it (:meth:`_drop_emptied_export`).
+        """
+        with move.lock(volume['id']):
+            info = create()
+            self.attaches_in_flight.setdefault(volume['id'], []).append(
+                self._clock())
+        return info
+
+    def attach_done(self, volume):
+        """The connection of an attach made by export_for_attach is done.
+
+        Made or failed: either its ACL is in place, or the manager
+        removes the export next.
+        """
+        started = self.attaches_in_flight.get(volume['id'])
+        if started:
+            started.pop(0)
+            if not started:
+                del self.attaches_in_flight[volume['id']]
+
+    def _attach_in_flight(self, volume_id):
+        """True if an attach from another node may still be connecting.
+
+        An attach whose connection never came (its manager died between
+        the two calls) counts for as long as an attempt to move the
+        volume may last (its connection may wait for the volume's lock
+        that long): then the export is no longer kept for it.
+        """
+        now = self._clock()
+        window = self.stale_prepare_after()
+        return any(now - started <= window
+                   for started in self.attaches_in_flight.get(volume_id, ()))
+
+    def _drop_emptied_export(self, volume):
+        """Remove an export that admits nobody now, under the volume's lock.
+
+        Called once the ACL a move that is over gave is gone.  Not while
+        an iSCSI attach from another node is connecting to the export
+        (:meth:`export_for_attach`): it is that attach's, whose failure
+        removes it (Cinder's manager removes the export when the
+        connection fails).
+        """
+        if self._attach_in_flight(volume['id']):
+            LOG.info('Volume %s: its export admits nobody now, but an '
+                     'iSCSI attach from another node is connecting to it: '
+                     'it stays.', volume['id'])
+            return
+        self.drop_and_forget_export(volume, ANY_INITIATOR)
+
     def _recorded_acl_is(self, volume, connector):
         """True if the ACL a move from here recorded is ``connector``'s."""
         recorded = self.store.move_export(self.ctxt(), volume['id'])
@@ -883,7 +947,7 @@ class Source(side.Side):
                 volume_id=volume['id'], expected='/'.join(move.UNCOMMITTED),
                 found=current.state)
         if current.state == move.ABORTED:
-            self._drop_recorded_acl(volume, current.target_iqn)
+            self._drop_recorded_acl(volume, current)
             return
         try:
             self.drop_and_forget_export(volume, connector)
@@ -907,7 +971,8 @@ class Source(side.Side):
         goes: another node may reach the volume through the same target
         (an iSCSI attach made since); the target goes too if it then
         admits nobody, with ``whole`` (not while an attach here has just
-        made it: see :meth:`_give_up_stale_prepare`).  With ``restore``
+        made it: see :meth:`_give_up_stale_prepare` and
+        :meth:`_drop_emptied_export`).  With ``restore``
         (at start) LIO's saved targets are restored first (a reboot
         left the ACL in LIO's saved configuration only); if the target
         the record names is still not in the kernel then (the restore
@@ -954,26 +1019,30 @@ class Source(side.Side):
         self.store.forget_move_export(ctxt, volume_id)
         return True
 
-    def _drop_unclaimed_acls(self, volume, target_iqn):
-        """Ending an aborted move that recorded no ACL: drop unclaimed ones.
+    def _drop_unclaimed_acls(self, volume, t):
+        """Ending an aborted move that recorded no ACL: drop its destination's.
 
         An aborted move recorded by an older release has no
         :data:`~cinder_dmclone.move.EXPORT_KEY`, yet its give-up may have
-        kept the export made for it (the removal failed).  Which
-        initiator it admitted is not known; every other ACL of the target
-        belongs to an attachment (Cinder's iSCSI attaches each have one,
-        with their connector).  So the ACLs that no current attachment's
-        connector names go, and the target if it then admits nobody.
-        Nothing goes while an attachment in use names no initiator yet
-        (an attach in progress).  Errors are logged: the export then
-        stays as before this release.
+        kept the export made for it (the removal failed).  Its record
+        names the destination node, not the initiator it admitted: that
+        is known only from the connectors of the node's attachments
+        (:func:`~cinder_dmclone.attachments.node_initiators`).  Only the
+        ACLs of those initiators go, unless an attachment of this volume
+        uses one, and the target if it then admits nobody: any other ACL
+        may serve a connection no attachment records (cinder-backup's,
+        Cinder's ``os-initialize_connection``).  With no initiator of
+        the destination known, nothing goes: logged for an operator.
+        Nothing goes either while an attachment in use names no
+        initiator yet (an attach in progress).  Errors are logged: the
+        export then stays as before this release.
         """
         location = (volume.get('provider_location') or '').split(' ')
         if len(location) < 2:
             LOG.info('Volume %s: the export made for its aborted move is '
                      'gone already.', volume['id'])
             return
-        target_iqn = target_iqn or location[1]
+        target_iqn = t.target_iqn or location[1]
         try:
             current = attachments.current(volume)
             if attachments.unnamed(volume, current):
@@ -982,21 +1051,36 @@ class Source(side.Side):
                             'progress; its export is left in place.',
                             volume['id'])
                 return
-            claimed = attachments.initiators(volume, current)
             admitted = self._lio_acls(target_iqn)
-            for initiator in sorted(admitted - claimed):
+            dest = attachments.node_initiators(t.dest_node)
+            claimed = attachments.initiators(volume, current)
+            if not dest and admitted:
+                LOG.warning('Volume %(vol)s: its aborted move to %(dst)s, '
+                            'recorded by an older release, did not record '
+                            'the ACL it gave, and no attachment on %(dst)s '
+                            'tells its initiator: the ACLs of target '
+                            '%(iqn)s (%(acls)s) are left in place. Remove '
+                            "the one of %(dst)s's initiator by hand "
+                            '(cinder-rtstool delete-initiator).',
+                            {'vol': volume['id'], 'dst': t.dest_node,
+                             'iqn': target_iqn,
+                             'acls': ', '.join(sorted(admitted))})
+                return
+            for initiator in sorted((admitted & dest) - claimed):
                 LOG.warning('Volume %(vol)s: removing the ACL of initiator '
-                            '%(ini)s, which no attachment uses, from its '
-                            'export as its aborted move ends (recorded by '
-                            'an older release).',
-                            {'vol': volume['id'], 'ini': initiator})
+                            '%(ini)s (%(dst)s\'s) from its export as its '
+                            'aborted move to %(dst)s ends (recorded by an '
+                            'older release).',
+                            {'vol': volume['id'], 'ini': initiator,
+                             'dst': t.dest_node})
                 self.target_driver.terminate_connection(
                     volume, {'initiator': initiator, 'host': None})
             if admitted and not self._lio_acls(target_iqn):
-                self.drop_and_forget_export(volume, ANY_INITIATOR)
+                self._drop_emptied_export(volume)
         except Exception:
-            LOG.exception('Volume %s: could not remove the ACLs no '
-                          'attachment uses from its export.', volume['id'])
+            LOG.exception('Volume %(vol)s: could not remove the ACL of '
+                          '%(dst)s from its export.',
+                          {'vol': volume['id'], 'dst': t.dest_node})
 
     def _target_missing(self, volume):
         """True if the record names a target that the kernel does not hold."""
@@ -1022,8 +1106,8 @@ class Source(side.Side):
                  {'vol': volume['id'], 'ini': initiator})
         return True
 
-    def _drop_recorded_acl(self, volume, target_iqn):
-        """Remove the ACL a move from here recorded it gave; then forget it.
+    def _drop_recorded_acl(self, volume, t):
+        """Remove the ACL aborted move ``t`` recorded it gave; then forget it.
 
         The target goes too if it then admits nobody.  An ACL that an
         attachment uses (:meth:`_used_by_attachment`) stays, and the
@@ -1037,7 +1121,7 @@ class Source(side.Side):
         recorded = self.store.move_export(ctxt, volume['id'])
         if recorded is None:
             if not self.store.export_recorded(ctxt, volume['id']):
-                self._drop_unclaimed_acls(volume, target_iqn)
+                self._drop_unclaimed_acls(volume, t)
                 return
             LOG.info('Volume %s: the export made for its aborted move is '
                      'gone already (or an attach took its ACL over); its '
@@ -1049,7 +1133,7 @@ class Source(side.Side):
                      'place.', volume['id'])
             return
         if self._used_by_attachment(volume, recorded[1]) or \
-                self._drop_acl(volume, recorded[1], True, target_iqn):
+                self._drop_acl(volume, recorded[1], True, t.target_iqn):
             self.store.forget_move_export(ctxt, volume['id'])
 
     def _drop_acl(self, volume, initiator, whole, target_iqn=None):
@@ -1071,7 +1155,7 @@ class Source(side.Side):
         if initiator in admitted:
             return False
         if whole and not admitted:
-            self.drop_and_forget_export(volume, ANY_INITIATOR)
+            self._drop_emptied_export(volume)
         return True
 
     def _abort_peer(self, ctxt, volume, t):

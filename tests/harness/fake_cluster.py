@@ -353,7 +353,9 @@ class Node(object):
         self.source.end_stale_prepare(volume)
         self.source.refuse_if_moving(volume, 'attaching on %s'
                                      % connector['host'])
-        update = self.target.create_export(ctxt, volume, self.ensure_handle())
+        path = self.ensure_handle()
+        update = self.source.export_for_attach(
+            volume, lambda: self.target.create_export(ctxt, volume, path))
         return {'provider_location': update['location'],
                 'provider_auth': update['auth']}
 
@@ -366,13 +368,17 @@ class Node(object):
         if connector['host'] == self.name:
             self.source.refuse_local_attach(volume, 'attaching it here')
             return self._local(volume, self.ensure_handle())
-        if self.source.wants_move(volume, connector):
-            info = self.source.move(
-                volume, connector, lambda: self.dm.device_sectors(LV_PATH))
-            if info is not None:
-                return info
-        return self.source.connect_over_iscsi(
-            volume, connector, self.target.initialize_connection)
+        try:
+            if self.source.wants_move(volume, connector):
+                info = self.source.move(
+                    volume, connector,
+                    lambda: self.dm.device_sectors(LV_PATH))
+                if info is not None:
+                    return info
+            return self.source.connect_over_iscsi(
+                volume, connector, self.target.initialize_connection)
+        finally:
+            self.source.attach_done(volume)
 
     def terminate_connection(self, volume, connector, force=False):
         """DMCloneVolumeDriver.terminate_connection."""
@@ -573,6 +579,11 @@ class Cluster(object):
                          'get_all_by_volume_id',
                          side_effect=lambda ctxt, vid:
                          self.volume(vid).volume_attachment)
+        #: attachments of other volumes (dicts as in ``attachments``),
+        #: which VolumeAttachmentList.get_all_by_host lists too.
+        self.other_attachments = []
+        test.mock_object(objects.VolumeAttachmentList, 'get_all_by_host',
+                         side_effect=self._attachments_by_host)
         self.db.volumes[VOLUME_ID] = {
             'host': self.a.host, 'size': 1,
             'availability_zone': self.a.az, 'provider_location': None,
@@ -594,6 +605,18 @@ class Cluster(object):
         if self.lock_error is not None:
             raise self.lock_error
         return FakeLock(self, 'dmclone-%s' % volume_id)
+
+    def _attachments_by_host(self, ctxt, host, search_opts=None):
+        """The attachments on ``host`` not detached, of every volume."""
+        return objects.VolumeAttachmentList(objects=[
+            objects.VolumeAttachment(
+                id=a['id'], volume_id=a.get('volume_id', self.volume_id),
+                instance_uuid=a['instance_uuid'],
+                attach_status=a['attach_status'],
+                attached_host=a['attached_host'], connector=a['connector'])
+            for a in self.attachments + self.other_attachments
+            if a['attached_host'] == host and a['attach_status']
+            != fields.VolumeAttachStatus.DETACHED])
 
     def _service(self, ctxt, host, binary):
         node = self.nodes.get(host.partition('@')[0])

@@ -858,6 +858,56 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
     def node_b_acl(self):
         return self.b.props['initiator'] in _acl(self.a)
 
+    def test_tick_between_node_cs_export_and_its_acl_keeps_the_target(self):
+        # Review 9: node-c's iSCSI attach (no service of this backend)
+        # makes the export in create_export -- here it reuses the one
+        # that still admits node-b -- and admits node-c only in
+        # initialize_connection.  A tick of node-a in between removed
+        # node-b's leftover ACL, found the target admitting nobody and
+        # removed it: node-c's attach failed.
+        self.failed_move_ended_by_node_b()
+        create = self.a.create_export
+        ticked = []
+
+        def create_then_tick(ctxt, volume, connector):
+            update = create(ctxt, volume, connector)
+            self.c.tick(self.a)
+            ticked.append(_acl(self.a))
+            return update
+        self.mock_object(self.a, 'create_export',
+                         side_effect=create_then_tick)
+        info = self.a.attach(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        # (The tick did remove node-b's leftover ACL, and only that.)
+        self.assertEqual([set()], ticked)
+        self.assertEqual({NODE_C['initiator']}, _acl(self.a))
+        self.assertNotIn(move.EXPORT_KEY, self.c.transfer_keys())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_an_export_whose_attach_never_went_on_goes_at_a_later_tick(
+            self):
+        # An attach whose initialize_connection never came (its manager
+        # died in between) is not taken for one in flight for good: once
+        # no attach can still be connecting, a tick that finds the ACL of
+        # a move that is over (here: recorded again, as by a later move)
+        # removes the export it leaves admitting nobody.
+        self.failed_move_ended_by_node_b()
+        self.a.create_export(self.c.ctxt, self.c.volume(), dict(NODE_C))
+        self.c.tick(self.a)
+        self.assertEqual(set(), _acl(self.a))
+        self.assertIn(FakeTargetIQN, self.a.target.exports)
+        later = self.a.source._clock() + \
+            self.a.source.stale_prepare_after() + 1
+        self.mock_object(self.a.source, '_clock', return_value=later)
+        self.a.source.leftover_exports.add(VOLUME_ID)
+        self.c.db.volume_admin_metadata_update(
+            self.c.ctxt, VOLUME_ID,
+            {move.EXPORT_KEY: 'node-a %s' % self.b.props['initiator']},
+            False)
+        self.c.tick(self.a)
+        self.assertNotIn(FakeTargetIQN, self.a.target.exports)
+
     def test_tick_keeps_the_acl_of_node_bs_later_iscsi_attach(self):
         # The drop before node-b's iSCSI attach fails once (a transient
         # rtstool error): the attach goes on and makes node-b's ACL for

@@ -505,6 +505,31 @@ class LifecycleTestCase(DriverTestBase):
         self.assertIn(HANDLE, self.dm.devices)
         self.vg.delete.assert_not_called()
 
+    def test_delete_of_a_volume_living_elsewhere_is_refused(self):
+        # Review 9: no move recorded, an LV here named like the volume
+        # (kept by a rollback), a record naming another node: a delete
+        # routed here by an older read removes nothing (before: the LV
+        # went, and Cinder destroyed the record of the volume, whose
+        # copy on node-b lived on).
+        self.records[self.volume.id] = 'node-b@dmclone#dmclone'
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.delete_volume, self.volume)
+        self.assertIn('node-b', str(exc))
+        self.vg.delete.assert_not_called()
+        self.assertIn(LV, self.lvs)
+
+    def test_delete_after_a_rescheduled_create_removes_the_lv(self):
+        # Cinder's create flow, rescheduling a create that failed here,
+        # clears the record's host (the scheduler may already have set
+        # the next one) and then deletes what the driver made here: the
+        # record, still "creating", no longer names this node.
+        self.mock_object(objects.Volume, 'get_by_id',
+                         return_value=fake_volume.fake_volume_obj(
+                             self.ctxt, id=self.volume.id, host=None,
+                             status='creating'))
+        self.drv.delete_volume(self.volume)
+        self.vg.delete.assert_called_once_with(LV)
+
     def test_delete_missing_lv_still_removes_handle(self):
         self._make_handle()
         self.lvs.clear()
@@ -1103,6 +1128,21 @@ class ConnectionTestCase(DriverTestBase):
             self.assertRaises(exception.VolumeBackendAPIException, serve)
         self.assertEqual({}, self.dm.devices)
         image.assert_not_called()
+
+    def test_remote_export_is_an_attach_in_flight_until_it_connects(self):
+        # Review 9: the monitor's tick leaves an export an attach from
+        # another node is connecting to (Source.export_for_attach).
+        self.mock_object(self.drv.target_driver, 'create_export',
+                         return_value={'location': 'loc', 'auth': 'CHAP u p'})
+        self.drv.create_export(self.ctxt, self.volume, REMOTE)
+        self.assertTrue(self.drv.source._attach_in_flight(self.volume.id))
+        self.mock_object(self.drv.source, 'wants_move', return_value=False)
+        self.mock_object(self.drv.source, 'connect_over_iscsi',
+                         side_effect=exception.ISCSITargetAttachFailed(
+                             volume_id=self.volume.id))
+        self.assertRaises(exception.ISCSITargetAttachFailed,
+                          self.drv.initialize_connection, self.volume, REMOTE)
+        self.assertFalse(self.drv.source._attach_in_flight(self.volume.id))
 
     def test_remote_export_exports_the_handle(self):
         target = self.mock_object(

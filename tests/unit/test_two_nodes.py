@@ -1863,10 +1863,30 @@ class ThirdNodeTestCase(ClusterTestCase):
                        connector=dict(connector))
         self.c.attachments.append(att)
 
+    def node_b_attached_elsewhere(self):
+        """node-b's instance has another volume attached: its connector."""
+        self.c.other_attachments.append({
+            'id': fake.ATTACHMENT2_ID, 'volume_id': fake.VOLUME2_ID,
+            'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': ATTACHED, 'attached_host': self.b.name,
+            'connector': dict(self.b.props)})
+
+    def legacy_iscsi_connection(self, connector):
+        """An iSCSI connection with no attachment record (cinder-backup's).
+
+        Cinder's manager.initialize_connection: create_export, then
+        initialize_connection; nothing is recorded.
+        """
+        self.a.create_export(self.c.ctxt, self.volume(), dict(connector))
+        info = self.a.initialize_connection(self.volume(), dict(connector))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+
     def test_ending_an_older_releases_aborted_move_drops_its_export(self):
-        # Review 8, R8-6: nothing records which ACL the move's export
-        # gave; none is any attachment's: they go, and the target.
+        # Review 8, R8-6: the release that recorded the move recorded
+        # not which ACL its export gave; node-b's initiator is known from
+        # node-b's attachments (review 9): its ACL goes, and the target.
         self.older_aborted_move_keeping_its_export()
+        self.node_b_attached_elsewhere()
         self.c.restart(self.a)
         self.assertIsNone(self.c.transfer())
         self.assertNotIn(IQN, self.a.target.exports)
@@ -1875,11 +1895,41 @@ class ThirdNodeTestCase(ClusterTestCase):
     def test_ending_an_older_releases_aborted_move_keeps_attachments(self):
         # node-c's iSCSI attachment uses the same target: its ACL stays.
         self.older_aborted_move_keeping_its_export()
+        self.node_b_attached_elsewhere()
         self.iscsi_attachment(self.NODE_C)
         self.c.restart(self.a)
         self.assertEqual({self.NODE_C['initiator']}, self.acl())
         self.assertIsNotNone(
             self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_keeps_a_backups_acl(
+            self):
+        # Review 9: cinder-backup (on node-c) connects to the volume with
+        # Cinder's initialize_connection, which records no attachment.
+        # Before, ending the older release's aborted move removed every
+        # ACL no attachment names: the backup's too, whose reads failed.
+        self.older_aborted_move_keeping_its_export()
+        self.node_b_attached_elsewhere()
+        self.legacy_iscsi_connection(self.NODE_C)
+        self.assertEqual({self.b.props['initiator'], self.NODE_C['initiator']},
+                         self.acl())
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({self.NODE_C['initiator']}, self.acl())
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_ending_an_older_releases_aborted_move_with_node_b_unknown(self):
+        # No attachment tells node-b's initiator: no ACL can be proved
+        # the move's, so none goes (the backup's stays); the operator is
+        # told which target and node to check.
+        self.older_aborted_move_keeping_its_export()
+        self.legacy_iscsi_connection(self.NODE_C)
+        self.c.restart(self.a)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({self.b.props['initiator'], self.NODE_C['initiator']},
+                         self.acl())
+        self.assertIn(self.b.name, str(self.log.warning.call_args_list))
 
     def test_ending_an_older_releases_aborted_move_during_an_attach(self):
         # An attachment reserved, its connector not saved yet: which
@@ -3255,8 +3305,12 @@ class ExtendRetuneDeleteTestCase(ClusterTestCase):
         self.assertIn(LV, self.b.vg.lvs)
 
     def test_delete_not_here(self):
+        # A delete on the source of a move into node-b, whose record names
+        # node-b: refused (before: False, and the driver went on to
+        # remove the LV node-b's clone still reads from).
         self.moved()
-        self.assertFalse(self.a.destination.delete(self.volume()))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.a.destination.delete, self.volume())
         self.assertIn(LV, self.a.vg.lvs)
         self.assertIn(LV, self.b.vg.lvs)
 
@@ -3413,6 +3467,49 @@ class StaleHostAfterKeptRollbackTestCase(ClusterTestCase):
             self.b.destination.extend, stale,
             lambda: grown.append(self.b.vg.extend_volume(LV, '2g')))
         self.assertEqual([], grown)
+
+    def assert_delete_refused_and_nothing_gone(self, stale):
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.b.delete_volume, stale)
+        self.assertIn('lives on %s' % self.a.host, str(exc))
+        # The kept LV is an operator's (it may hold the instance's last
+        # writes): neither wiped nor removed ...
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertEqual([], self.b.wiped)
+        # ... and the volume itself, on node-a, is untouched.
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
+        self.assertIn(HANDLE, self.a.dm.devices)
+        self.assertEqual([], self.c.violations)
+
+    def test_delete_just_after_the_rollback_is_refused(self):
+        # Review 9: a delete routed to node-b by cinder-api's read made
+        # while the record still named node-b reaches node-b after the
+        # rollback.  Before, no move was recorded any more, so node-b
+        # removed the LV named like the volume -- the kept copy -- and
+        # reported the volume deleted, whose copy on node-a lived on
+        # with no record.
+        src, dst, stale = self.roll_back_keeping_lv()
+        self.c.detach(dst)                  # the rollback, kept LV
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assert_delete_refused_and_nothing_gone(stale)
+
+    def test_delete_racing_the_rollback_is_refused(self):
+        # The delete waits for the lock the rollback detach holds: under
+        # the lock no move is recorded any more, and the record names
+        # node-a.
+        src, dst, stale = self.roll_back_keeping_lv()
+        locking = move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                self.c.detach(dst)
+            return locking(volume_id)
+        self.mock_object(move, 'lock', side_effect=lock)
+        self.assert_delete_refused_and_nothing_gone(stale)
+        self.assertEqual(1, len(raced))
 
 
 class ThinMapTestCase(ClusterTestCase):
