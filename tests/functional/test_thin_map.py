@@ -224,15 +224,20 @@ def set_pool_zeroing(topo, node, on):
              pool_zeroing(topo, node), pool_table(topo, node))
 
 
-def record_path(topo, node):
+def record_path(topo, node, owner=True):
     """Where ``node``'s driver records a reservation of its thin pool.
 
-    (``<state_path>/dmclone/<pool's -tpool device>.metasnap``:
-    :class:`cinder_dmclone.region_map.ThinMaps`.)
+    (``<state_path>/dmclone/<pool's -tpool device>.<node>.metasnap``:
+    :class:`cinder_dmclone.region_map.ThinMaps`; the node is the
+    service's ``host``, ``node-<node>`` here.)  ``owner=False``: where a
+    release that named no node in its records wrote them.
     """
     vg, pool = pool_of(topo, node)
-    return os.path.join(services.STATE, 'dmclone', thin.pool_device(
-        vg, pool) + region_map.RECORD_SUFFIX)
+    name = thin.pool_device(vg, pool)
+    if owner:
+        name += '.node-' + node
+    return os.path.join(services.STATE, 'dmclone',
+                        name + region_map.RECORD_SUFFIX)
 
 
 def no_snapshot_left(topo, node):
@@ -241,9 +246,10 @@ def no_snapshot_left(topo, node):
     assert root == '-', ('node %s\'s thin pool still holds a metadata '
                          'snapshot (root %s): %s' % (
                              node.upper(), root, pool_status(topo, node)))
-    assert not testbed.path_exists(record_path(topo, node), node), (
-        'node %s keeps a reservation record %s'
-        % (node.upper(), record_path(topo, node)))
+    for path in (record_path(topo, node),
+                 record_path(topo, node, owner=False)):
+        assert not testbed.path_exists(path, node), (
+            'node %s keeps a reservation record %s' % (node.upper(), path))
 
 
 def clone_progress(cloud, topo, node, volume_id):
@@ -602,10 +608,11 @@ def test_a_snapshot_left_held_is_released_at_start(
 
     What a ``kill -9`` between the reserve and the release leaves, made
     by hand (the window is too short to hit): the driver's record
-    written first (``<state_path>/dmclone/<pool>-tpool.metasnap``, "<vg>
-    <pool>"), then ``reserve_metadata_snap``.  Node A's volume service is
-    killed (SIGKILL) and started again: its start releases the snapshot
-    (held root ``-``), removes the record and logs it.  Then ``cinder
+    written first (``<state_path>/dmclone/<pool>-tpool.node-a.metasnap``,
+    "<vg> <pool> node-a"), then ``reserve_metadata_snap``.  Node A's
+    volume service is killed (SIGKILL) and started again: its start
+    releases the snapshot (held root ``-``), removes the record and logs
+    it.  Then ``cinder
     migrate`` of the volume to node B applies a map taken afresh, and
     every MiB of it is right on node B.
     """
@@ -618,9 +625,10 @@ def test_a_snapshot_left_held_is_released_at_start(
     held = False
     try:
         no_snapshot_left(topo, 'a')
-        testbed.run(['sh', '-c', 'mkdir -p "$1" && printf "%s %s\\n" "$2" '
-                     '"$3" > "$4" && sync', 'record', os.path.dirname(path),
-                     vg, pool, path], node='a')
+        testbed.run(['sh', '-c', 'mkdir -p "$1" && printf "%s %s %s\\n" '
+                     '"$2" "$3" "$4" > "$5" && sync', 'record',
+                     os.path.dirname(path), vg, pool, 'node-a', path],
+                    node='a')
         testbed.run(['dmsetup', 'message', tpool, '0',
                      'reserve_metadata_snap'], node='a')
         held = True
