@@ -458,6 +458,9 @@ class FakeThinPool(object):
         #: word of a command (reserve_metadata_snap, thin_dump...) -> the
         #: exception it raises instead.
         self.fail_on = {}
+        #: blank bytes thin_dump writes before its XML (a dump larger than
+        #: its mappings explain).
+        self.dump_padding = 0
 
     @property
     def device(self):
@@ -492,6 +495,9 @@ class FakeThinPool(object):
             word = 'table'
         elif cmd[:2] == ('dmsetup', 'table') and cmd[2] in self._lv_devices():
             word = 'thin_table'
+        elif cmd[:2] == ('dmsetup', 'status') and \
+                cmd[2] in self._lv_devices():
+            word = 'thin_status'
         elif cmd[:1] == ('thin_dump',):
             word = 'thin_dump'
         if word is None:
@@ -510,6 +516,14 @@ class FakeThinPool(object):
         origin = ' 253:9' if lv in self.external else ''
         return ('0 2097152 thin 253:3 %d%s\n' % (self.thin_ids[lv], origin),
                 '')
+
+    def _thin_status(self, cmd, lvs):
+        mapped = sum(e - f for f, e in self.mapped.get(
+            self._lv_devices()[cmd[2]], ()))
+        if not mapped:
+            return '0 2097152 thin 0 -\n', ''
+        return '0 2097152 thin %d %d\n' % (
+            mapped * self.block_sectors, 2097151), ''
 
     def _thin_device(self, cmd, lvs):
         lv = cmd[-1].split('/', 1)[1]
@@ -559,7 +573,8 @@ class FakeThinPool(object):
                            '</device>' % (thin_id, sum(
                                e - f for f, e in self.mapped.get(lv, ())),
                                body))
-        return ('<superblock data_block_size="%d">%s</superblock>'
+        return (' ' * self.dump_padding
+                + '<superblock data_block_size="%d">%s</superblock>'
                 % (self.block_sectors, ''.join(devices))), ''
 
 

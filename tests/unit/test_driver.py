@@ -398,6 +398,12 @@ class SetupTestCase(DriverTestBase):
         # (and the space check counts what the maps copy)
         self.assertTrue(drv.moves.destination.clones.thin_map)
         self.assertEqual(VG, maps.vg_name)
+        # (thin_dump read as it comes, bounded: R11-7)
+        self.assertIs(privileged.stream_output, maps._stream)
+        self.assertEqual(1000000, maps.max_mappings)
+        drv = self._make_driver(dmclone_thin_map=True,
+                                dmclone_thin_map_max_mappings=5)
+        self.assertEqual(5, drv.moves.source.thin_maps.max_mappings)
         self.assertEqual('node-a', maps.node_name)
         self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone'),
                          maps.record_dir)

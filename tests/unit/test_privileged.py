@@ -21,6 +21,7 @@ functional suite.
 import ast
 import logging
 import os
+import subprocess
 from unittest import mock
 
 import ddt
@@ -1209,3 +1210,132 @@ class ThinMapCommandsTestCase(test.TestCase):
     def test_nothing_to_discard(self):
         privileged.discard_regions('vg', 'lv', [], **self.kw)
         self.execute.assert_not_called()
+
+    def test_thin_mapped_sectors(self):
+        self.execute.return_value = ('0 2097152 thin 1024 4095\n', '')
+        self.assertEqual(1024, privileged.thin_mapped_sectors(
+            'cinder-volumes', 'volume-1', **self.kw))
+        self._called('dmsetup', 'status', 'cinder--volumes-volume--1')
+
+    def test_pool_block_sectors(self):
+        self.execute.return_value = (
+            '0 2097152 thin-pool 253:1 253:2 512 0 0\n', '')
+        self.assertEqual(512, privileged.pool_block_sectors(
+            'cinder-volumes', 'cinder-volumes-pool', **self.kw))
+        self._called('dmsetup', 'table',
+                     'cinder--volumes-cinder--volumes--pool-tpool')
+
+
+class StreamedThinDumpTestCase(test.TestCase):
+    """thin_dump read as it comes, never more than its cap (R11-7)."""
+
+    def setUp(self):
+        super().setUp()
+        self.calls = []
+        self.closed = []
+
+    def stream(self, *pieces, error=None):
+        def run(*argv, **kwargs):
+            self.calls.append((argv, kwargs))
+            try:
+                for piece in pieces:
+                    yield piece
+                if error is not None:
+                    raise error
+            finally:
+                self.closed.append(True)
+        return run
+
+    def test_pieces_are_parsed_as_they_come(self):
+        text = XML.encode()
+        stream = self.stream(text[:50], text[50:120], text[120:])
+        m = privileged.thin_dump('cinder-volumes', 'cinder-volumes-pool', 3,
+                                 root_helper='sudo rw', stream=stream)
+        self.assertEqual(((4, 6),), m.ranges)
+        self.assertEqual([((*privileged.ENV_PREFIX, 'thin_dump', '--format',
+                            'xml', '--metadata-snap', '--dev-id', '3',
+                            '/dev/mapper/cinder--volumes-cinder--volumes--'
+                            'pool_tmeta'),
+                           {'run_as_root': True, 'root_helper': 'sudo rw'})],
+                         self.calls)
+        self.assertEqual([True], self.closed)
+
+    def test_output_beyond_the_cap_is_not_read(self):
+        text = XML.encode()
+        pieces = [text[:40], text[40:80], text[80:]]
+        stream = self.stream(*pieces)
+        self.assertRaises(exception.ThinDumpTooLarge, privileged.thin_dump,
+                          'vg', 'pool', 3, stream=stream, max_bytes=79)
+        # (The runner was closed: it stops the command.)
+        self.assertEqual([True], self.closed)
+
+    def test_a_failed_dump_is_a_command_failure(self):
+        stream = self.stream(XML.encode()[:20], error=failure(
+            1, 'bad checksum in superblock'))
+        exc = self.assertRaises(exception.PrivilegedCommandFailed,
+                                privileged.thin_dump, 'vg', 'pool', 3,
+                                stream=stream)
+        self.assertIn('bad checksum in superblock', str(exc))
+
+    def test_refused_by_rootwrap(self):
+        argv = (*privileged.ENV_PREFIX, 'thin_dump', '--format', 'xml',
+                '--metadata-snap', '--dev-id', '3',
+                '/dev/mapper/vg-pool_tmeta')
+        stream = self.stream(error=failure(
+            99, 'cinder-rootwrap: Unauthorized command: %s (no filter '
+            'matched)' % ' '.join(argv)))
+        self.assertRaises(exception.CommandRefused, privileged.thin_dump,
+                          'vg', 'pool', 3, stream=stream)
+
+    def test_a_whole_output_runner_still_works(self):
+        # (execute without a stream: its output in pieces, capped alike.)
+        execute = mock.Mock(return_value=(XML, ''))
+        self.assertEqual(((4, 6),), privileged.thin_dump(
+            'vg', 'pool', 3, execute=execute).ranges)
+        self.assertRaises(exception.ThinDumpTooLarge, privileged.thin_dump,
+                          'vg', 'pool', 3, execute=execute, max_bytes=100)
+
+
+class StreamOutputTestCase(test.TestCase):
+    """The process runner behind a streamed command, on real processes."""
+
+    def test_output_in_pieces(self):
+        pieces = list(privileged.stream_output(
+            'printf', 'abcdefghij', run_as_root=False, piece=4))
+        self.assertEqual(b'abcdefghij', b''.join(pieces))
+        self.assertTrue(all(len(p) <= 4 for p in pieces))
+
+    def test_a_failure_raises_with_its_stderr(self):
+        exc = self.assertRaises(
+            processutils.ProcessExecutionError, list,
+            privileged.stream_output('sh', '-c', 'echo out; echo bad >&2; '
+                                     'exit 3', run_as_root=False))
+        self.assertEqual(3, exc.exit_code)
+        self.assertEqual('bad\n', exc.stderr)
+
+    def test_closing_stops_a_command_that_never_ends(self):
+        # (yes writes forever: only the closed pipe, or a signal, ends it.)
+        procs = []
+
+        def popen(*args, **kwargs):
+            procs.append(subprocess.Popen(*args, **kwargs))
+            return procs[-1]
+        pieces = privileged.stream_output('yes', run_as_root=False,
+                                          piece=4096, popen=popen)
+        self.assertEqual(4096, len(next(pieces)))
+        pieces.close()
+        self.assertIsNotNone(procs[0].poll())
+
+    def test_as_root_through_the_helper(self):
+        popen = mock.Mock(side_effect=OSError('no such file'))
+        self.assertRaises(OSError, list, privileged.stream_output(
+            '/usr/bin/env', 'LC_ALL=C', 'thin_dump', run_as_root=True,
+            root_helper='sudo cinder-rootwrap /etc/cinder/rootwrap.conf',
+            popen=popen))
+        self.assertEqual(['sudo', 'cinder-rootwrap',
+                          '/etc/cinder/rootwrap.conf', '/usr/bin/env',
+                          'LC_ALL=C', 'thin_dump'], popen.call_args[0][0])
+
+    def test_as_root_needs_a_helper(self):
+        self.assertRaises(processutils.NoRootWrapSpecified, list,
+                          privileged.stream_output('true', run_as_root=True))

@@ -44,10 +44,10 @@ class ThinMapsTestCase(test.TestCase):
         self.locks = []
         self.maps = self.new_maps()
 
-    def new_maps(self):
+    def new_maps(self, **kwargs):
         return region_map.ThinMaps('node-a', VG, self.dir,
                                    execute=self.execute, root_helper='rw',
-                                   lock=self.lock)
+                                   lock=self.lock, **kwargs)
 
     @contextlib.contextmanager
     def lock(self, node, vg, pool):
@@ -77,8 +77,8 @@ class ThinMapsTestCase(test.TestCase):
     def test_map_of_a_thin_lv(self):
         token = self.maps.take(LV, SECTORS, REGION)
         self.assertEqual([(0, 2), (9, 10)], self.decode(token))
-        self.assertEqual(['thin_device', 'thin_table',
-                          'reserve_metadata_snap', 'thin_dump',
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table', 'reserve_metadata_snap', 'thin_dump',
                           'release_metadata_snap'], self.pool.calls)
         self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
         self.assertFalse(self.pool.held)
@@ -112,19 +112,60 @@ class ThinMapsTestCase(test.TestCase):
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
 
+    # R11-7: what a map costs is bounded before thin_dump runs (the thin
+    # LV's mapped blocks bound its mappings) and while it is read (a byte
+    # cap on its output): a tenant decides how fragmented its LV is.
+    def test_more_blocks_than_allowed_means_no_map_and_no_dump(self):
+        maps = self.new_maps(max_mappings=2)   # the LV maps 3 blocks
+        with self.assertLogs(region_map.LOG.logger, 'INFO') as logs:
+            self.assertIsNone(maps.take(LV, SECTORS, REGION))
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table'], self.pool.calls)
+        self.assertEqual([], self.locks)
+        self.assertIn('dmclone_thin_map_max_mappings', '\n'.join(
+            logs.output))
+
+    def test_as_many_blocks_as_allowed_is_mapped(self):
+        maps = self.new_maps(max_mappings=3)
+        self.assertEqual([(0, 2), (9, 10)],
+                         self.decode(maps.take(LV, SECTORS, REGION)))
+
+    def test_the_mapped_blocks_bound_counts_the_pools_chunks(self):
+        # 3 blocks of 1024 sectors: 3 mappings at most, not 24.
+        self.pool.block_sectors = 1024
+        maps = self.new_maps(max_mappings=3)
+        self.assertIsNotNone(maps.take(LV, 3 * 1024 * 4, 1024))
+
+    def test_a_dump_beyond_its_byte_cap_means_no_map(self):
+        # (A dump that outgrows what its mappings can take: only its cap
+        # is read, the snapshot is released.)
+        maps = self.new_maps(max_mappings=3)
+        self.pool.dump_padding = thin.dump_bytes_bound(3) + 1
+        self.assertIsNone(maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], maps.recorded_pools())
+        self.assertEqual('release_metadata_snap', self.pool.calls[-1])
+
+    def test_a_status_that_cannot_be_read_means_no_map(self):
+        self.pool.fail_on['thin_status'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='Device does not exist.\nCommand failed.')
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertEqual([], self.locks)
+
     def test_lock_failure_means_no_map(self):
         def broken(*args):
             raise RuntimeError('coordination backend down')
         self.maps._lock = broken
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
-        self.assertEqual(['thin_device', 'thin_table'], self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table'], self.pool.calls)
 
     def test_another_tools_snapshot_is_left_alone(self):
         self.pool.held = True
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
         self.assertTrue(self.pool.held)
-        self.assertEqual(['thin_device', 'thin_table',
-                          'reserve_metadata_snap'], self.pool.calls)
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table', 'reserve_metadata_snap'], self.pool.calls)
         self.assertEqual([], self.maps.recorded_pools())
 
     def test_our_leftover_snapshot_is_released_and_taken_again(self):
@@ -134,8 +175,9 @@ class ThinMapsTestCase(test.TestCase):
         self.pool.held = True
         token = self.maps.take(LV, SECTORS, REGION)
         self.assertEqual([(0, 2), (9, 10)], self.decode(token))
-        self.assertEqual(['thin_device', 'thin_table',
-                          'reserve_metadata_snap', 'release_metadata_snap',
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table', 'reserve_metadata_snap',
+                          'release_metadata_snap',
                           'reserve_metadata_snap', 'thin_dump',
                           'release_metadata_snap'], self.pool.calls)
         self.assertFalse(self.pool.held)

@@ -77,6 +77,11 @@ class RootwrapFilterTestCase(test.TestCase):
                                execute=self._record)
         privileged.thin_table('cinder-volumes', THIN_LV,
                               execute=self._record)
+        privileged.thin_mapped_sectors('cinder-volumes', THIN_LV,
+                                       execute=self._record)
+        privileged.pool_block_sectors('cinder-volumes',
+                                      'cinder-volumes-pool',
+                                      execute=self._record)
         privileged.discard_regions('dmc-a', LV.rsplit('/', 1)[1],
                                    [(0, 128), (256, 128)],
                                    execute=self._record)
@@ -93,6 +98,8 @@ class RootwrapFilterTestCase(test.TestCase):
             return '  1|cinder-volumes-pool\n', ''
         if cmd[2:4] == ('dmsetup', 'table') and cmd[4].endswith('-tpool'):
             return '0 2097152 thin-pool 253:1 253:2 128 0 0\n', ''
+        if cmd[2:4] == ('dmsetup', 'status') and 'volume--' in cmd[4]:
+            return '0 2097152 thin 0 -\n', ''
         if cmd[2:4] == ('blockdev', '--getsz'):
             return '2097152\n', ''
         if cmd[2:4] == ('dmsetup', 'version'):

@@ -418,3 +418,77 @@ class CheckThinTableTestCase(test.TestCase):
     def test_lv_device(self):
         self.assertEqual('cinder--volumes-volume--1',
                          thin.lv_device('cinder-volumes', 'volume-1'))
+
+
+@ddt.ddt
+class DumpBoundsTestCase(test.TestCase):
+    """What bounds a map's cost: the thin LV's status, its pool's chunks.
+
+    A tenant decides how fragmented its thin LV is (4 KiB written every
+    128 KiB of a 1 TiB volume: 8 M single mappings, half a GB of XML), so
+    the map is bounded before ``thin_dump`` runs and while it is read.
+    """
+
+    def _status(self, text):
+        return dmsetup.parse_status(text)
+
+    @ddt.data(('0 2097152 thin 262144 2097151', 262144),
+              ('0 2097152 thin 0 -', 0))
+    @ddt.unpack
+    def test_mapped_sectors_of_a_thin_lv(self, text, expected):
+        self.assertEqual(expected, thin.thin_mapped_sectors(
+            self._status(text), 'vg-lv'))
+
+    @ddt.data('', '0 2097152 thin Fail', '0 2097152 linear',
+              '0 2097152 thin x 12', '0 2097152 thin -1 12',
+              '0 2097152 thin 12', '0 1024 thin 0 -\n1024 1024 thin 0 -')
+    def test_anything_else_is_refused(self, text):
+        self.assertRaises(exception.ThinTableInvalid,
+                          thin.thin_mapped_sectors, self._status(text),
+                          'vg-lv')
+
+    @ddt.data(('0 1024 thin-pool 253:1 253:2 128 0', 128),
+              ('0 1024 thin-pool 253:1 253:2 1024 0 1 skip_block_zeroing',
+               1024))
+    @ddt.unpack
+    def test_pool_block_sectors(self, text, expected):
+        self.assertEqual(expected, thin.pool_block_sectors(
+            dmsetup.parse_table(text), 'vg-pool-tpool'))
+
+    @ddt.data('0 1024 thin-pool 253:1 253:2 0 0',
+              '0 1024 thin-pool 253:1 253:2 x 0', '0 1024 linear 253:1 0')
+    def test_pool_block_sectors_refused(self, text):
+        self.assertRaises(exception.ThinTableInvalid,
+                          thin.pool_block_sectors, dmsetup.parse_table(text),
+                          'vg-pool-tpool')
+
+    def test_mappings_bound(self):
+        # Every mapping of the dump holds at least one block.
+        self.assertEqual(0, thin.mappings_bound(0, 128))
+        self.assertEqual(1, thin.mappings_bound(1, 128))
+        self.assertEqual(2, thin.mappings_bound(256, 128))
+        self.assertEqual(3, thin.mappings_bound(257, 128))
+
+    def test_dump_bytes_bound(self):
+        # A line of either mapping element, with numbers as long as a
+        # 32-bit block count and time, fits DUMP_BYTES_PER_MAPPING.
+        big = 4294967295
+        line = '      %s\n' % rng(big, big, big).replace(
+            'time="0"', 'time="%d"' % big)
+        self.assertLessEqual(len(line), thin.DUMP_BYTES_PER_MAPPING)
+        self.assertEqual(thin.DUMP_BYTES_SLACK
+                         + 10 * thin.DUMP_BYTES_PER_MAPPING,
+                         thin.dump_bytes_bound(10))
+
+    def test_parse_refuses_more_mappings_than_allowed(self):
+        text = dump(device(1, rng(0, 4), one(9), one(11)))
+        self.assertEqual(((0, 4), (9, 10), (11, 12)), thin.parse_thin_dump(
+            text, 1, max_mappings=3).ranges)
+        self.assertRaises(exception.ThinDumpTooLarge, thin.parse_thin_dump,
+                          text, 1, max_mappings=2)
+
+    def test_other_devices_mappings_count_too(self):
+        # (Another device's, or a <def>'s, are read as well.)
+        text = dump(device(2, one(1), one(3)), device(1, one(9)))
+        self.assertRaises(exception.ThinDumpTooLarge, thin.parse_thin_dump,
+                          text, 1, max_mappings=2)
