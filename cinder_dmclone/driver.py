@@ -321,7 +321,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         return region_map.ThinMaps(
             self.node_name, self.configuration.volume_group,
             os.path.join(CONF.state_path, 'dmclone'), execute=self._execute,
-            root_helper=utils.get_root_helper())
+            root_helper=utils.get_root_helper(),
+            stream=privileged.stream_output,
+            max_mappings=self.configuration.dmclone_thin_map_max_mappings)
 
     @property
     def source(self):

@@ -91,6 +91,14 @@ class ThinDumpParseError(exception.VolumeBackendAPIException):
                 "%(reason)s")
 
 
+class ThinDumpTooLarge(ThinDumpParseError):
+    """thin_dump's output is larger than a map may cost.
+
+    A tenant decides how fragmented its thin LV is: past the bound the
+    dump is not read further, and the move copies every region.
+    """
+
+
 class ThinTableInvalid(exception.VolumeBackendAPIException):
     """A thin pool's or thin LV's table is not what a thin map relies on."""
 

@@ -136,6 +136,24 @@ dmclone_opts = [
                      'not the whole volume. Off by default until '
                      'the kernel behaviour it relies on is proven on the '
                      'testbed.'),
+    cfg.IntOpt('dmclone_thin_map_max_mappings',
+               default=1000000,
+               min=1,
+               help='With dmclone_thin_map: the most pieces (mappings of '
+                    'the thin pool) the map of one thin volume may hold. '
+                    'A volume whose thin LV maps more blocks than this (the '
+                    'kernel\'s count, read before the map) gets no map, '
+                    'and a thin_dump that grows past what this many '
+                    'mappings take (128 bytes each) is stopped: every '
+                    'region of such a volume is copied, logged. How '
+                    'fragmented a volume is, its user decides; this bounds '
+                    'the memory and time its map costs the volume service '
+                    '(about 130 MB of thin_dump output, read 1 MiB at a '
+                    'time, and up to about 250 MB of ranges while they '
+                    'are turned into regions, at the default; a volume '
+                    'holding its data in few pieces is a few KB). At the '
+                    'pool\'s smallest chunk size (64 KiB), the default '
+                    'maps volumes holding up to 61 GiB.'),
     cfg.ListOpt('dmclone_node_aliases',
                 item_type=types.String(),
                 default=[],

@@ -31,10 +31,13 @@ Here are:
 * :func:`thin_device`, :func:`reserve_metadata_snap`,
   :func:`release_metadata_snap`, :func:`thin_dump`: what a thin LV maps
   (its thin id, a metadata snapshot of its pool and ``thin_dump`` of
-  it), :func:`thin_table`: the thin LV's own table (no external
-  origin), :func:`pool_zeroes`: whether a pool zeroes new blocks (its
-  thin-pool table), and :func:`discard_regions`: ``blkdiscard`` of whole
-  regions of a clone (see doc/source/contributor/thin-map.rst);
+  it, read as it comes by :func:`stream_output` and never past a byte
+  cap), :func:`thin_table`: the thin LV's own table (no external
+  origin), :func:`thin_mapped_sectors` and :func:`pool_block_sectors`:
+  how much it maps, in how large blocks (what bounds its dump),
+  :func:`pool_zeroes`: whether a pool zeroes new blocks (its thin-pool
+  table), and :func:`discard_regions`: ``blkdiscard`` of whole regions
+  of a clone (see doc/source/contributor/thin-map.rst);
 * :func:`list_lvs`: the ``lvs`` of the operator command
   ``cinder-dmclone`` (which runs as root itself, without rootwrap);
 * :func:`probe_regions`, :func:`zero_ranges`,
@@ -68,8 +71,12 @@ import glob
 import mmap
 import os
 import re
+import shlex
+import signal
 import stat
 import struct
+import subprocess
+import tempfile
 
 from oslo_concurrency import processutils
 from oslo_log import log as logging
@@ -172,6 +179,147 @@ def _run(command, *args, execute=None, root_helper=None, known=(),
     except OSError as exc:
         raise failed(command=cmdline, exit_code=None, reason=str(exc)) \
             from exc
+
+
+def _run_streamed(command, *args, max_bytes, stream=None, execute=None,
+                  root_helper=None, known=(),
+                  failed=exception.PrivilegedCommandFailed,
+                  refused=exception.CommandRefused, too_large=None):
+    """Run ``command args`` as root under LC_ALL=C; yield its output.
+
+    Pieces of bytes as ``stream`` (:func:`stream_output` unless given)
+    yields them, never more than ``max_bytes`` in all: the piece that
+    passes the cap is not yielded, the runner is closed (which stops
+    the command) and ``too_large()`` is raised.  Without ``stream`` but
+    with ``execute`` (a caller that runs its commands its own way), the
+    whole output of ``execute`` is cut in pieces and capped alike; only
+    :func:`stream_output` keeps the memory bounded.  Failures as
+    :func:`_run`'s, once the output has ended.
+    """
+    argv = ENV_PREFIX + (command,) + args
+    cmdline = ' '.join([command] + [str(a) for a in args])
+    if stream is None:
+        stream = stream_output if execute is None else _pieces_of(execute)
+    pieces = stream(*argv, run_as_root=True, root_helper=root_helper)
+    total = 0
+    try:
+        for piece in pieces:
+            total += len(piece)
+            if total > max_bytes:
+                raise too_large()
+            yield piece
+    except processutils.ProcessExecutionError as exc:
+        error = failed
+        for candidate in tuple(known) + (_refused(argv, refused),):
+            if candidate.matches(exc):
+                error = candidate.error
+                break
+        raise error(command=cmdline, exit_code=exc.exit_code,
+                    reason=(exc.stderr or exc.stdout or str(exc)).strip()) \
+            from exc
+    except OSError as exc:
+        raise failed(command=cmdline, exit_code=None, reason=str(exc)) \
+            from exc
+    finally:
+        close = getattr(pieces, 'close', None)
+        if close is not None:
+            close()
+
+
+def _pieces_of(execute):
+    """A runner as :func:`stream_output` over ``execute``'s whole output."""
+    def stream(*argv, **kwargs):
+        out, _err = execute(*argv, **kwargs)
+        if isinstance(out, str):
+            out = out.encode()
+        for i in range(0, len(out), STREAM_PIECE):
+            yield out[i:i + STREAM_PIECE]
+    return stream
+
+
+# --------------------------------------------------------------------------
+# A command whose output is read as it comes
+# --------------------------------------------------------------------------
+
+#: Bytes of a streamed command's output read at a time.
+STREAM_PIECE = 1 << 20
+
+#: Bytes of a streamed command's standard error kept for its failure.
+STDERR_KEPT = 64 * 1024
+
+#: Seconds a streamed command that is no longer read has to end.
+STOP_TIMEOUT = 10
+
+
+def _default_sigpipe():
+    # (Python ignores SIGPIPE; the command must die of it, as rootwrap
+    # makes its own command do.)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+
+
+def stream_output(*argv, run_as_root=False, root_helper=None,
+                  piece=STREAM_PIECE, popen=subprocess.Popen):
+    """Run ``argv``; yield its standard output in pieces of bytes.
+
+    The streaming counterpart of ``execute`` (oslo's ``processutils``
+    reads a command's whole output into memory, and rootwrap offers no
+    other way): ``root_helper`` (``sudo cinder-rootwrap ...``) goes in
+    front as there, so rootwrap's filters admit the same command lines.
+    Each piece is at most ``piece`` bytes; standard error goes to a
+    temporary file.  A non-zero exit raises
+    ``processutils.ProcessExecutionError`` (its standard error, the
+    first :data:`STDERR_KEPT` bytes) once the output has ended.
+
+    Closing the generator before the end stops the command: its pipe is
+    closed, so its next write ends it with SIGPIPE (rootwrap gives its
+    command SIGPIPE's default action), and it is sent SIGTERM, which
+    sudo passes on (a process of root's that this one may not signal is
+    left to the pipe).  Under eventlet, ``subprocess`` is green: reading
+    a piece blocks only this green thread.
+    """
+    cmd = [str(a) for a in argv]
+    if run_as_root:
+        if not root_helper:
+            raise processutils.NoRootWrapSpecified(
+                message='a command run as root needs a root helper')
+        cmd = shlex.split(root_helper) + cmd
+    with tempfile.TemporaryFile() as err:
+        proc = popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                     stderr=err, close_fds=True, preexec_fn=_default_sigpipe)
+        ended = False
+        try:
+            while True:
+                data = proc.stdout.read(piece)
+                if not data:
+                    break
+                yield data
+            proc.stdout.close()
+            code = proc.wait()
+            ended = True
+        finally:
+            if not ended:
+                _stop(proc, cmd)
+        if code:
+            err.seek(0)
+            raise processutils.ProcessExecutionError(
+                exit_code=code, stdout='',
+                stderr=err.read(STDERR_KEPT).decode(errors='replace'),
+                cmd=' '.join(cmd))
+
+
+def _stop(proc, cmd):
+    """End a command whose output is no longer read."""
+    proc.stdout.close()
+    try:
+        proc.terminate()
+    except OSError:
+        pass
+    try:
+        proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        LOG.warning('%s did not end within %d s of its output being '
+                    'closed; it ends at its next write.', ' '.join(cmd),
+                    STOP_TIMEOUT)
 
 
 # --------------------------------------------------------------------------
@@ -789,7 +937,39 @@ def thin_table(vg, lv, execute=None, root_helper=None):
         layout.validate_vg_name(vg), layout.validate_lv_name(lv)))
 
 
-def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):
+def thin_mapped_sectors(vg, lv, execute=None, root_helper=None):
+    """The sectors thin LV ``vg/lv`` maps (``dmsetup status`` of it).
+
+    Read by :func:`thin.thin_mapped_sectors
+    <cinder_dmclone.thin.thin_mapped_sectors>`; the kernel's count,
+    cheap whatever the LV holds.  An LV that is not active raises
+    :class:`~cinder_dmclone.exception.DMDeviceNotFound`.
+    """
+    name = thin.lv_device(layout.validate_vg_name(vg),
+                          layout.validate_lv_name(lv))
+    return thin.thin_mapped_sectors(DMSetup(execute, root_helper).status(
+        name), name)
+
+
+def pool_block_sectors(vg, pool, execute=None, root_helper=None):
+    """The data block (chunk) size of thin pool ``vg/pool``, in sectors.
+
+    From its ``-tpool`` table, as :func:`pool_zeroes` reads it.
+    """
+    name = thin.pool_device(layout.validate_vg_name(vg),
+                            layout.validate_lv_name(pool))
+    return thin.pool_block_sectors(DMSetup(execute, root_helper).table(name),
+                                   name)
+
+
+#: What :func:`thin_dump` reads of a dump unless told: the bound of a
+#: million mappings.
+THIN_DUMP_MAX_BYTES = thin.dump_bytes_bound(1000000)
+
+
+def thin_dump(vg, pool, dev_id, execute=None, root_helper=None,
+              stream=None, max_bytes=THIN_DUMP_MAX_BYTES,
+              max_mappings=None):
     """:class:`~cinder_dmclone.thin.DeviceMap` of thin device ``dev_id``.
 
     ``thin_dump`` of the pool's metadata snapshot (taken by
@@ -797,6 +977,13 @@ def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):
     ``--metadata-snap`` comes before another option, never before the
     device path: its block number is optional, and the 1.x tools would
     take a path after it for one.
+
+    Its output is parsed as it comes (``stream``, see
+    :func:`_run_streamed`), never more than ``max_bytes`` of it nor
+    more than ``max_mappings`` mappings: beyond either the command is
+    stopped and :class:`~cinder_dmclone.exception.ThinDumpTooLarge`
+    raised.  A tenant decides how fragmented its thin LV is, and the
+    dump of a badly fragmented one is half a GB.
     """
     if isinstance(dev_id, bool) or not isinstance(dev_id, int) or \
             dev_id < 0:
@@ -804,10 +991,21 @@ def thin_dump(vg, pool, dev_id, execute=None, root_helper=None):
                                       reason='not a thin device id')
     path = thin.pool_metadata_path(layout.validate_vg_name(vg),
                                    layout.validate_lv_name(pool))
-    out, _err = _run('thin_dump', '--format', 'xml', '--metadata-snap',
-                     '--dev-id', str(dev_id), path, execute=execute,
-                     root_helper=root_helper)
-    return thin.parse_thin_dump(out, dev_id)
+
+    def too_large():
+        return exception.ThinDumpTooLarge(
+            dev_id=dev_id, reason='more than %d bytes of thin_dump output'
+            % max_bytes)
+    pieces = _run_streamed('thin_dump', '--format', 'xml',
+                           '--metadata-snap', '--dev-id', str(dev_id), path,
+                           max_bytes=max_bytes, stream=stream,
+                           execute=execute, root_helper=root_helper,
+                           too_large=too_large)
+    try:
+        return thin.parse_thin_dump(pieces, dev_id,
+                                    max_mappings=max_mappings)
+    finally:
+        pieces.close()
 
 
 def discard_regions(vg, lv, ranges, zero=False, execute=None,

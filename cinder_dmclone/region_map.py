@@ -18,8 +18,11 @@ its thin LV maps; the destination marks the others hydrated without
 copying them.  :class:`ThinMaps` reads them from the pool's metadata:
 ``lvs`` for the LV's thin id and pool, the LV's own table (a thin LV
 with an external origin reads that origin, not zeroes, where nothing is
-mapped: no map), then, under the pool's lock, a metadata snapshot of the
-pool, ``thin_dump`` of it and the snapshot's release, always.  The
+mapped: no map), how much the LV maps (a tenant decides how fragmented
+it is: past ``dmclone_thin_map_max_mappings`` there is no map), then,
+under the pool's lock, a metadata snapshot of the pool, ``thin_dump`` of
+it (read as it comes, cut past the bytes that many mappings take) and
+the snapshot's release, always.  The
 commands are :mod:`cinder_dmclone.privileged`'s, the arithmetic
 :mod:`cinder_dmclone.thin`'s.
 
@@ -73,13 +76,25 @@ class ThinMaps(object):
     #: (MoveDeadlinePassed) and the move given up, as any late attempt.
     TIME_LIMIT = 60
 
+    #: ``dmclone_thin_map_max_mappings``'s default.
+    MAX_MAPPINGS = 1000000
+
     def __init__(self, node_name, vg_name, record_dir, execute=None,
-                 root_helper=None, lock=None):
+                 root_helper=None, lock=None, stream=None,
+                 max_mappings=MAX_MAPPINGS):
         self.node_name = node_name
         self.vg_name = layout.validate_vg_name(vg_name)
         self.record_dir = record_dir
         self._kw = {'execute': execute, 'root_helper': root_helper}
         self._lock = lock
+        #: what runs thin_dump and yields its output (see
+        #: :func:`privileged.thin_dump <cinder_dmclone.privileged.
+        #: thin_dump>`); None: ``execute``'s whole output, in pieces.
+        self._stream = stream
+        #: the most mappings a map may read (its thin LV's mapped blocks
+        #: bound them before the dump; the dump is cut past the bytes
+        #: they take).
+        self.max_mappings = max_mappings
 
     @property
     def _owner(self):
@@ -116,6 +131,8 @@ class ThinMaps(object):
                      'copied.', {'vg': self.vg_name, 'lv': lv_name,
                                  'exc': exc})
             return None
+        if not self._within_bound(lv_name, pool):
+            return None
         try:
             with self._pool_lock(pool):
                 device_map = self._dump(pool, thin_id)
@@ -142,16 +159,53 @@ class ThinMaps(object):
                   'needed': sum(e - f for f, e in needed)})
         return token
 
+    def _within_bound(self, lv_name, pool):
+        """True if LV ``lv_name``'s dump holds at most ``max_mappings``.
+
+        Before any snapshot, from the kernel's count of the sectors the
+        thin LV maps and its pool's block size: every mapping of a dump
+        holds at least one block (:func:`thin.mappings_bound
+        <cinder_dmclone.thin.mappings_bound>`).  A tenant decides how
+        fragmented its LV is; a dump past the bound is not taken (the
+        move copies every region), so what a map costs here (the dump
+        read, the ranges kept) stays bounded whatever the LV holds.
+        """
+        try:
+            mapped = privileged.thin_mapped_sectors(self.vg_name, lv_name,
+                                                    **self._kw)
+            block = privileged.pool_block_sectors(self.vg_name, pool,
+                                                  **self._kw)
+        except Exception as exc:
+            LOG.info('How much thin LV %(vg)s/%(lv)s maps cannot be read '
+                     '(%(exc)s): every region of it is copied.',
+                     {'vg': self.vg_name, 'lv': lv_name, 'exc': exc})
+            return False
+        bound = thin.mappings_bound(mapped, block)
+        if bound <= self.max_mappings:
+            return True
+        LOG.info('Thin LV %(vg)s/%(lv)s maps %(blocks)d blocks of pool '
+                 '%(pool)s, and its map may hold as many pieces: more than '
+                 'dmclone_thin_map_max_mappings (%(max)d), so no map is '
+                 'taken and every region of it is copied.',
+                 {'vg': self.vg_name, 'lv': lv_name, 'pool': pool,
+                  'blocks': bound, 'max': self.max_mappings})
+        return False
+
     def _dump(self, pool, thin_id):
         """``thin_dump`` of device ``thin_id`` from a snapshot of ``pool``.
 
-        Under the pool's lock.  The snapshot is released whatever
-        happens after it was reserved.
+        Under the pool's lock.  Read as it comes and never past the
+        bytes ``max_mappings`` mappings take (:func:`thin.dump_bytes_bound
+        <cinder_dmclone.thin.dump_bytes_bound>`): a larger dump raises
+        ThinDumpTooLarge.  The snapshot is released whatever happens
+        after it was reserved.
         """
         self._reserve(pool)
         try:
-            return privileged.thin_dump(self.vg_name, pool, thin_id,
-                                        **self._kw)
+            return privileged.thin_dump(
+                self.vg_name, pool, thin_id, stream=self._stream,
+                max_bytes=thin.dump_bytes_bound(self.max_mappings),
+                max_mappings=self.max_mappings, **self._kw)
         finally:
             self.release(pool)
 

@@ -435,6 +435,34 @@ def pool_metadata_path(vg, pool):
 #: Bytes of thin_dump output fed to the XML parser at a time.
 XML_CHUNK = 1 << 20
 
+#: Bytes of thin_dump XML one mapping takes at most: a line of
+#: ``<range_mapping origin_begin= data_begin= length= time=/>`` (the
+#: larger of the two elements) with its indentation, every number as
+#: long as a 32-bit one (10 digits) is 111 bytes.
+DUMP_BYTES_PER_MAPPING = 128
+
+#: Bytes of thin_dump XML besides its mappings: the superblock's and
+#: the device's elements, and room for the 1.x tools' ``<def>``/``<ref>``
+#: lines.
+DUMP_BYTES_SLACK = 1 << 20
+
+
+def mappings_bound(mapped_sectors, block_sectors):
+    """The most mappings a dump of a thin device can hold.
+
+    Every ``<single_mapping>`` or ``<range_mapping>`` holds at least one
+    of the device's mapped blocks (of ``block_sectors``), so a device
+    mapping ``mapped_sectors`` holds at most that many blocks' worth.
+    How many it really holds depends on where the pool put each block,
+    which only the dump tells.
+    """
+    return -(-mapped_sectors // block_sectors)
+
+
+def dump_bytes_bound(max_mappings):
+    """The most bytes thin_dump may write for ``max_mappings`` mappings."""
+    return DUMP_BYTES_SLACK + max_mappings * DUMP_BYTES_PER_MAPPING
+
 
 @dataclasses.dataclass(frozen=True)
 class DeviceMap:
@@ -511,8 +539,10 @@ def _attr(element, name, dev_id, minimum=0):
 class _DumpReader(object):
     """The state of one streaming parse (see :func:`parse_thin_dump`)."""
 
-    def __init__(self, dev_id):
+    def __init__(self, dev_id, max_mappings=None):
         self.dev_id = dev_id
+        self.max_mappings = max_mappings
+        self.mappings = 0       # mapping elements read, of any device
         self.block_sectors = None
         self.defs = {}          # <def name=...>: shared mappings
         self.current = None     # the _Ranges being filled, or None
@@ -552,6 +582,13 @@ class _DumpReader(object):
         elif tag in ('range_mapping', 'single_mapping', 'ref'):
             if self.current is None:
                 self.fail('<%s> outside a <def> or <device>' % tag)
+            if tag != 'ref':
+                self.mappings += 1
+                if (self.max_mappings is not None
+                        and self.mappings > self.max_mappings):
+                    raise exception.ThinDumpTooLarge(
+                        dev_id=self.dev_id,
+                        reason='more than %d mappings' % self.max_mappings)
         else:
             self.fail('unknown element <%s>' % tag)
 
@@ -595,7 +632,7 @@ class _DumpReader(object):
                          block_sectors=self.block_sectors, ranges=ranges)
 
 
-def parse_thin_dump(text, dev_id):
+def parse_thin_dump(text, dev_id, max_mappings=None):
     """The :class:`DeviceMap` of thin device ``dev_id`` in thin_dump XML.
 
     ``thin_dump --format xml`` of thin-provisioning-tools 0.9 and 1.x;
@@ -611,13 +648,16 @@ def parse_thin_dump(text, dev_id):
     an unknown element, a number that is not one, mappings that do not
     add up to the device's ``mapped_blocks``, no such device) raises
     :class:`~cinder_dmclone.exception.ThinDumpParseError`: a map that
-    might miss a block must never be used.
+    might miss a block must never be used.  More than ``max_mappings``
+    mapping elements (of any device or ``<def>``) raise its subclass
+    :class:`~cinder_dmclone.exception.ThinDumpTooLarge` as soon as the
+    one too many is read, so the ranges kept stay bounded too.
     """
     pieces = text
     if isinstance(text, (str, bytes)):
         pieces = (text[i:i + XML_CHUNK]
                   for i in range(0, len(text), XML_CHUNK))
-    reader = _DumpReader(dev_id)
+    reader = _DumpReader(dev_id, max_mappings)
     parser = ElementTree.XMLPullParser(events=('start', 'end'))
     try:
         for piece in pieces:
@@ -839,13 +879,7 @@ def pool_zeroes(segments, name=''):
     """
     def bad(reason):
         return exception.ThinTableInvalid(name=name, reason=reason)
-    if len(segments) != 1 or segments[0].target != 'thin-pool':
-        raise bad('not one thin-pool segment: %s'
-                  % '; '.join(str(s) for s in segments))
-    args = [str(a) for a in segments[0].args]
-    if len(args) < 4:
-        raise bad('%d arguments, at least 4 expected' % len(args))
-    features = args[4:]
+    features = _pool_args(segments, name)[4:]
     if features:
         try:
             count = int(features[0])
@@ -856,6 +890,67 @@ def pool_zeroes(segments, name=''):
             raise bad('%d features announced, %d given'
                       % (count, len(features) - 1))
     return SKIP_BLOCK_ZEROING not in features[1:]
+
+
+def _pool_args(segments, name):
+    """The arguments of the one ``thin-pool`` segment of ``segments``."""
+    if len(segments) != 1 or segments[0].target != 'thin-pool':
+        raise exception.ThinTableInvalid(
+            name=name, reason='not one thin-pool segment: %s'
+            % '; '.join(str(s) for s in segments))
+    args = [str(a) for a in segments[0].args]
+    if len(args) < 4:
+        raise exception.ThinTableInvalid(
+            name=name, reason='%d arguments, at least 4 expected'
+            % len(args))
+    return args
+
+
+def pool_block_sectors(segments, name=''):
+    """The data block (chunk) size in sectors of a thin-pool table.
+
+    Its third argument (see :func:`pool_zeroes`); anything but a
+    positive number raises :class:`~cinder_dmclone.exception.
+    ThinTableInvalid`.
+    """
+    text = _pool_args(segments, name)[2]
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise exception.ThinTableInvalid(
+            name=name, reason='block size %r is not a number of sectors'
+            % text)
+    return value
+
+
+def thin_mapped_sectors(lines, name=''):
+    """The sectors a thin device maps, from its ``dmsetup status``.
+
+    ``lines`` are :func:`dmsetup.parse_status <cinder_dmclone.dmsetup.
+    parse_status>`'s of the thin LV's own device: exactly one ``thin``
+    segment, ``<nr mapped sectors> <highest mapped sector>`` (``-`` when
+    nothing is mapped).  A failed device (``Fail``) or anything else
+    raises :class:`~cinder_dmclone.exception.ThinTableInvalid`: no
+    bound, no map.
+    """
+    def bad(reason):
+        return exception.ThinTableInvalid(name=name, reason=reason)
+    if len(lines) != 1 or lines[0].target != 'thin':
+        raise bad('status is not one thin segment: %s'
+                  % '; '.join(str(s) for s in lines))
+    params = lines[0].params.split()
+    if len(params) != 2:
+        raise bad('status %r is not "<mapped sectors> <highest sector>"'
+                  % lines[0].params)
+    try:
+        mapped = int(params[0])
+    except ValueError:
+        mapped = -1
+    if mapped < 0:
+        raise bad('mapped sectors %r is not a number' % params[0])
+    return mapped
 
 
 def check_thin_table(segments, dev_id, name=''):

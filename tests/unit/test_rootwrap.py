@@ -366,11 +366,19 @@ class RootwrapFilterTestCase(test.TestCase):
         self._thin_map_commands()
         for cmd in self.commands:
             self.assertRunsAsBuilt(self.filters, cmd)
-        lvs, reserve, release, dump, table, lv_table, discard, _second, \
-            zero = self.commands
+        lvs, reserve, release, dump, table, lv_table, lv_status, \
+            pool_table, discard, _second, zero = self.commands
         self.assertEqual(ENV + ['dmsetup', 'table',
                                 'cinder--volumes-' + THIN_LV.replace(
                                     '-', '--')], lv_table)
+        self.assertEqual(ENV + ['dmsetup', 'status',
+                                'cinder--volumes-' + THIN_LV.replace(
+                                    '-', '--')], lv_status)
+        self.assertEqual(table, pool_table)
+        for bad in (lv_status + ['--noflush'],
+                    ENV + ['dmsetup', 'status', 'vg-other'],
+                    ENV + ['dmsetup', 'remove', lv_status[-1]]):
+            self.assertRefused(bad)
         pool = 'cinder--volumes-cinder--volumes--pool-tpool'
         tmeta = '/dev/mapper/cinder--volumes-cinder--volumes--pool_tmeta'
         self.assertEqual(ENV + ['dmsetup', 'message', pool, '0',

@@ -3545,8 +3545,8 @@ class ThinMapTestCase(ClusterTestCase):
         self.assertTrue(status.hydration_enabled)
         self.assertIn('no_discard_passdown', status.features)
         self.assertIn(peer.REGION_MAP, self.prepare_step())
-        self.assertEqual(['thin_device', 'thin_table',
-                          'reserve_metadata_snap', 'thin_dump',
+        self.assertEqual(['thin_device', 'thin_table', 'thin_status',
+                          'table', 'reserve_metadata_snap', 'thin_dump',
                           'release_metadata_snap'], self.a.pool.calls)
         self.c.settle()
         self.c.assert_completed()
