@@ -3649,6 +3649,53 @@ class ThinMapTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_rolled_back(aborted_ok=True)
 
+    # R11-6: the pool's zeroing is what makes a discarded region read
+    # zeroes once a neighbour in its chunk is copied; it was read once,
+    # before the build.  Turned off since (lvchange --zero n, a reload of
+    # the pool), a copied region would leave another tenant's old blocks
+    # in the discarded regions of its chunk.
+    def test_zeroing_turned_off_during_the_build_gives_the_move_up(self):
+        apply_map = self.b.dest.apply_map
+
+        def then_zeroing_off(t, needed):
+            skipped = apply_map(t, needed)
+            self.b.pool.zeroing = False
+            return skipped
+        self.mock_object(self.b.dest, 'apply_map',
+                         side_effect=then_zeroing_off)
+        with self.assertLogs('cinder_dmclone.destination', 'ERROR') as logs:
+            self.assertRaises(exception.VolumeBackendAPIException,
+                              self.c.migrate, self.b)
+        self.assertIn('skip_block_zeroing', '\n'.join(logs.output))
+        self.assertIn(self.b.pool.pool, '\n'.join(logs.output))
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
+    def test_zeroing_turned_off_while_it_hydrates_stops_the_copy(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.pool.zeroing = False
+        with self.assertLogs('cinder_dmclone.destination', 'ERROR') as logs:
+            self.b.monitor.tick()
+        self.assertIn(self.b.pool.pool, '\n'.join(logs.output))
+        status = self.b.dm.status(HANDLE)[0].clone
+        self.assertFalse(status.hydration_enabled)
+        self.b.monitor.tick()           # (still off: stays stopped)
+        self.assertFalse(self.b.dm.status(HANDLE)[0].clone.hydration_enabled)
+        self.b.pool.zeroing = True
+        self.b.monitor.tick()
+        self.assertTrue(self.b.dm.status(HANDLE)[0].clone.hydration_enabled)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_zeroing_is_not_read_for_a_clone_without_a_map(self):
+        self.thin_cluster(thin_map=False)
+        self.c.migrate(self.b)
+        self.b.pool.zeroing = False
+        self.b.pool.calls.clear()
+        self.b.monitor.tick()
+        self.assertNotIn('table', self.b.pool.calls)
+        self.assertTrue(self.b.dm.status(HANDLE)[0].clone.hydration_enabled)
+
     def test_source_crash_holding_the_snapshot_releases_it_at_start(self):
         self.c.crash_at(fake_cluster.privileged, 'thin_dump')
         self.assertRaises(oslo_messaging.MessagingTimeout, self.c.migrate,
