@@ -483,6 +483,9 @@ class Clones(object):
     def enable_hydration(self, t):
         self.dm.message(self.handle_name(t), 'enable_hydration')
 
+    def disable_hydration(self, t):
+        self.dm.message(self.handle_name(t), 'disable_hydration')
+
     def tune(self, t, threshold, batch_size):
         name = self.handle_name(t)
         self.dm.message(name, 'hydration_threshold', threshold)

@@ -327,8 +327,29 @@ class Destination(side.Side):
 
         Before the clone's path is returned to anyone, with hydration
         off: no copy and no write is in flight while the discards run.
+        The pool must still zero new blocks when hydration starts (it
+        was read before the build): if not, the move is given up.
         """
         skipped = self.clones.apply_map(t, needed)
+        if skipped:
+            why = self._pool_not_zeroing()
+            if why is not None:
+                LOG.error('Volume %(vol)s: thin pool %(vg)s/%(pool)s no '
+                          'longer zeroes new blocks (%(why)s) after %(n)d '
+                          'regions of its clone were marked copied without '
+                          'a copy: a region copied into a chunk of the pool '
+                          'would leave the pool\'s old data in those '
+                          'regions. The move is given up. Keep the pool\'s '
+                          'zeroing on (lvchange --zero y) while moves with '
+                          'dmclone_thin_map run.',
+                          {'vol': volume['id'], 'vg': self.clones.vg.vg_name,
+                           'pool': self.clones.thin_pool, 'why': why,
+                           'n': skipped})
+                raise dmc_exception.InvalidTable(
+                    reason='thin pool %s/%s stopped zeroing new blocks '
+                           'while the map of volume %s was applied'
+                    % (self.clones.vg.vg_name, self.clones.thin_pool,
+                       volume['id']))
         total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
         if skipped is None:
             LOG.info('Volume %(vol)s: every region is copied from %(src)s '
@@ -341,6 +362,56 @@ class Destination(side.Side):
                       'src': t.source_node})
         if hydrate:
             self.clones.enable_hydration(t)
+
+    def _pool_not_zeroing(self):
+        """None if this node's thin pool zeroes new blocks; else why not."""
+        try:
+            if self.clones.reads_zeroes():
+                return None
+            return 'its thin-pool table carries skip_block_zeroing'
+        except Exception as exc:
+            return 'its thin-pool table cannot be read: %s' % exc
+
+    def guard_pool_zeroing(self, volume_id, t, status):
+        """Hydrate a clone built with a map only while its pool zeroes.
+
+        For the monitor, each tick, while such a clone hydrates (its
+        table still carries ``no_discard_passdown``, which only a build
+        with a map sets).  Its discarded regions read the thin LV, where
+        nothing is mapped, as copied: once the pool stops zeroing new
+        blocks (``lvchange --zero n``, a reload of the pool), a region
+        copied into a chunk that one of them shares would leave the
+        pool's old data there.  Hydration is then stopped (the move
+        stays: the instance may have written here), and started again
+        once the pool zeroes.  A region the instance writes in part
+        still starts its own copy meanwhile: the operator must turn
+        zeroing back on.
+        """
+        why = self._pool_not_zeroing()
+        if why is not None:
+            if status.hydration_enabled:
+                self.clones.disable_hydration(t)
+                LOG.error('Volume %(vol)s: stopped hydrating its clone from '
+                          '%(src)s: thin pool %(vg)s/%(pool)s no longer '
+                          'zeroes new blocks (%(why)s), and regions of this '
+                          'clone were marked copied without a copy (its '
+                          'thin map): a copy into a chunk they share would '
+                          'leave the pool\'s old data in them. Turn the '
+                          'pool\'s zeroing back on (lvchange --zero y '
+                          '%(vg)s/%(pool)s); hydration starts again at the '
+                          'next check.',
+                          {'vol': volume_id, 'src': t.source_node,
+                           'vg': self.clones.vg.vg_name,
+                           'pool': self.clones.thin_pool, 'why': why})
+            return False
+        if not status.hydration_enabled:
+            self.clones.enable_hydration(t)
+            LOG.warning('Volume %(vol)s: thin pool %(vg)s/%(pool)s zeroes '
+                        'new blocks again; hydration from %(src)s goes on.',
+                        {'vol': volume_id, 'src': t.source_node,
+                         'vg': self.clones.vg.vg_name,
+                         'pool': self.clones.thin_pool})
+        return True
 
     def _refuse_if_given_up(self, volume, t):
         """Before answering: is the source still waiting for this move?

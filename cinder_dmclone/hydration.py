@@ -292,6 +292,10 @@ class HydrationTracker(object):
         if t.state == move.CLONED:
             # Source detached but not confirmed closed: ask again.
             dest.commit_pending(volume_id)
+        if (t.state == move.HYDRATING and not status.fully_hydrated
+                and 'no_discard_passdown' in status.features):
+            # Built with a thin map: hydrates only while its pool zeroes.
+            dest.guard_pool_zeroing(volume_id, t, status)
         if dest.publish_progress(t, progress) is False:
             return      # ended while this tick ran
         self.progress[volume_id] = (t, progress)
