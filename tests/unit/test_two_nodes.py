@@ -2056,7 +2056,7 @@ class OnStatusTestCase(ClusterTestCase):
         self.b.tracker.stall_timeout = 300
         self.c.lock_error = tooz_coordination.ToozConnectionError(
             'etcd down')
-        status = mock.Mock(failed=False, fully_hydrated=False)
+        status = mock.Mock(failed=False, fully_hydrated=False, features=())
         self.b.tracker.on_status(LV, status, hydration.Progress(
             1, 2, 65536, rate=0.0, stalled_seconds=400))
         self.assertIn(VOLUME_ID, self.b.tracker.stalled)
@@ -2241,7 +2241,7 @@ class OnStatusTestCase(ClusterTestCase):
         self.assertEqual(move.HYDRATING, self.c.transfer().state)
 
     def _report(self, stalled):
-        status = mock.Mock(failed=False, fully_hydrated=False)
+        status = mock.Mock(failed=False, fully_hydrated=False, features=())
         self.b.tracker.on_status(LV, status, hydration.Progress(
             1, 2, 65536, rate=0.0, stalled_seconds=stalled))
         return self.b.tracker.progress_report()[VOLUME_ID]
@@ -2283,7 +2283,7 @@ class OnStatusTestCase(ClusterTestCase):
     def test_eta_in_log(self):
         self.moved()
         progress = hydration.Progress(1, 2, 65536, rate=1.0, eta=12.0)
-        status = mock.Mock(failed=False, fully_hydrated=False)
+        status = mock.Mock(failed=False, fully_hydrated=False, features=())
         self.b.tracker.on_status(LV, status, progress)
         self.assertEqual(', 12 s to go',
                          self.log.info.call_args.args[1]['eta'])
