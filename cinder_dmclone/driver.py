@@ -651,7 +651,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         there at once while it hydrates in the background.  This is how
         an operator drains a node.  (True, None): Cinder's manager then
         names the destination's pool in the volume record, which the
-        move has already done.
+        move has already done.  The volume's status is then
+        ``available``, ``maintenance`` (``--lock-volume True``) or
+        ``retyping``; Cinder's manager restores the previous one after
+        this returns (Source.MIGRATABLE).
 
         A volume that is moving is refused (MoveInProgress) before any
         other answer: Cinder's generic copy in the middle of a move would

@@ -269,10 +269,19 @@ class Source(side.Side):
                      {'vol': volume['id'], 'dst': dest_host})
             return info
 
-    #: volume statuses in which a move may start: an attach's
-    #: (``reserved``: Cinder reserved the volume for it; ``in-use``: a
-    #: live migration) or a migration's (``available``).
+    #: volume statuses in which an attach's move may start (``reserved``:
+    #: Cinder reserved the volume for it; ``in-use``: a live migration).
     MOVABLE = ('available', 'reserved', 'attaching', 'in-use')
+    #: volume statuses in which Cinder 29's manager hands a migration to
+    #: the driver (volume/manager.py migrate_volume, which restores
+    #: ``previous_status`` only after the driver returned): ``available``;
+    #: ``maintenance``, set by volume/api.py migrate_volume for
+    #: ``--lock-volume True`` (no action allowed on the volume: the safe
+    #: drain); ``retyping``, set by volume/api.py retype when the manager
+    #: lets the driver migrate (_can_use_driver_migration).  None of them
+    #: is a write or read by the volume's own service.  (``in-use`` never
+    #: reaches the driver: the manager copies an attached volume itself.)
+    MIGRATABLE = ('available', 'maintenance', 'retyping')
 
     def _refuse_unless_movable(self, volume, migration):
         """Refuse a move while the copy here is used without an attachment.
@@ -296,7 +305,7 @@ class Source(side.Side):
         reason = None
         if volume['id'] in self.writers:
             reason = _('an image is being written to it')
-        elif status not in (('available',) if migration else self.MOVABLE):
+        elif status not in (self.MIGRATABLE if migration else self.MOVABLE):
             reason = _('its status is %s') % status
         elif migration and any(
                 a.attach_status in attachments.IN_USE

@@ -726,6 +726,7 @@ class Cluster(object):
             provider_auth=rec['provider_auth'],
             _name_id=rec.get('_name_id'),
             status=rec.get('status', 'available'),
+            previous_status=rec.get('previous_status'),
             multiattach=self.multiattach,
             volume_admin_metadata=[{'key': k, 'value': v}
                                    for k, v in md.items()])
@@ -805,14 +806,26 @@ class Cluster(object):
         self.test.mock_object(self.b.dest, 'build_clone',
                               side_effect=build_then_withdraw)
 
-    def migrate(self, node, host=None):
+    def migrate(self, node, host=None, lock_volume=False):
         """An admin's ``cinder migrate`` of the volume to node's pool.
 
         Cinder's manager on the volume's node (manager_flow.migrate_volume)
         asks its driver; ``host`` replaces the scheduler's host of ``node``.
         Returns whether the driver moved it (False: Cinder's generic copy,
-        not modelled).
+        not modelled).  As Cinder 29's API (volume/api.py migrate_volume)
+        the status is kept as ``previous_status``, and ``lock_volume``
+        turns an available volume ``maintenance``.  A status a test set
+        to ``maintenance`` or ``retyping`` (the API's of a locked
+        migration, of a retype) stands, with ``available`` before it.
         """
+        rec = self.db.volumes[self.volume_id]
+        status = rec.get('status', 'available')
+        if status in ('maintenance', 'retyping'):
+            rec.setdefault('previous_status', 'available')
+        else:
+            rec['previous_status'] = status
+            if lock_volume and status == 'available':
+                rec['status'] = 'maintenance'
         owner = self.owner()
         return self.call(owner, manager_flow.migrate_volume, owner,
                          self.ctxt, self.volume(),

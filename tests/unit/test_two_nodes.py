@@ -1555,6 +1555,36 @@ class NotMovableTestCase(ClusterTestCase):
                                 self.c.migrate, self.b)
         self.assert_not_moved(exc, 'its status is reserved')
 
+    def test_statuses_a_migration_reaches_the_driver_in(self):
+        # Cinder 29: migrate --lock-volume True ("maintenance"), a retype
+        # with driver migration ("retyping"); the manager restores the
+        # previous status once the driver returned.
+        for status, lock in (('available', True), ('retyping', False),
+                             ('available', False)):
+            self.c = fake_cluster.Cluster(self)
+            rec = self.c.db.volumes[VOLUME_ID]
+            rec['status'] = status
+            seen = []
+            move_ = self.c.a.source.move
+
+            def moving(*args, **kwargs):
+                seen.append(self.c.db.volumes[VOLUME_ID]['status'])
+                return move_(*args, **kwargs)
+            self.mock_object(self.c.a.source, 'move', side_effect=moving)
+            self.assertTrue(self.c.migrate(self.c.b, lock_volume=lock))
+            self.assertEqual(['maintenance' if lock else status], seen)
+            self.assertEqual('available', rec['status'])
+            self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_a_refused_locked_migration_gets_its_status_back(self):
+        self.c.snapshots.append(mock.sentinel.snapshot)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b, lock_volume=True)
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual(('available', 'error'),
+                         (rec['status'], rec['migration_status']))
+        self.assertIsNone(self.c.transfer())
+
     def test_an_image_being_written_refuses_a_move(self):
         # Cinder's reserve overwrites "downloading" with "reserved".
         with self.a.source.writing(self.volume(), 'writing an image'):
