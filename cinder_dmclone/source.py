@@ -298,7 +298,13 @@ class Source(side.Side):
         migration (no attach asked for it) is refused as well if the
         volume has any attachment now: Cinder's reserve of an attachment
         checks the status, not the migration status, so an attach may
-        have started since the manager loaded the volume.
+        have started since the manager loaded the volume.  Any attachment
+        counts, a reserved one with no host too: Cinder reserves it before
+        it asks any node for a connection, so a racing attach is always
+        visible here.  So is an orphan (an ``attachment_create`` with a
+        connector whose connection failed leaves its attachment reserved,
+        and its caller never learnt its id): the message names the ids
+        and how an operator clears one that no instance uses.
         """
         current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
         status = current.status
@@ -307,10 +313,14 @@ class Source(side.Side):
             reason = _('an image is being written to it')
         elif status not in (self.MIGRATABLE if migration else self.MOVABLE):
             reason = _('its status is %s') % status
-        elif migration and any(
-                a.attach_status in attachments.IN_USE
-                for a in attachments.current(volume)):
-            reason = _('an attach of it started')
+        elif migration:
+            ids = sorted(a.id for a in attachments.current(volume))
+            if ids:
+                reason = _(
+                    'an attach of it started: it has attachment(s) '
+                    '%(ids)s (one left reserved by a failed attach, which '
+                    'no instance uses, is cleared with "cinder '
+                    'attachment-delete <id>")') % {'ids': ', '.join(ids)}
         if reason is None:
             return
         LOG.warning('Volume %(vol)s stays on %(node)s: %(why)s.',
@@ -322,23 +332,37 @@ class Source(side.Side):
     def _may_be_used_here(self, volume, current, migration):
         """True if an attachment (besides the move's own) may use the copy.
 
-        ``current`` is read after the move was recorded.  Any name of this
-        node counts: an attachment made under an alias still writes to
-        the source.  So does every instance attachment still reserved with
-        no host (:func:`~cinder_dmclone.attachments.unconnected`), but the
-        one of the attach that asks for the move: it may be a local
-        attach whose path this node handed out before the move was
-        recorded, and its instance is about to write to the copy here.
-        Cinder reserves an attachment before it asks for its connection,
-        and a local connection is refused once a move is recorded
-        (:meth:`refuse_local_attach`); the move reads the attachments
-        after it is recorded.  So of a local attach and a move, whichever
-        comes second sees the other, whatever the locks.
+        ``current`` is read after the move was recorded.
+
+        An attach's move: an active attachment on any name of this node
+        (one made under an alias still writes to the source).  No other
+        attach of the volume can be starting here meanwhile: the volume
+        is not multiattach (:meth:`wants_move`), and Cinder 29's
+        ``_attachment_reserve`` (volume/api.py) reserves a
+        non-multiattach volume only while it is ``available`` (or
+        ``downloading``, which :meth:`_refuse_unless_movable` refuses);
+        a second reserve of a ``reserved`` or ``in-use`` one is refused
+        unless the volume already has an attachment of the same instance
+        (a live migration, whose source attachment is counted here).  So
+        a reserved attachment with no host is this attach's own, or one
+        of the same instance that a failed ``attachment_create`` left
+        behind: neither uses the copy here, and neither may hold the
+        move (an orphan would hold it for ever).
+
+        A migration (no attach asked for it; it was refused if the volume
+        had any attachment, :meth:`_refuse_unless_movable`): any
+        attachment now, whatever its host, is an attach that started
+        since, maybe a local one whose path this node handed out before
+        the move was recorded.  A local connection is refused once a move
+        is recorded (:meth:`refuse_local_attach`) and Cinder reserves an
+        attachment before it asks for its connection, so of a local
+        attach and a migration, whichever comes second sees the other,
+        whatever the locks.
         """
-        count = attachments.may_use(volume, self.node_names, current)
-        if not migration and attachments.unconnected(volume, current):
-            count -= 1      # (the attach that asks for the move)
-        return count > 0
+        if migration:
+            return any(a.attach_status in attachments.IN_USE
+                       for a in current)
+        return attachments.on(volume, self.node_names, current) > 0
 
     def _region_map(self, t):
         """The regions move ``t``'s thin LV holds (encoded), or None.

@@ -39,6 +39,7 @@ from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
+from cinder.volume import api as volume_api
 
 from cinder_dmclone import attachments
 from cinder_dmclone import destination as dmc_destination
@@ -1479,8 +1480,14 @@ class MigrateTestCase(ClusterTestCase):
 
     def test_reserved_local_attach_keeps_the_move_from_committing(self):
         # (R11-1: a local attach on node-a handed out its path before the
-        # move was recorded.)  The move waits in "cloned" while that
-        # attachment is reserved or attached, and commits once detached.
+        # migration's move was recorded.)  The move does not hydrate, and
+        # waits in "cloned" while that attachment is attaching or
+        # attached, and commits once detached.  As Cinder 29's
+        # manager._connection_create, the attachment is "attaching" with
+        # its connector as soon as the driver's initialize_connection
+        # returned, before the caller (Nova) has the path: a reserved
+        # attachment with no host holds no commit (R12-2: Cinder leaves
+        # such orphans behind), so it is never one whose path is out.
         att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
                'attach_status': RESERVED, 'attached_host': None,
                'connector': None}
@@ -1489,19 +1496,63 @@ class MigrateTestCase(ClusterTestCase):
         def local_attach_then_record(*args, **kwargs):
             self.c.attachments.append(att)
             self.a.initialize_connection(self.volume(), dict(self.a.props))
+            att.update(attach_status=fields.VolumeAttachStatus.ATTACHING,
+                       connector=dict(self.a.props))
             return record(*args, **kwargs)
         self.mock_object(self.a.source, '_record',
                          side_effect=local_attach_then_record)
         self.assertTrue(self.c.migrate(self.b))
         self.c.settle()
         self.assertEqual(move.CLONED, self.c.transfer().state)
-        att.update(attach_status=ATTACHED, attached_host='node-a',
-                   connector=dict(self.a.props))
+        att.update(attach_status=ATTACHED, attached_host='node-a')
         self.c.settle()
         self.assertEqual(move.CLONED, self.c.transfer().state)
+        held = [c for c in self.log.warning.call_args_list
+                if 'stays cloned' in c[0][0]]
+        self.assertEqual(1, len(held))      # once per move
+        self.assertEqual(fake.ATTACHMENT2_ID, held[0][0][1]['ids'])
         self.c.detach(att)
         self.c.settle()
         self.c.assert_completed()
+
+    def test_a_reserved_attachment_with_no_host_holds_no_commit(self):
+        # R12-2: Cinder 29 leaves an attachment reserved with no host when
+        # an attachment_create with a connector fails (and a tenant can
+        # make one: attachment-create with no connector).  A migration
+        # racing one does not hydrate, but the move commits at the next
+        # tick: such an attachment has no path (see the test above).
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        record = self.a.source._record
+
+        def reserve_then_record(*args, **kwargs):
+            self.c.attachments.append(att)
+            return record(*args, **kwargs)
+        self.mock_object(self.a.source, '_record',
+                         side_effect=reserve_then_record)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_migration_refusal_names_the_attachments(self):
+        # An orphan (reserved, no host) refuses a migration whose manager
+        # saw none yet; the message tells how to clear it.
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        create_export = self.a.create_export
+
+        def reserve_then_export(*args):
+            self.c.attachments.append(att)
+            return create_export(*args)
+        self.mock_object(self.a, 'create_export',
+                         side_effect=reserve_then_export)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('attachment(s) %s' % fake.ATTACHMENT2_ID, str(exc))
+        self.assertIn('cinder attachment-delete <id>', str(exc))
 
     def test_local_attach_after_the_move_is_recorded_is_refused(self):
         # The other order: the move is recorded first.  A local attach
@@ -1522,6 +1573,54 @@ class MigrateTestCase(ClusterTestCase):
         self.assertRaises(move.MoveInProgress,
                           self.a.source.refuse_local_attach, self.volume(),
                           'attaching it here')
+
+
+class ReserveRulesTestCase(ClusterTestCase):
+    """Why an attach's move counts no reserved attachment with no host.
+
+    Source._may_be_used_here: Cinder 29's ``_attachment_reserve``
+    (volume/api.py) reserves a non-multiattach volume that is not
+    available again only for an instance that has an attachment of it
+    already, so no local attach can start while an attach of another
+    instance moves it; a multiattach volume never moves on an attach.
+    These run Cinder's own code on the harness's volume.
+    """
+
+    def reserve(self, instance_uuid):
+        vref = self.volume()
+        # (Its conditional update to "reserved" wants an available one.)
+        self.mock_object(vref, 'conditional_update', return_value=False)
+        api = volume_api.API()
+        self.mock_object(api.db, 'volume_attach',
+                         return_value={'id': fake.ATTACHMENT2_ID})
+        self.mock_object(objects.VolumeAttachment, 'get_by_id')
+        return api._attachment_reserve(self.c.ctxt, vref, instance_uuid)
+
+    def test_cinder_refuses_another_instances_attach(self):
+        for status in ('reserved', 'in-use'):
+            self.c.db.volumes[VOLUME_ID]['status'] = status
+            self.c.attachments[:] = [{
+                'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+                'attach_status': RESERVED, 'attached_host': None,
+                'connector': None}]
+            exc = self.assertRaises(exception.InvalidVolume,
+                                    self.reserve, INSTANCE2_ID)
+            self.assertIn('current status is %s' % status, str(exc))
+
+    def test_cinder_reserves_again_for_the_same_instance(self):
+        # A live migration; also the retry after a failed
+        # attachment_create, whose orphan stays reserved (R12-2).
+        self.c.db.volumes[VOLUME_ID]['status'] = 'reserved'
+        self.c.attachments[:] = [{
+            'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': RESERVED, 'attached_host': None,
+            'connector': None}]
+        self.reserve(fake.INSTANCE_ID)
+
+    def test_a_multiattach_volume_never_moves_on_an_attach(self):
+        self.c.multiattach = True
+        self.c.attach(self.b)
+        self.assertIsNone(self.c.transfer())
 
 
 class NotMovableTestCase(ClusterTestCase):
