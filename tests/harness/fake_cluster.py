@@ -556,8 +556,12 @@ class Cluster(object):
         self.deleted = False
         #: the volume's multiattach flag (its volume type's).
         self.multiattach = False
-        self._ids = itertools.cycle([fake.ATTACHMENT_ID,
-                                     fake.ATTACHMENT2_ID])
+        #: attachment ids: Cinder's fake ones, then new ones (an attach
+        #: that failed leaves its attachment: see attach).
+        self._ids = itertools.chain(
+            [fake.ATTACHMENT_ID, fake.ATTACHMENT2_ID],
+            ('%08x-0000-4000-8000-000000000000' % n
+             for n in itertools.count(3)))
         #: the volume's id; its LV is ``LV`` whatever it is (see
         #: give_name_id).
         self.volume_id = VOLUME_ID
@@ -773,18 +777,30 @@ class Cluster(object):
     # -- what Nova does ----------------------------------------------------
 
     def attach(self, node, instance_uuid=fake.INSTANCE_ID):
-        """Attach on ``node``; returns (attachment, connection info)."""
+        """Attach on ``node``; returns (attachment, connection info).
+
+        Cinder 29's ``attachment_create`` with a connector (what Nova's
+        live migration calls; volume/api.py): ``_attachment_reserve``
+        reserves the attachment (and turns an available volume
+        ``reserved``), then the manager's attachment_update asks the
+        driver.  If that fails the API raises and the attachment stays
+        ``reserved``, with no host and no connector, and the volume
+        ``reserved``: nothing deletes it (its caller never learnt its
+        id).  Detach it with :meth:`detach` (``attachment-delete``).
+        """
         att = {'id': next(self._ids), 'instance_uuid': instance_uuid,
                'attach_status': fields.VolumeAttachStatus.RESERVED,
                'attached_host': None, 'connector': None}
         self.attachments.append(att)
+        rec = self.db.volumes[self.volume_id]
         owner = self.owner()
         try:
             info = self.call(owner, owner.attach, self.volume(),
                              dict(node.props))
         except Exception:
-            if att in self.attachments:     # (Nova may have deleted it)
-                self.attachments.remove(att)
+            if rec.get('status', 'available') in ('available',
+                                                  'downloading'):
+                rec['status'] = 'reserved'
             raise
         att.update(attach_status=fields.VolumeAttachStatus.ATTACHED,
                    attached_host=node.name, connector=dict(node.props))
@@ -832,10 +848,20 @@ class Cluster(object):
                          host or node.scheduler_host(), owner._save, node.az)
 
     def detach(self, att):
-        owner = self.owner()
-        self.call(owner, owner.attachment_delete, self.volume(),
-                  att['connector'])
+        """``attachment-delete``: Cinder 29's manager.attachment_delete.
+
+        One with no connector (reserved, never connected: see attach)
+        asks no driver (_connection_terminate exits early); the volume
+        with no attachment left is available again.
+        """
+        if att['connector'] is not None:
+            owner = self.owner()
+            self.call(owner, owner.attachment_delete, self.volume(),
+                      att['connector'])
         self.attachments.remove(att)
+        rec = self.db.volumes[self.volume_id]
+        if not self.attachments and rec.get('status') == 'reserved':
+            rec['status'] = 'available'
 
     def delete(self):
         """The user deletes the volume (Cinder routes it to its host)."""
