@@ -673,16 +673,21 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             connector['host'] if connector else host.get('host')))
         if connector is None:
             return False, None
-        update = self.create_export(ctxt, volume, connector)
-        volume.update(update)
-        volume.save()
         try:
-            info = self.source.move(volume, connector,
-                                    self._lv_sectors_reader(volume),
-                                    migration=True)
-        except Exception:
-            with excutils.save_and_reraise_exception():
-                self._drop_migration_export(ctxt, volume)
+            update = self.create_export(ctxt, volume, connector)
+            volume.update(update)
+            volume.save()
+            try:
+                info = self.source.move(volume, connector,
+                                        self._lv_sectors_reader(volume),
+                                        migration=True)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    self._drop_migration_export(ctxt, volume)
+        finally:
+            # (create_export took it for an attach in flight: no
+            # initialize_connection follows, the move is made already.)
+            self.source.attach_done(volume, connector)
         if info is None:
             self._drop_migration_export(ctxt, volume)
             return False, None
@@ -1077,7 +1082,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return {}
         export_info = self.source.export_for_attach(
             volume,
-            lambda: self.target_driver.create_export(context, volume, path))
+            lambda: self.target_driver.create_export(context, volume, path),
+            connector)
         return {'provider_location': export_info['location'],
                 'provider_auth': export_info['auth']}
 
@@ -1133,7 +1139,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         try:
             return self._connect_remote(volume, connector)
         finally:
-            self.source.attach_done(volume)
+            self.source.attach_done(volume, connector)
 
     def _connect_remote(self, volume, connector):
         """A move to the connector's node, or an iSCSI connection."""

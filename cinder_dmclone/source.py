@@ -105,6 +105,11 @@ def _volume_service(ctxt, host):
         return None
 
 
+def _initiator(connector):
+    """The connector's iSCSI initiator (lowercase; '' if it names none)."""
+    return str((connector or {}).get('initiator') or '').lower()
+
+
 class Source(side.Side):
     """Moves of volumes away from this node.
 
@@ -151,9 +156,10 @@ class Source(side.Side):
         #: move that is over (see :meth:`drop_leftover_export`): the
         #: monitor tries again.
         self.leftover_exports = set()
-        #: volume id -> when (``clock``) each iSCSI attach from another
-        #: node made or reused the volume's export and has not admitted
-        #: its initiator yet (see :meth:`export_for_attach`).
+        #: volume id -> [(initiator, when)]: each iSCSI attach from
+        #: another node that made or reused the volume's export (at
+        #: ``clock`` time ``when``) and has not admitted its initiator
+        #: yet (see :meth:`export_for_attach`).
         self.attaches_in_flight = {}
         #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
         #: volume group, or None (dmclone_thin_map off: no map is sent).
@@ -653,7 +659,7 @@ class Source(side.Side):
             self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
 
-    def export_for_attach(self, volume, create):
+    def export_for_attach(self, volume, create, connector):
         """``create()`` the export an iSCSI attach from another node uses.
 
         Cinder's manager makes the export (create_export) before the
@@ -661,41 +667,59 @@ class Source(side.Side):
         initiator: in between, the export admits nobody for it -- or
         only the ACL a move that is over left, which the monitor's tick
         removes.  The export is made under the volume's lock and the
-        attach recorded as in flight until :meth:`attach_done`: a tick,
-        under the same lock, either removes the export before it is made
-        (it is then made anew) or sees the attach and leaves the export
-        to it (:meth:`_drop_emptied_export`).
+        attach recorded as in flight (by ``connector``'s initiator) until
+        :meth:`attach_done`: a tick, under the same lock, either removes
+        the export before it is made (it is then made anew) or sees the
+        attach and leaves the export to it (:meth:`_drop_emptied_export`).
         """
         with move.lock(volume['id']):
             info = create()
+            self._prune_attaches(volume['id'])
             self.attaches_in_flight.setdefault(volume['id'], []).append(
-                self._clock())
+                (_initiator(connector), self._clock()))
         return info
 
-    def attach_done(self, volume):
+    def attach_done(self, volume, connector):
         """The connection of an attach made by export_for_attach is done.
 
         Made or failed: either its ACL is in place, or the manager
-        removes the export next.
+        removes the export next.  Its own entry goes (the oldest of its
+        initiator), not another attach's; so do entries past their age
+        (:meth:`_attach_in_flight`).  Also called by a migration, which
+        makes the export as an attach does but connects nothing.
         """
-        started = self.attaches_in_flight.get(volume['id'])
-        if started:
-            started.pop(0)
-            if not started:
-                del self.attaches_in_flight[volume['id']]
+        started = self.attaches_in_flight.get(volume['id'], [])
+        initiator = _initiator(connector)
+        for i, (who, _when) in enumerate(started):
+            if who == initiator:
+                del started[i]
+                break
+        self._prune_attaches(volume['id'])
+
+    def _prune_attaches(self, volume_id):
+        """Forget the volume's attaches in flight older than their window."""
+        now = self._clock()
+        window = self.stale_prepare_after()
+        live = [(who, when) for who, when in
+                self.attaches_in_flight.get(volume_id, ())
+                if now - when <= window]
+        if live:
+            self.attaches_in_flight[volume_id] = live
+        else:
+            self.attaches_in_flight.pop(volume_id, None)
 
     def _attach_in_flight(self, volume_id):
         """True if an attach from another node may still be connecting.
 
         An attach whose connection never came (its manager died between
-        the two calls) counts for as long as an attempt to move the
+        the two calls, or Cinder's _connection_create failed after
+        create_export) counts for as long as an attempt to move the
         volume may last (its connection may wait for the volume's lock
-        that long): then the export is no longer kept for it.
+        that long): then the export is no longer kept for it, and its
+        entry is forgotten.
         """
-        now = self._clock()
-        window = self.stale_prepare_after()
-        return any(now - started <= window
-                   for started in self.attaches_in_flight.get(volume_id, ()))
+        self._prune_attaches(volume_id)
+        return bool(self.attaches_in_flight.get(volume_id))
 
     def _drop_emptied_export(self, volume):
         """Remove an export that admits nobody now, under the volume's lock.

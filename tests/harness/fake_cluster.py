@@ -355,7 +355,8 @@ class Node(object):
                                      % connector['host'])
         path = self.ensure_handle()
         update = self.source.export_for_attach(
-            volume, lambda: self.target.create_export(ctxt, volume, path))
+            volume, lambda: self.target.create_export(ctxt, volume, path),
+            connector)
         return {'provider_location': update['location'],
                 'provider_auth': update['auth']}
 
@@ -378,7 +379,7 @@ class Node(object):
             return self.source.connect_over_iscsi(
                 volume, connector, self.target.initialize_connection)
         finally:
-            self.source.attach_done(volume)
+            self.source.attach_done(volume, connector)
 
     def terminate_connection(self, volume, connector, force=False):
         """DMCloneVolumeDriver.terminate_connection."""
@@ -425,14 +426,17 @@ class Node(object):
             connector['host'] if connector else host['host']))
         if connector is None:
             return False, None
-        self._save(volume, self.create_export(ctxt, volume, connector))
         try:
-            info = self.source.move(volume, connector,
-                                    lambda: self.dm.device_sectors(LV_PATH),
-                                    migration=True)
-        except Exception:
-            with excutils.save_and_reraise_exception():
-                self._drop_migration_export(ctxt, volume)
+            self._save(volume, self.create_export(ctxt, volume, connector))
+            try:
+                info = self.source.move(
+                    volume, connector,
+                    lambda: self.dm.device_sectors(LV_PATH), migration=True)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    self._drop_migration_export(ctxt, volume)
+        finally:
+            self.source.attach_done(volume, connector)
         if info is None:
             self._drop_migration_export(ctxt, volume)
             return False, None

@@ -1575,6 +1575,44 @@ class MigrateTestCase(ClusterTestCase):
                           'attaching it here')
 
 
+class AttachInFlightTestCase(ClusterTestCase):
+    """Source.export_for_attach's record of an iSCSI attach (R12-3)."""
+
+    def initiators(self):
+        return [who for who, _when in
+                self.a.source.attaches_in_flight.get(VOLUME_ID, ())]
+
+    def test_attach_done_removes_its_own_entry(self):
+        src = self.a.source
+        node_c = {'host': 'node-c', 'initiator': 'IQN.1993-08.org:c'}
+        node_d = {'host': 'node-d', 'initiator': 'iqn.1993-08.org:d'}
+        src.export_for_attach(self.volume(), dict, node_c)
+        src.export_for_attach(self.volume(), dict, node_d)
+        src.attach_done(self.volume(), node_d)
+        self.assertEqual(['iqn.1993-08.org:c'], self.initiators())
+        src.attach_done(self.volume(), node_c)
+        self.assertEqual({}, src.attaches_in_flight)
+
+    def test_an_attach_that_never_connects_is_forgotten(self):
+        # (Cinder's _connection_create failed after create_export.)
+        src = self.a.source
+        self.mock_object(src, '_clock', side_effect=lambda: self.c.now)
+        src.export_for_attach(self.volume(), dict,
+                              {'host': 'node-c', 'initiator': 'iqn.c'})
+        self.assertTrue(src._attach_in_flight(VOLUME_ID))
+        self.c.now += src.stale_prepare_after() + 1
+        self.assertFalse(src._attach_in_flight(VOLUME_ID))
+        self.assertEqual({}, src.attaches_in_flight)
+
+    def test_a_failed_migration_leaves_no_attach_in_flight(self):
+        self.c.snapshots.append(mock.sentinel.snapshot)
+        self.mock_object(self.a.source, '_refuse_snapshots',
+                         side_effect=exception.InvalidVolume(reason='x'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.a.source.attaches_in_flight)
+
+
 class ReserveRulesTestCase(ClusterTestCase):
     """Why an attach's move counts no reserved attachment with no host.
 
