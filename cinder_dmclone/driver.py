@@ -554,7 +554,19 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._handle_or_rollback(volume)
 
     def delete_volume(self, volume):
-        """Remove the handle, then the LV (the handle holds the LV open)."""
+        """Remove the handle, then the LV (the handle holds the LV open).
+
+        Refused, with nothing removed, when the volume record (read now)
+        names another node and is not ``creating``
+        (Side.refuse_delete_unless_here).  Known limitation: Cinder's
+        create flow deletes a failed create's volume here only after it
+        rescheduled it (create_volume.py ``_post_reschedule``, which
+        ignores the error); if the rescheduled create is already
+        ``available`` on another node, its half-made LV stays here.  The
+        manage listing shows it ("named like another volume"); the
+        start-up report does not while the volume exists (see
+        doc/source/limitations.rst).
+        """
         lv_name = layout.validate_lv_name(volume['name'])
         if self.destination.delete(volume):
             LOG.info('Deleted volume %s and its transfer.', volume['id'])
