@@ -77,31 +77,15 @@ def on(volume, node, attachments=None):
                if host in names)
 
 
-def unconnected(volume, attachments=None):
-    """Ids of the instance attachments reserved with no host named yet.
-
-    Cinder reserves an attachment before it asks the volume's node for a
-    connection, and saves its connector (and so its host) only after the
-    driver's initialize_connection returned: until then it may be one
-    whose connection a node has just handed out (a local path here) and
-    that its instance is about to open.  Which node it is on is unknown.
-    """
+def holding(volume, node, attachments=None):
+    """Ids (sorted) of the active attachments on ``node`` (see :func:`on`)."""
+    names = {node} if isinstance(node, str) else set(node)
     if attachments is None:
         attachments = volume.volume_attachment or []
-    return {a.id for a in attachments
-            if a.instance_uuid
-            and a.attach_status == fields.VolumeAttachStatus.RESERVED
-            and not (a.attached_host or (a.connector or {}).get('host'))}
-
-
-def may_use(volume, node, attachments=None):
-    """Attachments that use, or may be about to use, the copy on ``node``.
-
-    The active ones on ``node`` (a name or a set, see :func:`on`), and
-    every :func:`unconnected` one, which may be on any node.
-    """
-    return on(volume, node, attachments) + len(
-        unconnected(volume, attachments))
+    return sorted(str(a.id) for a in attachments
+                  if a.attach_status in ACTIVE
+                  and (a.attached_host or (a.connector or {}).get('host'))
+                  in names)
 
 
 def elsewhere(volume, nodes, attachments=None):

@@ -106,6 +106,9 @@ class Destination(side.Side):
         #: volumes whose source detached but has not confirmed that its
         #: copy is closed (see commit_once_closed); asked at each tick.
         self.awaiting_source = set()
+        #: volume id -> the secret of its move whose commit an attachment
+        #: on the source was last reported to hold (once per move).
+        self.held_reported = {}
         #: LV name -> volume id of the moves into this node: an LV is not
         #: always named after its volume (a migrated volume's _name_id).
         self.lv_volumes = {}
@@ -577,8 +580,9 @@ class Destination(side.Side):
             current = attachments.current(volume)
             on_source = attachments.on(volume, t.source_names, current)
             if host in t.source_names:
-                if attachments.may_use(volume, t.source_names,
-                                       current) <= 1:
+                # (A reserved attachment with no host is not counted: see
+                # Source._may_be_used_here.)
+                if on_source <= 1:
                     self.commit_once_closed(volume, t)
                 return True
             if host in self.node_names and on_source > 0:
@@ -682,7 +686,12 @@ class Destination(side.Side):
 
         The monitor's retry of :meth:`commit_once_closed`, also the way a
         start commits a move whose source detach the last run did not
-        finish (recovery never commits without the source's word).
+        finish (recovery never commits without the source's word).  Only
+        active attachments on the source hold it, not one reserved with
+        no host (an orphan of a failed ``attachment_create`` would hold
+        it for ever; why none can be a local attach there, see
+        Source._may_be_used_here).  The hold is logged once per move,
+        naming the attachments.
         """
         with move.lock_if_free(volume_id) as locked:
             if not locked:
@@ -694,12 +703,26 @@ class Destination(side.Side):
             if self.source_resting(t):
                 return False
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
-            # (Also an attach still reserved with no host: one the source
-            # handed a local path before the move was recorded.)
-            if attachments.may_use(volume, t.source_names,
-                                   attachments.current(volume)):
+            holding = attachments.holding(volume, t.source_names,
+                                          attachments.current(volume))
+            if holding:
+                self._report_held(t, holding)
                 return False
             return self.commit_once_closed(volume, t)
+
+    def _report_held(self, t, holding):
+        """Say once per move which attachments on its source hold it."""
+        if self.held_reported.get(t.volume_id) == t.secret:
+            return
+        self.held_reported[t.volume_id] = t.secret
+        LOG.warning('Volume %(vol)s stays cloned on %(dst)s, not hydrating '
+                    'and read from %(src)s, while attachment(s) %(ids)s on '
+                    '%(src)s use the copy there (a live migration until '
+                    'its source detach). It commits once they are '
+                    'detached; an attachment no instance uses is cleared '
+                    'with "cinder attachment-delete <id>".',
+                    {'vol': t.volume_id, 'dst': t.dest_node,
+                     'src': t.source_node, 'ids': ', '.join(holding)})
 
     def publish_progress(self, t, progress):
         """Record a clone's progress while its move still goes on.

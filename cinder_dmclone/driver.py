@@ -556,7 +556,19 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self._handle_or_rollback(volume)
 
     def delete_volume(self, volume):
-        """Remove the handle, then the LV (the handle holds the LV open)."""
+        """Remove the handle, then the LV (the handle holds the LV open).
+
+        Refused, with nothing removed, when the volume record (read now)
+        names another node and is not ``creating``
+        (Side.refuse_delete_unless_here).  Known limitation: Cinder's
+        create flow deletes a failed create's volume here only after it
+        rescheduled it (create_volume.py ``_post_reschedule``, which
+        ignores the error); if the rescheduled create is already
+        ``available`` on another node, its half-made LV stays here.  The
+        manage listing shows it ("named like another volume"); the
+        start-up report does not while the volume exists (see
+        doc/source/limitations.rst).
+        """
         lv_name = layout.validate_lv_name(volume['name'])
         if self.destination.delete(volume):
             LOG.info('Deleted volume %s and its transfer.', volume['id'])
@@ -653,7 +665,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         there at once while it hydrates in the background.  This is how
         an operator drains a node.  (True, None): Cinder's manager then
         names the destination's pool in the volume record, which the
-        move has already done.
+        move has already done.  The volume's status is then
+        ``available``, ``maintenance`` (``--lock-volume True``) or
+        ``retyping``; Cinder's manager restores the previous one after
+        this returns (Source.MIGRATABLE).
 
         A volume that is moving is refused (MoveInProgress) before any
         other answer: Cinder's generic copy in the middle of a move would
@@ -672,16 +687,21 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             connector['host'] if connector else host.get('host')))
         if connector is None:
             return False, None
-        update = self.create_export(ctxt, volume, connector)
-        volume.update(update)
-        volume.save()
         try:
-            info = self.source.move(volume, connector,
-                                    self._lv_sectors_reader(volume),
-                                    migration=True)
-        except Exception:
-            with excutils.save_and_reraise_exception():
-                self._drop_migration_export(ctxt, volume)
+            update = self.create_export(ctxt, volume, connector)
+            volume.update(update)
+            volume.save()
+            try:
+                info = self.source.move(volume, connector,
+                                        self._lv_sectors_reader(volume),
+                                        migration=True)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    self._drop_migration_export(ctxt, volume)
+        finally:
+            # (create_export took it for an attach in flight: no
+            # initialize_connection follows, the move is made already.)
+            self.source.attach_done(volume, connector)
         if info is None:
             self._drop_migration_export(ctxt, volume)
             return False, None
@@ -1076,7 +1096,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             return {}
         export_info = self.source.export_for_attach(
             volume,
-            lambda: self.target_driver.create_export(context, volume, path))
+            lambda: self.target_driver.create_export(context, volume, path),
+            connector)
         return {'provider_location': export_info['location'],
                 'provider_auth': export_info['auth']}
 
@@ -1132,7 +1153,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         try:
             return self._connect_remote(volume, connector)
         finally:
-            self.source.attach_done(volume)
+            self.source.attach_done(volume, connector)
 
     def _connect_remote(self, volume, connector):
         """A move to the connector's node, or an iSCSI connection."""

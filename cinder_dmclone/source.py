@@ -105,6 +105,11 @@ def _volume_service(ctxt, host):
         return None
 
 
+def _initiator(connector):
+    """The connector's iSCSI initiator (lowercase; '' if it names none)."""
+    return str((connector or {}).get('initiator') or '').lower()
+
+
 class Source(side.Side):
     """Moves of volumes away from this node.
 
@@ -151,9 +156,10 @@ class Source(side.Side):
         #: move that is over (see :meth:`drop_leftover_export`): the
         #: monitor tries again.
         self.leftover_exports = set()
-        #: volume id -> when (``clock``) each iSCSI attach from another
-        #: node made or reused the volume's export and has not admitted
-        #: its initiator yet (see :meth:`export_for_attach`).
+        #: volume id -> [(initiator, when)]: each iSCSI attach from
+        #: another node that made or reused the volume's export (at
+        #: ``clock`` time ``when``) and has not admitted its initiator
+        #: yet (see :meth:`export_for_attach`).
         self.attaches_in_flight = {}
         #: the :class:`~cinder_dmclone.region_map.ThinMaps` of this node's
         #: volume group, or None (dmclone_thin_map off: no map is sent).
@@ -269,10 +275,19 @@ class Source(side.Side):
                      {'vol': volume['id'], 'dst': dest_host})
             return info
 
-    #: volume statuses in which a move may start: an attach's
-    #: (``reserved``: Cinder reserved the volume for it; ``in-use``: a
-    #: live migration) or a migration's (``available``).
+    #: volume statuses in which an attach's move may start (``reserved``:
+    #: Cinder reserved the volume for it; ``in-use``: a live migration).
     MOVABLE = ('available', 'reserved', 'attaching', 'in-use')
+    #: volume statuses in which Cinder 29's manager hands a migration to
+    #: the driver (volume/manager.py migrate_volume, which restores
+    #: ``previous_status`` only after the driver returned): ``available``;
+    #: ``maintenance``, set by volume/api.py migrate_volume for
+    #: ``--lock-volume True`` (no action allowed on the volume: the safe
+    #: drain); ``retyping``, set by volume/api.py retype when the manager
+    #: lets the driver migrate (_can_use_driver_migration).  None of them
+    #: is a write or read by the volume's own service.  (``in-use`` never
+    #: reaches the driver: the manager copies an attached volume itself.)
+    MIGRATABLE = ('available', 'maintenance', 'retyping')
 
     def _refuse_unless_movable(self, volume, migration):
         """Refuse a move while the copy here is used without an attachment.
@@ -289,19 +304,29 @@ class Source(side.Side):
         migration (no attach asked for it) is refused as well if the
         volume has any attachment now: Cinder's reserve of an attachment
         checks the status, not the migration status, so an attach may
-        have started since the manager loaded the volume.
+        have started since the manager loaded the volume.  Any attachment
+        counts, a reserved one with no host too: Cinder reserves it before
+        it asks any node for a connection, so a racing attach is always
+        visible here.  So is an orphan (an ``attachment_create`` with a
+        connector whose connection failed leaves its attachment reserved,
+        and its caller never learnt its id): the message names the ids
+        and how an operator clears one that no instance uses.
         """
         current = objects.Volume.get_by_id(self.ctxt(), volume['id'])
         status = current.status
         reason = None
         if volume['id'] in self.writers:
             reason = _('an image is being written to it')
-        elif status not in (('available',) if migration else self.MOVABLE):
+        elif status not in (self.MIGRATABLE if migration else self.MOVABLE):
             reason = _('its status is %s') % status
-        elif migration and any(
-                a.attach_status in attachments.IN_USE
-                for a in attachments.current(volume)):
-            reason = _('an attach of it started')
+        elif migration:
+            ids = sorted(a.id for a in attachments.current(volume))
+            if ids:
+                reason = _(
+                    'an attach of it started: it has attachment(s) '
+                    '%(ids)s (one left reserved by a failed attach, which '
+                    'no instance uses, is cleared with "cinder '
+                    'attachment-delete <id>")') % {'ids': ', '.join(ids)}
         if reason is None:
             return
         LOG.warning('Volume %(vol)s stays on %(node)s: %(why)s.',
@@ -313,23 +338,37 @@ class Source(side.Side):
     def _may_be_used_here(self, volume, current, migration):
         """True if an attachment (besides the move's own) may use the copy.
 
-        ``current`` is read after the move was recorded.  Any name of this
-        node counts: an attachment made under an alias still writes to
-        the source.  So does every instance attachment still reserved with
-        no host (:func:`~cinder_dmclone.attachments.unconnected`), but the
-        one of the attach that asks for the move: it may be a local
-        attach whose path this node handed out before the move was
-        recorded, and its instance is about to write to the copy here.
-        Cinder reserves an attachment before it asks for its connection,
-        and a local connection is refused once a move is recorded
-        (:meth:`refuse_local_attach`); the move reads the attachments
-        after it is recorded.  So of a local attach and a move, whichever
-        comes second sees the other, whatever the locks.
+        ``current`` is read after the move was recorded.
+
+        An attach's move: an active attachment on any name of this node
+        (one made under an alias still writes to the source).  No other
+        attach of the volume can be starting here meanwhile: the volume
+        is not multiattach (:meth:`wants_move`), and Cinder 29's
+        ``_attachment_reserve`` (volume/api.py) reserves a
+        non-multiattach volume only while it is ``available`` (or
+        ``downloading``, which :meth:`_refuse_unless_movable` refuses);
+        a second reserve of a ``reserved`` or ``in-use`` one is refused
+        unless the volume already has an attachment of the same instance
+        (a live migration, whose source attachment is counted here).  So
+        a reserved attachment with no host is this attach's own, or one
+        of the same instance that a failed ``attachment_create`` left
+        behind: neither uses the copy here, and neither may hold the
+        move (an orphan would hold it for ever).
+
+        A migration (no attach asked for it; it was refused if the volume
+        had any attachment, :meth:`_refuse_unless_movable`): any
+        attachment now, whatever its host, is an attach that started
+        since, maybe a local one whose path this node handed out before
+        the move was recorded.  A local connection is refused once a move
+        is recorded (:meth:`refuse_local_attach`) and Cinder reserves an
+        attachment before it asks for its connection, so of a local
+        attach and a migration, whichever comes second sees the other,
+        whatever the locks.
         """
-        count = attachments.may_use(volume, self.node_names, current)
-        if not migration and attachments.unconnected(volume, current):
-            count -= 1      # (the attach that asks for the move)
-        return count > 0
+        if migration:
+            return any(a.attach_status in attachments.IN_USE
+                       for a in current)
+        return attachments.on(volume, self.node_names, current) > 0
 
     def _region_map(self, t):
         """The regions move ``t``'s thin LV holds (encoded), or None.
@@ -620,7 +659,7 @@ class Source(side.Side):
             self._take_over_recorded_acl(volume, connector)
             return connect(volume, connector)
 
-    def export_for_attach(self, volume, create):
+    def export_for_attach(self, volume, create, connector):
         """``create()`` the export an iSCSI attach from another node uses.
 
         Cinder's manager makes the export (create_export) before the
@@ -628,41 +667,59 @@ class Source(side.Side):
         initiator: in between, the export admits nobody for it -- or
         only the ACL a move that is over left, which the monitor's tick
         removes.  The export is made under the volume's lock and the
-        attach recorded as in flight until :meth:`attach_done`: a tick,
-        under the same lock, either removes the export before it is made
-        (it is then made anew) or sees the attach and leaves the export
-        to it (:meth:`_drop_emptied_export`).
+        attach recorded as in flight (by ``connector``'s initiator) until
+        :meth:`attach_done`: a tick, under the same lock, either removes
+        the export before it is made (it is then made anew) or sees the
+        attach and leaves the export to it (:meth:`_drop_emptied_export`).
         """
         with move.lock(volume['id']):
             info = create()
+            self._prune_attaches(volume['id'])
             self.attaches_in_flight.setdefault(volume['id'], []).append(
-                self._clock())
+                (_initiator(connector), self._clock()))
         return info
 
-    def attach_done(self, volume):
+    def attach_done(self, volume, connector):
         """The connection of an attach made by export_for_attach is done.
 
         Made or failed: either its ACL is in place, or the manager
-        removes the export next.
+        removes the export next.  Its own entry goes (the oldest of its
+        initiator), not another attach's; so do entries past their age
+        (:meth:`_attach_in_flight`).  Also called by a migration, which
+        makes the export as an attach does but connects nothing.
         """
-        started = self.attaches_in_flight.get(volume['id'])
-        if started:
-            started.pop(0)
-            if not started:
-                del self.attaches_in_flight[volume['id']]
+        started = self.attaches_in_flight.get(volume['id'], [])
+        initiator = _initiator(connector)
+        for i, (who, _when) in enumerate(started):
+            if who == initiator:
+                del started[i]
+                break
+        self._prune_attaches(volume['id'])
+
+    def _prune_attaches(self, volume_id):
+        """Forget the volume's attaches in flight older than their window."""
+        now = self._clock()
+        window = self.stale_prepare_after()
+        live = [(who, when) for who, when in
+                self.attaches_in_flight.get(volume_id, ())
+                if now - when <= window]
+        if live:
+            self.attaches_in_flight[volume_id] = live
+        else:
+            self.attaches_in_flight.pop(volume_id, None)
 
     def _attach_in_flight(self, volume_id):
         """True if an attach from another node may still be connecting.
 
         An attach whose connection never came (its manager died between
-        the two calls) counts for as long as an attempt to move the
+        the two calls, or Cinder's _connection_create failed after
+        create_export) counts for as long as an attempt to move the
         volume may last (its connection may wait for the volume's lock
-        that long): then the export is no longer kept for it.
+        that long): then the export is no longer kept for it, and its
+        entry is forgotten.
         """
-        now = self._clock()
-        window = self.stale_prepare_after()
-        return any(now - started <= window
-                   for started in self.attaches_in_flight.get(volume_id, ()))
+        self._prune_attaches(volume_id)
+        return bool(self.attaches_in_flight.get(volume_id))
 
     def _drop_emptied_export(self, volume):
         """Remove an export that admits nobody now, under the volume's lock.

@@ -355,7 +355,8 @@ class Node(object):
                                      % connector['host'])
         path = self.ensure_handle()
         update = self.source.export_for_attach(
-            volume, lambda: self.target.create_export(ctxt, volume, path))
+            volume, lambda: self.target.create_export(ctxt, volume, path),
+            connector)
         return {'provider_location': update['location'],
                 'provider_auth': update['auth']}
 
@@ -378,7 +379,7 @@ class Node(object):
             return self.source.connect_over_iscsi(
                 volume, connector, self.target.initialize_connection)
         finally:
-            self.source.attach_done(volume)
+            self.source.attach_done(volume, connector)
 
     def terminate_connection(self, volume, connector, force=False):
         """DMCloneVolumeDriver.terminate_connection."""
@@ -425,14 +426,17 @@ class Node(object):
             connector['host'] if connector else host['host']))
         if connector is None:
             return False, None
-        self._save(volume, self.create_export(ctxt, volume, connector))
         try:
-            info = self.source.move(volume, connector,
-                                    lambda: self.dm.device_sectors(LV_PATH),
-                                    migration=True)
-        except Exception:
-            with excutils.save_and_reraise_exception():
-                self._drop_migration_export(ctxt, volume)
+            self._save(volume, self.create_export(ctxt, volume, connector))
+            try:
+                info = self.source.move(
+                    volume, connector,
+                    lambda: self.dm.device_sectors(LV_PATH), migration=True)
+            except Exception:
+                with excutils.save_and_reraise_exception():
+                    self._drop_migration_export(ctxt, volume)
+        finally:
+            self.source.attach_done(volume, connector)
         if info is None:
             self._drop_migration_export(ctxt, volume)
             return False, None
@@ -556,8 +560,12 @@ class Cluster(object):
         self.deleted = False
         #: the volume's multiattach flag (its volume type's).
         self.multiattach = False
-        self._ids = itertools.cycle([fake.ATTACHMENT_ID,
-                                     fake.ATTACHMENT2_ID])
+        #: attachment ids: Cinder's fake ones, then new ones (an attach
+        #: that failed leaves its attachment: see attach).
+        self._ids = itertools.chain(
+            [fake.ATTACHMENT_ID, fake.ATTACHMENT2_ID],
+            ('%08x-0000-4000-8000-000000000000' % n
+             for n in itertools.count(3)))
         #: the volume's id; its LV is ``LV`` whatever it is (see
         #: give_name_id).
         self.volume_id = VOLUME_ID
@@ -726,6 +734,7 @@ class Cluster(object):
             provider_auth=rec['provider_auth'],
             _name_id=rec.get('_name_id'),
             status=rec.get('status', 'available'),
+            previous_status=rec.get('previous_status'),
             multiattach=self.multiattach,
             volume_admin_metadata=[{'key': k, 'value': v}
                                    for k, v in md.items()])
@@ -772,18 +781,30 @@ class Cluster(object):
     # -- what Nova does ----------------------------------------------------
 
     def attach(self, node, instance_uuid=fake.INSTANCE_ID):
-        """Attach on ``node``; returns (attachment, connection info)."""
+        """Attach on ``node``; returns (attachment, connection info).
+
+        Cinder 29's ``attachment_create`` with a connector (what Nova's
+        live migration calls; volume/api.py): ``_attachment_reserve``
+        reserves the attachment (and turns an available volume
+        ``reserved``), then the manager's attachment_update asks the
+        driver.  If that fails the API raises and the attachment stays
+        ``reserved``, with no host and no connector, and the volume
+        ``reserved``: nothing deletes it (its caller never learnt its
+        id).  Detach it with :meth:`detach` (``attachment-delete``).
+        """
         att = {'id': next(self._ids), 'instance_uuid': instance_uuid,
                'attach_status': fields.VolumeAttachStatus.RESERVED,
                'attached_host': None, 'connector': None}
         self.attachments.append(att)
+        rec = self.db.volumes[self.volume_id]
         owner = self.owner()
         try:
             info = self.call(owner, owner.attach, self.volume(),
                              dict(node.props))
         except Exception:
-            if att in self.attachments:     # (Nova may have deleted it)
-                self.attachments.remove(att)
+            if rec.get('status', 'available') in ('available',
+                                                  'downloading'):
+                rec['status'] = 'reserved'
             raise
         att.update(attach_status=fields.VolumeAttachStatus.ATTACHED,
                    attached_host=node.name, connector=dict(node.props))
@@ -805,24 +826,46 @@ class Cluster(object):
         self.test.mock_object(self.b.dest, 'build_clone',
                               side_effect=build_then_withdraw)
 
-    def migrate(self, node, host=None):
+    def migrate(self, node, host=None, lock_volume=False):
         """An admin's ``cinder migrate`` of the volume to node's pool.
 
         Cinder's manager on the volume's node (manager_flow.migrate_volume)
         asks its driver; ``host`` replaces the scheduler's host of ``node``.
         Returns whether the driver moved it (False: Cinder's generic copy,
-        not modelled).
+        not modelled).  As Cinder 29's API (volume/api.py migrate_volume)
+        the status is kept as ``previous_status``, and ``lock_volume``
+        turns an available volume ``maintenance``.  A status a test set
+        to ``maintenance`` or ``retyping`` (the API's of a locked
+        migration, of a retype) stands, with ``available`` before it.
         """
+        rec = self.db.volumes[self.volume_id]
+        status = rec.get('status', 'available')
+        if status in ('maintenance', 'retyping'):
+            rec.setdefault('previous_status', 'available')
+        else:
+            rec['previous_status'] = status
+            if lock_volume and status == 'available':
+                rec['status'] = 'maintenance'
         owner = self.owner()
         return self.call(owner, manager_flow.migrate_volume, owner,
                          self.ctxt, self.volume(),
                          host or node.scheduler_host(), owner._save, node.az)
 
     def detach(self, att):
-        owner = self.owner()
-        self.call(owner, owner.attachment_delete, self.volume(),
-                  att['connector'])
+        """``attachment-delete``: Cinder 29's manager.attachment_delete.
+
+        One with no connector (reserved, never connected: see attach)
+        asks no driver (_connection_terminate exits early); the volume
+        with no attachment left is available again.
+        """
+        if att['connector'] is not None:
+            owner = self.owner()
+            self.call(owner, owner.attachment_delete, self.volume(),
+                      att['connector'])
         self.attachments.remove(att)
+        rec = self.db.volumes[self.volume_id]
+        if not self.attachments and rec.get('status') == 'reserved':
+            rec['status'] = 'available'
 
     def delete(self):
         """The user deletes the volume (Cinder routes it to its host)."""

@@ -61,7 +61,15 @@ def migrate_volume(driver, ctxt, volume, host, save, zone):
     ``host`` (its service's ``zone``), with the driver's model update.
     Returns whether the driver moved it; False is Cinder's generic copy,
     which no harness models.
+
+    A volume the API left ``maintenance`` (``migrate --lock-volume
+    True``) or ``retyping`` (a retype the driver may migrate) gets its
+    ``previous_status`` back only after the driver returned or raised:
+    the driver sees it so.
     """
+    status_update = {}
+    if volume.status in ('retyping', 'maintenance'):
+        status_update = {'status': volume.previous_status}
     save(volume, {'migration_status': 'migrating'})
     if len(volume.volume_attachment):
         return False
@@ -69,11 +77,12 @@ def migrate_volume(driver, ctxt, volume, host, save, zone):
         moved, update = driver.migrate_volume(ctxt, volume, host)
     except Exception:
         with excutils.save_and_reraise_exception():
-            save(volume, {'migration_status': 'error'})
+            save(volume, dict(status_update, migration_status='error'))
     if moved:
         updates = {'host': host['host'], 'availability_zone': zone,
                    'migration_status': 'success',
                    'previous_status': volume.status}
+        updates.update(status_update)
         updates.update(update or {})
         save(volume, updates)
     return moved

@@ -945,6 +945,11 @@ class LeftoverExportTestCase(DatabaseDownTestBase):
         # rather than let in next to an ACL nothing could tell apart
         # later; the tick removes the leftover, and node-c's retry works.
         self.failed_move_ended_by_node_b()
+        # The failed attach left its attachment reserved (Cinder 29's
+        # attachment_create with a connector); deleted here, else node-c's
+        # attach (no attachment of its own) would count as its instance's.
+        for att in list(self.c.attachments):
+            self.c.detach(att)
         terminate = self.a.target.terminate_connection
         calls = []
 

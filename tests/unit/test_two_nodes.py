@@ -39,6 +39,7 @@ from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import fake_volume
 from cinder.tests.unit import test
+from cinder.volume import api as volume_api
 
 from cinder_dmclone import attachments
 from cinder_dmclone import destination as dmc_destination
@@ -1479,8 +1480,14 @@ class MigrateTestCase(ClusterTestCase):
 
     def test_reserved_local_attach_keeps_the_move_from_committing(self):
         # (R11-1: a local attach on node-a handed out its path before the
-        # move was recorded.)  The move waits in "cloned" while that
-        # attachment is reserved or attached, and commits once detached.
+        # migration's move was recorded.)  The move does not hydrate, and
+        # waits in "cloned" while that attachment is attaching or
+        # attached, and commits once detached.  As Cinder 29's
+        # manager._connection_create, the attachment is "attaching" with
+        # its connector as soon as the driver's initialize_connection
+        # returned, before the caller (Nova) has the path: a reserved
+        # attachment with no host holds no commit (R12-2: Cinder leaves
+        # such orphans behind), so it is never one whose path is out.
         att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
                'attach_status': RESERVED, 'attached_host': None,
                'connector': None}
@@ -1489,19 +1496,63 @@ class MigrateTestCase(ClusterTestCase):
         def local_attach_then_record(*args, **kwargs):
             self.c.attachments.append(att)
             self.a.initialize_connection(self.volume(), dict(self.a.props))
+            att.update(attach_status=fields.VolumeAttachStatus.ATTACHING,
+                       connector=dict(self.a.props))
             return record(*args, **kwargs)
         self.mock_object(self.a.source, '_record',
                          side_effect=local_attach_then_record)
         self.assertTrue(self.c.migrate(self.b))
         self.c.settle()
         self.assertEqual(move.CLONED, self.c.transfer().state)
-        att.update(attach_status=ATTACHED, attached_host='node-a',
-                   connector=dict(self.a.props))
+        att.update(attach_status=ATTACHED, attached_host='node-a')
         self.c.settle()
         self.assertEqual(move.CLONED, self.c.transfer().state)
+        held = [c for c in self.log.warning.call_args_list
+                if 'stays cloned' in c[0][0]]
+        self.assertEqual(1, len(held))      # once per move
+        self.assertEqual(fake.ATTACHMENT2_ID, held[0][0][1]['ids'])
         self.c.detach(att)
         self.c.settle()
         self.c.assert_completed()
+
+    def test_a_reserved_attachment_with_no_host_holds_no_commit(self):
+        # R12-2: Cinder 29 leaves an attachment reserved with no host when
+        # an attachment_create with a connector fails (and a tenant can
+        # make one: attachment-create with no connector).  A migration
+        # racing one does not hydrate, but the move commits at the next
+        # tick: such an attachment has no path (see the test above).
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        record = self.a.source._record
+
+        def reserve_then_record(*args, **kwargs):
+            self.c.attachments.append(att)
+            return record(*args, **kwargs)
+        self.mock_object(self.a.source, '_record',
+                         side_effect=reserve_then_record)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_migration_refusal_names_the_attachments(self):
+        # An orphan (reserved, no host) refuses a migration whose manager
+        # saw none yet; the message tells how to clear it.
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': RESERVED, 'attached_host': None,
+               'connector': None}
+        create_export = self.a.create_export
+
+        def reserve_then_export(*args):
+            self.c.attachments.append(att)
+            return create_export(*args)
+        self.mock_object(self.a, 'create_export',
+                         side_effect=reserve_then_export)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('attachment(s) %s' % fake.ATTACHMENT2_ID, str(exc))
+        self.assertIn('cinder attachment-delete <id>', str(exc))
 
     def test_local_attach_after_the_move_is_recorded_is_refused(self):
         # The other order: the move is recorded first.  A local attach
@@ -1522,6 +1573,92 @@ class MigrateTestCase(ClusterTestCase):
         self.assertRaises(move.MoveInProgress,
                           self.a.source.refuse_local_attach, self.volume(),
                           'attaching it here')
+
+
+class AttachInFlightTestCase(ClusterTestCase):
+    """Source.export_for_attach's record of an iSCSI attach (R12-3)."""
+
+    def initiators(self):
+        return [who for who, _when in
+                self.a.source.attaches_in_flight.get(VOLUME_ID, ())]
+
+    def test_attach_done_removes_its_own_entry(self):
+        src = self.a.source
+        node_c = {'host': 'node-c', 'initiator': 'IQN.1993-08.org:c'}
+        node_d = {'host': 'node-d', 'initiator': 'iqn.1993-08.org:d'}
+        src.export_for_attach(self.volume(), dict, node_c)
+        src.export_for_attach(self.volume(), dict, node_d)
+        src.attach_done(self.volume(), node_d)
+        self.assertEqual(['iqn.1993-08.org:c'], self.initiators())
+        src.attach_done(self.volume(), node_c)
+        self.assertEqual({}, src.attaches_in_flight)
+
+    def test_an_attach_that_never_connects_is_forgotten(self):
+        # (Cinder's _connection_create failed after create_export.)
+        src = self.a.source
+        self.mock_object(src, '_clock', side_effect=lambda: self.c.now)
+        src.export_for_attach(self.volume(), dict,
+                              {'host': 'node-c', 'initiator': 'iqn.c'})
+        self.assertTrue(src._attach_in_flight(VOLUME_ID))
+        self.c.now += src.stale_prepare_after() + 1
+        self.assertFalse(src._attach_in_flight(VOLUME_ID))
+        self.assertEqual({}, src.attaches_in_flight)
+
+    def test_a_failed_migration_leaves_no_attach_in_flight(self):
+        self.c.snapshots.append(mock.sentinel.snapshot)
+        self.mock_object(self.a.source, '_refuse_snapshots',
+                         side_effect=exception.InvalidVolume(reason='x'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.a.source.attaches_in_flight)
+
+
+class ReserveRulesTestCase(ClusterTestCase):
+    """Why an attach's move counts no reserved attachment with no host.
+
+    Source._may_be_used_here: Cinder 29's ``_attachment_reserve``
+    (volume/api.py) reserves a non-multiattach volume that is not
+    available again only for an instance that has an attachment of it
+    already, so no local attach can start while an attach of another
+    instance moves it; a multiattach volume never moves on an attach.
+    These run Cinder's own code on the harness's volume.
+    """
+
+    def reserve(self, instance_uuid):
+        vref = self.volume()
+        # (Its conditional update to "reserved" wants an available one.)
+        self.mock_object(vref, 'conditional_update', return_value=False)
+        api = volume_api.API()
+        self.mock_object(api.db, 'volume_attach',
+                         return_value={'id': fake.ATTACHMENT2_ID})
+        self.mock_object(objects.VolumeAttachment, 'get_by_id')
+        return api._attachment_reserve(self.c.ctxt, vref, instance_uuid)
+
+    def test_cinder_refuses_another_instances_attach(self):
+        for status in ('reserved', 'in-use'):
+            self.c.db.volumes[VOLUME_ID]['status'] = status
+            self.c.attachments[:] = [{
+                'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+                'attach_status': RESERVED, 'attached_host': None,
+                'connector': None}]
+            exc = self.assertRaises(exception.InvalidVolume,
+                                    self.reserve, INSTANCE2_ID)
+            self.assertIn('current status is %s' % status, str(exc))
+
+    def test_cinder_reserves_again_for_the_same_instance(self):
+        # A live migration; also the retry after a failed
+        # attachment_create, whose orphan stays reserved (R12-2).
+        self.c.db.volumes[VOLUME_ID]['status'] = 'reserved'
+        self.c.attachments[:] = [{
+            'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': RESERVED, 'attached_host': None,
+            'connector': None}]
+        self.reserve(fake.INSTANCE_ID)
+
+    def test_a_multiattach_volume_never_moves_on_an_attach(self):
+        self.c.multiattach = True
+        self.c.attach(self.b)
+        self.assertIsNone(self.c.transfer())
 
 
 class NotMovableTestCase(ClusterTestCase):
@@ -1554,6 +1691,36 @@ class NotMovableTestCase(ClusterTestCase):
         exc = self.assertRaises(exception.VolumeBackendAPIException,
                                 self.c.migrate, self.b)
         self.assert_not_moved(exc, 'its status is reserved')
+
+    def test_statuses_a_migration_reaches_the_driver_in(self):
+        # Cinder 29: migrate --lock-volume True ("maintenance"), a retype
+        # with driver migration ("retyping"); the manager restores the
+        # previous status once the driver returned.
+        for status, lock in (('available', True), ('retyping', False),
+                             ('available', False)):
+            self.c = fake_cluster.Cluster(self)
+            rec = self.c.db.volumes[VOLUME_ID]
+            rec['status'] = status
+            seen = []
+            move_ = self.c.a.source.move
+
+            def moving(*args, **kwargs):
+                seen.append(self.c.db.volumes[VOLUME_ID]['status'])
+                return move_(*args, **kwargs)
+            self.mock_object(self.c.a.source, 'move', side_effect=moving)
+            self.assertTrue(self.c.migrate(self.c.b, lock_volume=lock))
+            self.assertEqual(['maintenance' if lock else status], seen)
+            self.assertEqual('available', rec['status'])
+            self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def test_a_refused_locked_migration_gets_its_status_back(self):
+        self.c.snapshots.append(mock.sentinel.snapshot)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b, lock_volume=True)
+        rec = self.c.db.volumes[VOLUME_ID]
+        self.assertEqual(('available', 'error'),
+                         (rec['status'], rec['migration_status']))
+        self.assertIsNone(self.c.transfer())
 
     def test_an_image_being_written_refuses_a_move(self):
         # Cinder's reserve overwrites "downloading" with "reserved".
