@@ -608,17 +608,77 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.TargetUpdateFailed(volume_id=volume.id)
 
     def revert_to_snapshot(self, context, volume, snapshot):
-        """Revert a thick volume: LVM merges only an LV nobody holds open."""
+        """Revert by merging the snapshot's LV into the volume's LV.
+
+        LVM merges at once only an LV nobody holds open: the handle goes
+        first and is made again whatever happens; if that fails too after
+        a failed revert, the revert's error is the one raised.  Thick
+        volumes take Cinder's own revert; thin ones
+        :meth:`_revert_thin`, never Cinder's generic copy.  Cinder's API
+        reverts only to the latest snapshot and only at the snapshot's
+        size, so the LV and its snapshot have the same length.
+        """
         self.source.refuse_if_moving(volume, _('a revert to a snapshot'))
-        if self.configuration.lvm_type == 'thin':
-            # Cinder falls back to its generic copy-based revert.
-            raise NotImplementedError(
-                _('Revert to snapshot is done by copy for thin LVM.'))
         self._remove_handle(volume['name'])
         try:
-            super().revert_to_snapshot(context, volume, snapshot)
-        finally:
-            self._ensure_handle(volume)
+            if self.configuration.lvm_type == 'thin':
+                self._revert_thin(volume, snapshot)
+            else:
+                super().revert_to_snapshot(context, volume, snapshot)
+        except Exception:
+            with excutils.save_and_reraise_exception():
+                try:
+                    self._ensure_handle(volume)
+                except Exception:
+                    LOG.exception('Could not make the handle of volume %s '
+                                  'again after its failed revert; the '
+                                  'volume service makes it at its next '
+                                  'start.', volume['id'])
+        self._ensure_handle(volume)
+
+    def _revert_thin(self, volume, snapshot):
+        """Swap the thin snapshot in for the volume's thin LV.
+
+        Not Cinder's generic revert: it copies a volume made from the
+        snapshot onto this one with ``dd conv=sparse`` (a thin pool
+        reports ``sparse_copy_volume``), which skips the blocks that read
+        zero at the snapshot, so whatever was written there since
+        survives the revert.
+
+        With neither LV open, ``lvconvert --merge`` of a thin snapshot
+        swaps the snapshot's thin device in under the volume's LV name
+        in one metadata commit and removes the old one: the LV reads
+        either as before or as the snapshot, never a mix.  The merged LV
+        takes the origin's attributes (no activation-skip flag); the
+        volume's other snapshots are thin devices of their own,
+        untouched.  Were one of them open, LVM defers the merge to the
+        LV's next activation, which the deactivation and activation that
+        follow (Cinder's thick sequence) bring about; the merge is then
+        checked done (the snapshot's LV gone) before the snapshot, which
+        the merge consumed, is made again under its name.
+        """
+        lv_name = volume.name
+        snap_lv = self._escape_snapshot(snapshot.name)
+        self.vg.revert(snap_lv)
+        self.vg.deactivate_lv(lv_name)
+        self.vg.activate_lv(lv_name)
+        if self.vg.get_volume(snap_lv) is not None:
+            raise exception.VolumeBackendAPIException(data=_(
+                'LVM left the merge of snapshot LV %(snap)s into %(lv)s '
+                'pending (one of them is held open): the volume still '
+                'reads as before the revert, and becomes the snapshot at '
+                'the next activation of %(lv)s that finds neither open, '
+                'which consumes the snapshot LV. Release what holds them '
+                '(dmsetup info -c), deactivate and activate %(lv)s, then '
+                'delete the snapshot.') % {'snap': snap_lv, 'lv': lv_name})
+        try:
+            self.create_snapshot(snapshot)
+        except Exception as err:
+            raise exception.VolumeBackendAPIException(data=_(
+                'Volume %(vol)s was reverted to snapshot %(snap)s, whose '
+                'LV the merge consumed, but it could not be made again '
+                '(%(err)s): delete the snapshot.') % {
+                    'vol': volume.id, 'snap': snapshot.id, 'err': err})
 
     def copy_image_to_volume(self, context, volume, image_service, image_id,
                              disable_sparse=False):

@@ -350,13 +350,16 @@ def test_thin_volume_reverted_to_its_snapshot_after_a_move(
 
     Written on node A, moved to node B on attach and finalized; its
     snapshot taken on B, then written more (over the snapshot's data
-    and where it read zeros).  Reverted (Cinder's generic revert, a copy
-    from a temporary volume of the snapshot: the driver declines thin
-    LVM's), every MiB reads as at the snapshot on node B's kernel, the
-    LV is still a thin LV of node B's pool, node A keeps nothing, and
-    of Cinder's backup snapshot and temporary volume nothing is left
-    (no snapshot record but the one reverted to, no LV more in node B's
-    thin VG than before the revert).
+    and where it read zeros).  Reverted (the driver merges the thin
+    snapshot into the volume's LV and makes the snapshot again; never
+    Cinder's generic revert, whose sparse copy kept the data written
+    since where the snapshot read zeros), every MiB reads as at the
+    snapshot on node B's kernel, the LV is still a thin LV of node B's
+    pool, node A keeps nothing, and of Cinder's backup snapshot nothing
+    is left (no snapshot record but the one reverted to, no LV more in
+    node B's thin VG than before the revert).  The snapshot, made again
+    after the merge, still serves: a volume made from it reads as at
+    the snapshot.
     """
     vt = steps.thin_type(cloud)
     vol, image = steps.seeded_on(cloud, 'a', SPARSE, vt.id)
@@ -412,6 +415,15 @@ def test_thin_volume_reverted_to_its_snapshot_after_a_move(
         assert steps.kept_on(cloud, 'a', vol.id) == []
         assert steps.kept_on(cloud, 'b', vol.id) == ['LV volume-%s' % vol.id]
         assert sorted(testbed.lv_report(vg_b, node='b')) == lvs_before
+
+        copy = cloud.create(size=1, volume_type=vt.id, snapshot_id=snap.id)
+        try:
+            assert cloud.node_of(copy.id) == 'b'
+            att = steps.attached_on(cloud, copy.id, 'b')
+            at_snapshot.check(cloud, att)
+            cloud.detach(att)
+        finally:
+            cloud.delete(copy.id)
     finally:
         if snap is not None:
             cloud.delete_snapshot(snap.id)

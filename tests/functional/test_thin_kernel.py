@@ -863,3 +863,88 @@ def test_a_held_snapshot_survives_a_power_cycle(topo, thin_pool, thin_lv,
         assert held_root(vg, pool, node='a') == '-'
         assert node_a.call(_on_node, 'release_metadata_snap', vg,
                            pool) == ('ok', False)
+
+
+# --------------------------------------------------------------------------
+# The revert of a thin volume
+# --------------------------------------------------------------------------
+
+def lv_attr(vg, lv):
+    out = testbed.lvm('lvs', '--noheadings', '-o', 'lv_attr',
+                      '%s/%s' % (vg, lv)).stdout
+    return out.strip()
+
+
+@pytest.mark.extended
+def test_a_thin_snapshot_merge_swaps_its_content_in(topo, thin_pool, thin_lv,
+                                                    cleanup):
+    """The driver's thin revert, in LVM's commands, on the real kernel.
+
+    Written, not yet run.  An origin with data; a thin snapshot made as
+    Cinder makes one (activation skip set, inactive); then the origin
+    rewritten over the snapshot's data and where it read zeros, and a
+    second snapshot (Cinder's backup snapshot of a revert).  With a
+    device-mapper device over the origin (a handle), ``lvconvert
+    --merge`` defers: the origin still reads as rewritten, the snapshot
+    LV stays.  With it gone, ``lvconvert --merge``, ``lvchange -an`` and
+    ``lvchange -ay --yes -K`` (the driver's sequence): the origin reads
+    exactly as the snapshot (zeros where it read zeros), the snapshot LV
+    is gone, the origin is still a thin LV of the pool without the
+    activation-skip flag, active; the second snapshot still reads as
+    before the revert; and a snapshot made again under the merged one's
+    name reads as the origin.
+    """
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-rpool')
+    origin = thin_lv(vg, pool, 'ft-thk-rorigin')
+    testbed.write_pattern(origin, 40, MiB, 0)
+    at_snapshot = testbed.sha256_of_device(origin)
+
+    def snapshot(name):
+        testbed.lvm('lvcreate', '-q', '-y', '-s', '%s/ft-thk-rorigin' % vg,
+                    '-n', name)
+        cleanup(testbed.lvm, 'lvremove', '-q', '-y', '-f',
+                '%s/%s' % (vg, name), check=False)
+    snapshot('ft-thk-rsnap')
+    assert lv_attr(vg, 'ft-thk-rsnap')[9] == 'k', lv_attr(vg, 'ft-thk-rsnap')
+    testbed.write_pattern(origin, 41, 64 * KiB, 0)
+    testbed.write_pattern(origin, 42, 2 * MiB, 32 * MiB)
+    rewritten = testbed.sha256_of_device(origin)
+    assert rewritten != at_snapshot
+    snapshot('ft-thk-rbackup')
+
+    holder = 'ft-thk-rholder'
+    testbed.run(['dmsetup', 'create', holder, '--table',
+                 '0 %d linear %s 0' % (SIZE // SECTOR, origin)])
+    cleanup(testbed.dm_remove, holder)
+    out = testbed.lvm('lvconvert', '--merge', '%s/ft-thk-rsnap' % vg)
+    testbed.LOG.info('merge with the origin open: %s %s', out.stdout,
+                     out.stderr)
+    assert 'ft-thk-rsnap' in testbed.lv_report(vg)
+    assert testbed.sha256_of_device(origin) == rewritten
+    testbed.dm_remove(holder)
+
+    testbed.lvm('lvchange', '-a', 'n', '%s/ft-thk-rorigin' % vg)
+    testbed.lvm('lvchange', '-a', 'y', '--yes', '-K',
+                '%s/ft-thk-rorigin' % vg)
+    testbed.wait_until(lambda: os.path.exists(origin), 30, origin)
+    report = testbed.lv_report(vg)
+    assert 'ft-thk-rsnap' not in report, report
+    assert (report['ft-thk-rorigin']['segtype'],
+            report['ft-thk-rorigin']['pool_lv']) == ('thin', pool), report
+    attr = lv_attr(vg, 'ft-thk-rorigin')
+    assert attr[4] == 'a' and attr[9] != 'k', attr
+    assert testbed.sha256_of_device(origin) == at_snapshot
+    assert testbed.sha256_of_device(origin, 2 * MiB, 32 * MiB) == \
+        testbed.sha256(bytes(2 * MiB))
+
+    backup = testbed.lv_path(vg, 'ft-thk-rbackup')
+    testbed.lvm('lvchange', '-a', 'y', '-K', '%s/ft-thk-rbackup' % vg)
+    testbed.wait_until(lambda: os.path.exists(backup), 30, backup)
+    assert testbed.sha256_of_device(backup) == rewritten
+
+    snapshot('ft-thk-rsnap')
+    again = testbed.lv_path(vg, 'ft-thk-rsnap')
+    testbed.lvm('lvchange', '-a', 'y', '-K', '%s/ft-thk-rsnap' % vg)
+    testbed.wait_until(lambda: os.path.exists(again), 30, again)
+    assert testbed.sha256_of_device(again) == at_snapshot

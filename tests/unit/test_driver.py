@@ -36,6 +36,7 @@ from cinder.tests.unit import utils as tests_utils
 from cinder.volume import configuration as conf
 from cinder.volume import driver as volume_driver_module
 from cinder.volume.drivers import lvm as cinder_lvm
+from cinder.volume import manager as volume_manager
 from cinder.volume import volume_utils
 
 from cinder_dmclone import dmsetup
@@ -665,13 +666,111 @@ class LifecycleTestCase(DriverTestBase):
                           self.volume, snap)
         self.assertIn(HANDLE, self.dm.devices)
 
-    def test_revert_thin_falls_back_untouched(self):
+    def _record_thin_revert(self, snap):
+        """Run a thin revert; return the LVM calls it made, in order.
+
+        Each with whether the handle existed then.
+        """
+        self.drv.configuration.lvm_type = 'thin'
+        order = []
+
+        def record(name):
+            return lambda *args, **kwargs: order.append(
+                (name, args, HANDLE in self.dm.devices))
+        self.vg.revert.side_effect = record('revert')
+        self.vg.deactivate_lv.side_effect = record('deactivate_lv')
+        self.vg.activate_lv.side_effect = record('activate_lv')
+        self.vg.create_lv_snapshot.side_effect = record('create_lv_snapshot')
+        self.drv.revert_to_snapshot(self.ctxt, self.volume, snap)
+        return order
+
+    def test_revert_thin_merges_the_snapshot(self):
+        self._make_handle()
+        snap = self._snapshot()
+        snap_lv = '_' + snap.name
+        order = self._record_thin_revert(snap)
+        self.assertEqual(
+            [('revert', (snap_lv,), False),
+             ('deactivate_lv', (LV,), False),
+             ('activate_lv', (LV,), False),
+             ('create_lv_snapshot', (snap_lv, LV, 'thin'), False)],
+            order[:4])
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_revert_thin_uses_the_lv_of_a_migrated_volume(self):
+        # After a migration the LV is named by _name_id, not by id.
+        self.volume._name_id = fake.VOLUME2_ID
+        snap = self._snapshot()
+        lv = 'volume-%s' % fake.VOLUME2_ID
+        self.lvs[lv] = '1.00'
+        self.dm.sizes['/dev/%s/%s' % (VG, lv)] = 2097152
+        order = self._record_thin_revert(snap)
+        self.assertEqual(('deactivate_lv', (lv,), False), order[1])
+        self.assertEqual(('create_lv_snapshot', ('_' + snap.name, lv, 'thin'),
+                          False), order[3])
+
+    def test_revert_thin_never_falls_back_to_cinders_sparse_copy(self):
+        # Cinder's generic revert dd-copies a volume made from the
+        # snapshot onto the volume with conv=sparse (a thin pool reports
+        # sparse_copy_volume): the blocks that read zero at the snapshot
+        # are skipped and what was written there since survives.  The
+        # manager uses it only when the driver raises NotImplementedError.
+        self.drv.configuration.lvm_type = 'thin'
+        mgr = mock.Mock(driver=self.drv)
+        volume_manager.VolumeManager._revert_to_snapshot(
+            mgr, self.ctxt, self.volume, self._snapshot())
+        mgr._revert_to_snapshot_generic.assert_not_called()
+        self.vg.revert.assert_called_once()
+
+    def test_revert_thin_merge_left_pending_fails_clearly(self):
+        # LVM defers the merge while the snapshot or the volume is open:
+        # the volume still reads as before, the snapshot is not made
+        # again over the pending one.
+        self._make_handle()
+        snap = self._snapshot()
+        self.lvs['_' + snap.name] = '1.00'
+        self.drv.configuration.lvm_type = 'thin'
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.revert_to_snapshot, self.ctxt,
+                                self.volume, snap)
+        self.assertIn('pending', str(exc))
+        self.vg.create_lv_snapshot.assert_not_called()
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_revert_thin_merge_failure_recreates_handle(self):
         self._make_handle()
         self.drv.configuration.lvm_type = 'thin'
+        self.vg.revert.side_effect = processutils.ProcessExecutionError(
+            cmd='lvconvert --merge', stderr='boom')
+        self.assertRaises(processutils.ProcessExecutionError,
+                          self.drv.revert_to_snapshot, self.ctxt,
+                          self.volume, self._snapshot())
+        self.vg.create_lv_snapshot.assert_not_called()
+        self.assertIn(HANDLE, self.dm.devices)
+
+    def test_revert_failure_not_hidden_by_a_handle_failure(self):
+        self._make_handle()
+        self.drv.configuration.lvm_type = 'thin'
+        self.vg.revert.side_effect = processutils.ProcessExecutionError(
+            cmd='lvconvert --merge', stderr='boom')
+        self.dm.fail_on['create'] = dmc_exception.DMSetupCommandFailed(
+            command='create', reason='x')
+        self.assertRaises(processutils.ProcessExecutionError,
+                          self.drv.revert_to_snapshot, self.ctxt,
+                          self.volume, self._snapshot())
+
+    def test_revert_thin_snapshot_not_made_again_fails_clearly(self):
+        self._make_handle()
+        self.drv.configuration.lvm_type = 'thin'
+        self.vg.create_lv_snapshot.side_effect = (
+            processutils.ProcessExecutionError(cmd='lvcreate', stderr='x'))
         snap = self._snapshot()
-        self.assertRaises(NotImplementedError, self.drv.revert_to_snapshot,
-                          self.ctxt, self.volume, snap)
-        self.assertEqual([], self.dm.calls)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.drv.revert_to_snapshot, self.ctxt,
+                                self.volume, snap)
+        self.assertIn('reverted', str(exc))
+        self.assertIn(snap.id, str(exc))
+        self.assertIn(HANDLE, self.dm.devices)
 
     @mock.patch('cinder.image.image_utils.fetch_to_raw')
     def test_copy_image_to_volume_through_handle(self, mock_fetch):
