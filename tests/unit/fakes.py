@@ -55,6 +55,9 @@ class FakeDMSetup(object):
         self.hydration = {}
         #: devices whose clone reports Fail.
         self.failed = set()
+        #: clones' destinations cannot discard (a thick LV over a disk
+        #: without discard): every clone reports no_discard_passdown.
+        self.cannot_discard = False
         #: devices whose clone reports its metadata read-only ("ro": a
         #: metadata commit failed).
         self.read_only = set()
@@ -215,6 +218,10 @@ class FakeDMSetup(object):
         features = tuple(f for f in args.features if f != 'no_hydration')
         if not self.hydration.get(name):
             features = ('no_hydration',) + features
+        if self.cannot_discard and 'no_discard_passdown' not in features:
+            # (dm-clone turns passdown off by itself over a destination
+            # that cannot discard, and says so in its status.)
+            features += ('no_discard_passdown',)
         return dmsetup.CloneStatus(
             metadata_block_size=8, metadata_used=10, metadata_total=4096,
             region_size=args.region_size, hydrated_regions=hydrated,

@@ -3864,6 +3864,40 @@ class ThinMapTestCase(ClusterTestCase):
         self.assertNotIn('table', self.b.pool.calls)
         self.assertTrue(self.b.dm.status(HANDLE)[0].clone.hydration_enabled)
 
+    def test_a_thick_clone_that_cannot_discard_keeps_hydrating(self):
+        # Found on the real kernel (run 20261126-165404-2326): dm-clone
+        # reports no_discard_passdown by itself over a destination that
+        # cannot discard (a thick LV on the testbed's disks); the guard
+        # took that for a mapped clone, found no zeroing thin pool and
+        # stopped the copy of every live migration for good.
+        self.c = fake_cluster.Cluster(self)
+        self.a = self.c.a
+        self.b = self.c.b
+        self.b.dm.cannot_discard = True
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.monitor.tick()
+        status = self.b.dm.status(HANDLE)[0].clone
+        self.assertIn('no_discard_passdown', status.features)
+        self.assertTrue(status.hydration_enabled)
+        self.assertNotIn('zeroes new blocks', str(
+            self.log.error.call_args_list))
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_an_unmapped_thin_clone_that_cannot_discard_keeps_hydrating(
+            self):
+        # (A pool made with --discards ignore: its thin LVs cannot
+        # discard.  With zeroing off, a clone that copies every region is
+        # still right: only a mapped one depends on the zeroing.)
+        self.thin_cluster(thin_map=False)
+        self.b.dm.cannot_discard = True
+        self.b.pool.zeroing = False
+        self.c.migrate(self.b)
+        self.b.monitor.tick()
+        self.assertTrue(self.b.dm.status(HANDLE)[0].clone.hydration_enabled)
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_source_crash_holding_the_snapshot_releases_it_at_start(self):
         self.c.crash_at(fake_cluster.privileged, 'thin_dump')
         self.assertRaises(oslo_messaging.MessagingTimeout, self.c.migrate,
