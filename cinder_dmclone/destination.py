@@ -114,6 +114,11 @@ class Destination(side.Side):
         self.lv_volumes = {}
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
+        #: volume id -> the secret of its move whose clone had regions
+        #: marked copied by a thin map here (see guard_pool_zeroing).
+        #: Not the clone's ``no_discard_passdown``: dm-clone reports that
+        #: as well over any destination that cannot discard.
+        self.mapped = {}
         #: volume id -> (secret, when) this node first saw that move
         #: preparing, on its own clock (see prepare_age).
         self.prepare_seen = {}
@@ -353,6 +358,8 @@ class Destination(side.Side):
                            'while the map of volume %s was applied'
                     % (self.clones.vg.vg_name, self.clones.thin_pool,
                        volume['id']))
+        if skipped:
+            self.mapped[volume['id']] = t.secret
         total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
         if skipped is None:
             LOG.info('Volume %(vol)s: every region is copied from %(src)s '
@@ -375,12 +382,20 @@ class Destination(side.Side):
         except Exception as exc:
             return 'its thin-pool table cannot be read: %s' % exc
 
+    def was_mapped(self, volume_id, t):
+        """True if this service applied a thin map to move ``t``'s clone.
+
+        Known in this process only: after a restart the guard below is
+        not applied (written down in doc/source/contributor/thin-map.rst).
+        """
+        return self.mapped.get(volume_id) == t.secret
+
     def guard_pool_zeroing(self, volume_id, t, status):
         """Hydrate a clone built with a map only while its pool zeroes.
 
-        For the monitor, each tick, while such a clone hydrates (its
-        table still carries ``no_discard_passdown``, which only a build
-        with a map sets).  Its discarded regions read the thin LV, where
+        For the monitor, each tick, while such a clone hydrates (one
+        whose regions this service marked copied: :meth:`was_mapped`).
+        Its discarded regions read the thin LV, where
         nothing is mapped, as copied: once the pool stops zeroing new
         blocks (``lvchange --zero n``, a reload of the pool), a region
         copied into a chunk that one of them shares would leave the
