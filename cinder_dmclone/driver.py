@@ -659,6 +659,17 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """
         lv_name = volume.name
         snap_lv = self._escape_snapshot(snapshot.name)
+        # Held open (by anything but the handle, gone now), the merge
+        # would be deferred to an activation nobody asked for: a reboot
+        # would then swap the snapshot in under writes made since.
+        held = [name for name in (lv_name, snap_lv)
+                if self.vg.lv_is_open(name)]
+        if held:
+            raise exception.VolumeBackendAPIException(data=_(
+                'Cannot revert volume %(vol)s: LV %(held)s is held open '
+                'by something other than this driver (dmsetup info -c, '
+                'lsof); nothing was changed.') % {
+                    'vol': volume.id, 'held': ', '.join(held)})
         self.vg.revert(snap_lv)
         self.vg.deactivate_lv(lv_name)
         self.vg.activate_lv(lv_name)
@@ -674,11 +685,24 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         try:
             self.create_snapshot(snapshot)
         except Exception as err:
+            # (Cinder's manager would set it back to available: it is
+            # not, its LV is gone.)
+            self._mark_snapshot_error(snapshot)
             raise exception.VolumeBackendAPIException(data=_(
                 'Volume %(vol)s was reverted to snapshot %(snap)s, whose '
                 'LV the merge consumed, but it could not be made again '
                 '(%(err)s): delete the snapshot.') % {
                     'vol': volume.id, 'snap': snapshot.id, 'err': err})
+
+    @staticmethod
+    def _mark_snapshot_error(snapshot):
+        """Record that a snapshot has no LV any more (best effort)."""
+        try:
+            snapshot.status = objects.fields.SnapshotStatus.ERROR
+            snapshot.save()
+        except Exception:
+            LOG.exception('Could not mark snapshot %s as error.',
+                          snapshot.id)
 
     def copy_image_to_volume(self, context, volume, image_service, image_id,
                              disable_sparse=False):

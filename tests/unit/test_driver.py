@@ -106,6 +106,7 @@ class DriverTestBase(test.TestCase):
             {'name': name, 'size': self.lvs[name]} if name in self.lvs
             else None)
         self.vg.lv_has_snapshot.return_value = False
+        self.vg.lv_is_open.return_value = False
         self.vg.get_volumes.return_value = []
         self.drv = self._make_driver()
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
