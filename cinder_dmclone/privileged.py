@@ -168,17 +168,26 @@ def _run(command, *args, execute=None, root_helper=None, known=(),
     try:
         return execute(*argv, **kwargs)
     except processutils.ProcessExecutionError as exc:
-        error = failed
-        for candidate in tuple(known) + (_refused(argv, refused),):
-            if candidate.matches(exc):
-                error = candidate.error
-                break
-        raise error(command=cmdline, exit_code=exc.exit_code,
-                    reason=(exc.stderr or exc.stdout or str(exc)).strip()) \
+        raise _typed_error(exc, argv, cmdline, known, failed, refused) \
             from exc
     except OSError as exc:
         raise failed(command=cmdline, exit_code=None, reason=str(exc)) \
             from exc
+
+
+def _typed_error(exc, argv, cmdline, known, failed, refused):
+    """The typed error of a command that failed: ``known``'s, or refused.
+
+    The first of ``known`` (then the root helper's refusal of ``argv``)
+    that matches ``exc`` names the error class; ``failed`` otherwise.
+    """
+    error = failed
+    for candidate in tuple(known) + (_refused(argv, refused),):
+        if candidate.matches(exc):
+            error = candidate.error
+            break
+    return error(command=cmdline, exit_code=exc.exit_code,
+                 reason=(exc.stderr or exc.stdout or str(exc)).strip())
 
 
 def _run_streamed(command, *args, max_bytes, stream=None, execute=None,
@@ -209,13 +218,7 @@ def _run_streamed(command, *args, max_bytes, stream=None, execute=None,
                 raise too_large()
             yield piece
     except processutils.ProcessExecutionError as exc:
-        error = failed
-        for candidate in tuple(known) + (_refused(argv, refused),):
-            if candidate.matches(exc):
-                error = candidate.error
-                break
-        raise error(command=cmdline, exit_code=exc.exit_code,
-                    reason=(exc.stderr or exc.stdout or str(exc)).strip()) \
+        raise _typed_error(exc, argv, cmdline, known, failed, refused) \
             from exc
     except OSError as exc:
         raise failed(command=cmdline, exit_code=None, reason=str(exc)) \
