@@ -18,7 +18,6 @@ defect; see the review's report for the sequence and the fix it asks.
 
 import contextlib
 import os
-from unittest import mock
 
 import fixtures
 
@@ -26,24 +25,20 @@ from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import test
 
-from cinder_dmclone import destination as dmc_destination
-from cinder_dmclone import hydration
 from cinder_dmclone import peer
 from cinder_dmclone import privileged
-from cinder_dmclone import recovery
 from cinder_dmclone import region_map
-from cinder_dmclone import side
-from cinder_dmclone import source as dmc_source
 from cinder_dmclone import thin
 from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
 from tests.unit import fakes
+from tests.unit import test_two_nodes
 
 RESERVED = fields.VolumeAttachStatus.RESERVED
 ATTACHED = fields.VolumeAttachStatus.ATTACHED
 
 
-class ThinMapRacesTestCase(test.TestCase):
+class ThinMapRacesTestCase(test_two_nodes.ClusterTestCase):
     """A detached thin volume's move with the map, and what races it."""
 
     def setUp(self):
@@ -51,10 +46,6 @@ class ThinMapRacesTestCase(test.TestCase):
         self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
         self.a = self.c.a
         self.b = self.c.b
-        self.log = mock.Mock()
-        for module in (side, dmc_source, dmc_destination, recovery,
-                       hydration):
-            self.mock_object(module, 'LOG', self.log)
 
     def prepare_steps(self):
         return [call[2] for call in self.c.rpc.calls

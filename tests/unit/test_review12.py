@@ -23,33 +23,17 @@ from unittest import mock
 from cinder import exception
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
-from cinder.tests.unit import test
 
-from cinder_dmclone import destination as dmc_destination
-from cinder_dmclone import hydration
 from cinder_dmclone import move
-from cinder_dmclone import recovery
-from cinder_dmclone import side
-from cinder_dmclone import source as dmc_source
-from tests.harness import fake_cluster
 from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_two_nodes
 
 RESERVED = fields.VolumeAttachStatus.RESERVED
 ATTACHED = fields.VolumeAttachStatus.ATTACHED
 
 
-class Review12TestCase(test.TestCase):
+class Review12TestCase(test_two_nodes.ClusterTestCase):
     """Base: node-a holds the volume, node-b is where it may move."""
-
-    def setUp(self):
-        super().setUp()
-        self.c = fake_cluster.Cluster(self)
-        self.a = self.c.a
-        self.b = self.c.b
-        self.log = mock.Mock()
-        for module in (side, dmc_source, dmc_destination, recovery,
-                       hydration):
-            self.mock_object(module, 'LOG', self.log)
 
     def attachment_create_with_connector(self, node,
                                          instance_uuid=fake.INSTANCE_ID):
