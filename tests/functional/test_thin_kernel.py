@@ -250,17 +250,33 @@ def diagnostics(*names):
     return '\n'.join(out + ['kernel log:'] + testbed.kernel_log(20))
 
 
+def root_stream(*argv, run_as_root=True, root_helper=None):
+    """``privileged.stream_output`` of ``argv``, run as this process's root.
+
+    What ``privileged.thin_dump`` runs its command with (its ``stream``).
+    The driver passes ``stream_output`` and the root helper (``sudo
+    cinder-rootwrap ...``); without a helper ``stream_output`` refuses a
+    command run as root (NoRootWrapSpecified: it puts the helper in front
+    itself, where ``execute`` drops it for a caller that is root).  The
+    tests run as root without rootwrap, as the other commands here do.
+    """
+    from cinder_dmclone import privileged
+    return privileged.stream_output(*argv)
+
+
 def _on_node(name, *args):
     """``privileged.<name>(*args)`` here; for a worker on another node.
 
     A held snapshot's EBUSY comes back as ``('busy', None)``, everything
-    else as ``('ok', result)`` (or the exception itself).
+    else as ``('ok', result)`` (or the exception itself).  ``thin_dump``
+    runs its command through :func:`root_stream`.
     """
     from cinder.common import config  # noqa: F401
     from cinder_dmclone import exception
     from cinder_dmclone import privileged
+    kwargs = {'stream': root_stream} if name == 'thin_dump' else {}
     try:
-        return 'ok', getattr(privileged, name)(*args)
+        return 'ok', getattr(privileged, name)(*args, **kwargs)
     except exception.MetadataSnapBusy:
         return 'busy', None
 
@@ -333,7 +349,7 @@ def test_reserve_dump_release_on_the_real_pool(privileged, topo, thin_pool,
     assert data_blocks_used(vg, pool) == used + 1, \
         pool_status_fields(vg, pool)
 
-    device_map = privileged.thin_dump(vg, pool, dev_id)
+    device_map = privileged.thin_dump(vg, pool, dev_id, stream=root_stream)
     raw = raw_dump(vg, pool, dev_id=dev_id)
     assert (device_map.dev_id, device_map.block_sectors) == (dev_id, 128), raw
     assert device_map.ranges == MAPPED, raw
@@ -349,7 +365,7 @@ def test_reserve_dump_release_on_the_real_pool(privileged, topo, thin_pool,
     # a new snapshot sees the later write
     privileged.reserve_metadata_snap(vg, pool)
     try:
-        later = privileged.thin_dump(vg, pool, dev_id)
+        later = privileged.thin_dump(vg, pool, dev_id, stream=root_stream)
     finally:
         assert privileged.release_metadata_snap(vg, pool) is True
     assert later.ranges == MAPPED[:3] + ((512, 513),) + MAPPED[3:]
@@ -399,7 +415,8 @@ def test_thin_dump_of_a_pool_with_snapshots(privileged, topo, thin_pool,
                      version.stderr.strip())
     privileged.reserve_metadata_snap(vg, pool)
     try:
-        maps = {i: privileged.thin_dump(vg, pool, i) for i in expected}
+        maps = {i: privileged.thin_dump(vg, pool, i, stream=root_stream)
+                for i in expected}
         whole = raw_dump(vg, pool)
     finally:
         assert privileged.release_metadata_snap(vg, pool) is True
@@ -509,7 +526,7 @@ def test_thin_tables_as_the_parser_expects(privileged, topo, thin_pool,
     # nothing mapped, yet it reads the origin's data, not zeroes
     privileged.reserve_metadata_snap(vg, pool)
     try:
-        ext_map = privileged.thin_dump(vg, pool, ext_id)
+        ext_map = privileged.thin_dump(vg, pool, ext_id, stream=root_stream)
     finally:
         privileged.release_metadata_snap(vg, pool)
     assert ext_map.ranges == ()
@@ -758,7 +775,8 @@ def test_a_map_applied_copies_exactly_the_needed_regions(
     thin.check_thin_table(privileged.thin_table(vg, 'ft-thk-msrc'), dev_id)
     privileged.reserve_metadata_snap(vg, spool)
     try:
-        device_map = privileged.thin_dump(vg, spool, dev_id)
+        device_map = privileged.thin_dump(vg, spool, dev_id,
+                                          stream=root_stream)
     finally:
         assert privileged.release_metadata_snap(vg, spool) is True
     assert device_map.block_sectors == 512
@@ -798,7 +816,7 @@ def test_a_map_applied_copies_exactly_the_needed_regions(
     dev_dst, _ = privileged.thin_device(vg, 'ft-thk-mdst')
     privileged.reserve_metadata_snap(vg, dpool)
     try:
-        dest_map = privileged.thin_dump(vg, dpool, dev_dst)
+        dest_map = privileged.thin_dump(vg, dpool, dev_dst, stream=root_stream)
     finally:
         assert privileged.release_metadata_snap(vg, dpool) is True
     assert [tuple(r) for r in dest_map.ranges] == needed
