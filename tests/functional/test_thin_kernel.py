@@ -428,6 +428,199 @@ def test_thin_dump_of_a_pool_with_snapshots(privileged, topo, thin_pool,
 
 
 # --------------------------------------------------------------------------
+# Two maps in a row: no stale snapshot, no stale cached view (R11-8)
+# --------------------------------------------------------------------------
+
+def blocks_written(writes, block_bytes):
+    """The pool blocks that writes [(offset, length)] in bytes map."""
+    blocks = set()
+    for offset, length in writes:
+        blocks.update(range(offset // block_bytes,
+                            -(-(offset + length) // block_bytes)))
+    return blocks
+
+
+def blocks_of(device_map):
+    """Every block number a :class:`thin.DeviceMap` maps."""
+    return {b for first, end in device_map.ranges
+            for b in range(first, end)}
+
+
+def regions_of_blocks(blocks, block_sectors):
+    """The 64 KiB regions that blocks of ``block_sectors`` overlap."""
+    return {r for b in blocks
+            for r in range(b * block_sectors // REGION_SECTORS,
+                           -(-(b + 1) * block_sectors // REGION_SECTORS))}
+
+
+def dump_once(privileged, vg, pool, dev_id):
+    """reserve, ``thin_dump`` of the snapshot, release: as ``_dump`` does."""
+    privileged.reserve_metadata_snap(vg, pool)
+    try:
+        return privileged.thin_dump(vg, pool, dev_id, stream=root_stream)
+    finally:
+        assert privileged.release_metadata_snap(vg, pool) is True
+
+
+def warm_page_cache(vg, pool):
+    """Read the pool's metadata device buffered, into the page cache.
+
+    The kernel writes the pool's metadata through dm-bufio, below the
+    page cache of the ``_tmeta`` block device: a reader of that device
+    through the page cache would see these pages, stale, after the next
+    commit.  thin_dump must not (the tools read with O_DIRECT); this
+    makes any reader that does not fail the next dump.
+    """
+    testbed.run(['dd', 'if=%s' % tmeta(vg, pool), 'of=/dev/null',
+                 'bs=1M'])
+
+
+def _no_lock(node, vg, pool):
+    import contextlib
+    return contextlib.nullcontext()
+
+
+#: (offset, length) in bytes written before the first map: three extents,
+#: at 0, at 37 MiB and the last MiB of the 64 MiB LV.
+FIRST_WRITES = [(0, MiB), (37 * MiB, MiB), (SIZE - MiB, MiB)]
+#: and between the first map and the second: new blocks only (a 8 KiB
+#: write inside a block, a run of 3 MiB starting where the 37 MiB extent
+#: ends, one block just before the last MiB).
+SECOND_WRITES = [(5 * MiB + 4 * KiB, 8 * KiB), (38 * MiB, 3 * MiB),
+                 (SIZE - MiB - 256 * KiB, 64 * KiB)]
+
+
+@pytest.mark.extended
+def test_two_maps_in_a_row_see_every_write_before_each(
+        privileged, topo, thin_pool, thin_lv, tmp_path, cleanup):
+    """R11-8: a second reserve and dump sees what was written since the first.
+
+    Written, not yet run.  A pool of 256 KiB blocks (not the clone's
+    64 KiB regions), a thin LV written at known offsets
+    (:data:`FIRST_WRITES`).  The map (reserve, ``thin_dump --format xml
+    --metadata-snap --dev-id <id> <tmeta>``, release: the driver's
+    commands) holds exactly the blocks those writes cover, block by
+    block, in blocks of the pool's own size (its ``-tpool`` table); a
+    second map at once is the same.  Then new blocks are written
+    (:data:`SECOND_WRITES`, the pool's used blocks grow by exactly their
+    count), the metadata device read through the page cache first, and
+    the next map holds the old and the new blocks: no stale snapshot
+    (the first was released: ``-`` in the pool's status) and no stale
+    cached view of the metadata.
+
+    Then the driver's own path, ``ThinMaps.take`` (its lock replaced by
+    none: the coordination backend is the services'), twice in a row:
+    both tokens decode to exactly the regions of those blocks, no
+    snapshot held and no record left after each.  A snapshot another
+    tool holds (no record of ours): a reserve is MetadataSnapBusy, and
+    ``take`` gives no map (None: every region copied) and leaves it
+    held.  One of ours left by a crash (its record written, then the
+    reserve): ``take`` releases it, takes a fresh snapshot and gives the
+    right map, with a block written after the leftover's reserve in it.
+    """
+    from cinder_dmclone import exception
+    from cinder_dmclone import region_map
+    from cinder_dmclone import thin
+
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-2pool', chunk='256k')
+    lv_name = 'ft-thk-2src'
+    lv = thin_lv(vg, pool, lv_name)
+    block_sectors = privileged.pool_block_sectors(vg, pool)
+    assert block_sectors == 512, testbed.dm_table(tpool(vg, pool))
+    block_bytes = block_sectors * SECTOR
+    dev_id, _ = privileged.thin_device(vg, lv_name)
+
+    def check(device_map, writes, what):
+        expected = blocks_written(writes, block_bytes)
+        got = blocks_of(device_map)
+        assert device_map.block_sectors == block_sectors, what
+        assert got == expected, (
+            what, 'mapped, not written: %s' % sorted(got - expected),
+            'written, not mapped: %s' % sorted(expected - got),
+            device_map.ranges, pool_status_fields(vg, pool))
+        assert device_map.mapped_blocks == len(expected), what
+
+    for n, (offset, length) in enumerate(FIRST_WRITES):
+        testbed.write_pattern(lv, 110 + n, length, offset)
+    first = dump_once(privileged, vg, pool, dev_id)
+    testbed.LOG.info('first map: %s', first.ranges)
+    check(first, FIRST_WRITES, 'first map')
+    # the short option the tools document (-m) reads the same snapshot
+    privileged.reserve_metadata_snap(vg, pool)
+    try:
+        short = testbed.run(['thin_dump', '--format', 'xml', '-m',
+                             '--dev-id', str(dev_id), tmeta(vg, pool)])
+    finally:
+        assert privileged.release_metadata_snap(vg, pool) is True
+    assert thin.parse_thin_dump(short.stdout, dev_id) == first, short.stdout
+    assert held_root(vg, pool) == '-'
+    assert dump_once(privileged, vg, pool, dev_id) == first
+    assert held_root(vg, pool) == '-'
+
+    used = data_blocks_used(vg, pool)
+    for n, (offset, length) in enumerate(SECOND_WRITES):
+        testbed.write_pattern(lv, 120 + n, length, offset)
+    new = blocks_written(SECOND_WRITES, block_bytes) - blocks_written(
+        FIRST_WRITES, block_bytes)
+    assert data_blocks_used(vg, pool) == used + len(new), \
+        pool_status_fields(vg, pool)
+    warm_page_cache(vg, pool)
+    second = dump_once(privileged, vg, pool, dev_id)
+    testbed.LOG.info('second map: %s', second.ranges)
+    check(second, FIRST_WRITES + SECOND_WRITES, 'second map')
+    assert held_root(vg, pool) == '-'
+
+    # The driver's path, twice in a row
+    sectors = SIZE // SECTOR
+    total = SIZE // REGION
+    record_dir = str(tmp_path / 'dmclone')
+    maps = region_map.ThinMaps('ft-node-b', vg, record_dir, lock=_no_lock,
+                               stream=root_stream)
+    wanted = regions_of_blocks(
+        blocks_written(FIRST_WRITES + SECOND_WRITES, block_bytes),
+        block_sectors)
+
+    def take(what, expected=wanted):
+        token = maps.take(lv_name, sectors, REGION_SECTORS)
+        assert token is not None, what
+        got = {r for f, e in thin.decode_regions(token, total,
+                                                 REGION_SECTORS)
+               for r in range(f, e)}
+        assert got == expected, (
+            what, 'extra: %s' % sorted(got - expected),
+            'missing: %s' % sorted(expected - got))
+        assert held_root(vg, pool) == '-', what
+        assert not maps.recorded(pool), what
+        return token
+
+    token = take('ThinMaps.take, first')
+    assert take('ThinMaps.take, at once again') == token
+
+    # (b) a snapshot another tool holds: EBUSY, no map, left held
+    privileged.reserve_metadata_snap(vg, pool)
+    root = held_root(vg, pool)
+    assert root != '-'
+    with pytest.raises(exception.MetadataSnapBusy):
+        privileged.reserve_metadata_snap(vg, pool)
+    assert maps.take(lv_name, sectors, REGION_SECTORS) is None
+    assert held_root(vg, pool) == root
+    assert not maps.recorded(pool)
+    assert privileged.release_metadata_snap(vg, pool) is True
+
+    # a leftover of ours (a crash between the reserve and the release):
+    # released and taken again, so a write after its reserve is seen
+    maps._write_record(pool)
+    privileged.reserve_metadata_snap(vg, pool)
+    late = (20 * MiB, 64 * KiB)
+    testbed.write_pattern(lv, 130, late[1], late[0])
+    warm_page_cache(vg, pool)
+    take('ThinMaps.take over a leftover of ours', wanted | regions_of_blocks(
+        blocks_written([late], block_bytes), block_sectors))
+    assert privileged.release_metadata_snap(vg, pool) is False
+
+
+# --------------------------------------------------------------------------
 # The tables the parser reads
 # --------------------------------------------------------------------------
 
