@@ -467,9 +467,10 @@ def warm_page_cache(vg, pool):
 
     The kernel writes the pool's metadata through dm-bufio, below the
     page cache of the ``_tmeta`` block device: a reader of that device
-    through the page cache would see these pages, stale, after the next
-    commit.  thin_dump must not (the tools read with O_DIRECT); this
-    makes any reader that does not fail the next dump.
+    through the page cache could see these pages, stale, after the next
+    commit.  thin_dump must read past them; with them cached, a dump
+    that did not would miss what was committed since (the next map
+    would lack the new blocks).
     """
     testbed.run(['dd', 'if=%s' % tmeta(vg, pool), 'of=/dev/null',
                  'bs=1M'])
