@@ -20,6 +20,7 @@ import contextlib
 import os
 
 import fixtures
+from oslo_db import exception as db_exc
 
 from cinder import exception
 from cinder.objects import fields
@@ -431,3 +432,37 @@ class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
         self.c.restart(self.a)
         self.c.assert_rolled_back()
         self.assertEqual({}, self.c.transfer_keys())
+
+    def test_a_mark_that_cannot_be_written_gives_the_move_up(self):
+        # (The database refuses the write: no discard without the mark.)
+        self.mock_object(self.b.store, 'mark_thin_mapped',
+                         side_effect=db_exc.DBError('db gone'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.b.dm.discarded)
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_no_mark_when_nothing_was_discarded(self):
+        # (udev opened the new clone: no region is discarded, every one
+        # is copied, and the clone needs no guard.)
+        build = self.b.dest.build_clone
+
+        def build_then_open(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.b.dm.openers[HANDLE] = 1
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_open)
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.dm.openers.pop(HANDLE)
+        self.assertEqual({}, self.b.dm.discarded)
+        self.assertFalse(self.mapped_in_record())
+        self.b.pool.zeroing = False
+        self.restart_b()
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
