@@ -398,6 +398,10 @@ class Clones(object):
                                       execute=self._execute,
                                       root_helper=self._root_helper)
 
+    def clone_status(self, t):
+        """The clone's parsed status; InvalidTable if it has no working one."""
+        return self._clone_status(t)
+
     def _clone_status(self, t):
         name = self.handle_name(t)
         status = [s.clone for s in self.dm.status(name) if s.clone]

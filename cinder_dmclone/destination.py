@@ -114,11 +114,6 @@ class Destination(side.Side):
         self.lv_volumes = {}
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
-        #: volume id -> the secret of its move whose clone had regions
-        #: marked copied by a thin map here (see guard_pool_zeroing).
-        #: Not the clone's ``no_discard_passdown``: dm-clone reports that
-        #: as well over any destination that cannot discard.
-        self.mapped = {}
         #: volume id -> (secret, when) this node first saw that move
         #: preparing, on its own clock (see prepare_age).
         self.prepare_seen = {}
@@ -336,10 +331,16 @@ class Destination(side.Side):
         Before the clone's path is returned to anyone, with hydration
         off: no copy and no write is in flight while the discards run.
         The pool must still zero new blocks when hydration starts (it
-        was read before the build): if not, the move is given up.
+        was read before the build): if not, the move is given up.  The
+        move's record says so before the first discard
+        (:meth:`_record_map`), and stops saying so if nothing was
+        discarded after all (:meth:`_forget_map`).
         """
+        self._record_map(volume, t)
         skipped = self.clones.apply_map(t, needed)
-        if skipped:
+        if not skipped:
+            self._forget_map(volume, t)
+        else:
             why = self._pool_not_zeroing()
             if why is not None:
                 LOG.error('Volume %(vol)s: thin pool %(vg)s/%(pool)s no '
@@ -358,8 +359,6 @@ class Destination(side.Side):
                            'while the map of volume %s was applied'
                     % (self.clones.vg.vg_name, self.clones.thin_pool,
                        volume['id']))
-        if skipped:
-            self.mapped[volume['id']] = t.secret
         total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
         if skipped is None:
             LOG.info('Volume %(vol)s: every region is copied from %(src)s '
@@ -373,6 +372,40 @@ class Destination(side.Side):
         if hydrate:
             self.clones.enable_hydration(t)
 
+    def _record_map(self, volume, t):
+        """Mark move ``t`` thin mapped in its record, before any discard.
+
+        The guard on the clone's hydration (:meth:`guard_pool_zeroing`)
+        must outlive this process: every later start reads it from the
+        record (:meth:`rebuild`, the monitor), and a crash right after
+        a discard must not lose it, so it is durable first.  A mark
+        whose discards never ran is harmless (it only stops hydration
+        while the pool does not zero).  A failure gives the move up,
+        before anything is discarded (ThinMapNotRecorded): its space
+        was counted with the map, so it cannot copy every region
+        instead.
+        """
+        try:
+            self.store.mark_thin_mapped(self.ctxt(), t)
+        except Exception as exc:
+            raise dmc_exception.ThinMapNotRecorded(
+                volume=volume['id'], reason=exc) from exc
+
+    def _forget_map(self, volume, t):
+        """Nothing was discarded: the clone needs no guard after all.
+
+        (Its clone was open, or every region holds data.)  A failure is
+        only logged: the mark left costs a stop of hydration while the
+        pool does not zero, never data.
+        """
+        try:
+            self.store.forget_thin_map(self.ctxt(), t)
+        except Exception:
+            LOG.warning('Volume %s: its move is still marked thin mapped '
+                        'although nothing was discarded; its hydration '
+                        'stops whenever the thin pool here does not zero '
+                        'new blocks.', volume['id'], exc_info=True)
+
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
         try:
@@ -382,19 +415,23 @@ class Destination(side.Side):
         except Exception as exc:
             return 'its thin-pool table cannot be read: %s' % exc
 
-    def was_mapped(self, volume_id, t):
-        """True if this service applied a thin map to move ``t``'s clone.
+    @staticmethod
+    def was_mapped(t):
+        """True if move ``t``'s clone was thin mapped (or about to be).
 
-        Known in this process only: after a restart the guard below is
-        not applied (written down in doc/source/contributor/thin-map.rst).
+        As the move's record says (:meth:`_record_map`): also after a
+        restart or a reboot of this node.  Never the clone's
+        ``no_discard_passdown``: dm-clone reports that as well over any
+        destination that cannot discard.
         """
-        return self.mapped.get(volume_id) == t.secret
+        return t.thin_mapped
 
     def guard_pool_zeroing(self, volume_id, t, status):
         """Hydrate a clone built with a map only while its pool zeroes.
 
-        For the monitor, each tick, while such a clone hydrates (one
-        whose regions this service marked copied: :meth:`was_mapped`).
+        For the monitor, each tick, and for a start (:meth:`rebuild`),
+        while such a clone hydrates (one whose regions were marked
+        copied here: :meth:`was_mapped`).
         Its discarded regions read the thin LV, where
         nothing is mapped, as copied: once the pool stops zeroing new
         blocks (``lvchange --zero n``, a reload of the pool), a region
@@ -904,6 +941,11 @@ class Destination(side.Side):
     def rebuild(self, volume, t, hydrate):
         """Build the clone again after a restart or reboot took it.
 
+        A clone thin mapped here gets its guard back at once
+        (:meth:`guard_pool_zeroing`): built without hydration while its
+        pool does not zero, and one that a restart left loaded stops
+        hydrating then, before the monitor's first tick.
+
         SourceUnreachable if the login to the source's export fails (see
         Recovery.retry_rebuilds); CloneMetadataLost, before anything is
         done, if the metadata LV is gone (never a clone without it); any
@@ -919,7 +961,58 @@ class Destination(side.Side):
         except Exception as exc:
             raise dmc_exception.SourceUnreachable(
                 volume=volume.id, node=t.source_node, reason=exc) from exc
-        self.clones.build_clone(t, path, hydrate, threshold, batch)
+        guarded = self._guarded(t)
+        self.clones.build_clone(
+            t, path, hydrate and not (guarded and self._stop_for_pool(t)),
+            threshold, batch)
+        if guarded:
+            self._guard_at_start(t)
+
+    def _guarded(self, t):
+        """True if move ``t``'s clone hydrates only while its pool zeroes.
+
+        A clone thin mapped here (the record's mark, :meth:`was_mapped`)
+        that still copies: a move ``finalizing`` copies nothing more.
+        """
+        return t.state == move.HYDRATING and self.was_mapped(t)
+
+    def _guard_at_start(self, t):
+        """Apply the pool's guard to mapped clone ``t`` now, not at a tick.
+
+        A restart of the service alone leaves the clone loaded and
+        hydrating: without this it would copy until the monitor's first
+        tick.  A clone whose status cannot be read (``Fail``) copies
+        nothing; the monitor reports it.
+        """
+        try:
+            status = self.clones.clone_status(t)
+        except dmc_exception.InvalidTable:
+            LOG.warning('Volume %s: the status of its clone cannot be read '
+                        'at start; the monitor checks its thin pool\'s '
+                        'zeroing at each tick.', t.volume_id, exc_info=True)
+            return
+        self.guard_pool_zeroing(t.volume_id, t, status)
+
+    def _stop_for_pool(self, t):
+        """True (logged) if a mapped clone built now must not hydrate.
+
+        A reboot took the clone: it is built again with hydration off
+        while its pool does not zero new blocks, never on for a moment
+        (the kernel would start copying at once); the monitor's guard
+        starts it once the pool zeroes.
+        """
+        why = self._pool_not_zeroing()
+        if why is None:
+            return False
+        LOG.error('Volume %(vol)s: its clone is built again with hydration '
+                  'off: thin pool %(vg)s/%(pool)s does not zero new blocks '
+                  '(%(why)s), and regions of this clone were marked copied '
+                  'without a copy (its thin map). Turn the pool\'s zeroing '
+                  'back on (lvchange --zero y %(vg)s/%(pool)s); hydration '
+                  'starts at the next check.',
+                  {'vol': t.volume_id, 'vg': self.clones.vg.vg_name,
+                   'pool': self.clones.thin_pool, 'why': why})
+        return True
 
     # -- what else can happen to a volume moving here ----------------------
 

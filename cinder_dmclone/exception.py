@@ -111,6 +111,21 @@ class RegionMapInvalid(exception.InvalidInput):
     message = _("Invalid region map %(value)r: %(reason)s")
 
 
+class ThinMapNotRecorded(exception.VolumeBackendAPIException):
+    """The mark that a clone is thin mapped could not be recorded.
+
+    The mark must be in the move's record before the first discard (see
+    :meth:`cinder_dmclone.move.Store.mark_thin_mapped`), and the move's
+    space was counted with its map, so it cannot fall back to copying
+    every region either: it is given up, with nothing discarded.
+    """
+
+    message = _("The move of volume %(volume)s was given up before its "
+                "thin map was applied: the mark that its clone's regions "
+                "are taken as copied could not be recorded (%(reason)s). "
+                "Nothing was discarded; the move may be tried again.")
+
+
 class MetadataSnapBusy(PrivilegedCommandFailed):
     """A thin pool already holds a metadata snapshot (only one at a time).
 

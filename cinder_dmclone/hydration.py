@@ -293,7 +293,7 @@ class HydrationTracker(object):
             # Source detached but not confirmed closed: ask again.
             dest.commit_pending(volume_id)
         if (t.state == move.HYDRATING and not status.fully_hydrated
-                and dest.was_mapped(volume_id, t)):
+                and dest.was_mapped(t)):
             # Built with a thin map: hydrates only while its pool zeroes.
             dest.guard_pool_zeroing(volume_id, t, status)
         if dest.publish_progress(t, progress) is False:

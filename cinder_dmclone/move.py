@@ -59,6 +59,7 @@ keep the word ``transfer`` they were released with.)
 
 import contextlib
 import dataclasses
+import hashlib
 import hmac
 import re
 import secrets
@@ -125,6 +126,13 @@ EXPORT_KEY = KEY_PREFIX + 'move_export'
 #: :data:`EXPORT_KEY` was written with it: a move without it was
 #: recorded by an older release, which did not record that ACL.
 EXPORT_RECORDED = 'export_recorded'
+#: Written by a move's destination before the first discard of a thin
+#: map into its clone (see Store.mark_thin_mapped): regions of that
+#: clone read as copied only while the destination's thin pool zeroes
+#: new blocks, so its hydration must be guarded
+#: (Destination.guard_pool_zeroing), by every later start of the
+#: destination's service too.  One of the move's keys, cleared with it.
+THIN_MAPPED = 'thin_mapped'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -186,6 +194,17 @@ def check_coordination(backend_url, shared_file_locks):
     if scheme in NODE_LOCAL_COORDINATION:
         raise dmc_exception.NodeLocalCoordination(
             option='[coordination] backend_url', value=url)
+
+
+def thin_map_tag(secret):
+    """The value of :data:`THIN_MAPPED` for the move with ``secret``.
+
+    Bound to that very move: a later move of the volume has another
+    secret, so a mark that a clear cut short left behind never names it.
+    A digest, so that the secret is not written twice.
+    """
+    return hashlib.sha256(('dmclone-thin-mapped:%s' % secret).encode(
+        'utf-8')).hexdigest()[:32]
 
 
 def old_copy_key(node):
@@ -340,6 +359,12 @@ class Move:
     #: its difference from ``prepared_at`` (a duration) means anything
     #: to another node.  None in a record written by an older release.
     prepare_deadline: typing.Optional[int] = None
+    #: The destination marked regions of this move's clone copied
+    #: without a copy (a thin map), or was about to: its hydration is
+    #: guarded (see :data:`THIN_MAPPED`).  Never written by the source's
+    #: record of the move (:meth:`to_metadata`): only by
+    #: Store.mark_thin_mapped.
+    thin_mapped: bool = False
 
     FIELDS = ('lv_name', 'state', 'source_host', 'dest_host', 'source_node',
               'dest_node', 'region_sectors', 'clone_sectors',
@@ -462,13 +487,27 @@ class Move:
                               'target_iqn'),
             target_lun=_int(raw['target_lun'], volume_id, 'target_lun',
                             minimum=0),
-            source_aliases=aliases, secret=secret, **times)
+            source_aliases=aliases, secret=secret,
+            thin_mapped=cls._thin_mapped(metadata, secret), **times)
+
+    @staticmethod
+    def _thin_mapped(metadata, secret):
+        """True if ``metadata`` marks the move with ``secret`` mapped.
+
+        A mark of another move (left by a clear cut short) is inert,
+        as is any value but this move's tag: never an error.
+        """
+        value = metadata.get(KEY_PREFIX + THIN_MAPPED)
+        if not secret or not isinstance(value, str):
+            return False
+        return hmac.compare_digest(value.encode('utf-8'),
+                                   thin_map_tag(secret).encode('utf-8'))
 
     @classmethod
     def metadata_keys(cls):
         return [KEY_PREFIX + n
                 for n in cls.FIELDS + cls.OPTIONAL_FIELDS + PROGRESS_KEYS
-                + (EXPORT_RECORDED,)]
+                + (EXPORT_RECORDED, THIN_MAPPED)]
 
     def source_properties(self, provider_auth=None):
         """os-brick iSCSI connection properties of the source export.
@@ -540,16 +579,18 @@ class Store(object):
         source's transfer timeout and a margin), its deadline.  With
         ``initiator`` (the destination's, which the source's export now
         admits), :data:`EXPORT_KEY` in the same write.
-        Progress left by an earlier move (a clear that a crash cut short)
-        goes first: it must never be shown as this move's.
+        Progress and a thin map's mark left by an earlier move (a clear
+        that a crash cut short) go first: they must never be taken for
+        this move's (the mark is bound to its move's secret anyway).
         """
         if not t.secret:
             t.secret = self.new_secret()
         t.prepared_at = int(self._clock())
         t.prepare_deadline = (None if budget is None
                               else t.prepared_at + int(budget))
+        t.thin_mapped = False
         self._delete(ctxt, t.volume_id,
-                     [KEY_PREFIX + k for k in PROGRESS_KEYS])
+                     [KEY_PREFIX + k for k in PROGRESS_KEYS + (THIN_MAPPED,)])
         md = t.to_metadata()
         if initiator:
             value = '%s %s' % (t.source_node, initiator.lower())
@@ -673,6 +714,47 @@ class Store(object):
                       {'vol': t.volume_id, 'dst': t.dest_node,
                        'late': late})
             raise MoveDeadlinePassed(volume_id=t.volume_id, late=late)
+
+    def mark_thin_mapped(self, ctxt, t):
+        """Record that move ``t``'s clone is about to be thin mapped.
+
+        Its destination calls this before the first discard of the map
+        (each marks regions copied that only the pool's zeroing keeps
+        reading zeroes), so that no crash can leave a mapped clone that
+        the record does not name: every later start of the destination
+        guards its hydration (Destination.guard_pool_zeroing).  A mark
+        whose discards never ran is harmless: it only stops that clone's
+        hydration while the pool does not zero.  Written inside the
+        source's critical section (it holds the volume's lock while it
+        waits for the prepare), and only while the record still
+        describes this move, ``preparing``: MoveStateConflict, writing
+        nothing, otherwise (a source that gave up meanwhile).
+        """
+        current = self.load(ctxt, t.volume_id)
+        if current is None:
+            found = 'none'
+        elif not t.same_move(current):
+            found = 'another move'
+        else:
+            found = None if current.state == PREPARING else current.state
+        if found is not None:
+            raise MoveStateConflict(volume_id=t.volume_id,
+                                    expected=PREPARING, found=found)
+        self.db.volume_admin_metadata_update(
+            ctxt, t.volume_id,
+            {KEY_PREFIX + THIN_MAPPED: thin_map_tag(t.secret)}, False)
+        t.thin_mapped = True
+
+    def forget_thin_map(self, ctxt, t):
+        """No region of move ``t``'s clone was marked copied after all.
+
+        (Its clone was open, or the source needed every region: nothing
+        was discarded.)  Only while the record still describes ``t``: a
+        later move's keys are never touched.
+        """
+        if t.same_move(self.load(ctxt, t.volume_id)):
+            self._delete(ctxt, t.volume_id, [KEY_PREFIX + THIN_MAPPED])
+        t.thin_mapped = False
 
     def mark_stale_source_attachment(self, ctxt, t):
         """Say, for the status tool, that the move waits for an operator.

@@ -20,7 +20,9 @@ import contextlib
 import os
 
 import fixtures
+from oslo_db import exception as db_exc
 
+from cinder import exception
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 from cinder.tests.unit import test
@@ -31,6 +33,7 @@ from cinder_dmclone import region_map
 from cinder_dmclone import thin
 from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import LV
 from tests.unit import fakes
 from tests.unit import test_two_nodes
 
@@ -218,3 +221,248 @@ class ThinMapsRecordTestCase(test.TestCase):
                              'the other service: %s' % self.pool.calls)
         self.assertEqual([(0, 2)], thin.decode_regions(
             token, self.SECTORS // self.REGION, self.REGION))
+
+
+class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
+    """R11-6, open point: the pool-zeroing guard outlives a restart.
+
+    A clone whose regions node-b marked copied by a thin map (discards)
+    reads zeroes there only while node-b's pool zeroes new blocks; the
+    monitor stops its hydration when the pool stops zeroing
+    (Destination.guard_pool_zeroing).  That must hold after node-b's
+    volume service restarts, and after node-b reboots, and must never
+    touch a clone that was not mapped.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
+        self.a = self.c.a
+        self.b = self.c.b
+
+    def hydrating(self):
+        return self.b.dm.status(HANDLE)[0].clone.hydration_enabled
+
+    def mapped_in_record(self):
+        """Whether the record says this move's clone was mapped."""
+        return getattr(self.c.transfer(), 'thin_mapped', False)
+
+    def restart_b(self, reboot=False):
+        """node-b's volume service starts again (its recovery runs)."""
+        if reboot:
+            self.b.reboot()
+        else:
+            self.b.restart()
+        self.b.recover()
+
+    def errors(self):
+        return str(self.log.error.call_args_list)
+
+    # The defect: after a restart node-b's service no longer knew that
+    # the clone was mapped, and let it hydrate in a pool that does not
+    # zero.
+    def test_a_restart_keeps_the_guard(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.restart_b()
+        self.b.pool.zeroing = False
+        self.log.reset_mock()
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating(), 'a mapped clone hydrates in '
+                         'a pool that stopped zeroing after a restart')
+        self.assertIn(self.b.pool.pool, self.errors())
+        self.b.pool.zeroing = True
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_the_start_applies_the_guard_before_any_tick(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.pool.zeroing = False
+        self.restart_b()
+        self.assertFalse(self.hydrating(), 'the start left a mapped clone '
+                         'hydrating in a pool that does not zero')
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_reboot_rebuilds_a_mapped_clone_without_hydration(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.pool.zeroing = False
+        self.log.reset_mock()
+        self.restart_b(reboot=True)
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertFalse(self.hydrating(), 'a mapped clone was rebuilt '
+                         'hydrating in a pool that does not zero')
+        self.assertIn(self.b.pool.pool, self.errors())
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.b.pool.zeroing = True
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_move_never_mapped_keeps_hydrating_after_a_restart(self):
+        # (A pool that did not zero at the prepare: every region copied.
+        # Its thin LVs cannot discard either, so dm-clone reports
+        # no_discard_passdown by itself: that is no sign of a map.)
+        self.b.pool.zeroing = False
+        self.b.dm.cannot_discard = True
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertIn('no_discard_passdown',
+                      self.b.dm.status(HANDLE)[0].clone.features)
+        self.assertFalse(self.mapped_in_record())
+        for reboot in (False, True):
+            self.restart_b(reboot=reboot)
+            self.b.monitor.tick()
+            self.assertTrue(self.hydrating(), 'reboot=%s' % reboot)
+        self.assertNotIn('zeroes new blocks', self.errors())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_the_mark_is_recorded_before_the_first_discard(self):
+        seen = []
+        discard = self.b.dm.discard
+
+        def recording_discard(name, start, sectors):
+            seen.append(self.mapped_in_record())
+            return discard(name, start, sectors)
+        self.b.dm.discard = recording_discard
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertNotEqual([], seen)
+        self.assertEqual([True], sorted(set(seen)),
+                         'a discard ran before the record said so')
+        self.assertTrue(self.mapped_in_record())
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_a_crash_between_the_mark_and_the_discards(self):
+        # node-b dies after the mark, before any discard: the move is
+        # given up, the mark goes with it; the next move of the volume
+        # (another secret) is mapped and guarded as its own.
+        crash = self.c.crash_at(self.b.dest, 'apply_map')
+        first = []
+        save = self.a.store.save
+
+        def saving(ctxt, t, *args, **kwargs):
+            save(ctxt, t, *args, **kwargs)
+            first.append(t.secret)
+        self.mock_object(self.a.store, 'save', side_effect=saving)
+        try:
+            self.c.migrate(self.b)
+        except Exception:
+            pass
+        self.assertTrue(crash['fired'])
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(2, len(set(first)))
+        self.assertTrue(self.mapped_in_record())
+        self.restart_b()
+        self.b.pool.zeroing = False
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_mark_left_by_an_earlier_move_guards_no_later_one(self):
+        # A clear cut short leaves keys without a state; a later move of
+        # the volume, copied whole (node-b's pool did not zero at its
+        # prepare), must not be taken for mapped by such a key.
+        marks = {}
+        discard = self.b.dm.discard
+
+        def remembering(name, start, sectors):
+            marks.update(self.c.transfer_keys())
+            return discard(name, start, sectors)
+        self.b.dm.discard = remembering
+        crash = self.c.crash_at(self.b.dest, 'enable_hydration')
+        try:
+            self.c.migrate(self.b)
+        except Exception:
+            pass
+        self.assertTrue(crash['fired'])
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.b.pool.zeroing = False
+        self.assertTrue(self.c.migrate(self.b))
+        later = self.c.transfer_keys()
+        stale = {k: v for k, v in marks.items() if k not in later}
+        self.c.db.volume_admin_metadata_update(
+            self.c.ctxt, self.c.volume_id, stale, False)
+        self.assertFalse(self.mapped_in_record())
+        self.restart_b()
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_name_id_volume_keeps_the_guard_after_a_restart(self):
+        volume_id = self.name_id_volume()
+        self.assertNotEqual('volume-%s' % volume_id, LV)
+        self.assertTrue(self.c.migrate(self.b))
+        self.restart_b()
+        self.b.pool.zeroing = False
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_given_up_move_leaves_no_mark(self):
+        # (The pool stopped zeroing while the map was applied: the move
+        # is given up after its discards.)
+        apply_map = self.b.dest.apply_map
+
+        def then_zeroing_off(t, needed):
+            skipped = apply_map(t, needed)
+            self.b.pool.zeroing = False
+            return skipped
+        self.mock_object(self.b.dest, 'apply_map',
+                         side_effect=then_zeroing_off)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_a_mark_that_cannot_be_written_gives_the_move_up(self):
+        # (The database refuses the write: no discard without the mark.)
+        self.mock_object(self.b.store, 'mark_thin_mapped',
+                         side_effect=db_exc.DBError('db gone'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.b.dm.discarded)
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+
+    def test_no_mark_when_nothing_was_discarded(self):
+        # (udev opened the new clone: no region is discarded, every one
+        # is copied, and the clone needs no guard.)
+        build = self.b.dest.build_clone
+
+        def build_then_open(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.b.dm.openers[HANDLE] = 1
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_open)
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.dm.openers.pop(HANDLE)
+        self.assertEqual({}, self.b.dm.discarded)
+        self.assertFalse(self.mapped_in_record())
+        self.b.pool.zeroing = False
+        self.restart_b()
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
