@@ -1,0 +1,140 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Races that earlier reviews named: two operations on one volume.
+
+Each test stages a second operation at a precise moment of the first,
+in one thread: an operation that would wait for the volume's lock held
+by the first is run once the first released it; one that takes no lock
+runs right there.  What is expected comes from what a user needs: no
+data lost, no tenant reading another's data, no volume left stuck.
+"""
+
+import contextlib
+
+from tests.harness.fake_cluster import HANDLE_PATH
+from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_two_nodes
+
+IQN = test_two_nodes.IQN
+
+
+@contextlib.contextmanager
+def another_thread(cluster):
+    """Run the block as a thread other than the one holding the locks.
+
+    The fake coordination backend (fake_cluster.FakeLock) takes a lock
+    held by the test's one thread for a deadlock; held by another
+    thread it is busy: a non-blocking take fails, as the monitor's does.
+    """
+    held = set(cluster.held)
+    cluster.held.difference_update(held)
+    cluster.busy.update(held)
+    try:
+        yield
+    finally:
+        cluster.busy.difference_update(held)
+        cluster.held.update(held)
+
+
+class TickDuringABackupsExportTestCase(test_two_nodes.ClusterTestCase):
+    """R9-L2: a monitor tick between the steps of a backup's attach.
+
+    A move from node-a that never committed left node-a's export
+    admitting node-b, and the record of that ACL (a failed attempt that
+    could not give its move up): each monitor tick removes that ACL,
+    and the target with it once it admits nobody.  cinder-backup on
+    node-c attaches the volume meanwhile, with Cinder's
+    initialize_connection: create_export (which finds the target and
+    reuses it), then initialize_connection (node-c's ACL).  A tick in
+    between must not remove the target create_export handed out: the
+    backup would read from a target that is gone.
+    """
+
+    NODE_C = {'host': 'node-c', 'ip': '10.0.0.3',
+              'initiator': 'iqn.1993-08.org.debian:01:node-c'}
+
+    def setUp(self):
+        super().setUp()
+        ctxt = self.c.ctxt
+        update = self.a.target.create_export(ctxt, self.volume(),
+                                             HANDLE_PATH)
+        self.c.db.volume_update(ctxt, VOLUME_ID,
+                                {'provider_location': update['location'],
+                                 'provider_auth': update['auth']})
+        self.a.target.initialize_connection(self.volume(), self.b.props)
+        self.c.db.volume_admin_metadata_update(
+            ctxt, VOLUME_ID, {test_two_nodes.move.EXPORT_KEY: 'node-a %s'
+                              % self.b.props['initiator']}, False)
+        self.a.source.leftover_exports.add(VOLUME_ID)
+
+    def acl(self):
+        return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
+
+    def tick_inside(self, obj, attr, when):
+        """A monitor tick of node-a's, from another thread, at ``attr``."""
+        original = getattr(obj, attr)
+        ticks = []
+
+        def racing(*args, **kwargs):
+            if when == 'after':
+                result = original(*args, **kwargs)
+            with another_thread(self.c):
+                self.c.tick(self.a)
+            ticks.append({k: list(v) for k, v in
+                          self.a.source.attaches_in_flight.items()})
+            if when == 'before':
+                result = original(*args, **kwargs)
+            return result
+        self.mock_object(obj, attr, side_effect=racing)
+        return ticks
+
+    def backup_attach(self):
+        """cinder-backup's attach on node-c: Cinder's two driver calls."""
+        connector = dict(self.NODE_C)
+        self.a.create_export(self.c.ctxt, self.volume(), connector)
+        return self.a.initialize_connection(self.volume(), connector)
+
+    def assert_backup_connected(self, info):
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIn(IQN, self.a.target.exports)
+        self.assertEqual({self.NODE_C['initiator']}, self.acl())
+        self.assertEqual({}, self.a.source.attaches_in_flight)
+        # Later ticks leave the backup's export alone ...
+        self.c.settle()
+        self.assertEqual({self.NODE_C['initiator']}, self.acl())
+        # ... and forgot the move's ACL: it is gone.
+        self.assertNotIn(test_two_nodes.move.EXPORT_KEY,
+                         self.c.transfer_keys())
+        self.assertEqual([], self.c.violations)
+
+    def test_tick_while_create_export_makes_the_target(self):
+        # The tick comes while create_export holds the volume's lock,
+        # right after the target was made: it cannot take the lock and
+        # leaves the export for a later tick.
+        ticks = self.tick_inside(self.a.target, 'create_export', 'after')
+        info = self.backup_attach()
+        self.assertEqual(1, len(ticks))
+        self.assertEqual({}, ticks[0])      # (the marker not made yet)
+        self.assert_backup_connected(info)
+
+    def test_tick_between_create_export_and_initialize_connection(self):
+        # The tick comes once create_export returned: it removes the
+        # move's ACL, but the target admits nobody only because node-c's
+        # ACL is still to come: the attach in flight keeps it.
+        ticks = self.tick_inside(self.a, 'initialize_connection', 'before')
+        info = self.backup_attach()
+        self.assertEqual(1, len(ticks))
+        self.assertEqual([self.NODE_C['initiator']],
+                         [who for who, _ in ticks[0][VOLUME_ID]])
+        self.assertIn(IQN, self.a.target.exports)
+        self.assert_backup_connected(info)
