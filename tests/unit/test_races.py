@@ -21,6 +21,8 @@ data lost, no tenant reading another's data, no volume left stuck.
 
 import contextlib
 
+from cinder import exception
+
 from tests.harness.fake_cluster import HANDLE_PATH
 from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_two_nodes
@@ -138,3 +140,128 @@ class TickDuringABackupsExportTestCase(test_two_nodes.ClusterTestCase):
                          [who for who, _ in ticks[0][VOLUME_ID]])
         self.assertIn(IQN, self.a.target.exports)
         self.assert_backup_connected(info)
+
+
+class StaleDeleteDuringARollbackTestCase(test_two_nodes.ClusterTestCase):
+    """R9-L1: a delete routed to the old destination by a stale read.
+
+    cinder-api read the volume while its record named node-b (the move's
+    destination); the delete reaches node-b while a rollback there holds
+    the volume's lock, or right after it released it.  Then the volume
+    lives on node-a again: its LV there is the only copy, and an LV kept
+    on node-b (a clone that lost its metadata) may hold the instance's
+    last writes.  Neither may go; the delete is refused (Cinder keeps
+    the record, error_deleting) and a new one goes to node-a.
+    (test_two_nodes.StaleHostAfterKeptRollbackTestCase has the kept
+    rollback's delete after and during it.)
+    """
+
+    roll_back_keeping_lv = (
+        test_two_nodes.StaleHostAfterKeptRollbackTestCase.roll_back_keeping_lv)
+    assert_delete_refused_and_nothing_gone = (
+        test_two_nodes.StaleHostAfterKeptRollbackTestCase
+        .assert_delete_refused_and_nothing_gone)
+
+    def delete_waiting_for(self, rollback):
+        """The delete's first read made, it waits for the rollback's lock.
+
+        ``rollback()`` runs when the delete asks for the lock; returns
+        whether it ran.
+        """
+        locking = test_two_nodes.move.lock
+        raced = []
+
+        def lock(volume_id):
+            if not raced:
+                raced.append(volume_id)
+                rollback()
+            return locking(volume_id)
+        self.mock_object(test_two_nodes.move, 'lock', side_effect=lock)
+        return raced
+
+    def assert_volume_on_a(self):
+        self.assertEqual(self.a.host,
+                         self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertIn(test_two_nodes.LV, self.a.vg.lvs)
+        self.assertTrue(self.a.vg.lvs[test_two_nodes.LV]['complete'])
+        self.assertIn(test_two_nodes.HANDLE, self.a.dm.devices)
+        self.assertEqual([], self.a.wiped)
+
+    def test_delete_right_after_a_plain_rollback_is_refused(self):
+        src, dst = self.moved(live=True)
+        stale = self.volume()               # cinder-api's read: node-b
+        self.c.detach(dst)                  # Nova's rollback detach
+        self.c.assert_no_transfer()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.b.delete_volume, stale)
+        self.assert_volume_on_a()
+        self.assertEqual([], self.c.violations)
+
+    def test_delete_waiting_for_a_plain_rollbacks_lock_is_refused(self):
+        src, dst = self.moved(live=True)
+        stale = self.volume()
+        raced = self.delete_waiting_for(lambda: self.c.detach(dst))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.b.delete_volume, stale)
+        self.assertEqual(1, len(raced))
+        self.assert_volume_on_a()
+        self.assertEqual([], self.c.violations)
+
+    def test_delete_after_a_kept_rollback_cut_short_keeps_both_copies(self):
+        # The rollback pointed the record at node-a, then its clear
+        # failed: the move is still recorded 'cloned' when the stale
+        # delete comes.  Neither node-a's LV (the volume) nor node-b's
+        # kept one may go; Nova's retried detach then ends the move.
+        src, dst, stale = self.roll_back_keeping_lv()
+        clear = self.b.store.clear
+        failed = []
+
+        def clear_once_failing(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise test_two_nodes.db_exc.DBConnectionError()
+            return clear(*args, **kwargs)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=clear_once_failing)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.detach, dst)
+        self.assertEqual(test_two_nodes.move.CLONED,
+                         self.c.transfer().state)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.b.delete_volume, stale)
+        self.assert_volume_on_a()
+        self.assertIn(test_two_nodes.LV, self.b.vg.lvs)
+        self.assertEqual([], self.b.wiped)
+        self.c.detach(dst)                  # Nova retries it: node-a
+        self.c.assert_no_transfer()
+        self.assert_volume_on_a()
+        self.assertIn(test_two_nodes.LV, self.b.vg.lvs)
+        self.assertEqual([], self.b.wiped)
+        self.assertEqual([], self.c.violations)
+
+    def test_delete_waiting_for_the_rollback_after_its_record_moved(self):
+        # The delete's first read comes inside the rollback, after the
+        # record named node-a again and before the move was cleared:
+        # it sees the move, waits for the lock, and reads again.
+        src, dst, stale = self.roll_back_keeping_lv()
+        clear = self.b.store.clear
+        seen = []
+
+        def clear_after_the_deletes_read(ctxt, volume_id, t):
+            seen.append(self.b.destination.load(volume_id))
+            return clear(ctxt, volume_id, t)
+        self.mock_object(self.b.store, 'clear',
+                         side_effect=clear_after_the_deletes_read)
+        load = self.b.destination.load
+        reads = []
+
+        def first_read_from_inside(volume_id):
+            if not reads:
+                reads.append(volume_id)
+                self.c.detach(dst)
+                return seen[0]
+            return load(volume_id)
+        self.mock_object(self.b.destination, 'load',
+                         side_effect=first_read_from_inside)
+        self.assert_delete_refused_and_nothing_gone(stale)
+        self.assertTrue(self.b.destination.is_dest(seen[0]))
