@@ -265,3 +265,161 @@ class StaleDeleteDuringARollbackTestCase(test_two_nodes.ClusterTestCase):
                          side_effect=first_read_from_inside)
         self.assert_delete_refused_and_nothing_gone(stale)
         self.assertTrue(self.b.destination.is_dest(seen[0]))
+
+
+class MigrateRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
+    """``cinder migrate`` to node-b racing an attach from another node.
+
+    Cinder reserves an attachment of an available volume whatever its
+    ``migration_status``, so an instance's attach may come while the
+    driver migrates.  Whatever the order, the user needs: the volume
+    lives on one node, whole, with no move left stuck; an attach that
+    succeeded reaches that copy (never one about to be retired); one
+    that failed can be retried.
+    """
+
+    NODE_C = TickDuringABackupsExportTestCase.NODE_C
+
+    def reserve(self):
+        """Cinder's _attachment_reserve of an instance's attachment."""
+        att = {'id': next(self.c._ids), 'instance_uuid':
+               test_two_nodes.INSTANCE2_ID,
+               'attach_status': test_two_nodes.RESERVED,
+               'attached_host': None, 'connector': None}
+        self.c.attachments.append(att)
+        return att
+
+    def export(self, connector):
+        """The manager's first half of an attach: create_export, saved."""
+        owner = self.c.owner()
+        owner._save(self.volume(), owner.create_export(
+            self.c.ctxt, self.volume(), dict(connector)))
+
+    def connect(self, att, connector):
+        """The second half, on the node the record names now.
+
+        Its failure removes the export, as the manager does; the
+        attachment then stays reserved (the API's caller retries).
+        Returns the connection info, or the error.
+        """
+        owner = self.c.owner()
+        volume = self.volume()
+        try:
+            info = owner.initialize_connection(volume, dict(connector))
+        except Exception as exc:
+            owner.remove_export(self.c.ctxt, volume)
+            return exc
+        att.update(attach_status=test_two_nodes.ATTACHED,
+                   attached_host=connector['host'],
+                   connector=dict(connector))
+        return info
+
+    def attach_during(self, obj, attr, connector):
+        """An attach whose calls all come while ``obj.attr`` runs."""
+        original = getattr(obj, attr)
+        outcome = []
+
+        def racing(*args, **kwargs):
+            result = original(*args, **kwargs)
+            if outcome:
+                return result
+            att = self.reserve()
+            try:
+                self.export(connector)
+            except Exception as exc:
+                outcome.append(exc)
+            else:
+                outcome.append(self.connect(att, connector))
+            return result
+        self.mock_object(obj, attr, side_effect=racing)
+        return outcome
+
+    def assert_one_whole_copy(self):
+        """The volume lives on one node, whole; no move left recorded."""
+        self.c.settle()
+        self.c.assert_no_transfer()
+        self.assertEqual([], self.c.violations)
+        owner = self.c.owner()
+        other = self.a if owner is self.b else self.b
+        self.assertTrue(owner.vg.lvs[test_two_nodes.LV]['complete'])
+        self.assertNotIn(test_two_nodes.LV, other.vg.lvs)
+
+    def assert_reaches_the_volume(self, info, connector):
+        """An attach that succeeded reads the copy the record names."""
+        owner = self.c.owner()
+        if info['driver_volume_type'] == 'local':
+            self.assertEqual(connector['host'], owner.name)
+        else:
+            props = info['data']
+            self.assertEqual('%s:3260' % owner.target.ip,
+                             props['target_portal'])
+            self.assertIn(connector['initiator'],
+                          owner.target.exports[props['target_iqn']]['acl'])
+
+    def test_attach_on_node_b_during_the_migrations_build(self):
+        outcome = self.attach_during(self.b.dest, 'build_clone',
+                                     self.b.props)
+        moved = self.c.migrate(self.b)
+        self.assertEqual(1, len(outcome))
+        self.assertTrue(moved)
+        self.assertIsInstance(outcome[0], Exception)
+        self.assert_one_whole_copy()
+        self.assertIs(self.b, self.c.owner())
+
+    def test_backup_attach_on_node_c_during_the_migrations_build(self):
+        outcome = self.attach_during(self.b.dest, 'build_clone',
+                                     self.NODE_C)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertIsInstance(outcome[0], Exception)
+        self.assert_one_whole_copy()
+
+    def test_attach_on_node_b_as_the_migration_returns(self):
+        # The migration's move has named node-b in the record and let
+        # the volume's lock go: the attach, routed there, is a local
+        # attach on the destination.
+        outcome = self.attach_during(self.a.source, 'attach_done',
+                                     self.b.props)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertNotIsInstance(outcome[0], Exception)
+        self.assert_reaches_the_volume(outcome[0], self.b.props)
+        self.assert_one_whole_copy()
+
+    def attach_straddling_the_migration(self, connector):
+        """create_export before the migration's move, the connection after.
+
+        (The attach's initialize_connection waited for the volume's lock
+        the migration held.)  Returns (migrated or the error, outcome).
+        """
+        move = self.a.source.move
+        att = []
+
+        def export_first(*args, **kwargs):
+            att.append(self.reserve())
+            self.export(connector)
+            return move(*args, **kwargs)
+        self.mock_object(self.a.source, 'move', side_effect=export_first)
+        try:
+            moved = self.c.migrate(self.b)
+        except Exception as exc:
+            moved = exc
+        return moved, self.connect(att[0], connector)
+
+    def test_attach_on_node_b_straddling_the_migration(self):
+        # The migration sees the attachment and is refused; the attach
+        # then moves the volume.
+        moved, info = self.attach_straddling_the_migration(self.b.props)
+        self.assertIsInstance(moved, exception.VolumeBackendAPIException)
+        self.assertNotIsInstance(info, Exception)
+        self.assertIs(self.b, self.c.owner())
+        self.assert_reaches_the_volume(info, self.b.props)
+        self.assert_one_whole_copy()
+
+    def test_backup_attach_on_node_c_straddling_the_migration(self):
+        # The migration is refused; node-c reads node-a's copy, which
+        # stays.
+        moved, info = self.attach_straddling_the_migration(self.NODE_C)
+        self.assertIsInstance(moved, exception.VolumeBackendAPIException)
+        self.assertNotIsInstance(info, Exception)
+        self.assertIs(self.a, self.c.owner())
+        self.assert_reaches_the_volume(info, self.NODE_C)
+        self.assert_one_whole_copy()
