@@ -20,11 +20,18 @@ data lost, no tenant reading another's data, no volume left stuck.
 """
 
 import contextlib
+import functools
+
+import ddt
 
 from cinder import exception
 
+from cinder_dmclone import move
 from tests.harness.fake_cluster import HANDLE_PATH
 from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_driver
+from tests.unit.test_driver import HANDLE
+from tests.unit.test_driver import LV
 from tests.unit import test_two_nodes
 
 IQN = test_two_nodes.IQN
@@ -423,3 +430,114 @@ class MigrateRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
         self.assertIs(self.a, self.c.owner())
         self.assert_reaches_the_volume(info, self.NODE_C)
         self.assert_one_whole_copy()
+
+
+class Waits(BaseException):
+    """Another thread asked for a lock held: it waits (see VolumeLocks).
+
+    Not an Exception: no handler of the code under test catches it, as
+    none runs in a thread that is only waiting.
+    """
+
+
+class VolumeLocks(object):
+    """move.lock of one driver's thread, and of one racing with it.
+
+    The racing thread's ask for a lock the first holds raises Waits:
+    the test runs the racing operation again once the lock is free.
+    """
+
+    def __init__(self):
+        self.held = set()
+
+    @contextlib.contextmanager
+    def lock(self, volume_id):
+        if volume_id in self.held:
+            raise Waits(volume_id)
+        self.held.add(volume_id)
+        try:
+            yield
+        finally:
+            self.held.discard(volume_id)
+
+
+@ddt.ddt
+class ThinRevertRacingAnOpenTestCase(test_driver.DriverTestBase):
+    """A thin revert racing what opens the volume's LV on this node.
+
+    The revert removes the handle, checks that nothing holds the LV or
+    the snapshot's open (R13-1), then merges (lvconvert --merge).  A
+    request that maps the handle in between -- a local attach's
+    create_export or initialize_connection, an iSCSI attach's or a
+    move's create_export, whose LIO backstore is the handle -- holds
+    the LV open: LVM then defers the merge to the LV's next activation,
+    a reboot's, which swaps the snapshot in under every write made
+    since.  Such a request must wait for the revert (or the revert see
+    it and refuse): the merge never runs with the LV open.
+    """
+
+    LOCAL = {'host': 'node-a', 'initiator': 'iqn.1993-08.org:a'}
+    REMOTE = {'host': 'node-c', 'initiator': 'iqn.1993-08.org:c'}
+
+    def setUp(self):
+        super().setUp()
+        self.drv.configuration.lvm_type = 'thin'
+        self._make_handle()
+        self.snap = self._snapshot()
+        self.lvs['_' + self.snap.name] = '1.00'
+        # The handle, while it exists, holds the volume's LV open.
+        self.vg.lv_is_open.side_effect = lambda name: (
+            name == LV and HANDLE in self.dm.devices)
+        self.locks = VolumeLocks()
+        self.mock_object(move, 'lock', side_effect=self.locks.lock)
+        self.mock_object(self.drv.target_driver, 'create_export',
+                         return_value={'location': '10.0.0.1:3260,1 %s 0'
+                                       % test_driver.HANDLE_PATH,
+                                       'auth': None})
+        self.merges = []
+        self.waited = []
+
+    def opening(self, request):
+        """``request()`` runs right before the merge, from another thread.
+
+        Returns what it returned, once it ran (at once, or once the
+        revert let the volume's lock go).
+        """
+        done = []
+
+        def race_then_merge(name):
+            try:
+                done.append(request())
+            except Waits:
+                self.waited.append(name)
+            self.merges.append(self.vg.lv_is_open(LV))
+        self.vg.revert.side_effect = race_then_merge
+        return done
+
+    def revert_then(self, request, done):
+        try:
+            self.drv.revert_to_snapshot(self.ctxt, self.volume, self.snap)
+        except exception.VolumeBackendAPIException:
+            pass        # (refusing the revert, nothing changed, is right)
+        if self.waited:
+            done.append(request())
+        return done
+
+    @ddt.data(
+        ('initialize_connection', lambda self: self.drv.initialize_connection(
+            self.volume, dict(self.LOCAL))),
+        ('create_export local', lambda self: self.drv.create_export(
+            self.ctxt, self.volume, dict(self.LOCAL))),
+        ('create_export remote', lambda self: self.drv.create_export(
+            self.ctxt, self.volume, dict(self.REMOTE))))
+    @ddt.unpack
+    def test_no_merge_while_a_request_maps_the_handle(self, _name, call):
+        request = functools.partial(call, self)
+        done = self.revert_then(request, self.opening(request))
+        self.assertEqual([False] * len(self.merges), self.merges,
+                         'lvconvert --merge ran with the LV held open by '
+                         'a handle mapped meanwhile: LVM defers the '
+                         'merge to the next activation')
+        # The request is served, after the revert if it waited.
+        self.assertEqual(1, len(done))
+        self.assertIn(HANDLE, self.dm.devices)
