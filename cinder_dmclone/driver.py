@@ -437,7 +437,20 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         that run while the record names another node on purpose: Cinder's
         generic migration renames the LV here (update_migrated_volume)
         before it swaps the records.
+
+        A request that serves the volume maps the handle under the
+        volume's lock, which a revert holds from the handle's removal to
+        its making again (:meth:`revert_to_snapshot`): the handle never
+        opens the LV between the revert's check that nothing holds it
+        open and its merge.
         """
+        if serving:
+            with move.lock(volume['id']):
+                return self._map_handle(volume, serving)
+        return self._map_handle(volume)
+
+    def _map_handle(self, volume, serving=None):
+        """:meth:`_ensure_handle`'s work, under the lock if it serves."""
         lv_name = volume['name']
         name = self._handle_name(lv_name)
         self.vg.activate_lv(lv_name)
@@ -617,7 +630,20 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         :meth:`_revert_thin`, never Cinder's generic copy.  Cinder's API
         reverts only to the latest snapshot and only at the snapshot's
         size, so the LV and its snapshot have the same length.
+
+        All of it under the volume's lock: a request that maps the
+        handle (:meth:`_ensure_handle` serving the volume) waits, and a
+        move, which holds the lock, is seen here.  A handle mapped
+        between the check that nothing holds the LV open and the merge
+        would have LVM defer the merge to the LV's next activation (a
+        reboot's), which swaps the snapshot in under the writes made
+        since.
         """
+        with move.lock(volume['id']):
+            self._revert_unmapped(context, volume, snapshot)
+
+    def _revert_unmapped(self, context, volume, snapshot):
+        """:meth:`revert_to_snapshot` under the lock: the handle goes."""
         self.source.refuse_if_moving(volume, _('a revert to a snapshot'))
         self._remove_handle(volume['name'])
         try:
