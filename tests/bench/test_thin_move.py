@@ -89,11 +89,23 @@ TARGETS = {'time_to_finalized_ratio_max': 1.3,
            'destination_per_source_allocation_max': 1.05}
 ZERO_MIB = testbed.sha256(bytes(MiB))
 
+#: the kernel's name (``dm-N``) of the block device $1, found through its
+#: device number: without udev (the testbed's guests) LVM links
+#: /dev/<vg>/<lv> to a node under /dev/mapper, not to /dev/dm-N
+KERNEL_NAME = r'''
+kernel_name() {
+    local mm
+    mm=$(stat -L -c '%t:%T' "$1") || return 1
+    mm=$(readlink -f "/sys/dev/block/$((16#${mm%:*})):$((16#${mm#*:}))") \
+        || return 1
+    echo "${mm##*/}"
+}
+'''
+
 #: node A: the source LV's dm stat line ("<t> <stat fields>") every half
 #: second until the LV is gone ($1: the LV, $2: a file that stops it)
-SAMPLER = r'''
-dev=$(readlink -f "$1") || exit 1
-name=${dev##*/}
+SAMPLER = KERNEL_NAME + r'''
+name=$(kernel_name "$1") || exit 1
 read -r uuid < "/sys/block/$name/dm/uuid" || exit 1
 t0=$EPOCHREALTIME
 while [ ! -e "$2" ] && read -r s < "/sys/block/$name/stat" \
@@ -162,9 +174,10 @@ class ReadSampler(object):
     def __init__(self, lv, tag):
         self.lv = lv
         self.stop_file = '/run/bench-thin-move-%s' % tag
-        dev = testbed.run(['readlink', '-f', lv], node='a').stdout.strip()
-        self.dev = dev.rsplit('/', 1)[-1]
-        assert self.dev.startswith('dm-'), (lv, dev)
+        self.dev = testbed.run(
+            ['bash', '-c', KERNEL_NAME + 'kernel_name "$1"', 'name', lv],
+            node='a').stdout.strip()
+        assert self.dev.startswith('dm-'), (lv, self.dev)
         self.before = sectors_read(testbed.run(
             ['cat', '/sys/block/%s/stat' % self.dev], node='a').stdout)
         self.out = None
