@@ -225,10 +225,13 @@ class Source(side.Side):
         a volume that its own service writes or reads here without an
         attachment is refused (:meth:`_refuse_unless_movable`).
         Hydration starts at once only if no attachment may use the copy
-        here (:meth:`_may_be_used_here`).
+        here (:meth:`_may_be_used_here`).  An attach's move is given up if
+        an attachment that was being set up when it began is gone
+        (:meth:`_refuse_if_attach_withdrawn`).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
+        asked = None if migration else self._attaches_starting(volume)
         with move.lock(volume['id']):
             lv_sectors = read_sectors()
             self._check_source_size(volume, lv_sectors)
@@ -236,6 +239,7 @@ class Source(side.Side):
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
             self._refuse_unless_movable(volume, migration)
+            self._refuse_if_attach_withdrawn(volume, asked, prepared=False)
             dest_host, dest_az = service_host(ctxt, volume, dest_node)
             if dest_host is None:
                 LOG.warning('No volume service of this backend on node '
@@ -248,7 +252,6 @@ class Source(side.Side):
             # Read after the move is recorded: see _may_be_used_here.
             current = attachments.current(volume)
             hydrate = not self._may_be_used_here(volume, current, migration)
-            starting = attachments.starting(volume, current)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
                      {'vol': volume['id'], 'src': self.node_name,
@@ -261,7 +264,7 @@ class Source(side.Side):
                     params[peer.REGION_MAP] = region_map
                 info = self.peer.prepare(ctxt, volume, dest_host, connector,
                                          t.secret, **params)
-                self._refuse_if_attach_withdrawn(volume, starting)
+                self._refuse_if_attach_withdrawn(volume, asked)
                 # Only the lock holder writes the state: the destination
                 # answered, the move is recorded here, under the lock.
                 self.store.transition(
@@ -770,22 +773,61 @@ class Source(side.Side):
                        'be updated now; try again.') % volume['id'])
 
     @staticmethod
-    def _refuse_if_attach_withdrawn(volume, starting):
-        """Undo a move whose attach was withdrawn while it was built.
+    def _attaches_starting(volume):
+        """Ids of the instance attachments being set up, read now.
+
+        Read as an attach's move begins, before it waits for the volume's
+        lock: Cinder reserved the attach's own attachment before it asked
+        this node for the connection, so it is one of them.
+        """
+        return attachments.starting(volume, attachments.current(volume))
+
+    def _refuse_if_attach_withdrawn(self, volume, asked, prepared=True):
+        """Undo an attach's move if an attachment it may be for is gone.
+
+        ``asked``: the instance attachments that were being set up when
+        the attach began (:meth:`_attaches_starting`); None for a
+        migration, which no attach asked for (an attachment reserved and
+        deleted meanwhile is none of its concern: see
+        :meth:`_may_be_used_here`).
 
         Nova gives up on an attach whose call timed out and deletes the
-        attachment it reserved, while this node may still be moving the
-        volume for it.  Recording the move then would leave the volume
-        on the destination with no instance using it (and, for a live
-        migration, its source instance without its disk): the move is
-        given up instead, like any failed prepare.
+        attachment it reserved, while this node may still be waiting for
+        the volume's lock or moving the volume for it.  Recording the
+        move then would leave the volume on the destination with no
+        instance using it (and, for a live migration, its source
+        instance without its disk).  The driver is never told which
+        attachment a connection is for, and an orphan (a reserved
+        attachment that a failed ``attachment_create`` left, or that the
+        owner made with no connector) looks just like the attach's own:
+        if any of ``asked`` is gone, this attach may be the one
+        withdrawn, and the move is given up (raised under the lock, like
+        any failed prepare).  An owner deleting an orphan at that very
+        moment costs one attempt, never a later one; an orphan that stays
+        never passes for an attach that went.  ``prepared``: the
+        destination answered already (else nothing was recorded yet).
         """
-        remaining = attachments.starting(volume, attachments.current(volume))
-        if starting and not starting & remaining:
-            raise exception.VolumeBackendAPIException(
-                data=_('The attachment that moved volume %s was deleted '
-                       'while the move was prepared (the attach timed '
-                       'out?); the move is given up.') % volume['id'])
+        if asked is None:
+            return
+        remaining = self._attaches_starting(volume)
+        gone = sorted(asked - remaining)
+        if asked and not gone:
+            return
+        LOG.warning('Volume %(vol)s stays on %(node)s: attachment(s) '
+                    '%(ids)s, being set up when its attach on another node '
+                    'began, were deleted since.',
+                    {'vol': volume['id'], 'node': self.node_name,
+                     'ids': ', '.join(str(i) for i in gone) or '(all)'})
+        if prepared:
+            why = _('was deleted while the move was prepared')
+        else:
+            why = _('was deleted before the move began')
+        raise exception.VolumeBackendAPIException(
+            data=_('An attachment of volume %(vol)s that this attach may '
+                   'be for %(why)s (the attach timed out, or a reserved '
+                   'attachment was deleted); the volume stays on %(node)s. '
+                   'Attach it again.')
+            % {'vol': volume['id'], 'why': why, 'node': self.node_name})
 
     @staticmethod
     def _check_source_size(volume, lv_sectors):

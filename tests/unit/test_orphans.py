@@ -75,21 +75,25 @@ class OrphansTestCase(test_two_nodes.ClusterTestCase):
         return att
 
     def during(self, obj, attr, action):
-        """Run ``action()`` when ``obj.attr`` is called, then the call."""
+        """Run ``action()`` at the first call of ``obj.attr``, then it."""
         original = getattr(obj, attr)
+        actions = [action]
 
         def first_action(*args, **kwargs):
-            action()
+            while actions:
+                actions.pop()()
             return original(*args, **kwargs)
         self.mock_object(obj, attr, side_effect=first_action)
 
     def during_build(self, action):
-        """Run ``action()`` once node-b built the clone, before it answers."""
+        """Run ``action()`` once, after node-b's first clone build."""
         build = self.b.dest.build_clone
+        actions = [action]
 
         def build_then_act(*args, **kwargs):
             path = build(*args, **kwargs)
-            action()
+            while actions:
+                actions.pop()()
             return path
         self.mock_object(self.b.dest, 'build_clone',
                          side_effect=build_then_act)
@@ -162,8 +166,7 @@ class WithdrawnAttachTestCase(OrphansTestCase):
             self.c.attach(self.b)
         except exception.VolumeBackendAPIException:
             self.assert_stays_on_a()
-            self.mock_object(self.b.dest, 'build_clone',
-                             side_effect=self.b.dest.build_clone)
+            # (Its attachment stays reserved, as Cinder leaves it.)
             self.c.attach(self.b)
         self.c.settle()
         self.c.assert_completed()

@@ -436,6 +436,11 @@ class MoveTestCase(ClusterTestCase):
 
     def test_no_service_on_destination(self):
         self.b.has_service = False
+        # (Reserved by Cinder before it asks for the connection.)
+        self.c.attachments.append({
+            'id': fake.ATTACHMENT_ID, 'instance_uuid': fake.INSTANCE_ID,
+            'attach_status': RESERVED, 'attached_host': None,
+            'connector': None})
         self.assertIsNone(self.a.source.move(self.volume(), self.b.props,
                                              lambda: SECTORS))
         self.assertIsNone(self.c.transfer())
