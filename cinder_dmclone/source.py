@@ -167,6 +167,9 @@ class Source(side.Side):
         #: volume id -> how many writers without an attachment (an image
         #: being written, see :meth:`writing`) its copy here has.
         self.writers = collections.Counter()
+        #: ids of the volumes whose migration from here is being started
+        #: (see :meth:`_migration_starting`).
+        self.migrations_starting = set()
 
     # -- starting a move ---------------------------------------------------
 
@@ -232,7 +235,8 @@ class Source(side.Side):
         ctxt = self.ctxt()
         dest_node = connector['host']
         asked = None if migration else self._attaches_starting(volume)
-        with move.lock(volume['id']):
+        with move.lock(volume['id']), self._migration_starting(volume,
+                                                               migration):
             lv_sectors = read_sectors()
             self._check_source_size(volume, lv_sectors)
             self._give_up_stale_prepare(volume)
@@ -277,6 +281,44 @@ class Source(side.Side):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    @contextlib.contextmanager
+    def _migration_starting(self, volume, migration):
+        """Around a migration's move, under the volume's lock.
+
+        While it runs, a local attach here is refused
+        (:meth:`refuse_local_attach`).  Cinder 29's manager writes an
+        attachment ``attaching`` (with its host) only after the driver
+        handed out its connection, so a local attach answered after the
+        migration's check for attachments, before the move is recorded,
+        would show only a reserved attachment with no host until then:
+        what an orphan looks like, which holds no commit.  Both run in
+        this service (the volume's), so this mark and the attachment
+        that Cinder reserved before it asked for the connection leave no
+        gap: a local attach checked before the mark was set is seen by
+        the migration's check, which refuses; one checked after is
+        refused here; and once the move is recorded, the record refuses.
+        """
+        if not migration:
+            yield
+            return
+        self.migrations_starting.add(volume['id'])
+        try:
+            yield
+        finally:
+            self.migrations_starting.discard(volume['id'])
+
+    def keeps_export(self, volume):
+        """True if the volume's export here must stay when a connection goes.
+
+        A move from here reads it (until the move ends).  So does the one
+        a migration being started here makes (:meth:`_migration_starting`):
+        a local attach it refuses meanwhile is cleaned up by Cinder's
+        manager with the driver's remove_export, which would otherwise
+        take the export from under the migration.
+        """
+        return (volume['id'] in self.migrations_starting
+                or self.is_source(self.load(volume['id'])))
 
     #: volume statuses in which an attach's move may start (``reserved``:
     #: Cinder reserved the volume for it; ``in-use``: a live migration).
@@ -871,8 +913,15 @@ class Source(side.Side):
             self._give_up_stale_prepare(volume)
 
     def refuse_local_attach(self, volume, action):
-        """Side.refuse_local_attach, once a dead ``preparing`` is ended."""
+        """Side.refuse_local_attach, once a dead ``preparing`` is ended.
+
+        Also refused while a migration of the volume is being started
+        here (:meth:`_migration_starting`).
+        """
         self.end_stale_prepare(volume)
+        if volume['id'] in self.migrations_starting:
+            raise dmc_exception.MigrationStarting(
+                volume_name=volume['id'], node=self.node_name, action=action)
         super().refuse_local_attach(volume, action)
 
     @contextlib.contextmanager
