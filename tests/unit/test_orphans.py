@@ -231,3 +231,75 @@ class LocalAttachRacingAMigrationTestCase(OrphansTestCase):
             move.CLONED, getattr(self.c.transfer(), 'state', None),
             'the move committed while node-a had just handed its copy out '
             'to a local attach: it hydrates from it and retires it')
+
+
+class ConnectionBesideAnOrphanTestCase(OrphansTestCase):
+    """Which attach is an instance's (open point a): a known limitation.
+
+    Source.wants_move takes an attach from another node for an
+    instance's when an instance attachment of the volume is being set up
+    (reserved or attaching): Cinder reserves an attach's own attachment
+    before it asks for the connection, and never tells the driver which
+    attachment a connection is for.  Cinder's own attaches without an
+    instance (cinder-backup, a generic migration's copy) cannot meet an
+    orphan: they need the volume ``available`` (an orphan makes it
+    ``reserved``) or, in use, copy a temporary volume.  What remains is
+    the owner's (or an admin's) ``os-initialize_connection`` with a
+    connector naming another node of the backend while an orphan is
+    reserved: it is taken for an instance's attach.  These tests pin
+    what it does and the cure (doc/source/limitations.rst).
+    """
+
+    def legacy_connection(self, node):
+        """Cinder's os-initialize_connection from ``node``: no attachment."""
+        owner = self.c.owner()
+        return self.c.call(owner, owner.attach, self.volume(),
+                           dict(node.props))
+
+    def legacy_termination(self, node):
+        """Cinder's os-terminate_connection from ``node``."""
+        owner = self.c.owner()
+        return self.c.call(owner, owner.terminate_connection, self.volume(),
+                           dict(node.props))
+
+    def test_without_an_orphan_it_is_an_iscsi_connection(self):
+        src = self.c.attach(self.a)[0]
+        info = self.legacy_connection(self.b)
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([src], self.c.attachments)
+
+    def test_beside_an_orphan_it_moves_the_volume_until_terminated(self):
+        # Instance I runs on node-a; its owner reserves an attachment for
+        # I (the override lets it) and asks for a connection from node-b.
+        src = self.c.attach(self.a)[0]
+        self.reserve()
+        info = self.legacy_connection(self.b)
+        self.assertEqual('local', info['driver_volume_type'])
+        t = self.c.transfer()
+        # I's attachment on node-a keeps it cloned: no hydration, every
+        # write of I still goes to node-a's copy, nothing is lost.
+        self.assertEqual(move.CLONED, t.state)
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        # The cure: terminate that connection (os-terminate_connection
+        # with the same connector): the move rolls back.
+        self.legacy_termination(self.b)
+        self.assertEqual([], self.c.violations)
+        self.assertIsNone(self.a.source.load(VOLUME_ID))
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertIn(src, self.c.attachments)
+
+    def test_beside_an_orphan_the_instances_detach_commits_it(self):
+        # Left alone, the move commits when I's attachment on node-a is
+        # deleted (as a live migration's source detach): the volume then
+        # lives on node-b, whole.
+        src = self.c.attach(self.a)[0]
+        orphan = self.reserve()
+        self.legacy_connection(self.b)
+        self.c.detach(src)
+        self.c.detach(orphan)
+        self.c.settle()
+        self.c.assert_completed()
