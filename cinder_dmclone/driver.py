@@ -1223,8 +1223,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
 
     def remove_export(self, context, volume):
         """Remove this node's export, never one a transfer still reads."""
-        t = self.source.load(volume['id'])
-        if self.source.is_source(t):
+        if self.source.keeps_export(volume):
             LOG.debug('Volume %s is moving away: its export stays until '
                       'the transfer ends.', volume['id'])
             return

@@ -197,6 +197,19 @@ class SourceStillInUse(exception.VolumeBackendAPIException):
                 "delete the attachment again.")
 
 
+class MigrationStarting(exception.VolumeIsBusy):
+    """A local attach while a migration of the volume is being started.
+
+    The migration has checked that no attachment exists and has not yet
+    recorded its move: a path handed out now would be to the copy that
+    the move is about to read and retire.
+    """
+
+    message = _("Volume %(volume_name)s is moving from node %(node)s (a "
+                "migration of it is starting): %(action)s is possible once "
+                "it has finished.")
+
+
 class SourceUnreachable(exception.VolumeBackendAPIException):
     """The destination cannot log in to the source's export of a volume.
 

@@ -167,6 +167,9 @@ class Source(side.Side):
         #: volume id -> how many writers without an attachment (an image
         #: being written, see :meth:`writing`) its copy here has.
         self.writers = collections.Counter()
+        #: ids of the volumes whose migration from here is being started
+        #: (see :meth:`_migration_starting`).
+        self.migrations_starting = set()
 
     # -- starting a move ---------------------------------------------------
 
@@ -225,17 +228,22 @@ class Source(side.Side):
         a volume that its own service writes or reads here without an
         attachment is refused (:meth:`_refuse_unless_movable`).
         Hydration starts at once only if no attachment may use the copy
-        here (:meth:`_may_be_used_here`).
+        here (:meth:`_may_be_used_here`).  An attach's move is given up if
+        an attachment that was being set up when it began is gone
+        (:meth:`_refuse_if_attach_withdrawn`).
         """
         ctxt = self.ctxt()
         dest_node = connector['host']
-        with move.lock(volume['id']):
+        asked = None if migration else self._attaches_starting(volume)
+        with move.lock(volume['id']), self._migration_starting(volume,
+                                                               migration):
             lv_sectors = read_sectors()
             self._check_source_size(volume, lv_sectors)
             self._give_up_stale_prepare(volume)
             self.refuse_if_moving(volume, _('attaching on %s') % dest_node)
             self._refuse_snapshots(ctxt, volume)
             self._refuse_unless_movable(volume, migration)
+            self._refuse_if_attach_withdrawn(volume, asked, prepared=False)
             dest_host, dest_az = service_host(ctxt, volume, dest_node)
             if dest_host is None:
                 LOG.warning('No volume service of this backend on node '
@@ -248,7 +256,6 @@ class Source(side.Side):
             # Read after the move is recorded: see _may_be_used_here.
             current = attachments.current(volume)
             hydrate = not self._may_be_used_here(volume, current, migration)
-            starting = attachments.starting(volume, current)
             LOG.info('Moving volume %(vol)s from %(src)s to %(dst)s '
                      '(hydration %(h)s).',
                      {'vol': volume['id'], 'src': self.node_name,
@@ -261,7 +268,7 @@ class Source(side.Side):
                     params[peer.REGION_MAP] = region_map
                 info = self.peer.prepare(ctxt, volume, dest_host, connector,
                                          t.secret, **params)
-                self._refuse_if_attach_withdrawn(volume, starting)
+                self._refuse_if_attach_withdrawn(volume, asked)
                 # Only the lock holder writes the state: the destination
                 # answered, the move is recorded here, under the lock.
                 self.store.transition(
@@ -274,6 +281,44 @@ class Source(side.Side):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    @contextlib.contextmanager
+    def _migration_starting(self, volume, migration):
+        """Around a migration's move, under the volume's lock.
+
+        While it runs, a local attach here is refused
+        (:meth:`refuse_local_attach`).  Cinder 29's manager writes an
+        attachment ``attaching`` (with its host) only after the driver
+        handed out its connection, so a local attach answered after the
+        migration's check for attachments, before the move is recorded,
+        would show only a reserved attachment with no host until then:
+        what an orphan looks like, which holds no commit.  Both run in
+        this service (the volume's), so this mark and the attachment
+        that Cinder reserved before it asked for the connection leave no
+        gap: a local attach checked before the mark was set is seen by
+        the migration's check, which refuses; one checked after is
+        refused here; and once the move is recorded, the record refuses.
+        """
+        if not migration:
+            yield
+            return
+        self.migrations_starting.add(volume['id'])
+        try:
+            yield
+        finally:
+            self.migrations_starting.discard(volume['id'])
+
+    def keeps_export(self, volume):
+        """True if the volume's export here must stay when a connection goes.
+
+        A move from here reads it (until the move ends).  So does the one
+        a migration being started here makes (:meth:`_migration_starting`):
+        a local attach it refuses meanwhile is cleaned up by Cinder's
+        manager with the driver's remove_export, which would otherwise
+        take the export from under the migration.
+        """
+        return (volume['id'] in self.migrations_starting
+                or self.is_source(self.load(volume['id'])))
 
     #: volume statuses in which an attach's move may start (``reserved``:
     #: Cinder reserved the volume for it; ``in-use``: a live migration).
@@ -770,22 +815,61 @@ class Source(side.Side):
                        'be updated now; try again.') % volume['id'])
 
     @staticmethod
-    def _refuse_if_attach_withdrawn(volume, starting):
-        """Undo a move whose attach was withdrawn while it was built.
+    def _attaches_starting(volume):
+        """Ids of the instance attachments being set up, read now.
+
+        Read as an attach's move begins, before it waits for the volume's
+        lock: Cinder reserved the attach's own attachment before it asked
+        this node for the connection, so it is one of them.
+        """
+        return attachments.starting(volume, attachments.current(volume))
+
+    def _refuse_if_attach_withdrawn(self, volume, asked, prepared=True):
+        """Undo an attach's move if an attachment it may be for is gone.
+
+        ``asked``: the instance attachments that were being set up when
+        the attach began (:meth:`_attaches_starting`); None for a
+        migration, which no attach asked for (an attachment reserved and
+        deleted meanwhile is none of its concern: see
+        :meth:`_may_be_used_here`).
 
         Nova gives up on an attach whose call timed out and deletes the
-        attachment it reserved, while this node may still be moving the
-        volume for it.  Recording the move then would leave the volume
-        on the destination with no instance using it (and, for a live
-        migration, its source instance without its disk): the move is
-        given up instead, like any failed prepare.
+        attachment it reserved, while this node may still be waiting for
+        the volume's lock or moving the volume for it.  Recording the
+        move then would leave the volume on the destination with no
+        instance using it (and, for a live migration, its source
+        instance without its disk).  The driver is never told which
+        attachment a connection is for, and an orphan (a reserved
+        attachment that a failed ``attachment_create`` left, or that the
+        owner made with no connector) looks just like the attach's own:
+        if any of ``asked`` is gone, this attach may be the one
+        withdrawn, and the move is given up (raised under the lock, like
+        any failed prepare).  An owner deleting an orphan at that very
+        moment costs one attempt, never a later one; an orphan that stays
+        never passes for an attach that went.  ``prepared``: the
+        destination answered already (else nothing was recorded yet).
         """
-        remaining = attachments.starting(volume, attachments.current(volume))
-        if starting and not starting & remaining:
-            raise exception.VolumeBackendAPIException(
-                data=_('The attachment that moved volume %s was deleted '
-                       'while the move was prepared (the attach timed '
-                       'out?); the move is given up.') % volume['id'])
+        if asked is None:
+            return
+        remaining = self._attaches_starting(volume)
+        gone = sorted(asked - remaining)
+        if asked and not gone:
+            return
+        LOG.warning('Volume %(vol)s stays on %(node)s: attachment(s) '
+                    '%(ids)s, being set up when its attach on another node '
+                    'began, were deleted since.',
+                    {'vol': volume['id'], 'node': self.node_name,
+                     'ids': ', '.join(str(i) for i in gone) or '(all)'})
+        if prepared:
+            why = _('was deleted while the move was prepared')
+        else:
+            why = _('was deleted before the move began')
+        raise exception.VolumeBackendAPIException(
+            data=_('An attachment of volume %(vol)s that this attach may '
+                   'be for %(why)s (the attach timed out, or a reserved '
+                   'attachment was deleted); the volume stays on %(node)s. '
+                   'Attach it again.')
+            % {'vol': volume['id'], 'why': why, 'node': self.node_name})
 
     @staticmethod
     def _check_source_size(volume, lv_sectors):
@@ -829,8 +913,15 @@ class Source(side.Side):
             self._give_up_stale_prepare(volume)
 
     def refuse_local_attach(self, volume, action):
-        """Side.refuse_local_attach, once a dead ``preparing`` is ended."""
+        """Side.refuse_local_attach, once a dead ``preparing`` is ended.
+
+        Also refused while a migration of the volume is being started
+        here (:meth:`_migration_starting`).
+        """
         self.end_stale_prepare(volume)
+        if volume['id'] in self.migrations_starting:
+            raise dmc_exception.MigrationStarting(
+                volume_name=volume['id'], node=self.node_name, action=action)
         super().refuse_local_attach(volume, action)
 
     @contextlib.contextmanager

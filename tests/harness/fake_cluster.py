@@ -397,7 +397,7 @@ class Node(object):
 
     def remove_export(self, ctxt, volume):
         """DMCloneVolumeDriver.remove_export (and its _owns_export)."""
-        if self.source.is_source(self.source.load(volume['id'])):
+        if self.source.keeps_export(volume):
             return
         location = volume.get('provider_location') or ''
         if not location.startswith(self.target.ip + ':'):

@@ -469,17 +469,15 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         target.assert_called_once_with(self.volume, REMOTE)
 
     def test_remove_export_skipped_during_transfer(self):
-        self.source.load.return_value = mock.sentinel.transfer
-        self.source.is_source.return_value = True
+        self.source.keeps_export.return_value = True
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
         target.assert_not_called()
-        self.source.load.assert_called_once_with(self.volume['id'])
-        self.source.is_source.assert_called_once_with(mock.sentinel.transfer)
+        self.source.keeps_export.assert_called_once_with(self.volume)
 
     def test_remove_export_when_not_the_source(self):
-        self.source.load.return_value = mock.sentinel.transfer
+        self.source.keeps_export.return_value = False
         self.volume.provider_location = '10.0.0.1:3260,1 iqn.x:%s 0' % LV
         target = self.mock_object(self.drv.target_driver, 'remove_export')
         self.drv.remove_export(self.ctxt, self.volume)
