@@ -15,12 +15,14 @@
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
 from cinder import context
+from tooz import coordination as tooz_coordination
 from cinder.tests.unit import test
 
 from cinder_dmclone import move
 from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
 from tests.unit import fakes
+from tests.unit import test_driver
 from tests.unit import test_move
 from tests.unit import test_two_nodes
 
@@ -169,3 +171,35 @@ class LateMarkTestCase(test.TestCase):
         self.assertTrue(self.load().thin_mapped,
                         'R14-2: the later move lost its mark to the late '
                         'forget of a move given up')
+
+
+class LocalAttachWithoutCoordinationTestCase(test_driver.DriverTestBase):
+    """R14-3: a local attach with no move now needs etcd.
+
+    Before the races merge, a local attach (create_export and
+    initialize_connection with this node's connector) of a volume that
+    no move names took no lock: it worked while the coordination backend
+    was down, as the operations guide's list of what fails then says.
+    ``_ensure_handle(serving=...)`` now takes the volume's tooz lock in
+    both, so every instance start or reboot on a node whose volumes are
+    local fails during an etcd outage -- including Nova's
+    ``resume_guests_state_on_host_boot`` after a power loss that took
+    etcd down too -- with the raw tooz error.  The revert it guards
+    against is node-local: a node-local lock would do.
+    """
+
+    LOCAL = {'host': 'node-a', 'initiator': 'iqn.1993-08.org:a'}
+
+    def setUp(self):
+        super().setUp()
+        self._make_handle()
+        self.mock_object(move, 'lock', side_effect=tooz_coordination.
+                         ToozConnectionError('etcd: connection refused'))
+
+    def test_local_create_export_without_etcd(self):
+        self.assertEqual({}, self.drv.create_export(
+            self.ctxt, self.volume, dict(self.LOCAL)))
+
+    def test_local_initialize_connection_without_etcd(self):
+        info = self.drv.initialize_connection(self.volume, dict(self.LOCAL))
+        self.assertEqual('local', info['driver_volume_type'])
