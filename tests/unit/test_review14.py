@@ -203,3 +203,51 @@ class LocalAttachWithoutCoordinationTestCase(test_driver.DriverTestBase):
     def test_local_initialize_connection_without_etcd(self):
         info = self.drv.initialize_connection(self.volume, dict(self.LOCAL))
         self.assertEqual('local', info['driver_volume_type'])
+
+
+class StaleWholeRecordRegressesTheMoveTestCase(
+        test_two_nodes.ClusterTestCase):
+    """R14-4 (before this change): the same stale save rewinds the move.
+
+    The API's copy of the admin metadata read while the move was
+    ``preparing``, saved whole by begin_attach after the source committed
+    it: the state goes back to ``preparing`` (and the progress keys
+    go).  What the nodes then do with a committed move recorded as
+    ``preparing`` decides whether data is lost.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
+        self.a = self.c.a
+        self.b = self.c.b
+
+    def test_a_committed_move_rewound_to_preparing(self):
+        stale = {}
+        mark = self.b.store.mark_thin_mapped
+
+        def api_reads(ctxt, t):
+            stale.update(self.c.db.volume_admin_metadata_get(
+                ctxt, t.volume_id))
+            return mark(ctxt, t)
+        self.mock_object(self.b.store, 'mark_thin_mapped',
+                         side_effect=api_reads)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.c.db.volume_admin_metadata_update(
+            self.c.ctxt, self.c.volume_id, dict(stale, attached_mode='rw'),
+            True)
+        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.c.settle(ticks=40)
+        self.c.restart(self.a)
+        self.c.restart(self.b)
+        self.c.settle(ticks=40)
+        # The record names node-b (the source committed the move there):
+        # node-b must still hold the volume's LV.  It was torn down and
+        # wiped as a "stale prepare", every write made on node-b since the
+        # commit with it, and the volume named a node without its LV.
+        host = self.c.db.volumes[self.c.volume_id]['host']
+        self.assertEqual(self.b.host, host)
+        self.assertIn(fake_cluster.LV, self.b.vg.lvs,
+                      'R14-4: node-b tore down and wiped the LV of a '
+                      'volume its record names node-b')
