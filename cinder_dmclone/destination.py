@@ -598,10 +598,34 @@ class Destination(side.Side):
                             'waits for this node: aborting it.',
                             {'vol': volume_id, 'src': t.source_node})
                 volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+                if self.named_here_while_preparing(volume, current):
+                    return False
                 self.store.transition(self.ctxt(), current,
                                       (move.PREPARING,), move.ABORTED)
                 self.tear_down(volume, current)
                 return True
+
+    def named_here_while_preparing(self, volume, t):
+        """True (logged) if the volume record names this node already.
+
+        The source points the record here only after it committed the
+        move (Source.move: the transition, then move_volume): a move
+        still ``preparing`` whose volume lives here is a record rewound
+        by a write of an older copy (R14-4: Cinder's Volume.save writes
+        admin metadata whole, with delete=True, from a copy read before
+        the commit).  Its clone here is the volume, with every write
+        since the commit: it is never torn down as a stale prepare.
+        """
+        if volume_utils.extract_host(volume['host'], 'host') not in \
+                self.node_names:
+            return False
+        LOG.error('Volume %(vol)s lives on this node by its record, but '
+                  'its move from %(src)s is recorded as still preparing: '
+                  'the record was rewound. Its clone here is kept; an '
+                  'operator must set the move\'s state back '
+                  '(dmclone_state hydrating) once checked.',
+                  {'vol': volume['id'], 'src': t.source_node})
+        return True
 
     def drop_aborted(self, volume, t):
         """Remove what an aborted move built here, and forget it."""
