@@ -616,7 +616,8 @@ class Destination(side.Side):
         the commit).  Its clone here is the volume, with every write
         since the commit: it is never torn down as a stale prepare.
         """
-        if volume_utils.extract_host(volume['host'], 'host') not in \
+        host = volume['host']
+        if not host or volume_utils.extract_host(host, 'host') not in \
                 self.node_names:
             return False
         LOG.error('Volume %(vol)s lives on this node by its record, but '

@@ -222,7 +222,7 @@ class StaleWholeRecordRegressesTheMoveTestCase(
         self.a = self.c.a
         self.b = self.c.b
 
-    def test_a_committed_move_rewound_to_preparing(self):
+    def rewound(self):
         stale = {}
         mark = self.b.store.mark_thin_mapped
 
@@ -238,10 +238,8 @@ class StaleWholeRecordRegressesTheMoveTestCase(
             self.c.ctxt, self.c.volume_id, dict(stale, attached_mode='rw'),
             True)
         self.assertEqual(move.PREPARING, self.c.transfer().state)
-        self.c.settle(ticks=40)
-        self.c.restart(self.a)
-        self.c.restart(self.b)
-        self.c.settle(ticks=40)
+
+    def assert_kept(self):
         # The record names node-b (the source committed the move there):
         # node-b must still hold the volume's LV.  It was torn down and
         # wiped as a "stale prepare", every write made on node-b since the
@@ -251,3 +249,14 @@ class StaleWholeRecordRegressesTheMoveTestCase(
         self.assertIn(fake_cluster.LV, self.b.vg.lvs,
                       'R14-4: node-b tore down and wiped the LV of a '
                       'volume its record names node-b')
+
+    def test_the_monitor_keeps_a_committed_move_rewound_to_preparing(self):
+        self.rewound()
+        self.c.settle(ticks=40)
+        self.assert_kept()
+
+    def test_a_start_keeps_a_committed_move_rewound_to_preparing(self):
+        # (Not fixed: recovery's TEAR_DOWN; see the report.)
+        self.rewound()
+        self.c.restart(self.b)
+        self.assert_kept()
