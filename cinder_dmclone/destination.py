@@ -114,6 +114,12 @@ class Destination(side.Side):
         self.lv_volumes = {}
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
+        #: volume id -> the secret of its move whose clone this process
+        #: marked thin mapped (see was_mapped): the guard holds in this
+        #: process even if the record's mark is dropped meanwhile (R14-1:
+        #: Cinder's Volume.save rewrites admin metadata whole, from a
+        #: stale copy; R14-2: a late write of a move given up).
+        self.mapped = {}
         #: volume id -> (secret, when) this node first saw that move
         #: preparing, on its own clock (see prepare_age).
         self.prepare_seen = {}
@@ -390,6 +396,7 @@ class Destination(side.Side):
         except Exception as exc:
             raise dmc_exception.ThinMapNotRecorded(
                 volume=volume['id'], reason=exc) from exc
+        self.mapped[volume['id']] = t.secret
 
     def _forget_map(self, volume, t):
         """Nothing was discarded: the clone needs no guard after all.
@@ -398,6 +405,8 @@ class Destination(side.Side):
         only logged: the mark left costs a stop of hydration while the
         pool does not zero, never data.
         """
+        if self.mapped.get(volume['id']) == t.secret:
+            del self.mapped[volume['id']]
         try:
             self.store.forget_thin_map(self.ctxt(), t)
         except Exception:
@@ -415,16 +424,17 @@ class Destination(side.Side):
         except Exception as exc:
             return 'its thin-pool table cannot be read: %s' % exc
 
-    @staticmethod
-    def was_mapped(t):
+    def was_mapped(self, t):
         """True if move ``t``'s clone was thin mapped (or about to be).
 
         As the move's record says (:meth:`_record_map`): also after a
-        restart or a reboot of this node.  Never the clone's
+        restart or a reboot of this node; or as this process remembers
+        (:attr:`mapped`), should the record's mark have been dropped.  Never the clone's
         ``no_discard_passdown``: dm-clone reports that as well over any
         destination that cannot discard.
         """
-        return t.thin_mapped
+        return t.thin_mapped or bool(
+            t.secret and self.mapped.get(t.volume_id) == t.secret)
 
     def guard_pool_zeroing(self, volume_id, t, status):
         """Hydrate a clone built with a map only while its pool zeroes.
@@ -588,10 +598,35 @@ class Destination(side.Side):
                             'waits for this node: aborting it.',
                             {'vol': volume_id, 'src': t.source_node})
                 volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+                if self.named_here_while_preparing(volume, current):
+                    return False
                 self.store.transition(self.ctxt(), current,
                                       (move.PREPARING,), move.ABORTED)
                 self.tear_down(volume, current)
                 return True
+
+    def named_here_while_preparing(self, volume, t):
+        """True (logged) if the volume record names this node already.
+
+        The source points the record here only after it committed the
+        move (Source.move: the transition, then move_volume): a move
+        still ``preparing`` whose volume lives here is a record rewound
+        by a write of an older copy (R14-4: Cinder's Volume.save writes
+        admin metadata whole, with delete=True, from a copy read before
+        the commit).  Its clone here is the volume, with every write
+        since the commit: it is never torn down as a stale prepare.
+        """
+        host = volume['host']
+        if not host or volume_utils.extract_host(host, 'host') not in \
+                self.node_names:
+            return False
+        LOG.error('Volume %(vol)s lives on this node by its record, but '
+                  'its move from %(src)s is recorded as still preparing: '
+                  'the record was rewound. Its clone here is kept; an '
+                  'operator must set the move\'s state back '
+                  '(dmclone_state hydrating) once checked.',
+                  {'vol': volume['id'], 'src': t.source_node})
+        return True
 
     def drop_aborted(self, volume, t):
         """Remove what an aborted move built here, and forget it."""
