@@ -429,9 +429,9 @@ class Destination(side.Side):
 
         As the move's record says (:meth:`_record_map`): also after a
         restart or a reboot of this node; or as this process remembers
-        (:attr:`mapped`), should the record's mark have been dropped.  Never the clone's
-        ``no_discard_passdown``: dm-clone reports that as well over any
-        destination that cannot discard.
+        (:attr:`mapped`), should the record's mark have been dropped.
+        Never the clone's ``no_discard_passdown``: dm-clone reports that
+        as well over any destination that cannot discard.
         """
         return t.thin_mapped or bool(
             t.secret and self.mapped.get(t.volume_id) == t.secret)

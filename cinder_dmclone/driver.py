@@ -438,14 +438,16 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         generic migration renames the LV here (update_migrated_volume)
         before it swaps the records.
 
-        A request that serves the volume maps the handle under the
-        volume's lock, which a revert holds from the handle's removal to
-        its making again (:meth:`revert_to_snapshot`): the handle never
-        opens the LV between the revert's check that nothing holds it
-        open and its merge.
+        A request that serves the volume maps the handle under this
+        node's handle lock (:func:`move.handle_lock`), which a revert
+        holds from the handle's removal to its making again
+        (:meth:`revert_to_snapshot`): the handle never opens the LV
+        between the revert's check that nothing holds it open and its
+        merge.  Not the coordination lock: a local attach must not need
+        the coordination backend.
         """
         if serving:
-            with move.lock(volume['id']):
+            with move.handle_lock(volume['id']):
                 return self._map_handle(volume, serving)
         return self._map_handle(volume)
 
@@ -631,15 +633,16 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         reverts only to the latest snapshot and only at the snapshot's
         size, so the LV and its snapshot have the same length.
 
-        All of it under the volume's lock: a request that maps the
-        handle (:meth:`_ensure_handle` serving the volume) waits, and a
-        move, which holds the lock, is seen here.  A handle mapped
+        All of it under the volume's lock, so that a move, which holds
+        it, is seen here, and this node's handle lock, so that a request
+        that maps the handle (:meth:`_ensure_handle` serving the volume)
+        waits.  A handle mapped
         between the check that nothing holds the LV open and the merge
         would have LVM defer the merge to the LV's next activation (a
         reboot's), which swaps the snapshot in under the writes made
         since.
         """
-        with move.lock(volume['id']):
+        with move.lock(volume['id']), move.handle_lock(volume['id']):
             self._revert_unmapped(context, volume, snapshot)
 
     def _revert_unmapped(self, context, volume, snapshot):

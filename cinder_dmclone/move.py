@@ -276,6 +276,19 @@ def build_lock(volume_id):
     return lockutils.lock('dmclone-build-%s' % volume_id)
 
 
+def handle_lock(volume_id):
+    """This node's lock on mapping a volume's handle to serve it.
+
+    A revert removes the handle, checks that nothing holds the LV open
+    and merges; a request serving the volume from here (a local attach,
+    an export, an image copy) must not map the handle in between
+    (``DMCloneVolumeDriver.revert_to_snapshot``).  Both run in this
+    volume's service on this node, so a process-local lock suffices, and
+    a local attach keeps working while the coordination backend is down.
+    """
+    return lockutils.lock('dmclone-handle-%s' % volume_id)
+
+
 def pool_lock(node, vg_name, pool):
     """The lock on thin pool ``vg_name/pool`` of ``node``'s metadata snapshot.
 

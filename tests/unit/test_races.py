@@ -490,6 +490,11 @@ class ThinRevertRacingAnOpenTestCase(test_driver.DriverTestBase):
             name == LV and HANDLE in self.dm.devices)
         self.locks = VolumeLocks()
         self.mock_object(move, 'lock', side_effect=self.locks.lock)
+        # (a racing request in this same thread would block for ever on
+        # the real process-local lock: it raises Waits instead)
+        self.handle_locks = VolumeLocks()
+        self.mock_object(move, 'handle_lock',
+                         side_effect=self.handle_locks.lock)
         self.mock_object(self.drv.target_driver, 'create_export',
                          return_value={'location': '10.0.0.1:3260,1 %s 0'
                                        % test_driver.HANDLE_PATH,

@@ -15,8 +15,8 @@
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
 from cinder import context
-from tooz import coordination as tooz_coordination
 from cinder.tests.unit import test
+from tooz import coordination as tooz_coordination
 
 from cinder_dmclone import move
 from tests.harness import fake_cluster
