@@ -593,6 +593,8 @@ class Recovery(object):
         elif action.name == ROLL_BACK:
             dest.roll_back_unless_written(volume, t)
         elif action.name == TEAR_DOWN:
+            if dest.named_here_while_preparing(volume, t):
+                return
             LOG.warning('Transfer of volume %s was half built; rolling '
                         'back this node.', volume.id)
             dest.tear_down(volume, t)

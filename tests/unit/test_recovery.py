@@ -426,11 +426,22 @@ class RunTestCase(test.TestCase):
         self.assertEqual(['roll_back_unless_written'], self._called())
 
     def test_tear_down(self):
+        self.dest.named_here_while_preparing.return_value = False
         self._run(A(recovery.TEAR_DOWN))
         # (Destination.tear_down: it keeps an abandoned move's old copy.)
         self.dest.tear_down.assert_called_once_with(self.volume, self.t)
         # The record is the source's: never cleared here.
-        self.assertEqual(['tear_down'], self._called())
+        self.assertEqual(['named_here_while_preparing', 'tear_down'],
+                         self._called())
+
+    def test_no_tear_down_of_a_volume_recorded_here(self):
+        # A 'preparing' record whose volume names this node was rewound
+        # (R14-4): what was built here is the volume.
+        self.dest.named_here_while_preparing.return_value = True
+        self._run(A(recovery.TEAR_DOWN))
+        self.dest.named_here_while_preparing.assert_called_once_with(
+            self.volume, self.t)
+        self.dest.tear_down.assert_not_called()
 
     def test_finalize(self):
         self._run(A(recovery.FINALIZE))
