@@ -14,6 +14,8 @@
 
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
+import unittest
+
 from cinder import context
 from cinder.tests.unit import test
 from tooz import coordination as tooz_coordination
@@ -89,6 +91,10 @@ class StaleWholeRecordWriteTestCase(test_two_nodes.ClusterTestCase):
                          'stopped zeroing: the mark was dropped by a '
                          'stale whole-dict admin metadata save')
 
+    # Known defect, R14-1 open: the mark lives only in the record, which
+    # a stale whole-dict save drops; a node-local durable mark is not
+    # built yet.  Passing here fails the run (unexpected success).
+    @unittest.expectedFailure
     def test_guard_lost_after_a_restart_after_a_stale_save(self):
         self.migrate_with_a_legacy_attach_in_flight()
         self.b.pool.zeroing = False
@@ -132,6 +138,9 @@ class LateMarkTestCase(test.TestCase):
         self.assertTrue(self.load().thin_mapped)
         return later
 
+    # Known defect, R14-2 open: one mark key per volume; a key per move
+    # is not built yet.  Passing here fails the run (unexpected success).
+    @unittest.expectedFailure
     def test_a_late_mark_replaces_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
@@ -152,6 +161,9 @@ class LateMarkTestCase(test.TestCase):
                         'R14-2: the later move lost its mark to the late '
                         'write of a move given up')
 
+    # Known defect, R14-2 open: one mark key per volume; a key per move
+    # is not built yet.  Passing here fails the run (unexpected success).
+    @unittest.expectedFailure
     def test_a_late_forget_drops_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
