@@ -468,6 +468,10 @@ class FakeThinPool(object):
         #: blank bytes thin_dump writes before its XML (a dump larger than
         #: its mappings explain).
         self.dump_padding = 0
+        #: as LVM: a pool with no thin LV is not active, its -tpool
+        #: device missing (dmsetup table fails), until one is made (an LV
+        #: of the volume group, as the cluster's nodes pass them).
+        self.inactive_when_empty = False
 
     @property
     def device(self):
@@ -500,6 +504,8 @@ class FakeThinPool(object):
             word = cmd[-1]
         elif cmd[:3] == ('dmsetup', 'table', self.device):
             word = 'table'
+        elif cmd[:3] == ('lvs', '--noheadings', '--binary'):
+            word = 'zero_recorded'
         elif cmd[:2] == ('dmsetup', 'table') and cmd[2] in self._lv_devices():
             word = 'thin_table'
         elif cmd[:2] == ('dmsetup', 'status') and \
@@ -558,7 +564,15 @@ class FakeThinPool(object):
         self.held = False
         return '', ''
 
+    def _zero_recorded(self, cmd, lvs):
+        return '  %d\n' % (1 if self.zeroing else 0), ''
+
     def _table(self, cmd, lvs):
+        if self.inactive_when_empty and not (self.thin_ids or lvs):
+            raise processutils.ProcessExecutionError(
+                exit_code=1, stderr='device-mapper: table ioctl on %s  '
+                'failed: No such device or address\nCommand failed.\n'
+                % self.device)
         features = ' 0' if self.zeroing else ' 1 skip_block_zeroing'
         return '0 2097152 thin-pool 253:1 253:2 %d 0%s\n' % (
             self.block_sectors, features), ''

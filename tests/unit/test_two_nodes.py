@@ -3737,6 +3737,29 @@ class ThinMapTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
+    def test_a_destination_pool_with_no_thin_lv_yet_takes_the_map(self):
+        # Testbed run 20261126-203634-19093: LVM had not activated node
+        # B's empty pool (no -tpool device), its zeroing could not be
+        # read and the map was refused.  LVM's record answers before the
+        # build; the kernel's table is read once the LVs exist.
+        self.b.pool.inactive_when_empty = True
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(SECTORS // fake_cluster.REGION - 116,
+                         self.discarded())
+        self.assertIn('zero_recorded', self.b.pool.calls)
+        self.assertIn('table', self.b.pool.calls)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_an_inactive_pool_recorded_not_zeroing_copies_everything(self):
+        self.b.pool.inactive_when_empty = True
+        self.b.pool.zeroing = False
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(0, self.discarded())
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_attach_of_a_detached_volume_elsewhere_uses_the_map(self):
         self.moved()
         self.assertEqual(SECTORS // fake_cluster.REGION - 116,
