@@ -383,7 +383,7 @@ class Clones(object):
     #: the prepare that runs them waits within the transfer timeout.
     MAX_DISCARD_COMMANDS = 64
 
-    def reads_zeroes(self):
+    def reads_zeroes(self, recorded_if_inactive=False):
         """True if a new data LV here reads zeroes where nothing is written.
 
         A thin LV, fresh and unprovisioned, in a pool that zeroes the
@@ -391,12 +391,26 @@ class Clones(object):
         pool_zeroes`: no ``skip_block_zeroing``), so that a later partial
         write into a region never copied exposes nothing else.  Never a
         thick LV: it holds whatever its extents held.
+
+        ``recorded_if_inactive``: a pool with no thin LV yet is not
+        active (LVM activates its ``-tpool`` device with the first), so
+        its table cannot be read; LVM's record, which its activation
+        will load, answers instead.  Only for the decision before the
+        build: the table is read again once the LVs exist, before the
+        clone is used (Destination._apply_map).
         """
         if self.lvm_type != 'thin':
             return False
-        return privileged.pool_zeroes(self.vg.vg_name, self.thin_pool,
-                                      execute=self._execute,
-                                      root_helper=self._root_helper)
+        try:
+            return privileged.pool_zeroes(self.vg.vg_name, self.thin_pool,
+                                          execute=self._execute,
+                                          root_helper=self._root_helper)
+        except dmc_exception.DMDeviceNotFound:
+            if not recorded_if_inactive:
+                raise
+        return privileged.pool_zeroing_recorded(
+            self.vg.vg_name, self.thin_pool, execute=self._execute,
+            root_helper=self._root_helper)
 
     def clone_status(self, t):
         """The clone's parsed status; InvalidTable if it has no working one."""

@@ -311,7 +311,7 @@ class Destination(side.Side):
             reason = 'its source is still in use'
         else:
             try:
-                if not self.clones.reads_zeroes():
+                if not self.clones.reads_zeroes(recorded_if_inactive=True):
                     reason = ('its LV here would not read zeroes where '
                               'nothing is copied (a thick LV, or a thin '
                               'pool with skip_block_zeroing)')

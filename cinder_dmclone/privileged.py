@@ -928,6 +928,26 @@ def pool_zeroes(vg, pool, execute=None, root_helper=None):
     return thin.pool_zeroes(DMSetup(execute, root_helper).table(name), name)
 
 
+def pool_zeroing_recorded(vg, pool, execute=None, root_helper=None):
+    """True if LVM records that pool ``vg/pool`` zeroes new blocks.
+
+    ``lvs --binary -o zero``: what LVM will load into the pool's
+    thin-pool table at its next activation.  For a pool that is not
+    active (no thin LV yet), whose table :func:`pool_zeroes` cannot
+    read; an active pool's own table is the truth, never this.
+    """
+    out, _err = _run('lvs', '--noheadings', '--binary', '-o', 'zero',
+                     '%s/%s' % (layout.validate_vg_name(vg),
+                                layout.validate_lv_name(pool)),
+                     execute=execute, root_helper=root_helper)
+    flag = out.strip()
+    if flag not in ('0', '1'):
+        raise exception.LVSParseError(
+            line=out, reason='not the zeroing flag of thin pool %s/%s'
+            % (vg, pool))
+    return flag == '1'
+
+
 def thin_table(vg, lv, execute=None, root_helper=None):
     """The table of thin LV ``vg/lv``'s own device (``<vg>-<lv>``).
 

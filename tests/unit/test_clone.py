@@ -786,6 +786,7 @@ class ApplyMapTestCase(test.TestCase):
         self.t = make_move()
         self.discards = []
         self.table = '0 2097152 thin-pool 253:1 253:2 128 0 0\n'
+        self.recorded_zero = '1'
 
     def _build(self, hydrate):
         self.node.create_volumes(self.t, 1)
@@ -801,7 +802,14 @@ class ApplyMapTestCase(test.TestCase):
             self.dm.discard(HANDLE, offset, length)
             return '', ''
         if cmd_[:2] == ('dmsetup', 'table'):
+            if self.table is None:
+                raise processutils.ProcessExecutionError(
+                    exit_code=1, cmd=' '.join(cmd_),
+                    stderr='device-mapper: table ioctl on %s  failed: No '
+                    'such device or address\n' % cmd_[2])
             return self.table, ''
+        if cmd_[:3] == ('lvs', '--noheadings', '--binary'):
+            return '  %s\n' % self.recorded_zero, ''
         if cmd_[0] == 'dd':
             self.meta_vg.zero(cmd_[2][3:])
         return '', ''
@@ -881,6 +889,31 @@ class ApplyMapTestCase(test.TestCase):
         exc = self.assertRaises(dmc_exception.InvalidTable,
                                 self.node.apply_map, self.t, [(0, 1)])
         self.assertIn('read-only', str(exc))
+
+    def test_an_inactive_pool_answers_by_its_record_if_asked(self):
+        # A pool with no thin LV yet has no -tpool device (testbed run
+        # 20261126-203634-19093: every map into an empty pool was
+        # refused).  Before the build LVM's record answers; the check
+        # made once the LVs exist still reads the kernel's table only.
+        self.node.lvm_type = 'thin'
+        self.table = None
+        self.assertRaises(dmc_exception.DMDeviceNotFound,
+                          self.node.reads_zeroes)
+        self.assertTrue(self.node.reads_zeroes(recorded_if_inactive=True))
+        self.execute.assert_called_with(
+            *privileged.ENV_PREFIX, 'lvs', '--noheadings', '--binary',
+            '-o', 'zero', 'dmc-vg/dmc-vg-pool', run_as_root=True,
+            root_helper='sudo cinder-rootwrap')
+        self.recorded_zero = '0'
+        self.assertFalse(self.node.reads_zeroes(recorded_if_inactive=True))
+        self.recorded_zero = 'x'
+        self.assertRaises(dmc_exception.LVSParseError,
+                          self.node.reads_zeroes, recorded_if_inactive=True)
+        # an active pool: its table, whatever LVM records
+        self.table = '0 2097152 thin-pool 253:1 253:2 128 0 1 ' \
+            'skip_block_zeroing\n'
+        self.recorded_zero = '1'
+        self.assertFalse(self.node.reads_zeroes(recorded_if_inactive=True))
 
     def test_reads_zeroes_only_thin_in_a_zeroing_pool(self):
         self.assertFalse(self.node.reads_zeroes())

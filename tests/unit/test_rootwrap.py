@@ -88,6 +88,9 @@ class RootwrapFilterTestCase(test.TestCase):
         privileged.discard_regions('dmc-a', LV.rsplit('/', 1)[1],
                                    [(0, 128)], zero=True,
                                    execute=self._record)
+        privileged.pool_zeroing_recorded('cinder-volumes',
+                                         'cinder-volumes-pool',
+                                         execute=self._record)
 
     def _record(self, *cmd, **kwargs):
         self.commands.append(list(cmd))
@@ -96,6 +99,8 @@ class RootwrapFilterTestCase(test.TestCase):
                     '</superblock>', '')
         if cmd[2:3] == ('lvs',) and 'thin_id,pool_lv' in cmd:
             return '  1|cinder-volumes-pool\n', ''
+        if cmd[2:3] == ('lvs',) and 'zero' in cmd:
+            return '  1\n', ''
         if cmd[2:4] == ('dmsetup', 'table') and cmd[4].endswith('-tpool'):
             return '0 2097152 thin-pool 253:1 253:2 128 0 0\n', ''
         if cmd[2:4] == ('dmsetup', 'status') and 'volume--' in cmd[4]:
@@ -367,7 +372,14 @@ class RootwrapFilterTestCase(test.TestCase):
         for cmd in self.commands:
             self.assertRunsAsBuilt(self.filters, cmd)
         lvs, reserve, release, dump, table, lv_table, lv_status, \
-            pool_table, discard, _second, zero = self.commands
+            pool_table, discard, _second, zero, recorded = self.commands
+        self.assertEqual(ENV + ['lvs', '--noheadings', '--binary', '-o',
+                                'zero', 'cinder-volumes/cinder-volumes-pool'],
+                         recorded)
+        for bad in (recorded[:-1] + ['vg'],
+                    recorded[:-1] + ['vg/lv/x'],
+                    [c if c != 'zero' else 'lv_tags' for c in recorded]):
+            self.assertRefused(bad)
         self.assertEqual(ENV + ['dmsetup', 'table',
                                 'cinder--volumes-' + THIN_LV.replace(
                                     '-', '--')], lv_table)
