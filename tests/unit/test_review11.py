@@ -229,7 +229,20 @@ class ThinMapsRecordTestCase(test.TestCase):
             token, self.SECTORS // self.REGION, self.REGION))
 
 
-class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
+class ThinMapClusterTestCase(test_two_nodes.ClusterTestCase):
+    """Two nodes with thin pools and the thin map on (no tests here)."""
+
+    def setUp(self):
+        super().setUp()
+        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
+        self.a = self.c.a
+        self.b = self.c.b
+
+    def hydrating(self):
+        return self.b.dm.status(HANDLE)[0].clone.hydration_enabled
+
+
+class ZeroingGuardAfterRestartTestCase(ThinMapClusterTestCase):
     """R11-6, open point: the pool-zeroing guard outlives a restart.
 
     A clone whose regions node-b marked copied by a thin map (discards)
@@ -240,14 +253,14 @@ class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
     touch a clone that was not mapped.
     """
 
-    def setUp(self):
-        super().setUp()
-        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
-        self.a = self.c.a
-        self.b = self.c.b
-
-    def hydrating(self):
-        return self.b.dm.status(HANDLE)[0].clone.hydration_enabled
+    def assert_guarded_then_completed(self):
+        """The pool stops zeroing: hydration stops; back on, it completes."""
+        self.b.pool.zeroing = False
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
 
     def mapped_in_record(self):
         """Whether the record says this move's clone was mapped."""
@@ -369,12 +382,7 @@ class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual(2, len(set(first)))
         self.assertTrue(self.mapped_in_record())
         self.restart_b()
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating())
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
+        self.assert_guarded_then_completed()
 
     def test_a_mark_left_by_an_earlier_move_guards_no_later_one(self):
         # A clear cut short leaves keys without a state; a later move of
@@ -414,12 +422,7 @@ class ZeroingGuardAfterRestartTestCase(test_two_nodes.ClusterTestCase):
         self.assertNotEqual('volume-%s' % volume_id, LV)
         self.assertTrue(self.c.migrate(self.b))
         self.restart_b()
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating())
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
+        self.assert_guarded_then_completed()
 
     def test_a_given_up_move_leaves_no_mark(self):
         # (The pool stopped zeroing while the map was applied: the move

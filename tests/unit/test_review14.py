@@ -22,17 +22,16 @@ from tooz import coordination as tooz_coordination
 
 from cinder_dmclone import move
 from tests.harness import fake_cluster
-from tests.harness.fake_cluster import HANDLE
 from tests.unit import fakes
 from tests.unit import test_driver
 from tests.unit import test_move
-from tests.unit import test_two_nodes
+from tests.unit import test_review11
 
 VOLUME_ID = test_move.VOLUME_ID
 MARK = move.KEY_PREFIX + move.THIN_MAPPED
 
 
-class StaleWholeRecordWriteTestCase(test_two_nodes.ClusterTestCase):
+class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
     """R14-1: Cinder rewrites admin metadata whole, from a stale copy.
 
     ``Volume.begin_attach`` (the manager's ``attach_volume``, reached by
@@ -45,15 +44,6 @@ class StaleWholeRecordWriteTestCase(test_two_nodes.ClusterTestCase):
     once, not only after a restart (before the merge the running service
     kept it in memory).
     """
-
-    def setUp(self):
-        super().setUp()
-        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
-        self.a = self.c.a
-        self.b = self.c.b
-
-    def hydrating(self):
-        return self.b.dm.status(HANDLE)[0].clone.hydration_enabled
 
     def migrate_with_a_legacy_attach_in_flight(self):
         stale = {}
@@ -218,7 +208,7 @@ class LocalAttachWithoutCoordinationTestCase(test_driver.DriverTestBase):
 
 
 class StaleWholeRecordRegressesTheMoveTestCase(
-        test_two_nodes.ClusterTestCase):
+        test_review11.ThinMapClusterTestCase):
     """R14-4 (before this change): the same stale save rewinds the move.
 
     The API's copy of the admin metadata read while the move was
@@ -227,12 +217,6 @@ class StaleWholeRecordRegressesTheMoveTestCase(
     go).  What the nodes then do with a committed move recorded as
     ``preparing`` decides whether data is lost.
     """
-
-    def setUp(self):
-        super().setUp()
-        self.c = fake_cluster.Cluster(self, thin=True, thin_map=True)
-        self.a = self.c.a
-        self.b = self.c.b
 
     def rewound(self):
         stale = {}
