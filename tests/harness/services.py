@@ -216,6 +216,9 @@ class Stack(object):
         self.timings = {}
         #: per node: the database's time when its volume service started
         self._volume_started = {}
+        #: per node on another kernel: its boot id when its volume
+        #: service started (see :meth:`outlived_by`)
+        self._volume_boot = {}
         #: the volume services run the thin backend too (use_thin)
         self.thin = False
         #: the files (in /etc/cinder) passed after thin.conf (use_thin)
@@ -253,6 +256,17 @@ class Stack(object):
     def alive(self, name):
         proc = self.procs.get(name)
         return proc is not None and proc.poll() is None
+
+    def outlived_by(self, node):
+        """True when ``node`` booted since its volume service started.
+
+        The service of another kernel's node is a local nodelink process
+        (see :meth:`_spawn`) that outlives the node's power-off by up to
+        nodelink's keepalive bounds (minutes): :meth:`alive` still says
+        yes while nothing serves the node's backend.
+        """
+        started = self._volume_boot.get(node)
+        return started is not None and testbed.boot_id(node) != started
 
     def _stamp(self, what):
         self.timings[what] = round(time.monotonic() - self._t0, 1)
@@ -451,6 +465,8 @@ class Stack(object):
         # the database's clock: its rows' updated_at are in it
         self._volume_started[node] = self._db('SELECT UTC_TIMESTAMP()',
                                               check=False) or None
+        if node != testbed.local_node():
+            self._volume_boot[node] = testbed.boot_id(node)
         extra = ['--config-file', '%s/node-%s.conf' % (ETC, node)]
         if self.thin:
             for name in ('thin.conf',) + self.thin_extra:
@@ -843,6 +859,11 @@ def keep_running(s, cloud):
     # (The driver cluster's tests reboot node A.)
     cloud.forget_silent_nodes()
     for key in ('a', 'b'):
-        if not s.alive('volume-' + key):
-            LOG.info('volume-%s is not running: starting it', key)
+        name = 'volume-' + key
+        if s.alive(name) and s.outlived_by(key):
+            LOG.warning('node %s booted since %s started: its nodelink '
+                        'outlived it; stopping it', key.upper(), name)
+            end_group(s.procs[name])
+        if not s.alive(name):
+            LOG.info('%s is not running: starting it', name)
             s.restart_volume(key)

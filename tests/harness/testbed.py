@@ -981,6 +981,12 @@ def answers(node):
         return False
 
 
+def boot_id(node):
+    """``node``'s kernel's boot id: it changes with every boot."""
+    return run(['cat', '/proc/sys/kernel/random/boot_id'],
+               node=node).stdout.strip()
+
+
 def power_off(node):
     """Hard power-off of ``node``'s guest: nothing synced, all state lost.
 
