@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from unittest import mock
 
 from cinder.tests.unit import test
 import fixtures
@@ -751,6 +752,9 @@ class ThinBackendTestCase(test.TestCase):
                                                  return_value=''))
         self.cinder = self.useFixture(fixtures.MockPatchObject(
             self.stack, '_cinder')).mock
+        # this process runs on node B, which reads no node's boot id
+        self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'local_node', return_value='b'))
 
     def test_thin_conf_only_when_on(self):
         self.stack.start_volume('b')
@@ -872,3 +876,71 @@ class ThinBackendTestCase(test.TestCase):
                           thin['volume_backend_name']))
         self.assertEqual('default', both['dmclone']['lvm_type'])
         self.assertEqual('dmc-a', both['dmclone']['volume_group'])
+
+
+class RebootedNodeServiceTestCase(test.TestCase):
+    """A volume service whose node booted since it started is restarted.
+
+    The service of another kernel's node is a local nodelink process
+    that outlives its node's power-off by minutes: CI's run of 3bedf2b
+    had test_moves' first scenario wait ten minutes for node A's
+    service after test_kernels powered node A off and booted it.
+    """
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import services
+        self.services = services
+        self.stack = services.Stack(fake_topology(
+            'separate', self.useFixture(fixtures.TempDir()).path))
+        self.useFixture(fixtures.MockPatchObject(self.stack, '_db',
+                                                 return_value=''))
+        self.useFixture(fixtures.MockPatchObject(self.stack, '_cinder'))
+        self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'local_node', return_value='b'))
+        self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'answers', return_value=True))
+        self.boot = {'a': 'boot-1', 'b': 'boot-b'}
+        self.read = self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'boot_id',
+            side_effect=lambda node: self.boot[node])).mock
+        self.restarted = self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'restart_volume')).mock
+        self.ended = self.useFixture(fixtures.MockPatchObject(
+            services, 'end_group', side_effect=self._end)).mock
+        self.procs = {}
+        for key in 'ab':
+            proc = mock.Mock()
+            proc.poll.return_value = None
+            self.stack.procs['volume-' + key] = self.procs[key] = proc
+            self.stack.start_volume(key)
+
+    @staticmethod
+    def _end(proc):
+        proc.poll.return_value = -15
+
+    def keep_running(self):
+        self.services.keep_running(self.stack, mock.Mock())
+
+    def test_only_another_kernels_node_is_asked(self):
+        self.assertEqual([mock.call('a')], self.read.call_args_list)
+
+    def test_a_service_of_the_same_boot_is_kept(self):
+        self.assertFalse(self.stack.outlived_by('a'))
+        self.keep_running()
+        self.ended.assert_not_called()
+        self.restarted.assert_not_called()
+
+    def test_a_service_that_outlived_its_node_is_restarted(self):
+        self.boot['a'] = 'boot-2'
+        self.assertTrue(self.stack.outlived_by('a'))
+        self.keep_running()
+        self.ended.assert_called_once_with(self.procs['a'])
+        self.restarted.assert_called_once_with('a')
+
+    def test_a_dead_service_is_restarted_once(self):
+        self.boot['a'] = 'boot-2'
+        self.procs['a'].poll.return_value = 1
+        self.keep_running()
+        self.ended.assert_not_called()
+        self.restarted.assert_called_once_with('a')
