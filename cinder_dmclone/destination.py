@@ -342,29 +342,16 @@ class Destination(side.Side):
         (:meth:`_record_map`), and stops saying so if nothing was
         discarded after all (:meth:`_forget_map`).
         """
+        # The pool's zeroing was read before the build, from LVM's record
+        # if the pool had no thin LV yet: its table, now that the LVs
+        # exist, is read before the first discard as after the last.
+        self._refuse_unless_zeroing(volume, 0)
         self._record_map(volume, t)
         skipped = self.clones.apply_map(t, needed)
         if not skipped:
             self._forget_map(volume, t)
         else:
-            why = self._pool_not_zeroing()
-            if why is not None:
-                LOG.error('Volume %(vol)s: thin pool %(vg)s/%(pool)s no '
-                          'longer zeroes new blocks (%(why)s) after %(n)d '
-                          'regions of its clone were marked copied without '
-                          'a copy: a region copied into a chunk of the pool '
-                          'would leave the pool\'s old data in those '
-                          'regions. The move is given up. Keep the pool\'s '
-                          'zeroing on (lvchange --zero y) while moves with '
-                          'dmclone_thin_map run.',
-                          {'vol': volume['id'], 'vg': self.clones.vg.vg_name,
-                           'pool': self.clones.thin_pool, 'why': why,
-                           'n': skipped})
-                raise dmc_exception.InvalidTable(
-                    reason='thin pool %s/%s stopped zeroing new blocks '
-                           'while the map of volume %s was applied'
-                    % (self.clones.vg.vg_name, self.clones.thin_pool,
-                       volume['id']))
+            self._refuse_unless_zeroing(volume, skipped)
         total = dmsetup.region_count(t.clone_sectors, t.region_sectors)
         if skipped is None:
             LOG.info('Volume %(vol)s: every region is copied from %(src)s '
@@ -377,6 +364,31 @@ class Destination(side.Side):
                       'src': t.source_node})
         if hydrate:
             self.clones.enable_hydration(t)
+
+    def _refuse_unless_zeroing(self, volume, skipped):
+        """Give the move up (InvalidTable) unless the pool zeroes new blocks.
+
+        ``skipped``: the regions of the clone already marked copied
+        without a copy (0 before the discards).  A region copied into
+        a chunk of a pool that does not zero would leave the pool's old
+        data, another volume's, in those regions.
+        """
+        why = self._pool_not_zeroing()
+        if why is None:
+            return
+        LOG.error('Volume %(vol)s: thin pool %(vg)s/%(pool)s does not zero '
+                  'new blocks (%(why)s) with %(n)d regions of its clone '
+                  'marked copied without a copy: a region copied into a '
+                  'chunk of the pool would leave the pool\'s old data in '
+                  'regions never copied. The move is given up. Keep the '
+                  'pool\'s zeroing on (lvchange --zero y) while moves with '
+                  'dmclone_thin_map run.',
+                  {'vol': volume['id'], 'vg': self.clones.vg.vg_name,
+                   'pool': self.clones.thin_pool, 'why': why, 'n': skipped})
+        raise dmc_exception.InvalidTable(
+            reason='thin pool %s/%s does not zero new blocks while the map '
+                   'of volume %s is applied'
+            % (self.clones.vg.vg_name, self.clones.thin_pool, volume['id']))
 
     def _record_map(self, volume, t):
         """Mark move ``t`` thin mapped in its record, before any discard.

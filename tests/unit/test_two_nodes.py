@@ -3881,6 +3881,29 @@ class ThinMapTestCase(ClusterTestCase):
         self.c.settle()
         self.c.assert_rolled_back(aborted_ok=True)
 
+    def test_an_inactive_pool_turned_off_during_the_build_gives_up(self):
+        # The pool had no thin LV: LVM's record answered before the build
+        # (zeroing), then the pool was turned off (lvchange --zero n)
+        # before the LVs existed.  The kernel's table, read once they
+        # do, must win over the record read before.
+        self.b.pool.inactive_when_empty = True
+        recorded = self.b.pool._zero_recorded
+
+        def then_zeroing_off(cmd, lvs):
+            answer = recorded(cmd, lvs)
+            self.b.pool.zeroing = False
+            return answer
+        self.mock_object(self.b.pool, '_zero_recorded',
+                         side_effect=then_zeroing_off)
+        self.log.reset_mock()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertIn('zero_recorded', self.b.pool.calls)
+        self.assertIn('skip_block_zeroing',
+                      str(self.log.error.call_args_list))
+        self.c.settle()
+        self.c.assert_rolled_back(aborted_ok=True)
+
     def test_zeroing_turned_off_while_it_hydrates_stops_the_copy(self):
         self.assertTrue(self.c.migrate(self.b))
         self.b.pool.zeroing = False
