@@ -155,6 +155,19 @@ class WithdrawnAttachTestCase(OrphansTestCase):
                           self.c.attach, self.b)
         self.assert_stays_on_a()
 
+    def test_attach_withdrawn_before_its_move_read_it_is_refused(self):
+        # Nova gave up between the attach's first look (wants_move saw
+        # its attachment starting) and the move's own read: the move
+        # reads no attachment starting at all.  An empty set is an
+        # attach withdrawn, never one that may go on (before 590bd61 it
+        # let the move through).
+        self.during(self.a.source, '_attaches_starting',
+                    self.withdraw_newest)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.attach, self.b)
+        self.assertIn('was deleted before the move began', str(exc))
+        self.assert_stays_on_a()
+
     def test_orphan_deleted_during_an_attach_blocks_no_attach_for_ever(self):
         # The owner deletes its orphan while an attach on node-b builds.
         # Which of the two went cannot be told (the driver is never told
