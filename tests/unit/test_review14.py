@@ -17,6 +17,7 @@
 import unittest
 
 from cinder import context
+from cinder import exception
 from cinder.tests.unit import test
 from tooz import coordination as tooz_coordination
 
@@ -256,3 +257,46 @@ class StaleWholeRecordRegressesTheMoveTestCase(
         self.rewound()
         self.c.restart(self.b)
         self.assert_kept()
+
+    # What else may meet a committed move rewound to ``preparing``.
+
+    def test_a_delete_removes_every_copy(self):
+        # The owner deletes the volume; Cinder routes it to node-b.
+        self.rewound()
+        self.c.delete()
+        self.c.settle(ticks=8)
+        self.c.assert_deleted()
+
+    def test_a_delete_after_a_start_removes_every_copy(self):
+        self.rewound()
+        self.c.restart(self.b)
+        self.c.delete()
+        self.c.settle(ticks=8)
+        self.c.assert_deleted()
+
+    def test_a_migration_back_loses_nothing(self):
+        # A retype with migration (or cinder migrate) back to node-a is
+        # refused while the record says preparing: the volume stays
+        # whole on node-b, its copy finished there.
+        self.rewound()
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.a)
+        self.c.settle(ticks=40)
+        self.assertEqual([], self.c.violations)
+        self.assertIs(self.b, self.c.owner())
+        self.assertTrue(self.b.vg.lvs[fake_cluster.LV]['complete'])
+
+    # Known defect, open: the rewound record stays ``preparing`` for ever
+    # (Destination.named_here_while_preparing only logs, for an operator
+    # to set the state back), so every later move, migration or retype of
+    # the volume is refused as "moving".  Nothing is lost; node-b could
+    # roll the move forward itself (a compare-and-set on the same move:
+    # the record names node-b only after the source committed).
+    @unittest.expectedFailure
+    def test_the_rewound_move_is_rolled_forward(self):
+        self.rewound()
+        self.c.settle(ticks=40)
+        self.c.migrate(self.a)
+        self.c.settle(ticks=40)
+        self.assertEqual([], self.c.violations)
+        self.assertIs(self.a, self.c.owner())
