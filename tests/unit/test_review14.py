@@ -31,6 +31,11 @@ VOLUME_ID = test_move.VOLUME_ID
 MARK = move.KEY_PREFIX + move.THIN_MAPPED
 
 
+def is_mark(key):
+    """A thin-mapped mark's key: the old single key or one per move."""
+    return key.startswith(MARK)
+
+
 class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
     """R14-1: Cinder rewrites admin metadata whole, from a stale copy.
 
@@ -107,7 +112,8 @@ class LateMarkTestCase(test.TestCase):
     the later move's mark with the given-up move's tag: the later
     move's clone, whose regions were discarded, is no longer guarded.
     The same for ``forget_thin_map``: its delete is by key, after a
-    check made by another call.
+    check made by another call.  (Fixed: a key per move; each write or
+    delete names only its own move's.)
     """
 
     def setUp(self):
@@ -128,9 +134,6 @@ class LateMarkTestCase(test.TestCase):
         self.assertTrue(self.load().thin_mapped)
         return later
 
-    # Known defect, R14-2 open: one mark key per volume; a key per move
-    # is not built yet.  Passing here fails the run (unexpected success).
-    @unittest.expectedFailure
     def test_a_late_mark_replaces_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
@@ -138,7 +141,7 @@ class LateMarkTestCase(test.TestCase):
         late = []
 
         def delayed(ctxt, volume_id, md, delete, *args, **kwargs):
-            if MARK in md and not late:
+            if any(is_mark(k) for k in md) and not late:
                 late.append(None)
                 late[0] = self.later_move_marked_meanwhile()
             return update(ctxt, volume_id, md, delete, *args, **kwargs)
@@ -151,9 +154,6 @@ class LateMarkTestCase(test.TestCase):
                         'R14-2: the later move lost its mark to the late '
                         'write of a move given up')
 
-    # Known defect, R14-2 open: one mark key per volume; a key per move
-    # is not built yet.  Passing here fails the run (unexpected success).
-    @unittest.expectedFailure
     def test_a_late_forget_drops_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
@@ -162,7 +162,7 @@ class LateMarkTestCase(test.TestCase):
         late = []
 
         def delayed(ctxt, volume_id, key):
-            if key == MARK and not late:
+            if is_mark(key) and not late:
                 late.append(None)
                 late[0] = self.later_move_marked_meanwhile()
             return delete(ctxt, volume_id, key)
