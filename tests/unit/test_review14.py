@@ -47,7 +47,9 @@ class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
     written in between -- the destination's ``dmclone_thin_mapped`` --
     is deleted.  The guard then reads the record each tick: it is off at
     once, not only after a restart (before the merge the running service
-    kept it in memory).
+    kept it in memory).  (Fixed: the running service remembers the
+    clones it mapped, and after a restart the destination's own mark on
+    its node counts: see NodeMarkTestCase.)
     """
 
     def migrate_with_a_legacy_attach_in_flight(self):
