@@ -35,6 +35,7 @@ from cinder_dmclone import attachments
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
+from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import side
@@ -75,7 +76,10 @@ class Destination(side.Side):
     Besides the shared tools (see :class:`~cinder_dmclone.side.Side`):
     ``clones``, this node's :class:`~cinder_dmclone.clone.Clones`, and
     ``tuning(volume_type)``, the hydration threshold and batch size of a
-    volume type (see :func:`hydration_tuning`).
+    volume type (see :func:`hydration_tuning`); ``marks``, this node's
+    own marks of clones thin mapped here
+    (:class:`~cinder_dmclone.map_mark.MapMarks`; None only in tests that
+    never map a clone).
     """
 
     #: Seconds the monitor leaves a source alone after a call to it timed
@@ -85,13 +89,14 @@ class Destination(side.Side):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  tuning, clock=time.monotonic, service_host=None,
-                 thin_map=False):
+                 thin_map=False, marks=None):
         super().__init__(node_names, node_name, store, peer_client,
                          service_host=service_host)
         self.clones = clones
         self.tuning = tuning
         #: apply the region maps of thin sources (dmclone_thin_map).
         self.thin_map = thin_map
+        self.marks = marks
         self._clock = clock
         #: source node -> until when the monitor does not call it.
         self.resting = {}
@@ -115,10 +120,10 @@ class Destination(side.Side):
         #: volumes whose prepare runs here now (see drop_stale_prepare).
         self.building = set()
         #: volume id -> the secret of its move whose clone this process
-        #: marked thin mapped (see was_mapped): the guard holds in this
-        #: process even if the record's mark is dropped meanwhile (R14-1:
-        #: Cinder's Volume.save rewrites admin metadata whole, from a
-        #: stale copy; R14-2: a late write of a move given up).
+        #: marked thin mapped, or found marked here (see was_mapped): the
+        #: guard holds in this process even if the record's mark is
+        #: dropped meanwhile (Cinder's Volume.save rewrites admin
+        #: metadata whole, from a stale copy).
         self.mapped = {}
         #: volume id -> (secret, when) this node first saw that move
         #: preparing, on its own clock (see prepare_age).
@@ -238,7 +243,8 @@ class Destination(side.Side):
         LVM alone tells (:meth:`old_copy`): no database read, so a
         half-built clone goes also while the database is away.  A move
         past ``preparing`` was built (the check passed), so its data LV
-        is its own.
+        is its own.  This node's thin-mapped mark of the volume goes
+        with the clone (:meth:`drop_node_mark`).
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
                              and self.old_copy(t)) or self.kept_copy(volume, t)
@@ -249,6 +255,7 @@ class Destination(side.Side):
                         'volume, for an operator to remove.',
                         {'lv': t.lv_name, 'vol': volume['id']})
         self.clones.tear_down(t, volume['provider_auth'], keep_data=keep)
+        self.drop_node_mark(volume['id'])
 
     def _build(self, volume, step, t):
         self.lv_volumes[t.lv_name] = volume['id']
@@ -391,20 +398,27 @@ class Destination(side.Side):
             % (self.clones.vg.vg_name, self.clones.thin_pool, volume['id']))
 
     def _record_map(self, volume, t):
-        """Mark move ``t`` thin mapped in its record, before any discard.
+        """Mark move ``t`` thin mapped (record and node) before any discard.
 
         The guard on the clone's hydration (:meth:`guard_pool_zeroing`)
-        must outlive this process: every later start reads it from the
-        record (:meth:`rebuild`, the monitor), and a crash right after
-        a discard must not lose it, so it is durable first.  A mark
-        whose discards never ran is harmless (it only stops hydration
-        while the pool does not zero).  A failure gives the move up,
-        before anything is discarded (ThinMapNotRecorded): its space
-        was counted with the map, so it cannot copy every region
-        instead.
+        must outlive this process: every later start reads it
+        (:meth:`rebuild`, the monitor: :meth:`was_mapped`), and a crash
+        right after a discard must not lose it, so it is durable first.
+        Twice: the record's mark is seen from every node, but a stale
+        whole write of the volume's admin metadata (Cinder's
+        ``Volume.save``) can drop it; this node's own file
+        (:mod:`~cinder_dmclone.map_mark`) nothing else writes.  The
+        record first: its write checks that the move is still this one.
+        A mark whose discards never ran is harmless (it only stops
+        hydration while the pool does not zero).  A failure of either
+        gives the move up, before anything is discarded
+        (ThinMapNotRecorded): its space was counted with the map, so it
+        cannot copy every region instead.
         """
         try:
             self.store.mark_thin_mapped(self.ctxt(), t)
+            if self.marks is not None:
+                self.marks.write(volume['id'], move.thin_map_tag(t.secret))
         except Exception as exc:
             raise dmc_exception.ThinMapNotRecorded(
                 volume=volume['id'], reason=exc) from exc
@@ -419,6 +433,7 @@ class Destination(side.Side):
         """
         if self.mapped.get(volume['id']) == t.secret:
             del self.mapped[volume['id']]
+        self.drop_node_mark(volume['id'])
         try:
             self.store.forget_thin_map(self.ctxt(), t)
         except Exception:
@@ -426,6 +441,27 @@ class Destination(side.Side):
                         'although nothing was discarded; its hydration '
                         'stops whenever the thin pool here does not zero '
                         'new blocks.', volume['id'], exc_info=True)
+
+    def drop_node_mark(self, volume_id):
+        """Remove this node's mark of ``volume_id``'s clone, if any.
+
+        Once that clone is gone (torn down, swapped to linear) or was
+        never mapped: no clone of the volume here needs it.  A failure
+        is only logged: a mark left names its move alone (a later move
+        of the volume finds it inert, and its build replaces or removes
+        it), and at worst pauses that move's hydration while the pool
+        does not zero.
+        """
+        if self.marks is None:
+            return
+        try:
+            self.marks.remove(volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its thin-mapped mark here '
+                        '(%(dir)s) could not be removed; it is inert for '
+                        'any later move of the volume.',
+                        {'vol': volume_id, 'dir': self.marks.directory},
+                        exc_info=True)
 
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
@@ -439,14 +475,43 @@ class Destination(side.Side):
     def was_mapped(self, t):
         """True if move ``t``'s clone was thin mapped (or about to be).
 
-        As the move's record says (:meth:`_record_map`): also after a
-        restart or a reboot of this node; or as this process remembers
-        (:attr:`mapped`), should the record's mark have been dropped.
+        As the move's record says (:meth:`_record_map`), or this node's
+        own mark (:meth:`_marked_here`): also after a restart or a
+        reboot of this node, should a stale write have dropped the
+        record's; or as this process remembers (:attr:`mapped`).
         Never the clone's ``no_discard_passdown``: dm-clone reports that
         as well over any destination that cannot discard.
         """
-        return t.thin_mapped or bool(
-            t.secret and self.mapped.get(t.volume_id) == t.secret)
+        if t.thin_mapped:
+            return True
+        if not t.secret:
+            return False
+        if self.mapped.get(t.volume_id) != t.secret and self._marked_here(t):
+            self.mapped[t.volume_id] = t.secret
+        return self.mapped.get(t.volume_id) == t.secret
+
+    def _marked_here(self, t):
+        """True if this node's mark names move ``t`` (or cannot be read).
+
+        A mark of another move is inert.  One that cannot be read might
+        be this move's: the clone is taken as mapped (logged), which at
+        worst pauses its hydration while the pool does not zero.
+        """
+        if self.marks is None:
+            return False
+        try:
+            value = self.marks.read(t.volume_id)
+        except map_mark.MarkNameInvalid:
+            return False    # (no mark was ever written under it)
+        except Exception:
+            LOG.warning('Volume %(vol)s: this node\'s thin-mapped mark '
+                        '(%(dir)s) cannot be read; its clone is guarded as '
+                        'if mapped: its hydration stops while the thin pool '
+                        'here does not zero new blocks.',
+                        {'vol': t.volume_id, 'dir': self.marks.directory},
+                        exc_info=True)
+            return True
+        return map_mark.same_tag(value, move.thin_map_tag(t.secret))
 
     def guard_pool_zeroing(self, volume_id, t, status):
         """Hydrate a clone built with a map only while its pool zeroes.
@@ -1008,12 +1073,35 @@ class Destination(side.Side):
         except Exception as exc:
             raise dmc_exception.SourceUnreachable(
                 volume=volume.id, node=t.source_node, reason=exc) from exc
+        self._drop_stale_node_mark(t)
         guarded = self._guarded(t)
         self.clones.build_clone(
             t, path, hydrate and not (guarded and self._stop_for_pool(t)),
             threshold, batch)
         if guarded:
             self._guard_at_start(t)
+
+    def _drop_stale_node_mark(self, t):
+        """Remove this node's mark of another move of ``t``'s volume.
+
+        It guards nothing (it is inert: :meth:`_marked_here`), and the
+        clone built again here is ``t``'s.  Only while no prepare of the
+        volume runs in this process (:attr:`building`), whose mark may
+        be newer than the record read here.  A mark that cannot be read
+        stays (:meth:`was_mapped` reports it).
+        """
+        if self.marks is None or t.volume_id in self.building:
+            return
+        try:
+            value = self.marks.read(t.volume_id)
+        except Exception:
+            return
+        if value is None or (t.secret and map_mark.same_tag(
+                value, move.thin_map_tag(t.secret))):
+            return
+        LOG.info('Volume %s: removing a thin-mapped mark here left by an '
+                 'earlier move of it.', t.volume_id)
+        self.drop_node_mark(t.volume_id)
 
     def _guarded(self, t):
         """True if move ``t``'s clone hydrates only while its pool zeroes.
@@ -1257,6 +1345,7 @@ class Destination(side.Side):
                                           move.FINALIZING)
                 self.clones.swap_to_linear(t)
                 self.clones.remove_metadata(t)
+                self.drop_node_mark(volume_id)
                 if self.source_resting(t):
                     # (The swap needs no source: done, the retire waits.)
                     self.pending_finalize.add(volume_id)

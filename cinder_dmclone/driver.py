@@ -57,6 +57,7 @@ from cinder_dmclone import clone  # noqa: E402
 from cinder_dmclone import dmsetup  # noqa: E402
 from cinder_dmclone import exception as dmc_exception  # noqa: E402
 from cinder_dmclone import layout  # noqa: E402
+from cinder_dmclone import map_mark  # noqa: E402
 from cinder_dmclone import move  # noqa: E402
 from cinder_dmclone import opts  # noqa: E402
 from cinder_dmclone import peer  # noqa: E402
@@ -308,8 +309,15 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 service_host=volume_utils.extract_host(
                     self.host or CONF.host, 'host'),
                 thin_maps=(self._thin_maps()
-                           if conf.dmclone_thin_map else None))
+                           if conf.dmclone_thin_map else None),
+                map_marks=map_mark.MapMarks(
+                    map_mark.marks_dir(self._state_dir())))
         return self._moves
+
+    @staticmethod
+    def _state_dir():
+        """This service's own files: ``<state_path>/dmclone``."""
+        return os.path.join(CONF.state_path, 'dmclone')
 
     def _thin_maps(self):
         """What reads the map of a thin LV here (dmclone_thin_map).
@@ -320,7 +328,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """
         return region_map.ThinMaps(
             self.node_name, self.configuration.volume_group,
-            os.path.join(CONF.state_path, 'dmclone'), execute=self._execute,
+            self._state_dir(), execute=self._execute,
             root_helper=utils.get_root_helper(),
             stream=privileged.stream_output,
             max_mappings=self.configuration.dmclone_thin_map_max_mappings)

@@ -114,8 +114,10 @@ class RegionMapInvalid(exception.InvalidInput):
 class ThinMapNotRecorded(exception.VolumeBackendAPIException):
     """The mark that a clone is thin mapped could not be recorded.
 
-    The mark must be in the move's record before the first discard (see
-    :meth:`cinder_dmclone.move.Store.mark_thin_mapped`), and the move's
+    The mark must be in the move's record and on the destination's node
+    before the first discard (see
+    :meth:`cinder_dmclone.move.Store.mark_thin_mapped` and
+    :mod:`cinder_dmclone.map_mark`), and the move's
     space was counted with its map, so it cannot fall back to copying
     every region either: it is given up, with nothing discarded.
     """

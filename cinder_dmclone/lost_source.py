@@ -75,6 +75,7 @@ from cinder.i18n import _
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
+from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import privileged
 
@@ -297,6 +298,7 @@ class LostSource(object):
             self._map_linear(t)
         self.dm.remove(self._stand_in_name(t))
         self.clones.disconnect_source(t, volume['provider_auth'])
+        self._drop_node_mark(volume['id'])
         self.store.forget_source_export(ctxt, volume['id'])
         if not self.set_status(ctxt, volume, 'error', SETTLED):
             raise Refused(volume=volume['id'], reason=_(
@@ -334,6 +336,22 @@ class LostSource(object):
                     'node (a delete removed it), nothing of it is left '
                     'here; recorded as lost whole (%(path)s).',
                     {'vol': volume['id'], 'lv': t.lv_name, 'path': path})
+
+    def _drop_node_mark(self, volume_id):
+        """The clone is gone: this node's thin-mapped mark of it goes.
+
+        (Under the service's state directory, which this command shares:
+        see :mod:`~cinder_dmclone.map_mark`.)  A failure is only logged:
+        a mark left is inert for any later move of the volume.
+        """
+        marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir))
+        try:
+            marks.remove(volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its thin-mapped mark (%(dir)s) '
+                        'could not be removed; it is inert.',
+                        {'vol': volume_id, 'dir': marks.directory},
+                        exc_info=True)
 
     def _stand_in_name(self, t):
         return layout.lost_source_name(self.clones.vg.vg_name, t.lv_name)

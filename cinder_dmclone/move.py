@@ -126,13 +126,22 @@ EXPORT_KEY = KEY_PREFIX + 'move_export'
 #: :data:`EXPORT_KEY` was written with it: a move without it was
 #: recorded by an older release, which did not record that ACL.
 EXPORT_RECORDED = 'export_recorded'
+#: The one key per volume under which release 1.x marked a move thin
+#: mapped (see THIN_MAPPED_PREFIX).  Still honoured on load when its
+#: value is the move's tag (an upgrade during a move keeps the guard),
+#: never written; one of the move's keys, cleared with it.
+THIN_MAPPED = 'thin_mapped'
 #: Written by a move's destination before the first discard of a thin
 #: map into its clone (see Store.mark_thin_mapped): regions of that
 #: clone read as copied only while the destination's thin pool zeroes
 #: new blocks, so its hydration must be guarded
 #: (Destination.guard_pool_zeroing), by every later start of the
-#: destination's service too.  One of the move's keys, cleared with it.
-THIN_MAPPED = 'thin_mapped'
+#: destination's service too.  One key per move (:func:`thin_mapped_key`):
+#: the mark's check and write are two calls without a lock, so a late
+#: write or delete of a move given up must touch only its own key,
+#: never a later move's.  Every key under the prefix goes when a move is
+#: recorded or cleared.
+THIN_MAPPED_PREFIX = KEY_PREFIX + THIN_MAPPED + '_'
 #: what a move in ``cloned`` waits for before it may commit (operators
 #: see them in the status tool; gone once it commits).
 WAIT_KEYS = ('stale_source_attachment', 'awaiting_source')
@@ -205,6 +214,22 @@ def thin_map_tag(secret):
     """
     return hashlib.sha256(('dmclone-thin-mapped:%s' % secret).encode(
         'utf-8')).hexdigest()[:32]
+
+
+def thin_mapped_key(secret):
+    """The admin metadata key of the move with ``secret``'s mark.
+
+    Named by that move's tag (:func:`thin_map_tag`, well under Cinder's
+    255 characters), so no other move reads, writes or deletes it.
+    """
+    return THIN_MAPPED_PREFIX + thin_map_tag(secret)
+
+
+def thin_mapped_keys(metadata):
+    """Every thin-mapped mark in ``metadata``: per move, and the old key."""
+    return sorted(k for k in (metadata or {})
+                  if k.startswith(THIN_MAPPED_PREFIX)
+                  or k == KEY_PREFIX + THIN_MAPPED)
 
 
 def old_copy_key(node):
@@ -507,14 +532,21 @@ class Move:
     def _thin_mapped(metadata, secret):
         """True if ``metadata`` marks the move with ``secret`` mapped.
 
-        A mark of another move (left by a clear cut short) is inert,
-        as is any value but this move's tag: never an error.
+        Under this move's key (:func:`thin_mapped_key`), or under the
+        single key of the previous release (:data:`THIN_MAPPED`), with
+        this move's tag as the value.  A mark of another move (a late
+        write of a move given up, a clear cut short) is inert, as is any
+        other value: never an error.
         """
-        value = metadata.get(KEY_PREFIX + THIN_MAPPED)
-        if not secret or not isinstance(value, str):
+        if not secret:
             return False
-        return hmac.compare_digest(value.encode('utf-8'),
-                                   thin_map_tag(secret).encode('utf-8'))
+        tag = thin_map_tag(secret).encode('utf-8')
+        for key in (thin_mapped_key(secret), KEY_PREFIX + THIN_MAPPED):
+            value = metadata.get(key)
+            if isinstance(value, str) and hmac.compare_digest(
+                    value.encode('utf-8'), tag):
+                return True
+        return False
 
     @classmethod
     def metadata_keys(cls):
@@ -592,9 +624,10 @@ class Store(object):
         source's transfer timeout and a margin), its deadline.  With
         ``initiator`` (the destination's, which the source's export now
         admits), :data:`EXPORT_KEY` in the same write.
-        Progress and a thin map's mark left by an earlier move (a clear
-        that a crash cut short) go first: they must never be taken for
-        this move's (the mark is bound to its move's secret anyway).
+        Progress and every thin map's mark left by an earlier move (a
+        clear that a crash cut short, a late mark of a move given up) go
+        first: they must never be taken for this move's (a mark is bound
+        to its move's secret anyway), nor stay for ever.
         """
         if not t.secret:
             t.secret = self.new_secret()
@@ -602,8 +635,10 @@ class Store(object):
         t.prepare_deadline = (None if budget is None
                               else t.prepared_at + int(budget))
         t.thin_mapped = False
+        md = self.db.volume_admin_metadata_get(ctxt, t.volume_id)
         self._delete(ctxt, t.volume_id,
-                     [KEY_PREFIX + k for k in PROGRESS_KEYS + (THIN_MAPPED,)])
+                     [KEY_PREFIX + k for k in PROGRESS_KEYS]
+                     + thin_mapped_keys(md))
         md = t.to_metadata()
         if initiator:
             value = '%s %s' % (t.source_node, initiator.lower())
@@ -753,20 +788,23 @@ class Store(object):
         if found is not None:
             raise MoveStateConflict(volume_id=t.volume_id,
                                     expected=PREPARING, found=found)
+        # Under this move's own key: should this write land late, after
+        # the move was given up and a later one marked, it names only
+        # this move, and the next save or clear removes it.
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id,
-            {KEY_PREFIX + THIN_MAPPED: thin_map_tag(t.secret)}, False)
+            {thin_mapped_key(t.secret): thin_map_tag(t.secret)}, False)
         t.thin_mapped = True
 
     def forget_thin_map(self, ctxt, t):
         """No region of move ``t``'s clone was marked copied after all.
 
         (Its clone was open, or the source needed every region: nothing
-        was discarded.)  Only while the record still describes ``t``: a
-        later move's keys are never touched.
+        was discarded.)  Only ``t``'s own key goes: a later move's mark
+        is never touched, however late this runs.
         """
-        if t.same_move(self.load(ctxt, t.volume_id)):
-            self._delete(ctxt, t.volume_id, [KEY_PREFIX + THIN_MAPPED])
+        if t.secret:
+            self._delete(ctxt, t.volume_id, [thin_mapped_key(t.secret)])
         t.thin_mapped = False
 
     def mark_stale_source_attachment(self, ctxt, t):
@@ -890,14 +928,34 @@ class Store(object):
                             'record describes another move now.', volume_id)
                 return
         # The state key goes first: without it the other keys are inert,
-        # so a crash part-way leaves no half-described move behind.
+        # so a crash part-way leaves no half-described move behind.  The
+        # marks of every move (its own, late ones of moves given up) go
+        # last, read once the state is gone.
         state = KEY_PREFIX + 'state'
         keys = [state] + [k for k in Move.metadata_keys() if k != state]
+        self._delete_each(ctxt, volume_id, keys)
+        self._delete_each(ctxt, volume_id, [
+            k for k in self._marks(ctxt, volume_id) if k not in keys])
+
+    def _delete_each(self, ctxt, volume_id, keys):
+        """Delete ``keys`` unread, ignoring Cinder's errors (see clear)."""
         for key in keys:
             try:
                 self.db.volume_admin_metadata_delete(ctxt, volume_id, key)
             except exception.CinderException:
                 pass
+
+    def _marks(self, ctxt, volume_id):
+        """The thin-mapped marks' keys in the record ([] if unreadable).
+
+        A clear ignores Cinder's errors (a volume deleted meanwhile has
+        no record left to clear), so this read does too.
+        """
+        try:
+            return thin_mapped_keys(
+                self.db.volume_admin_metadata_get(ctxt, volume_id))
+        except exception.CinderException:
+            return []
 
     def forget_source_export(self, ctxt, volume_id):
         """The source's export is gone: the record stops naming it.

@@ -47,6 +47,7 @@ from cinder.volume import volume_utils
 from cinder_dmclone import clone
 from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
+from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import peer
 from cinder_dmclone import privileged
@@ -113,6 +114,8 @@ class Node(object):
         #: the service's state directory (records of held metadata
         #: snapshots): on disk, so it outlives restarts and reboots.
         self.state_dir = cluster.test.useFixture(fixtures.TempDir()).path
+        #: the node's own marks of clones thin mapped here (under it too).
+        self.marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir))
         self.executed = []
         self.has_service = True
         self.service_up = True
@@ -135,7 +138,8 @@ class Node(object):
             wiper=self.wiper, region_sectors=REGION, tuning=TUNING,
             interval=10, ensure_export=self._export_moving_away,
             clock=lambda: self.cluster.now,
-            thin_maps=self.thin_maps() if self.cluster.thin_map else None)
+            thin_maps=self.thin_maps() if self.cluster.thin_map else None,
+            map_marks=self.marks)
         self.source = self.moves.source
         self.source._lio_acls = self._acls
         self.source._lio_target_exists = (

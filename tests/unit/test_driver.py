@@ -43,6 +43,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import hydration
+from cinder_dmclone import map_mark
 from cinder_dmclone import opts
 from cinder_dmclone import privileged
 from cinder_dmclone import region_map
@@ -409,6 +410,16 @@ class SetupTestCase(DriverTestBase):
         self.assertEqual('node-a', maps.node_name)
         self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone'),
                          maps.record_dir)
+
+    def test_thin_mapped_marks_under_the_state_dir_even_when_off(self):
+        # (A clone mapped before the option was turned off keeps its
+        # guard after a restart.)
+        for on in (True, False):
+            drv = self._make_driver(dmclone_thin_map=on)
+            marks = drv.moves.destination.marks
+            self.assertIsInstance(marks, map_mark.MapMarks)
+            self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone',
+                                          'thin-mapped'), marks.directory)
 
     def test_start_releases_snapshots_left_held_even_when_off(self):
         release = self.mock_object(region_map.ThinMaps, 'release_leftovers')

@@ -39,6 +39,7 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import hydration
 from cinder_dmclone import layout
 from cinder_dmclone import lost_source
+from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import recovery
 from cinder_dmclone import source
@@ -304,6 +305,16 @@ class AbandonTestCase(test.TestCase):
         self.assertEqual([(REGION_BYTES * (REGIONS // 2 - 3),
                            REGION_BYTES * (REGIONS // 2 + 3))],
                          h.expected_ranges())
+
+    def test_the_nodes_thin_mapped_mark_goes(self):
+        # (The command runs on the destination, in the service's
+        # <state_path>/dmclone: the clone it ends needs no guard.)
+        h = Harness(self, hydrated=range(10))
+        marks = map_mark.MapMarks(map_mark.marks_dir(h.state_dir))
+        marks.write(cl.VOLUME_ID, move.thin_map_tag(h.t.secret))
+        h.lose_a()
+        h.assert_abandoned(h.run())
+        self.assertIsNone(marks.read(cl.VOLUME_ID))
 
     def test_scattered_writes_and_copies(self):
         # Hydrated front to back, plus whole-region writes of the

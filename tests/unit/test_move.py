@@ -572,17 +572,29 @@ class ThinMappedMarkTestCase(test.TestCase):
     def load(self):
         return self.store.load(self.ctxt, VOLUME_ID)
 
+    def marks(self):
+        """Every thin-mapped mark in the record, old key or per move."""
+        return {k: v for k, v in self.db.admin_metadata[VOLUME_ID].items()
+                if k.startswith('dmclone_thin_mapped')}
+
     def test_a_new_move_is_not_mapped(self):
         self.assertFalse(self.load().thin_mapped)
-        self.assertNotIn('dmclone_thin_mapped', self.t.to_metadata())
+        self.assertEqual({}, {k: v for k, v in self.t.to_metadata().items()
+                              if k.startswith('dmclone_thin_mapped')})
 
     def test_marked_while_preparing(self):
         self.store.mark_thin_mapped(self.ctxt, self.t)
         self.assertTrue(self.t.thin_mapped)
         self.assertTrue(self.load().thin_mapped)
-        # (Not the secret itself: a tag bound to it.)
-        value = self.db.admin_metadata[VOLUME_ID]['dmclone_thin_mapped']
-        self.assertNotIn(self.t.secret, value)
+        # (Under a key of this move's own, never the secret itself: a
+        # tag bound to it.)
+        marks = self.marks()
+        self.assertEqual([move.thin_mapped_key(self.t.secret)], list(marks))
+        self.assertEqual(move.thin_map_tag(self.t.secret),
+                         marks[move.thin_mapped_key(self.t.secret)])
+        for key, value in marks.items():
+            self.assertNotIn(self.t.secret, key + value)
+            self.assertLessEqual(len(key), move.VALUE_LIMIT)
         # Later steps keep it; the move's end clears it.
         self.store.transition(self.ctxt, self.t, (move.PREPARING,),
                               move.HYDRATING)
@@ -611,22 +623,57 @@ class ThinMappedMarkTestCase(test.TestCase):
 
     def test_a_mark_of_another_move_is_inert(self):
         self.store.mark_thin_mapped(self.ctxt, self.t)
-        stale = self.db.admin_metadata[VOLUME_ID]['dmclone_thin_mapped']
+        stale = self.marks()
         self.store.clear(self.ctxt, VOLUME_ID, self.t)
         later = make_move()
         self.store.save(self.ctxt, later)
         self.assertNotEqual(self.t.secret, later.secret)
-        # (Left by a clear cut short, written back after the save.)
-        self.db.admin_metadata[VOLUME_ID]['dmclone_thin_mapped'] = stale
+        # (A late write of a move given up, after the save.)
+        self.db.admin_metadata[VOLUME_ID].update(stale)
         self.assertFalse(self.load().thin_mapped)
-        self.db.admin_metadata[VOLUME_ID]['dmclone_thin_mapped'] = 'x\xe9'
+        # (Under the later move's key or the old one, any other value.)
+        md = self.db.admin_metadata[VOLUME_ID]
+        for key in (move.thin_mapped_key(later.secret),
+                    'dmclone_thin_mapped'):
+            for value in ('x\xe9', list(stale.values())[0], ''):
+                md[key] = value
+                self.assertFalse(self.load().thin_mapped)
+                del md[key]
+
+    def test_a_new_move_drops_every_leftover_mark(self):
+        self.store.mark_thin_mapped(self.ctxt, self.t)
+        given_up = make_move(secret='cd' * 16)
+        self.db.admin_metadata[VOLUME_ID].update({
+            move.thin_mapped_key(given_up.secret):
+                move.thin_map_tag(given_up.secret),
+            'dmclone_thin_mapped': move.thin_map_tag(self.t.secret)})
+        self.store.save(self.ctxt, make_move())
+        self.assertEqual({}, self.marks())
+
+    def test_clear_drops_every_leftover_mark(self):
+        self.store.mark_thin_mapped(self.ctxt, self.t)
+        # (A late mark of a move given up before this one was recorded.)
+        given_up = make_move(secret='cd' * 16)
+        self.db.admin_metadata[VOLUME_ID][
+            move.thin_mapped_key(given_up.secret)] = move.thin_map_tag(
+                given_up.secret)
+        self.db.admin_metadata[VOLUME_ID]['dmclone_thin_mapped'] = 'x'
+        self.store.clear(self.ctxt, VOLUME_ID, self.t)
+        self.assertEqual({}, self.marks())
+
+    def test_a_mark_of_the_previous_release_is_honoured(self):
+        # (One key per volume; an upgrade during the move keeps its guard.)
+        md = self.db.admin_metadata[VOLUME_ID]
+        md['dmclone_thin_mapped'] = move.thin_map_tag(self.t.secret)
+        self.assertTrue(self.load().thin_mapped)
+        md['dmclone_thin_mapped'] = move.thin_map_tag('ef' * 16)
         self.assertFalse(self.load().thin_mapped)
 
-    def test_a_new_move_drops_a_leftover_mark(self):
-        self.store.mark_thin_mapped(self.ctxt, self.t)
-        self.store.save(self.ctxt, make_move())
-        self.assertNotIn('dmclone_thin_mapped',
-                         self.db.admin_metadata[VOLUME_ID])
+    def test_keys_of_two_moves_differ(self):
+        self.assertNotEqual(move.thin_mapped_key(self.t.secret),
+                            move.thin_mapped_key('ab' * 16))
+        self.assertTrue(move.thin_mapped_key(self.t.secret).startswith(
+            move.THIN_MAPPED_PREFIX))
 
     def test_forgotten_for_this_move_only(self):
         self.store.mark_thin_mapped(self.ctxt, self.t)

@@ -14,8 +14,6 @@
 
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
-import unittest
-
 from cinder import context
 from cinder import exception
 from cinder.tests.unit import test
@@ -23,6 +21,7 @@ from tooz import coordination as tooz_coordination
 
 from cinder_dmclone import move
 from tests.harness import fake_cluster
+from tests.harness.fake_cluster import HANDLE
 from tests.unit import fakes
 from tests.unit import test_driver
 from tests.unit import test_move
@@ -30,6 +29,11 @@ from tests.unit import test_review11
 
 VOLUME_ID = test_move.VOLUME_ID
 MARK = move.KEY_PREFIX + move.THIN_MAPPED
+
+
+def is_mark(key):
+    """A thin-mapped mark's key: the old single key or one per move."""
+    return key.startswith(MARK)
 
 
 class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
@@ -43,7 +47,9 @@ class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
     written in between -- the destination's ``dmclone_thin_mapped`` --
     is deleted.  The guard then reads the record each tick: it is off at
     once, not only after a restart (before the merge the running service
-    kept it in memory).
+    kept it in memory).  (Fixed: the running service remembers the
+    clones it mapped, and after a restart the destination's own mark on
+    its node counts: see NodeMarkTestCase.)
     """
 
     def migrate_with_a_legacy_attach_in_flight(self):
@@ -82,10 +88,6 @@ class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
                          'stopped zeroing: the mark was dropped by a '
                          'stale whole-dict admin metadata save')
 
-    # Known defect, R14-1 open: the mark lives only in the record, which
-    # a stale whole-dict save drops; a node-local durable mark is not
-    # built yet.  Passing here fails the run (unexpected success).
-    @unittest.expectedFailure
     def test_guard_lost_after_a_restart_after_a_stale_save(self):
         self.migrate_with_a_legacy_attach_in_flight()
         self.b.pool.zeroing = False
@@ -95,6 +97,141 @@ class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
         self.assertFalse(self.hydrating(),
                          'R14-1: after a restart a mapped clone hydrates '
                          'in a pool that does not zero')
+
+    def test_the_node_mark_guards_after_a_stale_save_and_a_reboot(self):
+        self.migrate_with_a_legacy_attach_in_flight()
+        self.assertFalse(self.c.transfer().thin_mapped)
+        self.b.pool.zeroing = False
+        self.b.reboot()
+        self.b.recover()
+        self.assertIn(HANDLE, self.b.dm.devices)
+        self.assertFalse(self.hydrating(), 'a mapped clone was rebuilt '
+                         'hydrating in a pool that does not zero')
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
+        # (The move's end takes the node's mark with it.)
+        self.assertIsNone(self.b.marks.read(self.c.volume_id))
+
+
+class NodeMarkTestCase(test_review11.ThinMapClusterTestCase):
+    """R14-1: the destination's own durable mark, beside the record's."""
+
+    def tag(self):
+        return move.thin_map_tag(self.c.transfer().secret)
+
+    def node_mark(self):
+        return self.b.marks.read(self.c.volume_id)
+
+    def test_written_before_the_first_discard(self):
+        seen = []
+        discard = self.b.dm.discard
+
+        def recording_discard(name, start, sectors):
+            seen.append(self.node_mark() == self.tag())
+            return discard(name, start, sectors)
+        self.b.dm.discard = recording_discard
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertNotEqual([], seen)
+        self.assertEqual([True], sorted(set(seen)),
+                         'a discard ran before this node marked the clone')
+        self.assertEqual(self.tag(), self.node_mark())
+
+    def test_a_mark_that_cannot_be_written_gives_the_move_up(self):
+        self.mock_object(self.b.marks, 'write',
+                         side_effect=OSError(28, 'No space left on device'))
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('could not be recorded', str(exc))
+        self.assertEqual({}, self.b.dm.discarded)
+        self.c.settle()
+        self.c.restart(self.a)
+        self.c.assert_rolled_back()
+        self.assertEqual({}, self.c.transfer_keys())
+        self.assertIsNone(self.node_mark())
+
+    def test_gone_at_the_moves_end(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(self.tag(), self.node_mark())
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertIsNone(self.node_mark())
+
+    def test_gone_when_nothing_was_discarded(self):
+        build = self.b.dest.build_clone
+
+        def build_then_open(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.b.dm.openers[HANDLE] = 1
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_open)
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.dm.openers.pop(HANDLE)
+        self.assertEqual({}, self.b.dm.discarded)
+        self.assertIsNone(self.node_mark())
+
+    def test_gone_with_a_move_given_up_after_its_discards(self):
+        apply_map = self.b.dest.apply_map
+
+        def then_zeroing_off(t, needed):
+            skipped = apply_map(t, needed)
+            self.b.pool.zeroing = False
+            return skipped
+        self.mock_object(self.b.dest, 'apply_map',
+                         side_effect=then_zeroing_off)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertIsNone(self.node_mark())
+
+    def test_a_failed_removal_only_logs(self):
+        self.mock_object(self.b.marks, 'remove',
+                         side_effect=OSError(13, 'Permission denied'))
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertIn('thin-mapped', str(self.log.warning.call_args_list))
+
+    def stale_mark_of_another_move(self):
+        """A move copied whole (no map), and an old mark of another."""
+        self.b.pool.zeroing = False
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertIsNone(self.node_mark())
+        self.b.marks.write(self.c.volume_id, move.thin_map_tag('ab' * 16))
+
+    def test_a_stale_mark_of_another_move_is_inert(self):
+        self.stale_mark_of_another_move()
+        self.b.restart()
+        self.b.recover()
+        self.b.monitor.tick()
+        self.assertTrue(self.hydrating())
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertIsNone(self.node_mark())
+
+    def test_a_rebuild_removes_a_stale_mark(self):
+        self.stale_mark_of_another_move()
+        self.b.reboot()
+        self.b.recover()
+        self.assertTrue(self.hydrating())
+        self.assertIsNone(self.node_mark())
+
+    def test_an_unreadable_mark_guards(self):
+        # (Whose it is cannot be told: the guard costs only a pause.)
+        self.b.pool.zeroing = False
+        self.assertTrue(self.c.migrate(self.b))
+        self.b.restart()
+        self.b.recover()
+        self.mock_object(self.b.marks, 'read',
+                         side_effect=OSError(5, 'Input/output error'))
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating())
+        self.mock_object(self.b.marks, 'read', return_value=None)
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
 
 
 class LateMarkTestCase(test.TestCase):
@@ -108,7 +245,8 @@ class LateMarkTestCase(test.TestCase):
     the later move's mark with the given-up move's tag: the later
     move's clone, whose regions were discarded, is no longer guarded.
     The same for ``forget_thin_map``: its delete is by key, after a
-    check made by another call.
+    check made by another call.  (Fixed: a key per move; each write or
+    delete names only its own move's.)
     """
 
     def setUp(self):
@@ -129,9 +267,6 @@ class LateMarkTestCase(test.TestCase):
         self.assertTrue(self.load().thin_mapped)
         return later
 
-    # Known defect, R14-2 open: one mark key per volume; a key per move
-    # is not built yet.  Passing here fails the run (unexpected success).
-    @unittest.expectedFailure
     def test_a_late_mark_replaces_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
@@ -139,7 +274,7 @@ class LateMarkTestCase(test.TestCase):
         late = []
 
         def delayed(ctxt, volume_id, md, delete, *args, **kwargs):
-            if MARK in md and not late:
+            if any(is_mark(k) for k in md) and not late:
                 late.append(None)
                 late[0] = self.later_move_marked_meanwhile()
             return update(ctxt, volume_id, md, delete, *args, **kwargs)
@@ -152,9 +287,6 @@ class LateMarkTestCase(test.TestCase):
                         'R14-2: the later move lost its mark to the late '
                         'write of a move given up')
 
-    # Known defect, R14-2 open: one mark key per volume; a key per move
-    # is not built yet.  Passing here fails the run (unexpected success).
-    @unittest.expectedFailure
     def test_a_late_forget_drops_a_later_moves_mark(self):
         self.first = test_move.make_move()
         self.store.save(self.ctxt, self.first)
@@ -163,7 +295,7 @@ class LateMarkTestCase(test.TestCase):
         late = []
 
         def delayed(ctxt, volume_id, key):
-            if key == MARK and not late:
+            if is_mark(key) and not late:
                 late.append(None)
                 late[0] = self.later_move_marked_meanwhile()
             return delete(ctxt, volume_id, key)

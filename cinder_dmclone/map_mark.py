@@ -1,0 +1,148 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""This node's own, durable marks of clones thin mapped here.
+
+The destination of a move marks its clone thin mapped before the first
+discard of a thin map, so that every later start of its service guards
+the clone's hydration (Destination.guard_pool_zeroing).  The mark in the
+move's record is not enough: Cinder's ``Volume.save`` writes a volume's
+admin metadata whole, from a copy that may predate the mark, and so
+deletes it.  A file per volume under the service's state directory
+(``<state_path>/dmclone/thin-mapped/<volume id>``), holding the move's
+tag (:func:`cinder_dmclone.move.thin_map_tag`), is written beside it:
+nothing but this node's service touches it.
+
+A mark names one move: a file holding another move's tag is inert.  No
+Cinder object and no move state here: path logic (pure) and the file's
+durable write, read and removal.
+"""
+
+import errno
+import hmac
+import os
+import re
+
+#: the directory under the service's state directory (``<state_path>/
+#: dmclone``) holding the marks.
+SUBDIR = 'thin-mapped'
+#: what a volume id may look like to name a file (a UUID in Cinder): no
+#: ``/``, no ``.`` (``.``, ``..`` and the temporary files never collide).
+_VOLUME_ID_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$')
+#: a tag is 32 hex digits; a file is never read beyond this.
+_READ_LIMIT = 256
+_TMP_SUFFIX = '.tmp'
+
+
+class MarkNameInvalid(ValueError):
+    """A volume id that cannot name a mark's file."""
+
+
+def marks_dir(state_dir):
+    """The directory of the marks under the service's ``state_dir``."""
+    return os.path.join(state_dir, SUBDIR)
+
+
+def mark_path(directory, volume_id):
+    """The file of ``volume_id``'s mark in ``directory`` (pure).
+
+    Raises MarkNameInvalid for an id that is not a plain file name.
+    """
+    if not isinstance(volume_id, str) or \
+            not _VOLUME_ID_RE.match(volume_id):
+        raise MarkNameInvalid('%r cannot name a thin-mapped mark'
+                              % (volume_id,))
+    return os.path.join(directory, volume_id)
+
+
+def same_tag(value, tag):
+    """True if the mark's ``value`` is ``tag`` (constant-time compare)."""
+    return (isinstance(value, str) and bool(tag)
+            and hmac.compare_digest(value.encode('utf-8'),
+                                    tag.encode('utf-8')))
+
+
+class MapMarks(object):
+    """The marks of one node, in ``directory`` (see :func:`marks_dir`).
+
+    Each write is durable before it returns: the tag goes to a temporary
+    file, which is flushed to disk and renamed over the mark, and the
+    directory is flushed too.  A crash leaves the old mark or the new
+    one, never a partial file that reads as neither.
+    """
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def path(self, volume_id):
+        return mark_path(self.directory, volume_id)
+
+    def write(self, volume_id, tag):
+        """Mark ``volume_id``'s clone thin mapped by the move of ``tag``.
+
+        Raises OSError (or MarkNameInvalid) if the mark is not on disk.
+        """
+        path = self.path(volume_id)
+        self._ensure_dir()
+        tmp = path + _TMP_SUFFIX
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, tag.encode('ascii'))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        _fsync_dir(self.directory)
+
+    def read(self, volume_id):
+        """The tag marked for ``volume_id``; None if there is no mark.
+
+        Raises OSError if a mark is there but cannot be read.
+        """
+        try:
+            with open(self.path(volume_id), 'rb') as f:
+                data = f.read(_READ_LIMIT)
+        except FileNotFoundError:
+            return None
+        return data.decode('ascii', 'replace').strip()
+
+    def remove(self, volume_id):
+        """Remove ``volume_id``'s mark; True if there was one.
+
+        Raises OSError if it cannot be removed.
+        """
+        try:
+            os.unlink(self.path(volume_id))
+        except FileNotFoundError:
+            return False
+        _fsync_dir(self.directory)
+        return True
+
+    def _ensure_dir(self):
+        """Create the marks' directory, durably, if it is not there."""
+        if os.path.isdir(self.directory):
+            return
+        try:
+            os.makedirs(self.directory, mode=0o700)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+        _fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+
+
+def _fsync_dir(directory):
+    """Flush ``directory``'s entries (a rename, a new file) to disk."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
