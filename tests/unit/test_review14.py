@@ -14,6 +14,8 @@
 
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
+import unittest
+
 from cinder import context
 from cinder import exception
 from cinder.tests.unit import test
