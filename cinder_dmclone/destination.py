@@ -482,13 +482,49 @@ class Destination(side.Side):
         Never the clone's ``no_discard_passdown``: dm-clone reports that
         as well over any destination that cannot discard.
         """
-        if t.thin_mapped:
-            return True
         if not t.secret:
-            return False
+            return t.thin_mapped
+        if t.thin_mapped:
+            if self.mapped.get(t.volume_id) != t.secret:
+                # (A mark of the previous release's single key, which
+                # wrote no node mark: a stale save must not drop the
+                # guard with it, nor a restart after that.)
+                self.mapped[t.volume_id] = t.secret
+                self._mark_here(t)
+            return True
         if self.mapped.get(t.volume_id) != t.secret and self._marked_here(t):
             self.mapped[t.volume_id] = t.secret
         return self.mapped.get(t.volume_id) == t.secret
+
+    def _mark_here(self, t):
+        """Write this node's mark of mapped move ``t`` unless it is there.
+
+        For a clone whose record alone says it was mapped (a move mapped
+        by the previous release, which wrote no node mark).  Not while a
+        prepare of the volume runs in this process (:attr:`building`),
+        whose mark is newer than the record read here.  A failure is
+        only logged: the guard holds in this process, and the record's
+        mark stays until a stale save drops it.
+        """
+        if self.marks is None or t.volume_id in self.building:
+            return
+        tag = move.thin_map_tag(t.secret)
+        try:
+            if map_mark.same_tag(self.marks.read(t.volume_id), tag):
+                return
+            self.marks.write(t.volume_id, tag)
+        except map_mark.MarkNameInvalid:
+            return
+        except Exception:
+            LOG.warning('Volume %(vol)s: its clone is thin mapped, but its '
+                        'mark here (%(dir)s) could not be written: a stale '
+                        'save of its admin metadata and a restart would '
+                        'lose its guard.',
+                        {'vol': t.volume_id, 'dir': self.marks.directory},
+                        exc_info=True)
+            return
+        LOG.info('Volume %s: its clone is marked thin mapped here too (its '
+                 'record alone said so).', t.volume_id)
 
     def _marked_here(self, t):
         """True if this node's mark names move ``t`` (or cannot be read).
