@@ -311,7 +311,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 thin_maps=(self._thin_maps()
                            if conf.dmclone_thin_map else None),
                 map_marks=map_mark.MapMarks(
-                    map_mark.marks_dir(self._state_dir())))
+                    map_mark.marks_dir(self._state_dir(),
+                                       self.node_name)))
         return self._moves
 
     @staticmethod

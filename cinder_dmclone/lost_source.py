@@ -298,7 +298,7 @@ class LostSource(object):
             self._map_linear(t)
         self.dm.remove(self._stand_in_name(t))
         self.clones.disconnect_source(t, volume['provider_auth'])
-        self._drop_node_mark(volume['id'])
+        self._drop_node_mark(volume['id'], t.dest_node)
         self.store.forget_source_export(ctxt, volume['id'])
         if not self.set_status(ctxt, volume, 'error', SETTLED):
             raise Refused(volume=volume['id'], reason=_(
@@ -337,14 +337,14 @@ class LostSource(object):
                     'here; recorded as lost whole (%(path)s).',
                     {'vol': volume['id'], 'lv': t.lv_name, 'path': path})
 
-    def _drop_node_mark(self, volume_id):
+    def _drop_node_mark(self, volume_id, node):
         """The clone is gone: this node's thin-mapped mark of it goes.
 
         (Under the service's state directory, which this command shares:
         see :mod:`~cinder_dmclone.map_mark`.)  A failure is only logged:
         a mark left is inert for any later move of the volume.
         """
-        marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir))
+        marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir, node))
         try:
             marks.remove(volume_id)
         except Exception:

@@ -18,7 +18,7 @@ the clone's hydration (Destination.guard_pool_zeroing).  The mark in the
 move's record is not enough: Cinder's ``Volume.save`` writes a volume's
 admin metadata whole, from a copy that may predate the mark, and so
 deletes it.  A file per volume under the service's state directory
-(``<state_path>/dmclone/thin-mapped/<volume id>``), holding the move's
+(``<state_path>/dmclone/thin-mapped/<node>/<volume id>``), holding the move's
 tag (:func:`cinder_dmclone.move.thin_map_tag`), is written beside it:
 nothing but this node's service touches it.
 
@@ -44,12 +44,23 @@ _TMP_SUFFIX = '.tmp'
 
 
 class MarkNameInvalid(ValueError):
-    """A volume id that cannot name a mark's file."""
+    """A volume id (or node name) that cannot name a mark's file."""
 
 
-def marks_dir(state_dir):
-    """The directory of the marks under the service's ``state_dir``."""
-    return os.path.join(state_dir, SUBDIR)
+def marks_dir(state_dir, node):
+    """The directory of ``node``'s marks under the service's ``state_dir``.
+
+    Named after the node, as region_map's records of held snapshots
+    are: two volume services of one host may share a state directory
+    under two node names, and one's teardown must never remove a mark
+    the other wrote (R15-2).  Raises MarkNameInvalid for a node name
+    that is not a plain file name.
+    """
+    if not isinstance(node, str) or not node or '/' in node \
+            or node in ('.', '..') or '\0' in node:
+        raise MarkNameInvalid('%r cannot name a directory of thin-mapped '
+                              'marks' % (node,))
+    return os.path.join(state_dir, SUBDIR, node)
 
 
 def mark_path(directory, volume_id):
@@ -128,15 +139,24 @@ class MapMarks(object):
         return True
 
     def _ensure_dir(self):
-        """Create the marks' directory, durably, if it is not there."""
-        if os.path.isdir(self.directory):
-            return
-        try:
-            os.makedirs(self.directory, mode=0o700)
-        except OSError as exc:
-            if exc.errno != errno.EEXIST:
-                raise
-        _fsync_dir(os.path.dirname(os.path.abspath(self.directory)))
+        """Create the marks' directory, durably, if it is not there.
+
+        Each directory made is flushed into its parent, up to the first
+        that was there: a mark must not vanish with a directory entry
+        that never reached the disk.
+        """
+        missing = []
+        path = os.path.abspath(self.directory)
+        while not os.path.isdir(path):
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o700)
+            except OSError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
+            _fsync_dir(os.path.dirname(path))
 
 
 def _fsync_dir(directory):

@@ -115,7 +115,8 @@ class Node(object):
         #: snapshots): on disk, so it outlives restarts and reboots.
         self.state_dir = cluster.test.useFixture(fixtures.TempDir()).path
         #: the node's own marks of clones thin mapped here (under it too).
-        self.marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir))
+        self.marks = map_mark.MapMarks(
+            map_mark.marks_dir(self.state_dir, name))
         self.executed = []
         self.has_service = True
         self.service_up = True

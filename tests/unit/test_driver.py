@@ -419,7 +419,8 @@ class SetupTestCase(DriverTestBase):
             marks = drv.moves.destination.marks
             self.assertIsInstance(marks, map_mark.MapMarks)
             self.assertEqual(os.path.join(driver.CONF.state_path, 'dmclone',
-                                          'thin-mapped'), marks.directory)
+                                          'thin-mapped', 'node-a'),
+                             marks.directory)
 
     def test_start_releases_snapshots_left_held_even_when_off(self):
         release = self.mock_object(region_map.ThinMaps, 'release_leftovers')

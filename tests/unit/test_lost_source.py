@@ -310,7 +310,8 @@ class AbandonTestCase(test.TestCase):
         # (The command runs on the destination, in the service's
         # <state_path>/dmclone: the clone it ends needs no guard.)
         h = Harness(self, hydrated=range(10))
-        marks = map_mark.MapMarks(map_mark.marks_dir(h.state_dir))
+        marks = map_mark.MapMarks(
+            map_mark.marks_dir(h.state_dir, h.t.dest_node))
         marks.write(cl.VOLUME_ID, move.thin_map_tag(h.t.secret))
         h.lose_a()
         h.assert_abandoned(h.run())

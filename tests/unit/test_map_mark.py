@@ -34,8 +34,12 @@ class MarkPathTestCase(test.TestCase):
     """Where a mark lives: pure."""
 
     def test_under_the_state_dir(self):
-        self.assertEqual('/var/lib/cinder/dmclone/thin-mapped',
-                         map_mark.marks_dir('/var/lib/cinder/dmclone'))
+        self.assertEqual('/var/lib/cinder/dmclone/thin-mapped/node-a',
+                         map_mark.marks_dir('/var/lib/cinder/dmclone',
+                                            'node-a'))
+        for bad in ('', '.', '..', 'a/b', None):
+            self.assertRaises(map_mark.MarkNameInvalid, map_mark.marks_dir,
+                              '/var/lib/cinder/dmclone', bad)
         self.assertEqual('/d/%s' % fake.VOLUME_ID,
                          map_mark.mark_path('/d', fake.VOLUME_ID))
 

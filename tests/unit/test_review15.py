@@ -15,8 +15,8 @@
 """Review 15: the node's thin-mapped marks and one record key per move."""
 
 import dataclasses
-import unittest
 
+from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from tests.unit import test_review11
 
@@ -125,14 +125,12 @@ class SharedStateDirTestCase(test_review11.ThinMapClusterTestCase):
     three nodes: a move a->c given up late on c, the next a->b).
     """
 
-    @unittest.expectedFailure
     def test_another_nodes_teardown_keeps_the_mark(self):
-        # Known defect, open: marks are keyed by volume id alone, and
-        # their removal checks neither the node nor the move (the tag).
-        # A fix: name the directory (or file) after the node, as the
-        # held-snapshot records are, and drop only a mark naming the
-        # move torn down (or any, at the start of a build here).
-        self.a.marks.directory = self.b.marks.directory
+        # Fixed: the marks' directory is named after the node, as the
+        # held-snapshot records are.  Node-a's service shares node-b's
+        # state directory.
+        self.a.marks.directory = map_mark.marks_dir(
+            self.b.state_dir, self.a.name)
         self.assertTrue(self.c.migrate(self.b))
         mine = move.thin_map_tag(self.c.transfer().secret)
         self.assertEqual(mine, self.b.marks.read(self.c.volume_id))
