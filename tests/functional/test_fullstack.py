@@ -310,6 +310,9 @@ def test_forged_steps_through_the_api_change_nothing(cloud, topo):
         cloud.delete(vol.id)
 
 
+# Extended since 2026-11-26: CI's machine ran the CI tier at half the
+# speed it was sized on (doc/source/contributor/testing.rst).
+@pytest.mark.extended
 def test_multiattach_volume_is_shared_not_moved(cloud, topo):
     """Two instances on two nodes see one disk; the volume stays put."""
     vt = cloud.ensure_multiattach_type()

@@ -96,9 +96,6 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
         cloud.delete(vol.id)
 
 
-# Extended since 2026-11-26: CI's machine ran the CI tier at half the
-# speed it was sized on (doc/source/contributor/testing.rst).
-@pytest.mark.extended
 def test_source_powered_off_while_hydrating(cloud, stack):
     """Node A loses power while node B still copies from it.
 

@@ -76,6 +76,9 @@ def test_worker_state_and_errors(node_a):
     assert node_a.call(workers.recall, 'answer') == {'x': 42}
 
 
+# Extended since 2026-11-26: CI's machine ran the CI tier at half the
+# speed it was sized on (doc/source/contributor/testing.rst).
+@pytest.mark.extended
 def test_rtslib_export_on_node_a_os_brick_attach_on_node_b(
         topo, node_a, cleanup):
     size = 16 * MiB
