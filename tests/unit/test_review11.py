@@ -135,14 +135,7 @@ class ThinMapRacesTestCase(test_two_nodes.ClusterTestCase):
     # looks like), and a writer there is race 2 of thin-map.rst.  The
     # harness's fake clone reports a discard on an open clone.
     def test_r11_3_map_discards_refused_on_an_open_clone(self):
-        build = self.b.dest.build_clone
-
-        def build_then_open(*args, **kwargs):
-            path = build(*args, **kwargs)
-            self.b.dm.openers[HANDLE] = 1       # (udev, mdadm, LVM...)
-            return path
-        self.mock_object(self.b.dest, 'build_clone',
-                         side_effect=build_then_open)
+        self.clone_opened_after_build()
         try:
             self.c.migrate(self.b)
         except Exception:
@@ -427,14 +420,7 @@ class ZeroingGuardAfterRestartTestCase(ThinMapClusterTestCase):
     def test_a_given_up_move_leaves_no_mark(self):
         # (The pool stopped zeroing while the map was applied: the move
         # is given up after its discards.)
-        apply_map = self.b.dest.apply_map
-
-        def then_zeroing_off(t, needed):
-            skipped = apply_map(t, needed)
-            self.b.pool.zeroing = False
-            return skipped
-        self.mock_object(self.b.dest, 'apply_map',
-                         side_effect=then_zeroing_off)
+        self.zeroing_off_after_the_map()
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.migrate, self.b)
         self.c.settle()
@@ -457,14 +443,7 @@ class ZeroingGuardAfterRestartTestCase(ThinMapClusterTestCase):
     def test_no_mark_when_nothing_was_discarded(self):
         # (udev opened the new clone: no region is discarded, every one
         # is copied, and the clone needs no guard.)
-        build = self.b.dest.build_clone
-
-        def build_then_open(*args, **kwargs):
-            path = build(*args, **kwargs)
-            self.b.dm.openers[HANDLE] = 1
-            return path
-        self.mock_object(self.b.dest, 'build_clone',
-                         side_effect=build_then_open)
+        self.clone_opened_after_build()
         self.assertTrue(self.c.migrate(self.b))
         self.b.dm.openers.pop(HANDLE)
         self.assertEqual({}, self.b.dm.discarded)

@@ -162,28 +162,14 @@ class NodeMarkTestCase(test_review11.ThinMapClusterTestCase):
         self.assertIsNone(self.node_mark())
 
     def test_gone_when_nothing_was_discarded(self):
-        build = self.b.dest.build_clone
-
-        def build_then_open(*args, **kwargs):
-            path = build(*args, **kwargs)
-            self.b.dm.openers[HANDLE] = 1
-            return path
-        self.mock_object(self.b.dest, 'build_clone',
-                         side_effect=build_then_open)
+        self.clone_opened_after_build()
         self.assertTrue(self.c.migrate(self.b))
         self.b.dm.openers.pop(HANDLE)
         self.assertEqual({}, self.b.dm.discarded)
         self.assertIsNone(self.node_mark())
 
     def test_gone_with_a_move_given_up_after_its_discards(self):
-        apply_map = self.b.dest.apply_map
-
-        def then_zeroing_off(t, needed):
-            skipped = apply_map(t, needed)
-            self.b.pool.zeroing = False
-            return skipped
-        self.mock_object(self.b.dest, 'apply_map',
-                         side_effect=then_zeroing_off)
+        self.zeroing_off_after_the_map()
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.migrate, self.b)
         self.assertIsNone(self.node_mark())

@@ -152,6 +152,32 @@ class ClusterTestCase(test.TestCase):
     def volume(self):
         return self.c.volume()
 
+    def clone_opened_after_build(self):
+        """Node-b's new clone is opened right after its build (by udev).
+
+        (blkid, LVM autoactivation, mdadm --incremental: race 2 of
+        thin-map.rst.)  No region of an open clone may be discarded.
+        """
+        build = self.b.dest.build_clone
+
+        def build_then_open(*args, **kwargs):
+            path = build(*args, **kwargs)
+            self.b.dm.openers[HANDLE] = 1
+            return path
+        self.mock_object(self.b.dest, 'build_clone',
+                         side_effect=build_then_open)
+
+    def zeroing_off_after_the_map(self):
+        """Node-b's pool stops zeroing once the map's discards ran."""
+        apply_map = self.b.dest.apply_map
+
+        def then_zeroing_off(t, needed):
+            skipped = apply_map(t, needed)
+            self.b.pool.zeroing = False
+            return skipped
+        self.mock_object(self.b.dest, 'apply_map',
+                         side_effect=then_zeroing_off)
+
     def name_id_volume(self):
         """Give the volume another id: its LV is no longer named after it.
 
@@ -3864,14 +3890,7 @@ class ThinMapTestCase(ClusterTestCase):
     # the pool), a copied region would leave another tenant's old blocks
     # in the discarded regions of its chunk.
     def test_zeroing_turned_off_during_the_build_gives_the_move_up(self):
-        apply_map = self.b.dest.apply_map
-
-        def then_zeroing_off(t, needed):
-            skipped = apply_map(t, needed)
-            self.b.pool.zeroing = False
-            return skipped
-        self.mock_object(self.b.dest, 'apply_map',
-                         side_effect=then_zeroing_off)
+        self.zeroing_off_after_the_map()
         self.log.reset_mock()
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.migrate, self.b)
