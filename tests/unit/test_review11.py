@@ -234,6 +234,26 @@ class ThinMapClusterTestCase(test_two_nodes.ClusterTestCase):
     def hydrating(self):
         return self.b.dm.status(HANDLE)[0].clone.hydration_enabled
 
+    def assert_guarded(self, message=None, restart=False):
+        """The pool stops zeroing: at the next tick, hydration stops.
+
+        With ``restart``, node-b's service starts again (its recovery
+        runs) before that tick.
+        """
+        self.b.pool.zeroing = False
+        if restart:
+            self.b.restart()
+            self.b.recover()
+        self.b.monitor.tick()
+        self.assertFalse(self.hydrating(), message)
+
+    def assert_guarded_then_completed(self, message=None, restart=False):
+        """As :meth:`assert_guarded`; the pool zeroes again: it completes."""
+        self.assert_guarded(message, restart)
+        self.b.pool.zeroing = True
+        self.c.settle()
+        self.c.assert_completed()
+
 
 class ZeroingGuardAfterRestartTestCase(ThinMapClusterTestCase):
     """R11-6, open point: the pool-zeroing guard outlives a restart.
@@ -245,15 +265,6 @@ class ZeroingGuardAfterRestartTestCase(ThinMapClusterTestCase):
     volume service restarts, and after node-b reboots, and must never
     touch a clone that was not mapped.
     """
-
-    def assert_guarded_then_completed(self):
-        """The pool stops zeroing: hydration stops; back on, it completes."""
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating())
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
 
     def mapped_in_record(self):
         """Whether the record says this move's clone was mapped."""

@@ -83,22 +83,14 @@ class StaleWholeRecordWriteTestCase(test_review11.ThinMapClusterTestCase):
 
     def test_guard_lost_at_once_after_a_stale_save(self):
         self.migrate_with_a_legacy_attach_in_flight()
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating(),
-                         'R14-1: a mapped clone hydrates in a pool that '
-                         'stopped zeroing: the mark was dropped by a '
-                         'stale whole-dict admin metadata save')
+        self.assert_guarded('R14-1: a mapped clone hydrates in a pool that '
+                            'stopped zeroing: the mark was dropped by a '
+                            'stale whole-dict admin metadata save')
 
     def test_guard_lost_after_a_restart_after_a_stale_save(self):
         self.migrate_with_a_legacy_attach_in_flight()
-        self.b.pool.zeroing = False
-        self.b.restart()
-        self.b.recover()
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating(),
-                         'R14-1: after a restart a mapped clone hydrates '
-                         'in a pool that does not zero')
+        self.assert_guarded('R14-1: after a restart a mapped clone hydrates '
+                            'in a pool that does not zero', restart=True)
 
     def test_the_node_mark_guards_after_a_stale_save_and_a_reboot(self):
         self.migrate_with_a_legacy_attach_in_flight()

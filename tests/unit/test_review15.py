@@ -70,41 +70,23 @@ class UpgradeMidMoveTestCase(test_review11.ThinMapClusterTestCase):
     def test_the_running_service_keeps_the_guard(self):
         self.mapped_by_the_old_release()
         self.stale_save()
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating(),
-                         'R15-1: a clone mapped before the upgrade hydrates '
-                         'in a pool that does not zero once a stale save '
-                         'dropped the old key')
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
+        self.assert_guarded_then_completed(
+            'R15-1: a clone mapped before the upgrade hydrates in a pool '
+            'that does not zero once a stale save dropped the old key')
         self.assertIsNone(self.b.marks.read(self.c.volume_id))
 
     def test_a_restart_keeps_the_guard(self):
         self.mapped_by_the_old_release()
         self.stale_save()
-        self.b.pool.zeroing = False
-        self.b.restart()
-        self.b.recover()
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating(),
-                         'R15-1: after a restart a clone mapped before the '
-                         'upgrade hydrates in a pool that does not zero')
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
+        self.assert_guarded_then_completed(
+            'R15-1: after a restart a clone mapped before the upgrade '
+            'hydrates in a pool that does not zero', restart=True)
         self.assertIsNone(self.b.marks.read(self.c.volume_id))
 
     def test_the_old_key_guards_while_it_stays(self):
         # (The upgrade itself keeps the guard: the defect needs the save.)
         self.mapped_by_the_old_release()
-        self.b.pool.zeroing = False
-        self.b.monitor.tick()
-        self.assertFalse(self.hydrating())
-        self.b.pool.zeroing = True
-        self.c.settle()
-        self.c.assert_completed()
+        self.assert_guarded_then_completed()
 
 
 class SharedStateDirTestCase(test_review11.ThinMapClusterTestCase):
