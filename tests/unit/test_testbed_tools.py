@@ -739,8 +739,13 @@ class ControlPlaneTestCase(test.TestCase):
                          {n for n, p in procs.items() if p.poll() is None})
 
 
-class ThinBackendTestCase(test.TestCase):
-    """The stack's volume services with the thin backend, or without."""
+class StackTestCase(test.TestCase):
+    """Base: a stack of the separate layout, run from node B, no guest.
+
+    No database (``_db`` answers ''), no process started (``_cinder``
+    is a mock: :attr:`cinder`); node B, where this process runs, reads
+    no node's boot id.
+    """
 
     def setUp(self):
         super().setUp()
@@ -752,9 +757,12 @@ class ThinBackendTestCase(test.TestCase):
                                                  return_value=''))
         self.cinder = self.useFixture(fixtures.MockPatchObject(
             self.stack, '_cinder')).mock
-        # this process runs on node B, which reads no node's boot id
         self.useFixture(fixtures.MockPatchObject(
             services.testbed, 'local_node', return_value='b'))
+
+
+class ThinBackendTestCase(StackTestCase):
+    """The stack's volume services with the thin backend, or without."""
 
     def test_thin_conf_only_when_on(self):
         self.stack.start_volume('b')
@@ -878,7 +886,7 @@ class ThinBackendTestCase(test.TestCase):
         self.assertEqual('dmc-a', both['dmclone']['volume_group'])
 
 
-class RebootedNodeServiceTestCase(test.TestCase):
+class RebootedNodeServiceTestCase(StackTestCase):
     """A volume service whose node booted since it started is restarted.
 
     The service of another kernel's node is a local nodelink process
@@ -889,15 +897,7 @@ class RebootedNodeServiceTestCase(test.TestCase):
 
     def setUp(self):
         super().setUp()
-        from tests.harness import services
-        self.services = services
-        self.stack = services.Stack(fake_topology(
-            'separate', self.useFixture(fixtures.TempDir()).path))
-        self.useFixture(fixtures.MockPatchObject(self.stack, '_db',
-                                                 return_value=''))
-        self.useFixture(fixtures.MockPatchObject(self.stack, '_cinder'))
-        self.useFixture(fixtures.MockPatchObject(
-            services.testbed, 'local_node', return_value='b'))
+        services = self.services
         self.useFixture(fixtures.MockPatchObject(
             services.testbed, 'answers', return_value=True))
         self.boot = {'a': 'boot-1', 'b': 'boot-b'}
