@@ -25,7 +25,9 @@ that the full stack and the cluster start piecemeal.
 
 import dataclasses
 import functools
+import importlib.machinery
 import importlib.util
+import io
 import os
 import signal
 import socket
@@ -188,6 +190,27 @@ class NodelinkTestCase(test.TestCase):
         _out, err = proc.communicate(timeout=60)
         self.assertEqual(127, proc.returncode)
         self.assertIn(b'/nonexistent/command', err)
+
+    def _diagnose(self, port):
+        spec = importlib.util.spec_from_loader(
+            'nodelink', importlib.machinery.SourceFileLoader('nodelink',
+                                                             NODELINK))
+        nodelink = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(nodelink)
+        err = io.StringIO()
+        self.useFixture(fixtures.MonkeyPatch('sys.stderr', err))
+        nodelink.diagnose('127.0.0.1', port)
+        return err.getvalue()
+
+    def test_a_timed_out_caller_shows_the_node_from_a_new_connection(self):
+        text = self._diagnose(self.port)
+        self.assertIn('nodelink: 127.0.0.1: the node answers a new '
+                      'connection', text)
+        self.assertIn('nodelink: 127.0.0.1: uptime: ', text)
+
+    def test_a_node_gone_for_good_is_said_so(self):
+        text = self._diagnose(str(free_port()))
+        self.assertIn('the node does not answer a new connection', text)
 
     def test_an_unreachable_node_is_255(self):
         proc = subprocess.run(
