@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 from unittest import mock
 
 from cinder.tests.unit import test
@@ -334,6 +335,25 @@ class GuestCommandTestCase(test.TestCase):
             self.assertIn('loglevel=1', self.command('--layout', 'separate',
                                                      node=node))
         self.assertIn('loglevel=1', self.command())
+
+    def test_every_node_and_the_switch_get_a_deep_segment_queue(self):
+        for node in ('a', 'b', 'c'):
+            cmd = self.command('--layout', 'separate', node=node)
+            self.assertEqual(['unshare', '--net', '--'], cmd[:3])
+            self.assertIn('max_dgram_qlen', cmd[5])
+        self.assertNotIn('unshare', self.command())
+
+    @unittest.skipUnless(os.geteuid() == 0, 'a network namespace needs root')
+    def test_the_queue_is_deep_in_the_namespace_and_left_alone_here(self):
+        path = '/proc/sys/net/unix/max_dgram_qlen'
+        with open(path) as f:
+            here = f.read()
+        out = subprocess.run(self.runner.on_segment(['cat', path]),
+                             capture_output=True, text=True, check=True,
+                             timeout=60).stdout
+        self.assertEqual(str(self.runner.SEGMENT_QUEUE), out.strip())
+        with open(path) as f:
+            self.assertEqual(here, f.read())
 
     def test_node_c_has_its_own_address_and_disks(self):
         cmd = self.command('--layout', 'separate', node='c')

@@ -390,7 +390,7 @@ def uml_command(args, rootfs, run_dir, node=None, switch=None):
            # goes to the run's dmesg*.txt
            'loglevel=1']
     if node is not None:
-        return cmd + [
+        return on_segment(cmd) + [
             'umid=testbed-%s' % node, 'uml_dir=%s' % uml_dir,
             'testbed.run=%s' % run_dir, 'testbed.node=%s' % node,
             'eth0=daemon,%s,unix,%s' % (NODE_MAC[node], switch)] + [
@@ -550,11 +550,37 @@ class PowerControl(object):
         return 'ok'
 
 
+#: How many frames the segment's sockets hold for a reader that is slow
+#: to drain them.  The switch and every guest exchange frames as unix
+#: datagrams, and Linux queues at most net.unix.max_dgram_qlen (10 by
+#: default) of them per socket: the switch drops the rest
+#: ("send_sock ... Resource temporarily unavailable" in switch.log),
+#: tens of thousands in one run.  A guest descheduled for a moment loses
+#: every frame past the tenth; under a slow host that was a node whose
+#: TCP connections timed out for half an hour (stop 32's CI).  The
+#: sender's socket buffer (about 90 full frames) bounds the queue next.
+SEGMENT_QUEUE = 1024
+
+
+def on_segment(cmd):
+    """``cmd`` in a network namespace of its own with a deep datagram queue.
+
+    The namespace holds no interface: the segment is the switch's unix
+    socket, which works across namespaces, while the queue length is
+    taken from the namespace that creates each socket -- so the host's
+    own setting is left alone.  The command keeps its process (exec),
+    so killing its process group still powers it off.
+    """
+    return ['unshare', '--net', '--', 'sh', '-c',
+            'echo %d >/proc/sys/net/unix/max_dgram_qlen && exec "$@"'
+            % SEGMENT_QUEUE, 'on-segment'] + list(cmd)
+
+
 def start_switch(run_dir):
     """A uml_switch on a unix socket: the nodes' one network segment."""
     ctl = os.path.join(run_dir, 'switch.ctl')
     log = open(os.path.join(run_dir, 'switch.log'), 'wb')
-    proc = subprocess.Popen(['uml_switch', '-unix', ctl],
+    proc = subprocess.Popen(on_segment(['uml_switch', '-unix', ctl]),
                             stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=die_with_runner)
