@@ -336,22 +336,38 @@ class GuestCommandTestCase(test.TestCase):
                                                      node=node))
         self.assertIn('loglevel=1', self.command())
 
-    def test_every_node_and_the_switch_get_a_deep_segment_queue(self):
+    def test_every_node_joins_the_switchs_namespace(self):
+        args = self.runner.parse_args(['--layout', 'separate', '--', 'x'])
         for node in ('a', 'b', 'c'):
-            cmd = self.command('--layout', 'separate', node=node)
-            self.assertEqual(['unshare', '--net', '--'], cmd[:3])
-            self.assertIn('max_dgram_qlen', cmd[5])
-        self.assertNotIn('unshare', self.command())
+            cmd = self.runner.uml_command(args, '/rootfs', self.run_dir,
+                                          node, '/run/switch.ctl',
+                                          '/proc/7/ns/net')
+            self.assertEqual(['nsenter', '--net=/proc/7/ns/net', '--'],
+                             cmd[:3])
+        self.assertNotIn('nsenter', self.command())
 
     @unittest.skipUnless(os.geteuid() == 0, 'a network namespace needs root')
-    def test_the_queue_is_deep_in_the_namespace_and_left_alone_here(self):
+    def test_the_queue_is_deep_on_the_segment_and_left_alone_here(self):
         path = '/proc/sys/net/unix/max_dgram_qlen'
         with open(path) as f:
             here = f.read()
-        out = subprocess.run(self.runner.on_segment(['cat', path]),
-                             capture_output=True, text=True, check=True,
-                             timeout=60).stdout
-        self.assertEqual(str(self.runner.SEGMENT_QUEUE), out.strip())
+        switch = subprocess.Popen(self.runner.on_segment(['sleep', '300']))
+        self.addCleanup(switch.wait)
+        self.addCleanup(switch.kill)
+        segment = '/proc/%d/ns/net' % switch.pid
+
+        def guest_sees():
+            return subprocess.run(
+                self.runner.joining(segment, ['cat', path]),
+                capture_output=True, text=True, check=True,
+                timeout=60).stdout.strip()
+        # the wrapper writes the queue length before it execs the switch
+        deadline = time.monotonic() + 60
+        while guest_sees() != str(self.runner.SEGMENT_QUEUE):
+            self.assertLess(time.monotonic(), deadline, guest_sees())
+            time.sleep(0.1)
+        self.assertNotEqual(os.readlink('/proc/self/ns/net'),
+                            os.readlink(segment))
         with open(path) as f:
             self.assertEqual(here, f.read())
 

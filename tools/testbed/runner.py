@@ -376,8 +376,13 @@ def choose_backend(args, rootfs):
     return 'qemu', None
 
 
-def uml_command(args, rootfs, run_dir, node=None, switch=None):
-    """The UML command line; ``node``: one node of --layout separate."""
+def uml_command(args, rootfs, run_dir, node=None, switch=None,
+                segment=None):
+    """The UML command line; ``node``: one node of --layout separate.
+
+    ``switch``: the segment's control socket; ``segment``: the switch's
+    network namespace, which the guest joins (:func:`joining`).
+    """
     uml_dir = os.path.join(run_dir, 'uml' if node is None else 'uml-' + node)
     os.makedirs(uml_dir, exist_ok=True)
     cmd = [shutil.which('linux.uml') or 'linux.uml', 'mem=%s' % args.mem,
@@ -390,7 +395,7 @@ def uml_command(args, rootfs, run_dir, node=None, switch=None):
            # goes to the run's dmesg*.txt
            'loglevel=1']
     if node is not None:
-        return on_segment(cmd) + [
+        return joining(segment, cmd) + [
             'umid=testbed-%s' % node, 'uml_dir=%s' % uml_dir,
             'testbed.run=%s' % run_dir, 'testbed.node=%s' % node,
             'eth0=daemon,%s,unix,%s' % (NODE_MAC[node], switch)] + [
@@ -556,8 +561,8 @@ class PowerControl(object):
 #: default) of them per socket: the switch drops the rest
 #: ("send_sock ... Resource temporarily unavailable" in switch.log),
 #: tens of thousands in one run.  A guest descheduled for a moment loses
-#: every frame past the tenth; under a slow host that was a node whose
-#: TCP connections timed out for half an hour (stop 32's CI).  The
+#: every frame past the tenth (the likely cause of stop 32's CI losing
+#: node A's TCP connections for half an hour on a slow host).  The
 #: sender's socket buffer (about 90 full frames) bounds the queue next.
 SEGMENT_QUEUE = 1024
 
@@ -565,15 +570,27 @@ SEGMENT_QUEUE = 1024
 def on_segment(cmd):
     """``cmd`` in a network namespace of its own with a deep datagram queue.
 
-    The namespace holds no interface: the segment is the switch's unix
-    socket, which works across namespaces, while the queue length is
-    taken from the namespace that creates each socket -- so the host's
-    own setting is left alone.  The command keeps its process (exec),
-    so killing its process group still powers it off.
+    For the switch: the namespace holds no interface (the segment is the
+    switch's unix socket), and its queue length is the one every socket
+    created in it gets -- the host's own setting is left alone.  The
+    command keeps its process (exec), so killing its process group
+    still ends it.
     """
     return ['unshare', '--net', '--', 'sh', '-c',
             'echo %d >/proc/sys/net/unix/max_dgram_qlen && exec "$@"'
             % SEGMENT_QUEUE, 'on-segment'] + list(cmd)
+
+
+def joining(segment, cmd):
+    """``cmd`` in the switch's namespace ``segment`` (a /proc ns path).
+
+    Every guest joins it: UML's daemon transport binds its data socket to
+    an abstract address, and abstract addresses are per namespace, so a
+    guest elsewhere would not hear the switch.
+    """
+    if segment is None:
+        return list(cmd)
+    return ['nsenter', '--net=%s' % segment, '--'] + list(cmd)
 
 
 def start_switch(run_dir):
@@ -598,18 +615,20 @@ def start_switch(run_dir):
 def boot_separate(args, rootfs, run_dir, env=None):
     """Boot every node's guest on one switch; the test guest's status."""
     switch, ctl = start_switch(run_dir)
+    segment = '/proc/%d/ns/net' % switch.pid
     guests, power = {}, None
     try:
         guests = {node: SideGuest(node, uml_command(args, rootfs, run_dir,
-                                                    node, ctl), run_dir, env)
+                                                    node, ctl, segment),
+                                  run_dir, env)
                   for node in sorted(NODE_DISKS) if node != TEST_NODE}
         power = PowerControl(run_dir, guests)
         for node, guest in sorted(guests.items()):
             if node not in ON_DEMAND:
                 guest.boot()
         power.start()
-        return boot(args, uml_command(args, rootfs, run_dir, TEST_NODE, ctl),
-                    run_dir, env=env)
+        return boot(args, uml_command(args, rootfs, run_dir, TEST_NODE, ctl,
+                                      segment), run_dir, env=env)
     finally:
         if power is not None:
             power.stop()
