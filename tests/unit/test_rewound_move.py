@@ -26,6 +26,7 @@ volume can move again.  In particular the live migration's window
 (``cloned``: the source may still write) must never be skipped.
 """
 
+import dataclasses
 import unittest
 
 from cinder import exception
@@ -112,7 +113,6 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.save_whole(stale)
         return src, dst
 
-    @unittest.expectedFailure
     def test_rolled_forward_to_cloned_with_hydration_off(self):
         src, dst = self.rewound_cloned()
         self.c.settle()
@@ -127,7 +127,6 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_reboot_of_the_destination_keeps_the_window(self):
         src, dst = self.rewound_cloned()
         self.b.reboot()
@@ -143,7 +142,6 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_sources_detach_while_rewound_commits_later(self):
         # Nova detaches node-a while the record says preparing: the
         # detach cannot commit then; once rolled forward the move waits
@@ -154,7 +152,6 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_sources_copy_still_open_holds_the_commit(self):
         # node-a's attachment went while rewound, but its instance still
         # holds the copy there (an owner's attachment delete): never
@@ -171,7 +168,6 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_commit_cut_short_by_the_rewind_goes_on_hydrating(self):
         # node-a's detach committed: node-b turned hydration on, and the
         # stale save landed before it recorded the commit.  Hydration on
@@ -206,7 +202,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.assertEqual(move.HYDRATING, self.state())
         self.save_whole(stale)
 
-    @unittest.expectedFailure
     def test_the_monitor_rolls_it_forward_to_hydrating(self):
         self.rewound_hydrating()
         self.b.monitor.tick()
@@ -216,7 +211,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_restart_of_the_destination_rolls_it_forward(self):
         self.rewound_hydrating()
         self.b.restart()
@@ -226,7 +220,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_after_a_reboot_the_source_confirms_first(self):
         # The reboot took the clone and whether its hydration was on:
         # the clone comes back with hydration off, as the live
@@ -243,7 +236,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.assertIn(peer.CLOSED, self.ops())
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_reboot_with_the_source_down_waits_for_it(self):
         self.rewound_hydrating()
         self.a.down = True
@@ -276,7 +268,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_prepare_deadline_passing_changes_nothing_on_the_source(self):
         self.rewound_hydrating()
         self.c.now += 100000
@@ -294,7 +285,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_busy_lock_waits_for_the_next_tick(self):
         # (Another step holds the volume's lock: a delete, an extend.)
         self.rewound_hydrating()
@@ -306,27 +296,66 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.b.monitor.tick()
         self.assertEqual(move.HYDRATING, self.state())
 
+    def test_a_second_caller_finds_it_rolled_forward(self):
+        # (The monitor's tick and a start's retry, say: one acts.)
+        self.rewound_hydrating()
+        t = self.c.transfer()
+        volume = self.c.volume()
+        self.assertIsNotNone(self.b.destination.roll_forward(volume, t))
+        self.assertIsNone(self.b.destination.roll_forward(volume, t))
+        self.assertFalse(self.b.destination.drop_stale_prepare(VOLUME_ID, t))
+        self.assertEqual(move.HYDRATING, self.state())
+        self.assertEqual(1, sum('rolled forward' in str(c)
+                                for c in self.log.warning.call_args_list))
+
+    def test_only_the_move_that_was_read(self):
+        # The record holds another move by the time the lock is taken.
+        self.rewound_hydrating()
+        other = dataclasses.replace(self.c.transfer(), secret='cd' * 16)
+        self.assertFalse(self.b.destination.drop_stale_prepare(
+            VOLUME_ID, other))
+        self.assertIsNone(self.b.destination.roll_forward(
+            self.c.volume(), other))
+        self.assertEqual(move.PREPARING, self.state())
+
+    def test_a_write_of_the_other_node_in_between_wins(self):
+        self.rewound_hydrating()
+        self.mock_object(self.b.store, 'roll_forward',
+                         side_effect=move.MoveStateConflict(
+                             volume_id=VOLUME_ID, expected='preparing',
+                             found='aborted'))
+        self.b.monitor.tick()
+        self.assertEqual(move.PREPARING, self.state())
+        self.assert_nothing_removed()
+
+    def test_not_while_a_prepare_of_it_runs_here(self):
+        self.rewound_hydrating()
+        self.b.destination.building.add(VOLUME_ID)
+        self.b.monitor.tick()
+        self.assertEqual(move.PREPARING, self.state())
+        self.assert_nothing_removed()
+        self.b.destination.building.discard(VOLUME_ID)
+        self.b.monitor.tick()
+        self.assertEqual(move.HYDRATING, self.state())
+
     def test_a_delete_while_rewound_removes_every_copy(self):
         self.rewound_hydrating()
         self.c.delete()
         self.c.settle(ticks=8)
         self.c.assert_deleted()
 
-    @unittest.expectedFailure
     def test_a_crash_before_the_roll_forward(self):
         self.rewound_hydrating()
         self.c.crash_at(self.b.store, 'roll_forward')
         self.c.settle(ticks=8)
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_crash_after_the_roll_forward(self):
         self.rewound_hydrating()
         self.c.crash_at(self.b.store, 'roll_forward', when='after')
         self.c.settle(ticks=8)
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_reboot_after_the_roll_forward_before_the_rebuild(self):
         self.c.reboot = True
         self.rewound_hydrating()
@@ -337,7 +366,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle(ticks=8)
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_moves_again_once_finished(self):
         self.rewound_hydrating()
         self.c.settle()
@@ -350,6 +378,50 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.assertIs(self.a, self.c.owner())
         self.assertIsNone(self.c.transfer())
         self.assertEqual([], self.c.violations)
+
+
+class OwnerTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
+    """What a volume's owner can write never steers the roll-forward.
+
+    The owner can set the record back (the legacy ``os-attach``) and
+    write the volume's user metadata, which Cinder's ``metadata`` filter
+    matches too; the roll-forward reads the admin metadata, the volume's
+    host (Cinder's) and node-b's clone only.
+    """
+
+    def with_user_metadata(self, metadata):
+        volume = self.c.volume
+
+        def owners(volume_id=None):
+            v = volume(volume_id)
+            v.metadata = dict(metadata)
+            v.obj_reset_changes()
+            return v
+        self.mock_object(self.c, 'volume', side_effect=owners)
+
+    def test_user_metadata_never_skips_the_live_migration_window(self):
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)
+        self.with_user_metadata({'dmclone_state': move.HYDRATING,
+                                 'dmclone_thin_mapped': 'True',
+                                 'dmclone_dest_host': self.b.host})
+        self.save_whole(stale)
+        self.b.reboot()
+        self.b.recover()
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.state())
+        self.assertFalse(self.hydration_on())
+        self.assert_nothing_removed()
+
+    def test_the_owners_rewind_again_is_rolled_forward_again(self):
+        stale = self.read_while_preparing()
+        self.moved()
+        for _ in range(3):
+            self.save_whole(stale)
+            self.b.monitor.tick()
+            self.assertEqual(move.HYDRATING, self.state())
+        self.c.settle()
+        self.c.assert_completed()
 
 
 class UndecidableTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
@@ -424,7 +496,6 @@ class ThinMappedTestCase(RewindMixin, test_review11.ThinMapClusterTestCase):
         self.assertEqual(move.HYDRATING, self.state())
         self.save_whole(stale)
 
-    @unittest.expectedFailure
     def test_a_reboot_rolls_it_forward_hydrating(self):
         # Its node's mark says the clone was mapped, so built with
         # hydration on: committed.
@@ -436,7 +507,6 @@ class ThinMappedTestCase(RewindMixin, test_review11.ThinMapClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_a_reboot_in_a_pool_that_stopped_zeroing_keeps_the_guard(self):
         self.rewound()
         self.b.pool.zeroing = False
@@ -450,7 +520,6 @@ class ThinMappedTestCase(RewindMixin, test_review11.ThinMapClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_guard_holds_when_the_monitor_rolls_it_forward(self):
         self.rewound()
         self.b.pool.zeroing = False
