@@ -122,7 +122,8 @@ def plan(t, facts):
     if facts.source_here:
         return Action(ABANDON if t.state in ABANDONABLE else LEAVE_TO_DEST)
     if facts.source_away and not facts.dest_here:
-        return Action(REEXPORT if t.state in READS_SOURCE else NOTHING)
+        return Action(REEXPORT if reads_source(t, facts.dest_named)
+                      else NOTHING)
     if not facts.dest_here:
         return Action(NOTHING)
     if t.state == move.SOURCE_LOST:
@@ -147,6 +148,18 @@ def plan(t, facts):
         return Action(REPORT_DELETED)
     return Action(REBUILD, hydrate=t.state != move.CLONED,
                   commit=commit, finalize=t.state == move.FINALIZING)
+
+
+def reads_source(t, dest_named):
+    """True if move ``t``'s destination reads its source's copy.
+
+    Every region it has not copied, until it retires that copy: in the
+    READS_SOURCE states, and ``preparing`` when the volume record names
+    the destination (``dest_named``): a committed move set back by a
+    stale save, which its destination rolls forward.
+    """
+    return t.state in READS_SOURCE or (t.state == move.PREPARING
+                                       and dest_named)
 
 
 def volumes_touching(ctxt, host, node_names):

@@ -107,7 +107,14 @@ SOURCE_AWAY_CASES = [
          F(**AWAY), A(recovery.NOTHING))
     for state in (move.PREPARING, move.ABORTED)
 ] + [
-
+    # The record names the destination, and says preparing: the move
+    # was committed, then set back by a stale whole save (R14-4); the
+    # destination rolls it forward and reads from here meanwhile.
+    case('source of a move set back to preparing', move.PREPARING,
+         F(dest_named=True, **AWAY), A(recovery.REEXPORT)),
+    case('source of an aborted move naming its destination', move.ABORTED,
+         F(dest_named=True, **AWAY), A(recovery.NOTHING)),
+] + [
     # A lost source that comes back while an operator abandons it: its
     # copy is stale the moment the abandon began; never export it again.
     case('source of a move abandoned over it', move.SOURCE_LOST,

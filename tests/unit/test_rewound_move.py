@@ -27,7 +27,6 @@ volume can move again.  In particular the live migration's window
 """
 
 import dataclasses
-import unittest
 
 from cinder import exception
 
@@ -250,7 +249,6 @@ class AttachMoveTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle(ticks=8)
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_source_restarting_while_rewound_exports_again(self):
         # node-a reboots before node-b rolls the move forward: its start
         # must not take the move for one that never went ahead; node-b
