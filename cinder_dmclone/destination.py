@@ -712,7 +712,8 @@ class Destination(side.Side):
                     return False
                 volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
                 if self.named_here_while_preparing(volume, current):
-                    self._roll_forward(volume, current)
+                    if self._roll_forward(volume, current) is None:
+                        self._stop_kept_copy(current)
                     return False
                 if not self.prepare_outlived(current):
                     return False
@@ -841,12 +842,18 @@ class Destination(side.Side):
         finished and was cleared before the save, or a clone that lost
         it), nor from a clone whose status cannot be read or that has
         another geometry than the record: such a move is not rolled
-        forward (finalizing it could retire the only whole copy).
+        forward (finalizing it could retire the only whole copy).  Nor
+        when the clone here may be another move's (:meth:`_other_move`:
+        the saved copy may be older than a move given up before this
+        one), nor for a record without a secret.
         """
         clones = self.clones
         if not (clones.has_data(t) and clones.has_metadata(t)):
             return None, ('its data LV or its dm-clone metadata LV is not '
                           'on this node')
+        other = self._other_move(t)
+        if other is not None:
+            return None, other
         if clones.needs_rebuild(t):
             return (move.HYDRATING if self.was_mapped(t)
                     else move.CLONED), None
@@ -863,6 +870,81 @@ class Destination(side.Side):
         if status.hydration_enabled or self.was_mapped(t):
             return move.HYDRATING, None
         return move.CLONED, None
+
+    def _other_move(self, t):
+        """Why the clone here may belong to another move than ``t``; or None.
+
+        A copy saved long after it was read can set back a move given up
+        before the one that built this clone: the rolled forward record
+        would then describe another clone, and a rebuild for it would
+        drop that clone's thin-mapped mark, and its guard with it
+        (:meth:`_drop_stale_node_mark`).  What names another move: this
+        process's memory of the clone it built or mapped, and this
+        node's own mark (one it cannot read may be another's).
+        """
+        vid = t.volume_id
+        if not t.secret:
+            return 'its record has no secret (an older release\'s)'
+        seen = self.prepare_seen.get(vid)
+        if self.mapped.get(vid, t.secret) != t.secret or \
+                (seen is not None and seen[0] != t.secret):
+            return 'this service built the clone here for another move'
+        if self.marks is None:
+            return None
+        try:
+            value = self.marks.read(vid)
+        except map_mark.MarkNameInvalid:
+            return None
+        except Exception as exc:
+            return 'its thin-mapped mark here cannot be read (%s)' % exc
+        if value is not None and not map_mark.same_tag(
+                value, move.thin_map_tag(t.secret)):
+            return 'its thin-mapped mark here names another move'
+        return None
+
+    def _stop_kept_copy(self, t):
+        """A set-back move kept as it is: stop a copy its pool makes unsafe.
+
+        The monitor applies the thin map's guard to ``hydrating`` moves
+        only (:meth:`guard_pool_zeroing`).  A move kept ``preparing``
+        whose clone hydrates and may be thin mapped (its record, this
+        service or this node marks a clone of the volume, or a mark
+        cannot be read) has its hydration turned off while the pool does
+        not zero new blocks;
+        never on: that waits for the record to be corrected.
+        """
+        try:
+            status = self.clones.clone_status(t)
+        except dmc_exception.InvalidTable:
+            return
+        if not status.hydration_enabled or status.fully_hydrated:
+            return
+        # (Not was_mapped: it would write this move's mark over another
+        # move's.)
+        if not (t.thin_mapped or t.volume_id in self.mapped
+                or self._any_mark(t.volume_id)):
+            return
+        why = self._pool_not_zeroing()
+        if why is None:
+            return
+        self.clones.disable_hydration(t)
+        LOG.error('Volume %(vol)s: stopped hydrating its clone, whose move '
+                  'is kept as recorded (preparing): its regions may have '
+                  'been marked copied by a thin map, and thin pool '
+                  '%(vg)s/%(pool)s does not zero new blocks (%(why)s).',
+                  {'vol': t.volume_id, 'vg': self.clones.vg.vg_name,
+                   'pool': self.clones.thin_pool, 'why': why})
+
+    def _any_mark(self, volume_id):
+        """True if this node marks a clone of the volume (or cannot tell)."""
+        if self.marks is None:
+            return False
+        try:
+            return self.marks.read(volume_id) is not None
+        except map_mark.MarkNameInvalid:
+            return False
+        except Exception:
+            return True
 
     def _report_rewound(self, volume, t, why):
         """Say, once per move, that a set-back record is kept as it is."""

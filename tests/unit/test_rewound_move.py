@@ -528,3 +528,54 @@ class ThinMappedTestCase(RewindMixin, test_review11.ThinMapClusterTestCase):
         self.b.pool.zeroing = True
         self.c.settle()
         self.c.assert_completed()
+
+    def test_a_copy_older_than_the_clones_move_is_kept(self):
+        # The copy saved was read while an earlier attempt, given up
+        # since, was prepared: the clone here is the later move's, and
+        # its guard is that move's mark.  Rolled forward, the record
+        # would describe another clone, and a rebuild for it drop that
+        # mark (with it the guard).
+        stale = self.read_while_preparing()
+        build = self.b.dest.build_clone
+        failed = []
+
+        def fail_once(*args, **kwargs):
+            if not failed:
+                failed.append(True)
+                raise exception.VolumeBackendAPIException(data='failed')
+            return build(*args, **kwargs)
+        self.mock_object(self.b.dest, 'build_clone', side_effect=fail_once)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertIsNone(self.c.transfer())
+        del self.b.wiped[:]     # (what the attempt built, wiped)
+        self.assertTrue(self.c.migrate(self.b))
+        later = self.c.transfer()
+        self.save_whole(stale)
+        self.assertNotEqual(later.secret, self.c.transfer().secret)
+        self.b.pool.zeroing = False
+        self.b.monitor.tick()
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertFalse(self.hydrating(), 'a clone that may be mapped '
+                         'hydrates in a pool that does not zero')
+        for restart in (self.b.restart, self.b.reboot):
+            restart()
+            self.b.recover()
+            self.c.settle(ticks=2)
+            self.assertEqual(move.PREPARING, self.state())
+            self.assertEqual(move.thin_map_tag(later.secret),
+                             self.b.marks.read(VOLUME_ID))
+        self.assertNotIn(HANDLE, self.b.dm.devices)
+        self.assert_nothing_removed()
+        self.assertIn('another move', ' '.join(
+            str(c) for c in self.log.error.call_args_list))
+
+    def test_a_mark_that_cannot_be_read_keeps_it(self):
+        self.rewound()
+        self.mock_object(self.b.marks, 'read',
+                         side_effect=OSError(5, 'Input/output error'))
+        self.b.pool.zeroing = False
+        self.b.monitor.tick()
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertFalse(self.hydrating())
+        self.assert_nothing_removed()
