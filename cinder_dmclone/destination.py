@@ -236,7 +236,7 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
         raise exc
 
-    def tear_down(self, volume, t, keep_data=False):
+    def tear_down(self, volume, t, keep_data=False, deleted_here=False):
         """Remove what move ``t`` built here; never an old copy.
 
         A move that was refused because this node holds an old copy of
@@ -248,9 +248,17 @@ class Destination(side.Side):
         past ``preparing`` was built (the check passed), so its data LV
         is its own.  This node's thin-mapped mark of the volume goes
         with the clone (:meth:`drop_node_mark`).
+
+        ``deleted_here``: the volume is being deleted and its record
+        names this node (a move set back to ``preparing`` after its
+        commit, see :meth:`delete`): its data LV here is the volume,
+        even without a metadata LV beside it (the move had finished, or
+        the clone lost it), and goes, wiped, unless the record names it
+        an old copy kept here (:meth:`kept_copy`).
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
-                             and self.old_copy(t)) or self.kept_copy(volume, t)
+                             and not deleted_here and self.old_copy(t)) \
+            or self.kept_copy(volume, t)
         if keep and not keep_data:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
                         'volume %(vol)s built here: it has no metadata LV, '
@@ -1492,7 +1500,12 @@ class Destination(side.Side):
             if not self.is_dest(t):
                 self.refuse_delete_unless_here(volume)
                 return False
-            self.tear_down(volume, t)
+            # (A move recorded preparing whose record names this node was
+            # set back after its commit: what is here is the volume.)
+            self.tear_down(volume, t, deleted_here=(
+                t.state == move.PREPARING
+                and self.named_here_while_preparing(
+                    objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
                 self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
             except Exception:

@@ -441,13 +441,21 @@ class UndecidableTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
         self.save_whole(stale)
+        wiped = list(self.a.wiped)
         self.c.settle(ticks=8)
         self.b.restart()
         self.b.recover()
+        # node-a's start tries to export the copy it retired: nothing
+        # to export, nothing made.
+        self.a.reboot()
+        self.a.recover()
         self.assertEqual(move.PREPARING, self.state())
         self.assertIn(LV, self.b.vg.lvs)
         self.assertTrue(self.b.vg.lvs[LV]['complete'])
         self.assertEqual([], self.b.wiped)
+        self.assertEqual(wiped, self.a.wiped)
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertEqual({}, self.a.target.exports)
         self.assertIn('rewound', self.errors())
         self.assertEqual([], self.c.violations)
 
@@ -465,6 +473,34 @@ class UndecidableTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
         self.assertEqual([], self.b.wiped)
         self.assertEqual([], self.a.wiped)
         self.assertIn('rewound', self.errors())
+
+    def test_a_delete_after_a_rewind_of_a_finished_move(self):
+        # The owner deletes the volume: node-b's LV is the volume (its
+        # record names node-b), and goes, wiped, however the record got
+        # there.
+        stale = self.read_while_preparing()
+        self.moved()
+        self.c.settle()
+        self.save_whole(stale)
+        self.c.attachments[:] = []
+        self.c.delete()
+        self.c.settle(ticks=4)
+        self.c.assert_deleted()
+        self.assertTrue(any('-dmcwipe-' in p for p in self.b.wiped))
+
+    def test_a_delete_with_the_metadata_lost_removes_both_copies(self):
+        stale = self.read_while_preparing()
+        self.moved(live=True)
+        self.save_whole(stale)
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        self.c.attachments[:] = []
+        self.c.delete()
+        self.c.settle(ticks=4)
+        self.c.assert_deleted()
+        self.assertTrue(any('-dmcwipe-' in p for p in self.a.wiped))
+        self.assertTrue(any('-dmcwipe-' in p for p in self.b.wiped))
 
 
 class NotNamedHereTestCase(RewindMixin, test_two_nodes.ClusterTestCase):
