@@ -886,16 +886,16 @@ class Destination(side.Side):
         before the one that built this clone: the rolled forward record
         would then describe another clone, and a rebuild for it would
         drop that clone's thin-mapped mark, and its guard with it
-        (:meth:`_drop_stale_node_mark`).  What names another move: this
-        process's memory of the clone it built or mapped, and this
-        node's own mark (one it cannot read may be another's).
+        (:meth:`_drop_stale_node_mark`).  What names another move: the
+        last prepare of the volume this process ran (each prepare here
+        records its move: :attr:`prepare_seen`), and this node's own
+        mark (one it cannot read may be another's).
         """
         vid = t.volume_id
         if not t.secret:
             return 'its record has no secret (an older release\'s)'
         seen = self.prepare_seen.get(vid)
-        if self.mapped.get(vid, t.secret) != t.secret or \
-                (seen is not None and seen[0] != t.secret):
+        if seen is not None and seen[0] != t.secret:
             return 'this service built the clone here for another move'
         if self.marks is None:
             return None

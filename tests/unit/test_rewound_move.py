@@ -606,6 +606,27 @@ class ThinMappedTestCase(RewindMixin, test_review11.ThinMapClusterTestCase):
         self.assertIn('another move', ' '.join(
             str(c) for c in self.log.error.call_args_list))
 
+    def test_an_earlier_mapped_move_does_not_keep_a_later_one(self):
+        # node-b mapped an earlier move of the volume: a later live
+        # migration to node-b (never mapped), set back, is rolled
+        # forward all the same, cloned.
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.settle()
+        self.c.assert_completed()
+        src = self.c.attach(self.a)[0]
+        self.c.settle()
+        self.assertIs(self.a, self.c.owner())
+        stale = self.read_while_preparing()
+        self.c.attach(self.b)
+        self.assertEqual(move.CLONED, self.state())
+        self.save_whole(stale)
+        self.b.monitor.tick()
+        self.assertEqual(move.CLONED, self.state())
+        self.assertFalse(self.hydrating())
+        self.c.detach(src)
+        self.c.settle()
+        self.c.assert_completed()
+
     def test_a_mark_that_cannot_be_read_keeps_it(self):
         self.rewound()
         self.mock_object(self.b.marks, 'read',
