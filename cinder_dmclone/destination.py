@@ -128,6 +128,9 @@ class Destination(side.Side):
         #: volume id -> (secret, when) this node first saw that move
         #: preparing, on its own clock (see prepare_age).
         self.prepare_seen = {}
+        #: volume id -> the secret of its rewound move last reported as
+        #: one that cannot be rolled forward (see roll_forward).
+        self.rewound_reported = {}
 
     # -- steps the source asks for ----------------------------------------
 
@@ -233,7 +236,7 @@ class Destination(side.Side):
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
         raise exc
 
-    def tear_down(self, volume, t, keep_data=False):
+    def tear_down(self, volume, t, keep_data=False, deleted_here=False):
         """Remove what move ``t`` built here; never an old copy.
 
         A move that was refused because this node holds an old copy of
@@ -245,9 +248,17 @@ class Destination(side.Side):
         past ``preparing`` was built (the check passed), so its data LV
         is its own.  This node's thin-mapped mark of the volume goes
         with the clone (:meth:`drop_node_mark`).
+
+        ``deleted_here``: the volume is being deleted and its record
+        names this node (a move set back to ``preparing`` after its
+        commit, see :meth:`delete`): its data LV here is the volume,
+        even without a metadata LV beside it (the move had finished, or
+        the clone lost it), and goes, wiped, unless the record names it
+        an old copy kept here (:meth:`kept_copy`).
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
-                             and self.old_copy(t)) or self.kept_copy(volume, t)
+                             and not deleted_here and self.old_copy(t)) \
+            or self.kept_copy(volume, t)
         if keep and not keep_data:
             LOG.warning('Keeping LV %(lv)s while removing what the move of '
                         'volume %(vol)s built here: it has no metadata LV, '
@@ -691,6 +702,10 @@ class Destination(side.Side):
         goes.  The record stays ``aborted``, inert: the source ends it
         (its next move, delete or restart drops the export it made for
         the move, which this node cannot).  Returns True if it did.
+
+        Never a move whose volume record names this node: that one was
+        committed, and its record set back since; it is rolled forward
+        at once, whatever its age (:meth:`roll_forward`), or kept.
         """
         if volume_id in self.building:
             return False
@@ -703,6 +718,11 @@ class Destination(side.Side):
                         and current.state == move.PREPARING):
                     self.prepare_seen.pop(volume_id, None)
                     return False
+                volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+                if self.named_here_while_preparing(volume, current):
+                    if self._roll_forward(volume, current) is None:
+                        self._stop_kept_copy(current)
+                    return False
                 if not self.prepare_outlived(current):
                     return False
                 self.prepare_seen.pop(volume_id, None)
@@ -710,36 +730,245 @@ class Destination(side.Side):
                             'still preparing, but its source no longer '
                             'waits for this node: aborting it.',
                             {'vol': volume_id, 'src': t.source_node})
-                volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
-                if self.named_here_while_preparing(volume, current):
-                    return False
                 self.store.transition(self.ctxt(), current,
                                       (move.PREPARING,), move.ABORTED)
                 self.tear_down(volume, current)
                 return True
 
     def named_here_while_preparing(self, volume, t):
-        """True (logged) if the volume record names this node already.
+        """True if the volume record names this node while ``t`` prepares.
 
         The source points the record here only after it committed the
         move (Source.move: the transition, then move_volume): a move
-        still ``preparing`` whose volume lives here is a record rewound
+        still ``preparing`` whose volume lives here is a record set back
         by a write of an older copy (R14-4: Cinder's Volume.save writes
         admin metadata whole, with delete=True, from a copy read before
         the commit).  Its clone here is the volume, with every write
         since the commit: it is never torn down as a stale prepare.
+        Any name of this node's counts here (its service's host too),
+        and the move's destination host whatever it is: a roll-forward
+        needs the latter (:meth:`roll_forward`).
         """
         host = volume['host']
-        if not host or volume_utils.extract_host(host, 'host') not in \
-                self.node_names:
+        if not host:
             return False
-        LOG.error('Volume %(vol)s lives on this node by its record, but '
-                  'its move from %(src)s is recorded as still preparing: '
-                  'the record was rewound. Its clone here is kept; an '
-                  'operator must set the move\'s state back '
-                  '(dmclone_state hydrating) once checked.',
-                  {'vol': volume['id'], 'src': t.source_node})
-        return True
+        return (volume_utils.extract_host(host, 'host') in self.record_names
+                or self.names_destination(volume, t))
+
+    def roll_forward(self, volume, t):
+        """Roll move ``t`` forward if its record was set back to preparing.
+
+        For a start (Recovery), which runs before this service serves
+        requests, or a caller that holds the volume's lock; the build
+        lock is taken here.  Returns the move as rolled forward, or None
+        if nothing was done (the record changed meanwhile, or the move
+        cannot be rolled forward: :meth:`_roll_forward`).
+        """
+        with move.build_lock(volume['id']):
+            current = self.load_any(volume['id'])
+            if not (self.is_dest(current) and t.still(current)
+                    and current.state == move.PREPARING):
+                return None
+            volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+            if not self.named_here_while_preparing(volume, current):
+                return None
+            return self._roll_forward(volume, current)
+
+    def _roll_forward(self, volume, t):
+        """Give move ``t``, committed then set back, its state again.
+
+        The caller holds the build lock, and read ``t`` (``preparing``)
+        and ``volume``, which names this node, under it
+        (:meth:`named_here_while_preparing`).  Only a move whose volume
+        record names its destination (Side.names_destination: the source
+        wrote it after its commit, and no volume owner can write it) and
+        that no prepare in this process builds now.  Which state it had
+        is read from what the stale save cannot set back, this node's
+        clone (:meth:`rewound_state`), and written by a compare-and-set
+        on this very move (Store.roll_forward): a second caller finds it
+        rolled forward already and does nothing.  What the save dropped
+        comes back by itself: the monitor publishes the progress at its
+        next tick, a ``cloned`` move marks what it waits for again
+        (:meth:`commit_pending`), and this node's own mark keeps a thin
+        map's guard (:meth:`was_mapped`).  Returns ``t`` rolled forward,
+        or None; one that cannot be is kept as it is, logged once.
+        """
+        if t.volume_id in self.building:
+            return None
+        if self.names_destination(volume, t):
+            state, why = self.rewound_state(t)
+        else:
+            state, why = None, ('its record names %s, not the move\'s '
+                                'destination %s' % (volume['host'],
+                                                    t.dest_host))
+        if state is None:
+            self._report_rewound(volume, t, why)
+            return None
+        try:
+            self.store.roll_forward(self.ctxt(), t, state)
+        except move.MoveStateConflict:
+            return None     # (changed since the read: nothing to do)
+        self.prepare_seen.pop(t.volume_id, None)
+        self.rewound_reported.pop(t.volume_id, None)
+        if state == move.HYDRATING:
+            self.held.discard(t.volume_id)
+            self.awaiting_source.discard(t.volume_id)
+        LOG.warning('Volume %(vol)s lives on this node by its record, but '
+                    'its move from %(src)s was recorded as preparing again '
+                    '(a stale copy of its admin metadata saved whole): '
+                    'rolled forward to %(state)s.',
+                    {'vol': t.volume_id, 'src': t.source_node,
+                     'state': state})
+        return t
+
+    def rewound_state(self, t):
+        """The state move ``t``, set back to ``preparing``, had: or why not.
+
+        Returns ``(state, None)`` or ``(None, reason)``.  Read from this
+        node's clone, which no write of the record changes and no volume
+        owner can reach:
+
+        * hydration on in the loaded clone: ``hydrating``.  Only a
+          committed move hydrates: a clone is built hydrating only when
+          its source found no attachment that may use its copy, and
+          hydration is turned on only by a commit (after the source
+          confirmed its copy closed) or for a committed move.
+        * a clone thin mapped here (:meth:`was_mapped`, this node's own
+          mark outlives the save): ``hydrating``; a map is only ever
+          applied to a move that hydrates at once.  Its guard keeps it
+          from copying while the pool does not zero.
+        * else ``cloned``, with hydration off: the live migration's
+          window, where the source may still write, or a committed move
+          whose clone a reboot took (and with it whether it hydrated).
+          Never hydrating then: ``cloned`` commits only on the source's
+          word that no instance there holds its copy any more
+          (:meth:`commit_pending`), a short wait at worst, while a move
+          skipping that window would copy regions the source writes
+          again, and its finalization retire them.
+
+        Nothing tells it without the clone's metadata LV (a move that
+        finished and was cleared before the save, or a clone that lost
+        it), nor from a clone whose status cannot be read or that has
+        another geometry than the record: such a move is not rolled
+        forward (finalizing it could retire the only whole copy).  Nor
+        when the clone here may be another move's (:meth:`_other_move`:
+        the saved copy may be older than a move given up before this
+        one), nor for a record without a secret.
+        """
+        clones = self.clones
+        if not (clones.has_data(t) and clones.has_metadata(t)):
+            return None, ('its data LV or its dm-clone metadata LV is not '
+                          'on this node')
+        other = self._other_move(t)
+        if other is not None:
+            return None, other
+        if clones.needs_rebuild(t):
+            return (move.HYDRATING if self.was_mapped(t)
+                    else move.CLONED), None
+        try:
+            status = clones.clone_status(t)
+        except dmc_exception.InvalidTable as exc:
+            return None, str(exc)
+        if status.region_size != t.region_sectors or \
+                status.total_regions != dmsetup.region_count(
+                    t.clone_sectors, t.region_sectors):
+            return None, ('its clone here has %d regions of %d sectors, '
+                          'not the record\'s'
+                          % (status.total_regions, status.region_size))
+        if status.hydration_enabled or self.was_mapped(t):
+            return move.HYDRATING, None
+        return move.CLONED, None
+
+    def _other_move(self, t):
+        """Why the clone here may belong to another move than ``t``; or None.
+
+        A copy saved long after it was read can set back a move given up
+        before the one that built this clone: the rolled forward record
+        would then describe another clone, and a rebuild for it would
+        drop that clone's thin-mapped mark, and its guard with it
+        (:meth:`_drop_stale_node_mark`).  What names another move: the
+        last prepare of the volume this process ran (each prepare here
+        records its move: :attr:`prepare_seen`), and this node's own
+        mark (one it cannot read may be another's).
+        """
+        vid = t.volume_id
+        if not t.secret:
+            return 'its record has no secret (an older release\'s)'
+        seen = self.prepare_seen.get(vid)
+        if seen is not None and seen[0] != t.secret:
+            return 'this service built the clone here for another move'
+        if self.marks is None:
+            return None
+        try:
+            value = self.marks.read(vid)
+        except map_mark.MarkNameInvalid:
+            return None
+        except Exception as exc:
+            return 'its thin-mapped mark here cannot be read (%s)' % exc
+        if value is not None and not map_mark.same_tag(
+                value, move.thin_map_tag(t.secret)):
+            return 'its thin-mapped mark here names another move'
+        return None
+
+    def _stop_kept_copy(self, t):
+        """A set-back move kept as it is: stop a copy its pool makes unsafe.
+
+        The monitor applies the thin map's guard to ``hydrating`` moves
+        only (:meth:`guard_pool_zeroing`).  A move kept ``preparing``
+        whose clone hydrates and may be thin mapped (its record, this
+        service or this node marks a clone of the volume, or a mark
+        cannot be read) has its hydration turned off while the pool does
+        not zero new blocks;
+        never on: that waits for the record to be corrected.
+        """
+        try:
+            status = self.clones.clone_status(t)
+        except dmc_exception.InvalidTable:
+            return
+        if not status.hydration_enabled or status.fully_hydrated:
+            return
+        # (Not was_mapped: it would write this move's mark over another
+        # move's.)
+        if not (t.thin_mapped or t.volume_id in self.mapped
+                or self._any_mark(t.volume_id)):
+            return
+        why = self._pool_not_zeroing()
+        if why is None:
+            return
+        self.clones.disable_hydration(t)
+        LOG.error('Volume %(vol)s: stopped hydrating its clone, whose move '
+                  'is kept as recorded (preparing): its regions may have '
+                  'been marked copied by a thin map, and thin pool '
+                  '%(vg)s/%(pool)s does not zero new blocks (%(why)s).',
+                  {'vol': t.volume_id, 'vg': self.clones.vg.vg_name,
+                   'pool': self.clones.thin_pool, 'why': why})
+
+    def _any_mark(self, volume_id):
+        """True if this node marks a clone of the volume (or cannot tell)."""
+        if self.marks is None:
+            return False
+        try:
+            return self.marks.read(volume_id) is not None
+        except map_mark.MarkNameInvalid:
+            return False
+        except Exception:
+            return True
+
+    def _report_rewound(self, volume, t, why):
+        """Say, once per move, that a set-back record is kept as it is."""
+        if self.rewound_reported.get(t.volume_id) == t.secret:
+            return
+        self.rewound_reported[t.volume_id] = t.secret
+        LOG.error('Volume %(vol)s lives on this node by its record, but its '
+                  'move from %(src)s is recorded as preparing: the record '
+                  'was rewound (a stale copy of its admin metadata saved '
+                  'whole), and it cannot be rolled forward: %(why)s.  '
+                  'Nothing is removed on either node.  Check both with '
+                  '"cinder-dmclone status"; if the move had finished (no '
+                  'clone here, the LV complete), remove its dmclone_* '
+                  'admin metadata keys, else set dmclone_state to the '
+                  'state it had.',
+                  {'vol': volume['id'], 'src': t.source_node, 'why': why})
 
     def drop_aborted(self, volume, t):
         """Remove what an aborted move built here, and forget it."""
@@ -1271,7 +1500,12 @@ class Destination(side.Side):
             if not self.is_dest(t):
                 self.refuse_delete_unless_here(volume)
                 return False
-            self.tear_down(volume, t)
+            # (A move recorded preparing whose record names this node was
+            # set back after its commit: what is here is the volume.)
+            self.tear_down(volume, t, deleted_here=(
+                t.state == move.PREPARING
+                and self.named_here_while_preparing(
+                    objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
                 self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
             except Exception:

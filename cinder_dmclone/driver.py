@@ -1178,7 +1178,8 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                 LOG.warning('Not exporting volume %s again: its move '
                             'cannot be read.', volume.id, exc_info=True)
                 continue
-            if self.source.is_source(t) and t.state in recovery.READS_SOURCE:
+            if self.source.is_source(t) and recovery.reads_source(
+                    t, self.source.names_destination(volume, t)):
                 volumes.setdefault(volume.id, volume)
         return list(volumes.values())
 

@@ -27,7 +27,10 @@ state              meaning, and what recovery on the destination does
                    may be half built.  Recovery rolls the destination back
                    (never reuses a metadata LV that may not be initialised).
                    The source commits it (to ``cloned`` or ``hydrating``)
-                   only before the deadline it recorded with it.
+                   only before the deadline it recorded with it.  One whose
+                   volume record names its destination was committed, then
+                   set back by a stale whole save of the admin metadata:
+                   the destination rolls it forward (Store.roll_forward).
 ``cloned``         the clone serves I/O on the destination, hydration is off
                    because the source may still have an attachment (live
                    migration).  Recovery rebuilds the clone, hydration off.
@@ -720,8 +723,40 @@ class Store(object):
         deadline its source recorded has passed
         (:meth:`_refuse_past_deadline`).
         """
-        # A move recorded by release 1.1.0 gets its secret here first (the
-        # caller holds the lock, as every writer does).
+        current = self._current(ctxt, t, expected)
+        if current.state == PREPARING and state in (CLONED, HYDRATING):
+            self._refuse_past_deadline(current)
+        self._write_state(ctxt, t, state)
+
+    def roll_forward(self, ctxt, t, state):
+        """Set move ``t``, rewound to ``preparing``, back to ``state``.
+
+        Not a commit: the source committed the move, and pointed the
+        volume record at its destination afterwards; a whole save of an
+        older copy of the admin metadata then set the state back (see
+        Destination.roll_forward, which alone calls this, and decides
+        ``state``: ``cloned`` or ``hydrating``).  So the source's
+        deadline (:meth:`_refuse_past_deadline`) does not apply: it
+        keeps a late commit from naming a clone that either node may be
+        removing as dead, and neither removes one whose volume record
+        names its destination.  Conditional like :meth:`transition`:
+        MoveStateConflict, writing nothing, unless the record still
+        describes this very move, ``preparing``.
+        """
+        if state not in (CLONED, HYDRATING):
+            raise ValueError('a rewound move goes back to %s or %s, not %s'
+                             % (CLONED, HYDRATING, state))
+        self._current(ctxt, t, (PREPARING,))
+        self._write_state(ctxt, t, state)
+
+    def _current(self, ctxt, t, expected):
+        """The record of move ``t`` if in one of ``expected`` states.
+
+        MoveStateConflict if it describes no move, another move, or this
+        one in another state.  A move recorded by release 1.1.0 gets its
+        secret here first (the caller holds the lock, as every writer
+        does).
+        """
         self.ensure_secret(ctxt, t)
         current = self.load(ctxt, t.volume_id)
         if current is None or not t.same_move(current):
@@ -729,13 +764,11 @@ class Store(object):
         elif current.state not in expected:
             found = current.state
         else:
-            found = None
-        if found is not None:
-            raise MoveStateConflict(
-                volume_id=t.volume_id,
-                expected='/'.join(expected), found=found)
-        if current.state == PREPARING and state in (CLONED, HYDRATING):
-            self._refuse_past_deadline(current)
+            return current
+        raise MoveStateConflict(volume_id=t.volume_id,
+                                expected='/'.join(expected), found=found)
+
+    def _write_state(self, ctxt, t, state):
         self.db.volume_admin_metadata_update(
             ctxt, t.volume_id, {KEY_PREFIX + 'state': state}, False)
         t.state = state

@@ -55,6 +55,11 @@ DROP_ABORTED = 'drop aborted'
 #: Destination, ``preparing``: tear down the half-built clone; the source
 #: (or its recovery) owns the record and clears it.
 TEAR_DOWN = 'tear down'
+#: Destination, ``preparing`` while the volume record names it: the move
+#: was committed and its record set back by a stale whole save of the
+#: admin metadata; roll it forward as its clone tells
+#: (Destination.roll_forward), then resume it as that state says.
+ROLL_FORWARD = 'roll forward'
 #: Destination, ``cloned``: the live migration failed (or a rollback was
 #: cut short): roll back, unless the clone took writes.
 ROLL_BACK = 'roll back unless written'
@@ -96,6 +101,10 @@ class Facts:
     #: The move's source is this node, and the volume record names the
     #: destination (the move went ahead).
     source_away: bool = False
+    #: The volume record names the move's destination (Side.
+    #: names_destination); read for a move ``preparing`` only: one that
+    #: was committed, then set back by a stale save.
+    dest_named: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +122,8 @@ def plan(t, facts):
     if facts.source_here:
         return Action(ABANDON if t.state in ABANDONABLE else LEAVE_TO_DEST)
     if facts.source_away and not facts.dest_here:
-        return Action(REEXPORT if t.state in READS_SOURCE else NOTHING)
+        return Action(REEXPORT if reads_source(t, facts.dest_named)
+                      else NOTHING)
     if not facts.dest_here:
         return Action(NOTHING)
     if t.state == move.SOURCE_LOST:
@@ -121,7 +131,7 @@ def plan(t, facts):
     if t.state == move.ABORTED:
         return Action(DROP_ABORTED)
     if t.state == move.PREPARING:
-        return Action(TEAR_DOWN)
+        return Action(ROLL_FORWARD if facts.dest_named else TEAR_DOWN)
     commit = False
     if t.state == move.CLONED:
         # The detach a crash may have lost decides: none left on the
@@ -138,6 +148,18 @@ def plan(t, facts):
         return Action(REPORT_DELETED)
     return Action(REBUILD, hydrate=t.state != move.CLONED,
                   commit=commit, finalize=t.state == move.FINALIZING)
+
+
+def reads_source(t, dest_named):
+    """True if move ``t``'s destination reads its source's copy.
+
+    Every region it has not copied, until it retires that copy: in the
+    READS_SOURCE states, and ``preparing`` when the volume record names
+    the destination (``dest_named``): a committed move set back by a
+    stale save, which its destination rolls forward.
+    """
+    return t.state in READS_SOURCE or (t.state == move.PREPARING
+                                       and dest_named)
 
 
 def volumes_touching(ctxt, host, node_names):
@@ -545,6 +567,8 @@ class Recovery(object):
         return Facts(
             source_here=source_here, dest_here=dest_here,
             source_away=self.source.is_source(t) and not source_here,
+            dest_named=(t.state == move.PREPARING
+                        and dest.names_destination(volume, t)),
             on_source=on_source, on_dest=on_dest,
             has_data=dest_here and dest.clones.has_data(t),
             needs_rebuild=dest_here and dest.clones.needs_rebuild(t))
@@ -592,8 +616,13 @@ class Recovery(object):
             dest.drop_aborted(volume, t)
         elif action.name == ROLL_BACK:
             dest.roll_back_unless_written(volume, t)
+        elif action.name == ROLL_FORWARD:
+            self._roll_forward(volume, t)
         elif action.name == TEAR_DOWN:
             if dest.named_here_while_preparing(volume, t):
+                # (Named by another of this node's names: kept, and
+                # reported if it cannot be rolled forward.)
+                self._roll_forward(volume, t)
                 return
             LOG.warning('Transfer of volume %s was half built; rolling '
                         'back this node.', volume.id)
@@ -611,6 +640,23 @@ class Recovery(object):
                         'interrupted; delete it again.', volume.id)
         elif action.name == REBUILD:
             self._rebuild(volume, t, action)
+
+    def _roll_forward(self, volume, t):
+        """ROLL_FORWARD, then what recovery does in the state it gives.
+
+        Without the volume's lock at start, as every action here (see
+        :meth:`recover`): no request reaches this service yet, the
+        source never writes the state of a move whose volume record
+        names its destination, and the write is a compare-and-set on
+        this very move.  The clone a reboot took is built again as the
+        new state says (REBUILD, hydration off for ``cloned``); if its
+        source does not answer, the monitor tries again
+        (:meth:`retry_rebuilds`), for the move as recorded then.
+        """
+        rolled = self.destination.roll_forward(volume, t)
+        if rolled is not None:
+            self._act(plan(rolled, self.facts(volume, rolled)), volume,
+                      rolled)
 
     def _abandon(self, volume, t):
         """ABANDON under the volume's lock, if the move still never committed.

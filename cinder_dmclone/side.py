@@ -71,6 +71,26 @@ class Side(object):
     def is_source(self, t):
         return t is not None and t.source_node in self.node_names
 
+    @staticmethod
+    def names_destination(volume, t):
+        """True if the volume record's host is move ``t``'s destination.
+
+        The source writes it (``t.dest_host``) only once it committed the
+        move (Source.move: the state, then the host), and only the
+        destination's rollback writes another host while the move is
+        recorded: so a move recorded ``preparing`` whose volume names its
+        destination was committed, and set back since by a whole save of
+        an older copy of the admin metadata (R14-4, see
+        Destination.roll_forward).  The host is Cinder's column, which no
+        volume owner writes; the backends are compared (``host@backend``),
+        as the pool part is the scheduler's.
+        """
+        host = volume['host'] if volume is not None else None
+        if t is None or not host:
+            return False
+        return volume_utils.extract_host(host, 'backend') == \
+            volume_utils.extract_host(t.dest_host, 'backend')
+
     def load(self, volume_id):
         """The volume's move in progress, or None.
 

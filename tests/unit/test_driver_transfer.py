@@ -649,11 +649,26 @@ class ExportMovingAwayTestCase(test_driver.DriverTestBase):
         target.assert_called_once()
 
     def test_a_move_that_never_went_ahead_is_not_exported_again(self):
+        # (Its record still names node-a: Cinder's start exports it if
+        # it is node-a's to export.)
+        self.volume.host = 'node-a@dmclone#dmclone'
         self.db.volume_admin_metadata_get.return_value = transfer_metadata(
             state=move.PREPARING, source='node-a', dest='node-b')
         self.mock_object(self.drv.target_driver, 'ensure_export')
         self.drv.ensure_export(self.ctxt, self.other)
         self.assertNotIn(HANDLE, self.dm.devices)
+
+    def test_a_move_set_back_to_preparing_is_exported_again(self):
+        # The record names node-b: the move was committed, then set back
+        # by a stale whole save (R14-4); node-b still reads from here.
+        self.db.volume_admin_metadata_get.return_value = transfer_metadata(
+            state=move.PREPARING, source='node-a', dest='node-b')
+        handles = []
+        self.mock_object(
+            self.drv.target_driver, 'ensure_export',
+            side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
+        self.drv.ensure_export(self.ctxt, self.other)
+        self.assertIn(HANDLE, handles[0])
 
 
 class RefuseDuringTransferTestCase(test_driver.DriverTestBase):

@@ -393,6 +393,54 @@ class StoreTestCase(test.TestCase):
         self.assertEqual(move.HYDRATING,
                          store.load(self.ctxt, VOLUME_ID).state)
 
+    def test_roll_forward_past_the_deadline(self):
+        # A committed move set back to preparing by a stale save (R14-4)
+        # is no commit: the source's deadline does not apply.
+        store, t, _now = self.recorded_with_a_deadline(10 ** 6)
+        for state in (move.HYDRATING, move.CLONED):
+            t.state = move.PREPARING
+            store.db.volume_admin_metadata_update(
+                self.ctxt, VOLUME_ID, {'dmclone_state': move.PREPARING},
+                False)
+            store.roll_forward(self.ctxt, t, state)
+            self.assertEqual(state, t.state)
+            self.assertEqual(state, store.load(self.ctxt, VOLUME_ID).state)
+
+    def test_roll_forward_only_from_preparing(self):
+        t = make_move()
+        self.store.save(self.ctxt, t)
+        self.store.roll_forward(self.ctxt, t, move.CLONED)
+        # (A second caller, which read it preparing, writes nothing.)
+        exc = self.assertRaises(move.MoveStateConflict,
+                                self.store.roll_forward, self.ctxt, t,
+                                move.HYDRATING)
+        self.assertIn('expected preparing, found cloned', str(exc))
+        self.assertEqual(move.CLONED,
+                         self.store.load(self.ctxt, VOLUME_ID).state)
+
+    def test_roll_forward_of_another_move_writes_nothing(self):
+        old, new = make_move(), make_move()
+        self.store.save(self.ctxt, old)
+        self.store.save(self.ctxt, new)
+        self.assertRaises(move.MoveStateConflict, self.store.roll_forward,
+                          self.ctxt, old, move.HYDRATING)
+        self.assertEqual(new, self.store.load(self.ctxt, VOLUME_ID))
+        self.store.clear(self.ctxt, VOLUME_ID)
+        self.assertRaises(move.MoveStateConflict, self.store.roll_forward,
+                          self.ctxt, new, move.HYDRATING)
+        self.assertNotIn('dmclone_state',
+                         self.db.admin_metadata.get(VOLUME_ID, {}))
+
+    def test_roll_forward_never_to_another_state(self):
+        t = make_move()
+        self.store.save(self.ctxt, t)
+        for state in (move.PREPARING, move.FINALIZING, move.ABORTED,
+                      move.SOURCE_LOST):
+            self.assertRaises(ValueError, self.store.roll_forward,
+                              self.ctxt, t, state)
+        self.assertEqual(move.PREPARING,
+                         self.store.load(self.ctxt, VOLUME_ID).state)
+
     def test_progress_of_an_earlier_move_is_not_shown_for_a_new_one(self):
         # A clear cut short by a crash left the old move's progress.
         # (Before: the next move showed it as its own.)

@@ -107,6 +107,14 @@ SOURCE_AWAY_CASES = [
          F(**AWAY), A(recovery.NOTHING))
     for state in (move.PREPARING, move.ABORTED)
 ] + [
+    # The record names the destination, and says preparing: the move
+    # was committed, then set back by a stale whole save (R14-4); the
+    # destination rolls it forward and reads from here meanwhile.
+    case('source of a move set back to preparing', move.PREPARING,
+         F(dest_named=True, **AWAY), A(recovery.REEXPORT)),
+    case('source of an aborted move naming its destination', move.ABORTED,
+         F(dest_named=True, **AWAY), A(recovery.NOTHING)),
+] + [
     # A lost source that comes back while an operator abandons it: its
     # copy is stale the moment the abandon began; never export it again.
     case('source of a move abandoned over it', move.SOURCE_LOST,
@@ -129,6 +137,19 @@ DEST_CASES = [
     case('preparing, no data LV yet', move.PREPARING,
          F(has_data=False, needs_rebuild=True, **DEST),
          A(recovery.TEAR_DOWN)),
+    # The volume record names this node: the source committed the move
+    # (it names the destination only then), and a stale whole save set
+    # the state back (R14-4).  Never torn down: rolled forward as the
+    # clone tells (Destination.roll_forward), which keeps it if the
+    # clone cannot tell.
+    case('preparing, record names this node: set back', move.PREPARING,
+         F(dest_named=True, **DEST), A(recovery.ROLL_FORWARD)),
+    case('preparing, set back, clone lost with a reboot', move.PREPARING,
+         F(dest_named=True, needs_rebuild=True, **DEST),
+         A(recovery.ROLL_FORWARD)),
+    case('preparing, set back, no data LV', move.PREPARING,
+         F(dest_named=True, has_data=False, **DEST),
+         A(recovery.ROLL_FORWARD)),
 
     # cloned: a live migration in progress; the detach a crash may have
     # lost decides, as the attachments now tell it.
@@ -243,7 +264,7 @@ class PlanTestCase(test.TestCase):
                           recovery.ROLL_BACK, recovery.REBUILD,
                           recovery.FINALIZE, recovery.REPORT_DELETED,
                           recovery.REEXPORT, recovery.AWAIT_OPERATOR,
-                          recovery.LEAVE_TO_DEST},
+                          recovery.LEAVE_TO_DEST, recovery.ROLL_FORWARD},
                          names)
 
     def test_defaults(self):
@@ -251,7 +272,7 @@ class PlanTestCase(test.TestCase):
                            finalize=False), A(recovery.NOTHING))
         self.assertEqual(F(source_here=False, dest_here=True, on_source=0,
                            on_dest=0, has_data=True, needs_rebuild=False,
-                           source_away=False), F(**DEST))
+                           source_away=False, dest_named=False), F(**DEST))
 
     @ddt.data(*move.STATES)
     def test_attachments_only_matter_in_cloned(self, state):
@@ -312,7 +333,7 @@ class FactsTestCase(test.TestCase):
         self.assertEqual(F(source_here=False, dest_here=True, on_source=2,
                            on_dest=1), facts)
 
-    @ddt.data(move.PREPARING, move.HYDRATING, move.FINALIZING, move.ABORTED)
+    @ddt.data(move.HYDRATING, move.FINALIZING, move.ABORTED)
     def test_destination_outside_cloned_reads_no_attachments(self, state):
         self.clones.needs_rebuild.return_value = True
         facts = self._recovery('node-b').facts(
@@ -320,6 +341,33 @@ class FactsTestCase(test.TestCase):
         self.assertEqual(F(source_here=False, dest_here=True,
                            needs_rebuild=True), facts)
         self.attachments.assert_not_called()
+
+    def test_destination_preparing_where_the_record_names_it(self):
+        # (Set back by a stale save: R14-4.)
+        self.clones.needs_rebuild.return_value = True
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@dmclone#dmclone'),
+            make_move(move.PREPARING))
+        self.assertEqual(F(source_here=False, dest_here=True,
+                           needs_rebuild=True, dest_named=True), facts)
+        self.attachments.assert_not_called()
+
+    def test_destination_preparing_before_the_record_names_it(self):
+        facts = self._recovery('node-b').facts(
+            self._volume('node-a@dmclone#dmclone'),
+            make_move(move.PREPARING))
+        self.assertEqual(F(source_here=False, dest_here=True), facts)
+
+    def test_another_pool_of_the_destination_names_it(self):
+        # (The pool part is the scheduler's.)
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@dmclone#other'), make_move(move.PREPARING))
+        self.assertTrue(facts.dest_named)
+
+    def test_another_backend_of_the_destination_does_not(self):
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@other#dmclone'), make_move(move.PREPARING))
+        self.assertFalse(facts.dest_named)
 
     @ddt.data(*move.STATES)
     def test_source_where_the_record_names_it(self, state):
@@ -436,11 +484,43 @@ class RunTestCase(test.TestCase):
 
     def test_no_tear_down_of_a_volume_recorded_here(self):
         # A 'preparing' record whose volume names this node was rewound
-        # (R14-4): what was built here is the volume.
+        # (R14-4): what was built here is the volume; rolled forward, or
+        # kept (roll_forward returns None and reports it).
         self.dest.named_here_while_preparing.return_value = True
+        self.dest.roll_forward.return_value = None
         self._run(A(recovery.TEAR_DOWN))
         self.dest.named_here_while_preparing.assert_called_once_with(
             self.volume, self.t)
+        self.dest.roll_forward.assert_called_once_with(self.volume, self.t)
+        self.dest.tear_down.assert_not_called()
+
+    def test_roll_forward_kept(self):
+        # (The clone cannot tell the state: Destination reports it.)
+        self.dest.roll_forward.return_value = None
+        self._run(A(recovery.ROLL_FORWARD))
+        self.assertEqual(['roll_forward'], self._called())
+
+    @ddt.data((move.HYDRATING, A(recovery.REBUILD, hydrate=True)),
+              (move.CLONED, A(recovery.REBUILD, commit=True)),
+              (move.CLONED, A(recovery.ROLL_BACK)))
+    @ddt.unpack
+    def test_roll_forward_then_resume(self, state, then):
+        # Rolled forward: recovery goes on as the new state says (the
+        # clone a reboot took is built again).
+        rolled = make_move(state)
+        self.dest.roll_forward.return_value = rolled
+        self.mock_object(recovery, 'plan', side_effect=[
+            A(recovery.ROLL_FORWARD), then])
+        self.assertEqual(A(recovery.ROLL_FORWARD),
+                         self.recovery.run(self.volume, self.t))
+        self.dest.roll_forward.assert_called_once_with(self.volume, self.t)
+        self.recovery.facts.assert_called_with(self.volume, rolled)
+        if then.name == recovery.REBUILD:
+            self.dest.rebuild.assert_called_once_with(
+                self.volume, rolled, then.hydrate)
+        else:
+            self.dest.roll_back_unless_written.assert_called_once_with(
+                self.volume, rolled)
         self.dest.tear_down.assert_not_called()
 
     def test_finalize(self):

@@ -14,8 +14,6 @@
 
 """Review 14: the restart-guard (dmclone_thin_mapped) and races merges."""
 
-import unittest
-
 from cinder import context
 from cinder import exception
 from cinder.tests.unit import test
@@ -365,7 +363,7 @@ class StaleWholeRecordRegressesTheMoveTestCase(
         self.assert_kept()
 
     def test_a_start_keeps_a_committed_move_rewound_to_preparing(self):
-        # (Not fixed: recovery's TEAR_DOWN; see the report.)
+        # (It is rolled forward there: see test_rewound_move.)
         self.rewound()
         self.c.restart(self.b)
         self.assert_kept()
@@ -398,13 +396,9 @@ class StaleWholeRecordRegressesTheMoveTestCase(
         self.assertIs(self.b, self.c.owner())
         self.assertTrue(self.b.vg.lvs[fake_cluster.LV]['complete'])
 
-    # Known defect, open: the rewound record stays ``preparing`` for ever
-    # (Destination.named_here_while_preparing only logs, for an operator
-    # to set the state back), so every later move, migration or retype of
-    # the volume is refused as "moving".  Nothing is lost; node-b could
-    # roll the move forward itself (a compare-and-set on the same move:
-    # the record names node-b only after the source committed).
-    @unittest.expectedFailure
+    # node-b rolls the move forward itself (a compare-and-set on the
+    # same move: the record names node-b only after the source
+    # committed): once finished, the volume moves again.
     def test_the_rewound_move_is_rolled_forward(self):
         self.rewound()
         self.c.settle(ticks=40)

@@ -2799,13 +2799,18 @@ class RecoverTestCase(ClusterTestCase):
         # move: 'preparing' with a record naming node-b is a record
         # rewound by a stale whole-dict save (R14-4), and node-b's LVs
         # are the volume with every write since the commit: kept.
+        # Rolled forward: cloned, the clone built again with hydration
+        # off (without it nothing tells whether it hydrated), so that it
+        # commits on node-a's word (test_rewound_move).
         self.saved()
         self.b.dest.create_volumes(self.c.transfer(), 1)
         lvs = set(self.b.vg.lvs)
         self.a.store.move_volume(self.c.ctxt, VOLUME_ID, self.b.host)
         self.restart(self.b)
         self.assertEqual(lvs, set(self.b.vg.lvs))
-        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn('no_hydration', self.features())
+        self.assertEqual([], self.c.violations)
 
     def test_cloned_is_rebuilt_without_hydration(self):
         self.moved(live=True)
