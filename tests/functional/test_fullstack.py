@@ -272,6 +272,11 @@ def test_volume_used_over_iscsi_elsewhere_never_moves(cloud):
         cloud.delete(vol.id)
 
 
+# Extended since 2026-11-27: stop 32's CI ran the 13-test tier in 60
+# minutes on a slow machine; the tier keeps issue 18's scenarios 1, 2
+# and 4 and the kernel-level tests (doc/source/contributor/testing.rst).
+# The forged steps are covered by the unit suite's review tests.
+@pytest.mark.extended
 def test_forged_steps_through_the_api_change_nothing(cloud, topo):
     """A connector with a dmclone entry, sent by a user: refused.
 
