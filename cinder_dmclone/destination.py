@@ -990,12 +990,21 @@ class Destination(side.Side):
         failed): roll back; the volume stays on the source -- unless the
         clone already took writes here (see :meth:`hold`).
         Returns True if the move handled it.
+
+        A detach here of a move whose record was set back to
+        ``preparing`` after its commit (R14-4) rolls it forward first
+        (:meth:`roll_forward`), under the volume's lock: taken for
+        nothing, it would leave a failed live migration ``cloned``, held
+        by the source's attachment, once the monitor rolled it forward
+        (R16-2).  (The source's detach is left to the monitor's commit.)
         """
         host = (connector or {}).get('host')
         t = self.load(volume['id'])
         if not self.is_dest(t) or host is None:
             return False
-        if t.state != move.CLONED:
+        set_back = (t.state == move.PREPARING and host in self.node_names
+                    and self.named_here_while_preparing(volume, t))
+        if t.state != move.CLONED and not set_back:
             # The source's detach again, after the commit was recorded (a
             # retry after this service died before answering): its
             # connection ended with the commit, nothing is exported here.
@@ -1004,6 +1013,8 @@ class Destination(side.Side):
             # Read again under the lock: the move may have been committed
             # or rolled back by a detach that held it first.
             t = self.load(volume['id'])
+            if set_back and self.is_dest(t) and t.state == move.PREPARING:
+                t = self.roll_forward(volume, t) or t
             if not self.is_dest(t) or t.state != move.CLONED:
                 return self.is_dest(t) and host in t.source_names
             current = attachments.current(volume)

@@ -66,40 +66,67 @@ class RewoundRollbackTestCase(test_rewound_move.RewindMixin,
         self.assertEqual(self.a.host, self.host())
         self.assertIsNone(self.c.transfer())
 
-    # R16-2: node-b's detach (Nova's rollback of the live migration)
-    # while the record is set back is taken for nothing
+    # R16-2 (fixed): node-b's detach (Nova's rollback of the live
+    # migration) while the record is set back was taken for nothing
     # (Destination.detached: not cloned).  Rolled forward afterwards, the
-    # move stays cloned, held by node-a's attachment, with the instance
-    # on node-a and the record naming node-b; the monitor never rolls it
-    # back (only a restart of node-b's service does), so the volume stays
-    # "moving" and any attach elsewhere is refused meanwhile.
-    @unittest.expectedFailure
+    # move stayed cloned, held by node-a's attachment, with the instance
+    # on node-a and the record naming node-b; the monitor never rolled it
+    # back (only a restart of node-b's service did), so the volume stayed
+    # "moving" and any attach elsewhere was refused meanwhile.
     def test_the_destinations_detach_while_set_back_rolls_back(self):
         stale = self.read_while_preparing()
         src, dst = self.moved(live=True)
         self.save_whole(stale)
         self.c.detach(dst)
+        self.assertIsNone(self.c.transfer())
         self.c.settle(ticks=8)
         self.assertEqual([], self.c.violations)
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.host())
         self.assertEqual({}, self.b.vg.lvs)
         self.assertIn(LV, self.a.vg.lvs)
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
 
-    def test_a_restart_rolls_the_failed_migration_back(self):
-        # (What R16-2 waits for: node-b's start sees the lost detach.)
+    def test_a_written_clone_detached_while_set_back_is_held(self):
+        # (The instance ran on node-b: its writes are never rolled back.)
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)
+        self.save_whole(stale)
+        self.c.detach(dst)
+        self.assertEqual(move.CLONED, self.state())
+        self.assertFalse(self.hydration_on())
+        self.assertIn(VOLUME_ID, self.b.destination.held)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertEqual([], self.b.wiped)
+        self.assertEqual([], self.c.violations)
+
+    def test_a_committed_move_detached_while_set_back_goes_on(self):
+        # An attach's move (hydrating): node-b's detach is the instance's
+        # end there; the move is rolled forward and finishes.
+        stale = self.read_while_preparing()
+        src, dst = self.moved()
+        self.save_whole(stale)
+        self.c.detach(dst)
+        self.assertEqual(move.HYDRATING, self.state())
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_prepare_that_is_not_set_back_waits_for_nothing(self):
+        # The record names node-a: a detach on node-b of a move being
+        # prepared takes no lock (the source holds it while node-b
+        # builds) and changes nothing.
         stale = self.read_while_preparing()
         src, dst = self.moved(live=True)
         self.save_whole(stale)
-        self.c.detach(dst)
-        self.c.settle(ticks=2)
-        self.assertEqual(move.CLONED, self.state())
-        self.assertFalse(self.hydration_on())
-        self.b.restart()
-        self.b.recover()
-        self.assertIsNone(self.c.transfer())
-        self.assertEqual(self.a.host, self.host())
+        self.c.db.volumes[VOLUME_ID]['host'] = self.a.host
+        self.c.busy.add('dmclone-%s' % VOLUME_ID)
+        self.assertFalse(self.b.destination.detached(
+            self.c.volume(), dict(self.b.props)))
         self.assertEqual([], self.c.violations)
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertIn(HANDLE, self.b.dm.devices)
 
 
 class RewoundFinalizationTestCase(test_rewound_move.RewindMixin,
