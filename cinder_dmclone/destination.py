@@ -956,9 +956,8 @@ class Destination(side.Side):
 
     def _report_rewound(self, volume, t, why):
         """Say, once per move, that a set-back record is kept as it is."""
-        if self.rewound_reported.get(t.volume_id) == t.secret:
+        if not self._first_report(self.rewound_reported, t):
             return
-        self.rewound_reported[t.volume_id] = t.secret
         LOG.error('Volume %(vol)s lives on this node by its record, but its '
                   'move from %(src)s is recorded as preparing: the record '
                   'was rewound (a stale copy of its admin metadata saved '
@@ -1150,11 +1149,22 @@ class Destination(side.Side):
                 return False
             return self.commit_once_closed(volume, t)
 
+    @staticmethod
+    def _first_report(reported, t):
+        """True the first time move ``t`` is reported in ``reported``.
+
+        ``reported`` maps a volume id to the secret of the move last
+        reported, so a later move of the volume is reported again.
+        """
+        if reported.get(t.volume_id) == t.secret:
+            return False
+        reported[t.volume_id] = t.secret
+        return True
+
     def _report_held(self, t, holding):
         """Say once per move which attachments on its source hold it."""
-        if self.held_reported.get(t.volume_id) == t.secret:
+        if not self._first_report(self.held_reported, t):
             return
-        self.held_reported[t.volume_id] = t.secret
         LOG.warning('Volume %(vol)s stays cloned on %(dst)s, not hydrating '
                     'and read from %(src)s, while attachment(s) %(ids)s on '
                     '%(src)s use the copy there (a live migration until '
