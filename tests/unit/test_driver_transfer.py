@@ -614,15 +614,19 @@ class ExportMovingAwayTestCase(test_driver.DriverTestBase):
         self.assertEqual([sorted([HANDLE, other_handle])], handles)
         target.assert_called_once_with(mock.ANY, self.volume, HANDLE_PATH)
 
-    def test_a_start_with_an_in_use_volume_rebuilds_it_too(self):
-        # Cinder's own ensure_export of another volume comes first: LIO
-        # restores every saved target then, the moving one's included.
+    def devices_at_the_first_export(self):
+        """Start with another volume's ensure_export; the devices LIO saw."""
         handles = []
         self.mock_object(
             self.drv.target_driver, 'ensure_export',
             side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
         self.drv.ensure_export(self.ctxt, self.other)
-        self.assertIn(HANDLE, handles[0])
+        return handles[0]
+
+    def test_a_start_with_an_in_use_volume_rebuilds_it_too(self):
+        # Cinder's own ensure_export of another volume comes first: LIO
+        # restores every saved target then, the moving one's included.
+        self.assertIn(HANDLE, self.devices_at_the_first_export())
 
     def test_a_bad_record_costs_only_its_own_volume(self):
         # (Review of b82e818: one malformed record of a volume moving away
@@ -663,12 +667,7 @@ class ExportMovingAwayTestCase(test_driver.DriverTestBase):
         # by a stale whole save (R14-4); node-b still reads from here.
         self.db.volume_admin_metadata_get.return_value = transfer_metadata(
             state=move.PREPARING, source='node-a', dest='node-b')
-        handles = []
-        self.mock_object(
-            self.drv.target_driver, 'ensure_export',
-            side_effect=lambda *a: handles.append(sorted(self.dm.devices)))
-        self.drv.ensure_export(self.ctxt, self.other)
-        self.assertIn(HANDLE, handles[0])
+        self.assertIn(HANDLE, self.devices_at_the_first_export())
 
 
 class RefuseDuringTransferTestCase(test_driver.DriverTestBase):
