@@ -791,16 +791,22 @@ class Destination(side.Side):
         next tick, a ``cloned`` move marks what it waits for again
         (:meth:`commit_pending`), and this node's own mark keeps a thin
         map's guard (:meth:`was_mapped`).  Returns ``t`` rolled forward,
-        or None; one that cannot be is kept as it is, logged once.
+        or None; one that cannot be is kept as it is, logged once.  One
+        of which this node holds nothing any more is a rollback cut
+        short after its teardown here: it is finished
+        (:meth:`_roll_back_emptied`), and None returned.
         """
         if t.volume_id in self.building:
             return None
-        if self.names_destination(volume, t):
-            state, why = self.rewound_state(t)
-        else:
+        if not self.names_destination(volume, t):
             state, why = None, ('its record names %s, not the move\'s '
                                 'destination %s' % (volume['host'],
                                                     t.dest_host))
+        elif self._emptied(volume, t):
+            self._roll_back_emptied(volume, t)
+            return None
+        else:
+            state, why = self.rewound_state(t)
         if state is None:
             self._report_rewound(volume, t, why)
             return None
@@ -820,6 +826,58 @@ class Destination(side.Side):
                     {'vol': t.volume_id, 'src': t.source_node,
                      'state': state})
         return t
+
+    def _emptied(self, volume, t):
+        """True if set-back move ``t`` left nothing of the volume here.
+
+        No data LV of the move here (a teardown removed it, or renamed it
+        to be wiped): this node holds no copy, so the record naming it
+        points at nothing.  The one step that removes a data LV here
+        while the record names this node and the volume is not being
+        deleted is a rollback's teardown (Destination.rollback: the
+        teardown, then the record pointed back at the source, R16-1);
+        the source's copy is then the volume.  A volume being deleted is
+        left to its delete, which retires the source's copy too
+        (:meth:`delete`).  Read from this node's LVM and Cinder's
+        columns (host, status), which no volume owner writes.
+        """
+        return (not self.clones.has_data(t)
+                and volume['status'] not in ('deleting', 'error_deleting'))
+
+    def _roll_back_emptied(self, volume, t):
+        """Finish the rollback a set-back record hides (R16-1).
+
+        The rollback's teardown ran here, then the service died before
+        it pointed the record back at the source, and a stale whole save
+        set the move back to ``preparing``: nothing here can be rolled
+        forward, and the instance writes the source's copy.  The move is
+        given back the state only a rollback leaves that way
+        (``cloned``, by a compare-and-set on this very move,
+        ``preparing``: Store.roll_forward), then rolled back as a
+        ``cloned`` move whose teardown had begun
+        (:meth:`roll_back_unless_written`): the record points at the
+        source again, its export for this node goes, the move is
+        cleared.  A crash anywhere leaves either the set-back record
+        (this again at the next start) or the one a cut rollback leaves
+        (``cloned``: ROLL_BACK at the next start here, or the source's
+        finish_rollback once the record names it).  Never a commit: the
+        state written is ``cloned``, and a move in ``cloned`` without a
+        data LV here is only ever rolled back.
+        """
+        try:
+            self.store.roll_forward(self.ctxt(), t, move.CLONED)
+        except move.MoveStateConflict:
+            return      # (changed since the read: nothing to do)
+        self.prepare_seen.pop(t.volume_id, None)
+        self.rewound_reported.pop(t.volume_id, None)
+        LOG.warning('Volume %(vol)s lives on this node by its record, but '
+                    'this node holds no copy of it, and its move from '
+                    '%(src)s was recorded as preparing again (a stale copy '
+                    'of its admin metadata saved whole): a rollback of the '
+                    'move was cut short after its teardown here; '
+                    'finishing it, the volume stays on %(src)s.',
+                    {'vol': t.volume_id, 'src': t.source_node})
+        self.roll_back_unless_written(volume, t)
 
     def rewound_state(self, t):
         """The state move ``t``, set back to ``preparing``, had: or why not.

@@ -735,7 +735,9 @@ class Store(object):
         volume record at its destination afterwards; a whole save of an
         older copy of the admin metadata then set the state back (see
         Destination.roll_forward, which alone calls this, and decides
-        ``state``: ``cloned`` or ``hydrating``).  So the source's
+        ``state``: ``cloned`` or ``hydrating``; ``cloned`` also for a
+        rollback cut short after its teardown there, which it then
+        finishes).  So the source's
         deadline (:meth:`_refuse_past_deadline`) does not apply: it
         keeps a late commit from naming a clone that either node may be
         removing as dead, and neither removes one whose volume record

@@ -23,6 +23,7 @@ import oslo_messaging
 
 from cinder_dmclone import move
 from cinder_dmclone import peer
+from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import VOLUME_ID
@@ -37,15 +38,17 @@ class RewoundRollbackTestCase(test_rewound_move.RewindMixin,
     def host(self):
         return self.c.db.volumes[VOLUME_ID]['host']
 
-    # R16-1: a rollback cut short after its teardown, then set back.  The
-    # rollback's teardown wiped node-b's clone; node-b died before it
-    # pointed the record back at node-a.  Unset back, node-b's start
-    # finishes the rollback (cloned, no data LV: ROLL_BACK).  Set back to
-    # preparing, the record names node-b, which holds nothing, while the
-    # instance on node-a writes the only copy; nothing ends the move
-    # (node-b cannot roll it forward, node-a leaves it to node-b), and
-    # every request for the volume goes to node-b and is refused.
-    @unittest.expectedFailure
+    # R16-1 (fixed): a rollback cut short after its teardown, then set
+    # back.  The rollback's teardown wiped node-b's clone; node-b died
+    # before it pointed the record back at node-a.  Unset back, node-b's
+    # start finishes the rollback (cloned, no data LV: ROLL_BACK).  Set
+    # back to preparing, the record named node-b, which holds nothing,
+    # while the instance on node-a writes the only copy; nothing ended
+    # the move.  Now node-b's start sees that it holds no data LV of the
+    # move (only a rollback's teardown removes it while the record names
+    # node-b and no delete runs): the move is set to cloned (a
+    # compare-and-set on preparing) and rolled back as an unset-back cut
+    # rollback is (Destination._roll_back_emptied).
     def test_a_rollback_cut_short_then_set_back_is_finished(self):
         stale = self.read_while_preparing()
         src, dst = self.moved(live=True)
@@ -65,6 +68,176 @@ class RewoundRollbackTestCase(test_rewound_move.RewindMixin,
         self.assertTrue(self.a.vg.lvs[LV]['complete'])
         self.assertEqual(self.a.host, self.host())
         self.assertIsNone(self.c.transfer())
+
+    def cut_short_then_set_back(self):
+        """R16-1's record: node-b empty, down, its rollback not recorded.
+
+        Returns node-a's attachment (the instance's) and node-b's (whose
+        detach failed: Nova's rollback leaves it).
+        """
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)
+        self.c.restart_before_timeout = False
+        self.c.crash_at(self.b.store, 'move_volume')
+        self.assertRaises(oslo_messaging.MessagingTimeout,
+                          self.c.detach, dst)
+        self.save_whole(stale)
+        self.stale = stale
+        return src, dst
+
+    def assert_back_on_a(self):
+        """The volume is node-a's whole copy again, and no longer moves."""
+        self.c.settle(ticks=8)
+        self.assertEqual([], self.c.violations)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.host())
+        self.assertEqual(self.a.az,
+                         self.c.db.volumes[VOLUME_ID]['availability_zone'])
+        self.assertEqual([LV], list(self.a.vg.lvs))
+        self.assertTrue(self.a.vg.lvs[LV]['complete'])
+        self.assertIn(HANDLE, self.a.dm.devices)
+        self.assertEqual([], self.a.wiped)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        acl = self.a.target.exports.get(test_rewound_move.IQN, {}).get(
+            'acl', ())
+        self.assertNotIn(self.b.props['initiator'], acl)
+
+    def restart_b_crashing_at(self, obj, attr, when):
+        """node-b's start dies at ``obj.attr``; it starts again."""
+        record = self.c.crash_at(obj, attr, when=when)
+        self.assertRaises(fake_cluster.Crash, self.c.restart, self.b)
+        self.assertTrue(record['fired'])
+        self.c.restart(self.b)
+
+    def test_the_finished_rollback_moves_again(self):
+        src, dst = self.cut_short_then_set_back()
+        self.c.restart(self.b)
+        self.assert_back_on_a()
+        self.c.detach(dst)
+        self.c.detach(src)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_a_crash_after_the_state_is_set_to_cloned(self):
+        # The record is then the one an unset-back cut rollback leaves.
+        self.cut_short_then_set_back()
+        self.restart_b_crashing_at(self.b.store, 'roll_forward', 'after')
+        self.assert_back_on_a()
+
+    def test_a_crash_before_the_state_is_set_to_cloned(self):
+        self.cut_short_then_set_back()
+        self.restart_b_crashing_at(self.b.store, 'roll_forward', 'before')
+        self.assert_back_on_a()
+
+    def test_a_crash_after_the_record_names_node_a_again(self):
+        self.cut_short_then_set_back()
+        self.restart_b_crashing_at(self.b.store, 'move_volume', 'after')
+        self.assert_back_on_a()
+
+    def test_node_a_ends_it_once_the_record_names_it(self):
+        # node-b dies again after pointing the record at node-a, and
+        # stays down: node-a's restart ends the move (never committed).
+        self.cut_short_then_set_back()
+        self.c.crash_at(self.b.store, 'move_volume', when='after')
+        self.assertRaises(fake_cluster.Crash, self.c.restart, self.b)
+        self.b.down = True
+        self.assertEqual(self.a.host, self.host())
+        self.c.restart(self.a)
+        # (Aborted: no longer moving; node-b's start forgets it.)
+        self.assertIsNone(self.a.source.load(VOLUME_ID))
+        self.b.down = False
+        self.c.restart(self.b)
+        self.assert_back_on_a()
+
+    def test_a_crash_before_the_move_is_cleared(self):
+        self.cut_short_then_set_back()
+        self.restart_b_crashing_at(self.b.store, 'clear', 'before')
+        self.assert_back_on_a()
+
+    def test_node_a_down_while_node_b_finishes(self):
+        # node-a's export for node-b cannot be dropped now (as in any
+        # rollback whose release fails): its ACL goes with the retried
+        # detach of node-b's attachment, which Cinder now routes to
+        # node-a.
+        src, dst = self.cut_short_then_set_back()
+        self.a.down = True
+        self.c.restart(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.host())
+        self.a.down = False
+        self.c.restart(self.a)
+        self.c.detach(dst)
+        self.assert_back_on_a()
+
+    def test_set_back_again_while_rolled_back(self):
+        # The state written (cloned) set back again before the rest of
+        # the rollback: the next start finishes it the same way.
+        self.cut_short_then_set_back()
+        roll_forward = self.b.store.roll_forward
+        rewinds = []
+
+        def set_back_again(ctxt, t, state):
+            roll_forward(ctxt, t, state)
+            if not rewinds:
+                rewinds.append(True)
+                self.save_whole(self.stale)
+                raise fake_cluster.Crash('set back again, then died')
+        self.mock_object(self.b.store, 'roll_forward',
+                         side_effect=set_back_again)
+        self.assertRaises(fake_cluster.Crash, self.c.restart, self.b)
+        self.assertEqual(move.PREPARING, self.state())
+        self.c.restart(self.b)
+        self.assert_back_on_a()
+
+    def test_set_back_again_once_rolled_back(self):
+        # The record names node-a then: a prepare left by node-a, which
+        # it ends (its restart, or its next attach); never node-b's.
+        self.cut_short_then_set_back()
+        self.c.restart(self.b)
+        self.assertIsNone(self.c.transfer())
+        self.save_whole(self.stale)
+        self.c.restart(self.b)
+        self.assertEqual(move.PREPARING, self.state())
+        self.c.restart(self.a)
+        self.assert_back_on_a()
+
+    def test_node_a_restarting_while_set_back(self):
+        # node-a keeps exporting its copy for node-b until node-b ends
+        # the move.
+        self.cut_short_then_set_back()
+        self.a.reboot()
+        self.a.recover()
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertIn(HANDLE, self.a.dm.devices)
+        self.c.restart(self.b)
+        self.assert_back_on_a()
+
+    def test_a_delete_while_set_back_is_left_to_the_delete(self):
+        # (Cinder's start on node-b goes on with a delete it was running:
+        # the record must still name node-b then.)
+        src, dst = self.cut_short_then_set_back()
+        self.c.db.volumes[VOLUME_ID]['status'] = 'deleting'
+        self.c.restart(self.b)
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertEqual(self.b.host, self.host())
+        self.assertEqual([LV], list(self.a.vg.lvs))
+        self.assertEqual([], self.a.wiped)
+        self.c.attachments[:] = []
+        self.c.delete()
+        self.c.settle(ticks=4)
+        self.c.assert_deleted()
+
+    def test_a_delete_once_rolled_back(self):
+        src, dst = self.cut_short_then_set_back()
+        self.c.restart(self.b)
+        self.assert_back_on_a()
+        self.c.detach(dst)
+        self.c.detach(src)
+        self.c.delete()
+        self.c.settle(ticks=4)
+        self.c.assert_deleted()
 
     # R16-2 (fixed): node-b's detach (Nova's rollback of the live
     # migration) while the record is set back was taken for nothing
