@@ -805,6 +805,8 @@ class Destination(side.Side):
         elif self._emptied(volume, t):
             self._roll_back_emptied(volume, t)
             return None
+        elif self._swapped(volume, t):
+            state, why = move.FINALIZING, None
         else:
             state, why = self.rewound_state(t)
         if state is None:
@@ -843,6 +845,46 @@ class Destination(side.Side):
         """
         return (not self.clones.has_data(t)
                 and volume['status'] not in ('deleting', 'error_deleting'))
+
+    def _swapped(self, volume, t):
+        """True if set-back move ``t`` was being finalized here (R16-3).
+
+        Its finalization swapped the clone to linear and removed its
+        metadata LV, then could not retire the source before the stale
+        save set the record back: the copy here is whole, and only the
+        source's old copy and its export remain to go.  What tells it,
+        none of which a volume owner or the stale save can write:
+
+        * the data LV here without its metadata LV, and the handle
+          loaded with no clone segment left (Clones.swapped): only a
+          swap maps it so while a move into this node is recorded (the
+          driver maps no linear handle over an LV moving in), and the
+          swap is refused before hydration is complete
+          (Clones.swap_to_linear);
+        * the volume record still names this move's export on the
+          source (``provider_location``): a finalization forgets it once
+          the source retired (Store.forget_source_export), so a copy
+          saved long after the move finished, or over a later one,
+          never passes;
+        * nothing here names another move (:meth:`_other_move`).
+
+        A reboot takes the handle: the swapped copy can then no longer
+        be told from a clone that lost its metadata LV (partly copied),
+        and the move is kept for an operator, as before.
+        """
+        clones = self.clones
+        return (clones.has_data(t) and not clones.has_metadata(t)
+                and clones.swapped(t)
+                and self._names_source_export(volume, t)
+                and self._other_move(t) is None)
+
+    @staticmethod
+    def _names_source_export(volume, t):
+        """True if ``provider_location`` is move ``t``'s source export."""
+        location = (volume['provider_location'] or '').split(' ')
+        return (len(location) >= 2
+                and location[0].split(',')[0] == t.target_portal
+                and location[1] == t.target_iqn)
 
     def _roll_back_emptied(self, volume, t):
         """Finish the rollback a set-back record hides (R16-1).
@@ -1689,6 +1731,10 @@ class Destination(side.Side):
                     self.pending_finalize.discard(volume_id)
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
+                if t.state == move.PREPARING:
+                    t = self._roll_forward_finalizing(volume, t)
+                    if t is None:
+                        return
                 if t.state != move.FINALIZING:
                     self.store.transition(ctxt, t, (move.HYDRATING,),
                                           move.FINALIZING)
@@ -1710,6 +1756,23 @@ class Destination(side.Side):
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
+
+    def _roll_forward_finalizing(self, volume, t):
+        """A finalization found its move set back: roll it forward first.
+
+        (R16-3: the stale save landed between the swap and the retire.)
+        Under the volume's lock, which the caller holds.  Returns the
+        move to finalize on with (``hydrating`` or ``finalizing``), or
+        None: the move is no longer one to finalize (rolled forward to
+        ``cloned``: dropped; kept as it is: retried at the next tick).
+        """
+        rolled = self.roll_forward(volume, t)
+        if rolled is not None and rolled.state in (move.HYDRATING,
+                                                   move.FINALIZING):
+            return rolled
+        if rolled is not None:
+            self.pending_finalize.discard(t.volume_id)
+        return None
 
     def _name_this_node(self, ctxt, volume, t):
         """A committed move: the volume record names this node from now on.
