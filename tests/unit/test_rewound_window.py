@@ -34,7 +34,9 @@ from cinder_dmclone import dmsetup
 from cinder_dmclone import move
 from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import LV_PATH
+from tests.harness.fake_cluster import META
 from tests.harness.fake_cluster import SECTORS
 from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_driver
@@ -397,6 +399,45 @@ class ExtendSnapshotTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
         self.c.detach(src)
         self.c.settle()
         self.c.assert_completed()
+
+    def kept_with_its_metadata_lost(self):
+        """A set-back move node-b cannot roll forward (kept, logged)."""
+        self.rewound_migrated()
+        self.b.reboot()
+        self.b.vg.delete(META)
+        self.b.recover()
+        self.assertEqual(move.PREPARING, self.state())
+
+    def test_an_extend_of_a_move_kept_as_set_back_is_refused(self):
+        # Nothing says the move was committed: refused as preparing, and
+        # nothing grows on either node.
+        self.kept_with_its_metadata_lost()
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.b)
+        self.assertEqual(SECTORS, self.b.dm.device_sectors(LV_PATH))
+        self.assertEqual(SECTORS, self.a.dm.device_sectors(LV_PATH))
+        self.assertEqual(move.PREPARING, self.state())
+
+    def test_an_extend_of_a_prepare_the_source_left_is_refused(self):
+        # The record names node-a (the source never committed): node-b
+        # must not take it for a set-back move and extend its clone.
+        stale = self.read_while_preparing()
+        self.assertTrue(self.c.migrate(self.b))
+        self.save_whole(stale)
+        self.c.db.volumes[VOLUME_ID]['host'] = self.a.host
+        self.assertRaises(move.MoveInProgress, self.extend_on, self.b)
+        self.assertEqual(SECTORS, self.b.dm.device_sectors(LV_PATH))
+        self.assertEqual(move.PREPARING, self.state())
+
+    def test_a_retype_of_a_move_kept_as_set_back_changes_nothing(self):
+        self.kept_with_its_metadata_lost()
+        self.b.destination.tuning = mock.Mock(return_value=(128, 32))
+        del self.b.dm.calls[:]
+        self.b.destination.retune(self.volume(), {'extra_specs': {}})
+        self.assertEqual([], [c for c in self.b.dm.calls
+                              if c[0] == 'message'])
+        self.assertEqual(move.PREPARING, self.state())
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(LV, self.a.vg.lvs)
 
     def test_an_extend_routed_to_the_source_is_refused(self):
         self.rewound_migrated()
