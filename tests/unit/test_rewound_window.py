@@ -24,6 +24,7 @@ and a refusal that says the volume is moving rather than a volume left
 broken.
 """
 
+import unittest
 from unittest import mock
 
 from cinder import exception
@@ -194,6 +195,58 @@ class MultiattachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
         self.assert_nothing_removed()
         self.c.settle()
         self.c.assert_completed()
+
+
+class DetachRoutedToTheSourceTestCase(WindowMixin,
+                                      test_two_nodes.ClusterTestCase):
+    """A detach of node-b's attachment that reaches node-a.
+
+    cinder-api routes a detach by the volume record it read: one read
+    before the commit (Nova giving up an attach that timed out while
+    node-b built, then the commit) reaches node-a with node-b's
+    connector, in the window or after it.  node-a's export admits node-b
+    alone while the move from node-a is recorded, and node-b's clone
+    reads every region it has not copied through that ACL: removing it
+    cuts node-b's instance off from most of its disk, and no step of
+    the move ever admits node-b again.
+    """
+
+    def older_read(self):
+        volume = self.c.volume()
+        volume.host = self.a.host
+        volume.obj_reset_changes()
+        return volume
+
+    def detach_on_a(self, att):
+        self.c.call(self.a, self.a.attachment_delete, self.older_read(),
+                    att['connector'])
+        self.c.attachments.remove(att)
+
+    @unittest.expectedFailure
+    def test_the_clones_acl_stays(self):
+        att, = self.rewound_migrated()
+        self.detach_on_a(att)
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+        self.assert_nothing_removed()
+        self.c.settle()
+        self.c.assert_completed()
+
+    @unittest.expectedFailure
+    def test_the_clones_acl_stays_in_a_live_window(self):
+        src, dst = self.rewound_live()
+        self.detach_on_a(dst)
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+        self.assert_nothing_removed()
+        self.c.settle()
+        self.assertFalse(self.hydration_on())
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+
+    @unittest.expectedFailure
+    def test_the_clones_acl_stays_without_a_set_back(self):
+        src, dst = self.moved(live=True)
+        self.detach_on_a(dst)
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+        self.assertEqual(move.CLONED, self.state())
 
 
 class LiveWindowAttachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
