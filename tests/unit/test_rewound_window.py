@@ -24,7 +24,6 @@ and a refusal that says the volume is moving rather than a volume left
 broken.
 """
 
-import unittest
 from unittest import mock
 
 from cinder import exception
@@ -128,9 +127,15 @@ class MultiattachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
             self.c.detach(att)
         self.c.settle()
         self.c.assert_completed()
-        # Afterwards node-a reaches the volume on node-b over iSCSI.
-        info = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)[1]
+        # Afterwards node-a reaches the volume on node-b over iSCSI, and
+        # its detach takes node-a's ACL away again (no move keeps it).
+        att, info = self.c.attach(self.a, instance_uuid=INSTANCE2_ID)
         self.assertEqual('iscsi', info['driver_volume_type'])
+        acl = self.b.target.exports[IQN]['acl']
+        self.assertIn(self.a.props['initiator'], acl)
+        self.c.detach(att)
+        self.assertNotIn(self.a.props['initiator'], self.b.target.exports.get(
+            IQN, {}).get('acl', ()))
 
     def test_an_attach_on_a_third_node_is_refused(self):
         # (node-c runs no service of this backend: it would get an
@@ -222,7 +227,17 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
                     att['connector'])
         self.c.attachments.remove(att)
 
-    @unittest.expectedFailure
+    def test_only_a_move_from_the_node_keeps_its_acls(self):
+        # (Any other detach of another node's connector takes its ACL.)
+        self.assertFalse(self.a.source.keeps_acl(self.volume(), NODE_C))
+        self.rewound_migrated(attached=0)
+        self.assertTrue(self.a.source.keeps_acl(self.volume(), NODE_C))
+        self.assertFalse(self.b.source.keeps_acl(self.volume(), NODE_C))
+        self.c.settle()
+        self.c.assert_completed()
+        for node in (self.a, self.b):
+            self.assertFalse(node.source.keeps_acl(self.volume(), NODE_C))
+
     def test_the_clones_acl_stays(self):
         att, = self.rewound_migrated()
         self.detach_on_a(att)
@@ -231,7 +246,6 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
         self.c.settle()
         self.c.assert_completed()
 
-    @unittest.expectedFailure
     def test_the_clones_acl_stays_in_a_live_window(self):
         src, dst = self.rewound_live()
         self.detach_on_a(dst)
@@ -241,7 +255,6 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
         self.assertFalse(self.hydration_on())
         self.assertEqual({self.b.props['initiator']}, self.source_acl())
 
-    @unittest.expectedFailure
     def test_the_clones_acl_stays_without_a_set_back(self):
         src, dst = self.moved(live=True)
         self.detach_on_a(dst)
