@@ -262,6 +262,50 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
         self.assertEqual(move.CLONED, self.state())
 
 
+class OwnerDetachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
+    """The owner's legacy ``os-terminate_connection`` in the window.
+
+    It reaches the driver of the node the record names with a connector
+    of the owner's choosing and deletes no attachment: naming the source
+    must not commit a live migration whose source still writes.  (One
+    routed to node-a, with node-b's initiator: DetachRoutedToTheSource.)
+    """
+
+    def forged(self, host, initiator):
+        volume = self.c.volume()
+        self.c.call(self.b, self.b.terminate_connection, volume,
+                    {'host': host, 'initiator': initiator})
+
+    def test_naming_the_source_commits_nothing(self):
+        src, dst = self.rewound_live()
+        self.a.dm.openers[HANDLE] = 1       # node-a's instance runs
+        self.forged('node-a', self.a.props['initiator'])
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.state())
+        self.assertFalse(self.hydration_on())
+        self.assert_nothing_removed()
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+
+
+class RebootInTheWindowTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
+    """node-b reboots in the window with two instances attached there."""
+
+    def test_both_instances_keep_the_clone_and_it_finishes(self):
+        self.c.multiattach = True
+        self.rewound_migrated(attached=2)
+        self.b.reboot()
+        self.b.recover()
+        # (Whether it hydrated went with the kernel: cloned, hydration
+        # off, until node-a confirms nothing there holds its copy.)
+        self.assertNotEqual(move.PREPARING, self.state())
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        self.assert_nothing_removed()
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertEqual(2, len([a for a in self.c.attachments
+                                 if a['attached_host'] == 'node-b']))
+
+
 class LiveWindowAttachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
     """Attaches in a live migration's window, set back.
 
