@@ -179,7 +179,12 @@ class SecondMoveSetBackTestCase(test_rewound_move.RewindMixin,
     # never finalizes: node-a's handle stays a dm-clone reading node-b
     # with no record (a reboot of node-a maps the partly hydrated LV
     # linearly: unhydrated regions lost), and node-b's old copy is never
-    # retired nor wiped (the tenant's data left on node-b, exported).
+    # retired nor wiped (the tenant's data left on node-b, exported to
+    # node-a for good).  In the harness the abort's tear_down on node-b
+    # also removes node-b's handle -- the device node-b's export serves
+    # move 2's clone from -- while that clone may not be hydrated yet
+    # (on a real node LIO holding it open would make that removal fail
+    # instead).
     @unittest.expectedFailure
     def test_a_stale_save_of_the_first_move_during_the_second(self):
         self.second_move_set_back()
