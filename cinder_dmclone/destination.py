@@ -1449,10 +1449,13 @@ class Destination(side.Side):
         here owns the table (no move here, or a finalizing one): the
         caller refreshes the linear handle.  So no step of a move sees
         the LV grow between its own reads, and an abandon's scan,
-        zeroing and linear map cover one size.
+        zeroing and linear map cover one size.  A move here whose record
+        a stale save set back to ``preparing`` is rolled forward first
+        (:meth:`rolled_forward`): committed, it is extended as any
+        hydrating move, never refused for a state it no longer has.
         """
         with move.lock(volume['id']):
-            t = self.load(volume['id'])
+            t = self.rolled_forward(volume, self.load(volume['id']))
             if t is None:
                 # The caller's volume object may predate a rollback that
                 # this waited for, which kept an LV here named like the
@@ -1494,9 +1497,33 @@ class Destination(side.Side):
             self.raise_moving(volume, t, _('an extend (its lost source is '
                                            'being abandoned)'))
 
+    def rolled_forward(self, volume, t):
+        """``t``, rolled forward first if its record was set back here.
+
+        The caller holds the volume's lock and read ``t`` under it.  A
+        move to this node still ``preparing`` then is no prepare running
+        (its source holds the lock until it records the outcome), so it
+        is either one set back after its commit, which
+        :meth:`roll_forward` rolls forward, or one left by a failed
+        attempt, returned as it is.  Any other ``t`` (None too) is
+        returned as it is.
+        """
+        if self.is_dest(t) and t.state == move.PREPARING:
+            return self.roll_forward(volume, t) or t
+        return t
+
     def retune(self, volume, volume_type):
-        """Apply a new volume type's hydration tuning to a live clone."""
+        """Apply a new volume type's hydration tuning to a live clone.
+
+        A move here recorded ``preparing`` is rolled forward first, under
+        the volume's lock (:meth:`rolled_forward`): set back by a stale
+        save, its clone is live, and the retype's tuning would otherwise
+        never reach it.
+        """
         t = self.load(volume['id'])
+        if self.is_dest(t) and t.state == move.PREPARING:
+            with move.lock(volume['id']):
+                t = self.rolled_forward(volume, self.load(volume['id']))
         if self.is_dest(t) and t.state in (move.CLONED, move.HYDRATING):
             threshold, batch = self.tuning(volume_type)
             self.clones.tune(t, threshold, batch)

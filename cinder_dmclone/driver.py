@@ -1348,4 +1348,6 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             # Nothing was exported for a local attach.  Tell the manager
             # the "target" is still shared while other attachments remain.
             return len(volume.volume_attachment) > 1
+        if self.source.keeps_acl(volume, connector):
+            return False
         return super().terminate_connection(volume, connector, **kwargs)

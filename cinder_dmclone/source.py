@@ -320,6 +320,36 @@ class Source(side.Side):
         return (volume['id'] in self.migrations_starting
                 or self.is_source(self.load(volume['id'])))
 
+    def keeps_acl(self, volume, connector):
+        """True if a detach of another node's ``connector`` leaves its ACL.
+
+        While a move from here is recorded (or a migration is being
+        started here), this node's export of the volume admits the
+        move's destination alone: a move starts only over an export that
+        admits no other node (:meth:`_admits_only`), and every iSCSI
+        attach is refused while it is recorded.  That ACL is the one the
+        destination's clone reads every region it has not copied
+        through; the move's own end (release, retire, give-up) removes
+        it.  A detach reaching this node with another node's connector
+        meanwhile was routed by a read of the volume record older than
+        the move's commit (the destination's attachment, which cinder-api
+        sent here), or is the owner's legacy ``os-terminate_connection``
+        with an initiator of its choosing: removing the ACL by that
+        initiator would cut the clone off from the source, and nothing
+        would admit it again.  The detach itself succeeds.
+        """
+        if not self.keeps_export(volume):
+            return False
+        LOG.warning('Volume %(vol)s: a detach of %(host)s (initiator '
+                    '%(ini)s) reached this node, the source of its move: '
+                    'its export keeps every ACL until the move ends (the '
+                    'detach was routed by an older read of the volume '
+                    'record?).',
+                    {'vol': volume['id'],
+                     'host': (connector or {}).get('host'),
+                     'ini': (connector or {}).get('initiator')})
+        return True
+
     #: volume statuses in which an attach's move may start (``reserved``:
     #: Cinder reserved the volume for it; ``in-use``: a live migration).
     MOVABLE = ('available', 'reserved', 'attaching', 'in-use')

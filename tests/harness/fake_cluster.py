@@ -397,6 +397,8 @@ class Node(object):
             return False
         if connector['host'] == self.name:
             return len(volume.volume_attachment) > 1
+        if self.source.keeps_acl(volume, connector):
+            return False
         self.target.terminate_connection(volume, connector)
         return False
 

@@ -99,6 +99,7 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.destination.delete.return_value = False
         self.destination.extend.return_value = False
         self.destination.detached.return_value = False
+        self.source.keeps_acl.return_value = False
         self.endpoint.receive.return_value = None
         self.drv._moves = self.moves
 
@@ -467,6 +468,16 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.destination.detached.assert_called_once_with(self.volume,
                                                           REMOTE)
         target.assert_called_once_with(self.volume, REMOTE)
+
+    def test_terminate_keeps_the_acl_a_move_from_here_reads(self):
+        # (A detach of the destination's attachment, routed here by an
+        # older read of the record: Source.keeps_acl.)
+        self.source.keeps_acl.return_value = True
+        target = self.mock_object(self.drv.target_driver,
+                                  'terminate_connection')
+        self.assertFalse(self.drv.terminate_connection(self.volume, REMOTE))
+        self.source.keeps_acl.assert_called_once_with(self.volume, REMOTE)
+        target.assert_not_called()
 
     def test_remove_export_skipped_during_transfer(self):
         self.source.keeps_export.return_value = True
