@@ -163,8 +163,9 @@ class SecondMoveSetBackTestCase(test_rewound_move.RewindMixin,
         self.assertNotIn(fake_cluster.LV, self.b.vg.lvs)
 
     # MEDIUM: HIGH impact, unlikely timing -- the stale copy must be saved
-    # after a whole second move (pre-existing R14-4 generalisation, not introduced by
-    # reset-more; the brief's "second move after the first").  Sequence:
+    # after a whole second move (pre-existing R14-4 generalisation, not
+    # introduced by reset-more; the brief's "second move after the
+    # first").  Sequence:
     # migrate a->b, finished; attach on node-a moves it back (b->a,
     # hydrating); a stale whole save sets the record to move 1 (a->b,
     # preparing), naming node-a as source while the volume lives on
