@@ -72,6 +72,14 @@ class RewindMixin(object):
             True)
         self.assertEqual(move.PREPARING, self.c.transfer().state)
 
+    def rewound_live(self):
+        """A live migration in its ``cloned`` window, set back."""
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)
+        self.assertEqual(move.CLONED, self.state())
+        self.save_whole(stale)
+        return src, dst
+
     def state(self):
         return self.c.transfer().state
 
@@ -105,15 +113,8 @@ class LiveMigrationWindowTestCase(RewindMixin,
     hydration off, and commit only at node-a's detach.
     """
 
-    def rewound_cloned(self):
-        stale = self.read_while_preparing()
-        src, dst = self.moved(live=True)
-        self.assertEqual(move.CLONED, self.state())
-        self.save_whole(stale)
-        return src, dst
-
     def test_rolled_forward_to_cloned_with_hydration_off(self):
-        src, dst = self.rewound_cloned()
+        src, dst = self.rewound_live()
         self.c.settle()
         self.assertEqual(move.CLONED, self.state())
         self.assertFalse(self.hydration_on())
@@ -127,7 +128,7 @@ class LiveMigrationWindowTestCase(RewindMixin,
         self.c.assert_completed()
 
     def test_a_reboot_of_the_destination_keeps_the_window(self):
-        src, dst = self.rewound_cloned()
+        src, dst = self.rewound_live()
         self.b.reboot()
         self.b.recover()
         self.assertEqual(move.CLONED, self.state())
@@ -145,7 +146,7 @@ class LiveMigrationWindowTestCase(RewindMixin,
         # Nova detaches node-a while the record says preparing: the
         # detach cannot commit then; once rolled forward the move waits
         # for node-a's word that its copy is closed, and commits.
-        src, dst = self.rewound_cloned()
+        src, dst = self.rewound_live()
         self.c.detach(src)
         self.assertEqual(move.PREPARING, self.state())
         self.c.settle()
@@ -155,7 +156,7 @@ class LiveMigrationWindowTestCase(RewindMixin,
         # node-a's attachment went while rewound, but its instance still
         # holds the copy there (an owner's attachment delete): never
         # hydrated from a copy that still changes.
-        src, dst = self.rewound_cloned()
+        src, dst = self.rewound_live()
         self.a.dm.openers[HANDLE] = 1
         self.a.source.CLOSE_WAIT = 0
         self.c.detach(src)

@@ -68,14 +68,6 @@ class WindowMixin(test_rewound_move.RewindMixin):
         self.save_whole(stale)
         return atts
 
-    def rewound_live(self):
-        """A live migration in its ``cloned`` window, set back."""
-        stale = self.read_while_preparing()
-        src, dst = self.moved(live=True)
-        self.assertEqual(move.CLONED, self.state())
-        self.save_whole(stale)
-        return src, dst
-
     def source_acl(self):
         return set(self.a.target.exports.get(IQN, {}).get('acl', ()))
 
@@ -444,30 +436,27 @@ class MigrationTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.c.assert_completed()
 
-    def test_a_retype_in_the_window_tunes_the_clone(self):
-        # A retype the driver takes (no migration): the new type's
-        # hydration tuning must reach the clone, which hydrates on.
-        self.rewound_migrated(attached=0)
-        tuning = mock.Mock(return_value=(128, 32))
-        self.b.destination.tuning = tuning
+    def assert_retype_tunes_the_clone(self):
+        """A retype's hydration tuning reaches node-b's clone."""
+        self.b.destination.tuning = mock.Mock(return_value=(128, 32))
         del self.b.dm.calls[:]
         self.b.destination.retune(self.volume(), {'extra_specs': {}})
         self.assertEqual([('message', HANDLE, 'hydration_threshold', 128),
                           ('message', HANDLE, 'hydration_batch_size', 32)],
                          [c for c in self.b.dm.calls if c[0] == 'message'])
+
+    def test_a_retype_in_the_window_tunes_the_clone(self):
+        # A retype the driver takes (no migration): the new type's
+        # hydration tuning must reach the clone, which hydrates on.
+        self.rewound_migrated(attached=0)
+        self.assert_retype_tunes_the_clone()
         self.assertEqual(move.HYDRATING, self.state())
         self.c.settle()
         self.c.assert_completed()
 
     def test_a_retype_in_a_live_window_tunes_the_clone(self):
         src, dst = self.rewound_live()
-        tuning = mock.Mock(return_value=(128, 32))
-        self.b.destination.tuning = tuning
-        del self.b.dm.calls[:]
-        self.b.destination.retune(self.volume(), {'extra_specs': {}})
-        self.assertEqual([('message', HANDLE, 'hydration_threshold', 128),
-                          ('message', HANDLE, 'hydration_batch_size', 32)],
-                         [c for c in self.b.dm.calls if c[0] == 'message'])
+        self.assert_retype_tunes_the_clone()
         # (Tuned, never turned on: the source may still write.)
         self.assertEqual(move.CLONED, self.state())
         self.assertFalse(self.hydration_on())
