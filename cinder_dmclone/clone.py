@@ -567,6 +567,21 @@ class Clones(object):
         self.dm.reload(name, [dmsetup.linear_segment(
             0, self.dm.device_sectors(lv), lv)])
 
+    def swapped(self, t):
+        """True if the handle is loaded and maps no clone segment.
+
+        (A finalization's swap to linear; a reboot takes the handle, and
+        with it this answer.)  Any error reading it: False.
+        """
+        name = self.handle_name(t)
+        try:
+            if not self.dm.exists(name):
+                return False
+            table = self.dm.table(name)
+        except Exception:
+            return False
+        return bool(table) and all(seg.target == 'linear' for seg in table)
+
     def written(self, t):
         """True if the clone may hold data the source does not have.
 

@@ -791,16 +791,24 @@ class Destination(side.Side):
         next tick, a ``cloned`` move marks what it waits for again
         (:meth:`commit_pending`), and this node's own mark keeps a thin
         map's guard (:meth:`was_mapped`).  Returns ``t`` rolled forward,
-        or None; one that cannot be is kept as it is, logged once.
+        or None; one that cannot be is kept as it is, logged once.  One
+        of which this node holds nothing any more is a rollback cut
+        short after its teardown here: it is finished
+        (:meth:`_roll_back_emptied`), and None returned.
         """
         if t.volume_id in self.building:
             return None
-        if self.names_destination(volume, t):
-            state, why = self.rewound_state(t)
-        else:
+        if not self.names_destination(volume, t):
             state, why = None, ('its record names %s, not the move\'s '
                                 'destination %s' % (volume['host'],
                                                     t.dest_host))
+        elif self._emptied(volume, t):
+            self._roll_back_emptied(volume, t)
+            return None
+        elif self._swapped(volume, t):
+            state, why = move.FINALIZING, None
+        else:
+            state, why = self.rewound_state(t)
         if state is None:
             self._report_rewound(volume, t, why)
             return None
@@ -820,6 +828,98 @@ class Destination(side.Side):
                     {'vol': t.volume_id, 'src': t.source_node,
                      'state': state})
         return t
+
+    def _emptied(self, volume, t):
+        """True if set-back move ``t`` left nothing of the volume here.
+
+        No data LV of the move here (a teardown removed it, or renamed it
+        to be wiped): this node holds no copy, so the record naming it
+        points at nothing.  The one step that removes a data LV here
+        while the record names this node and the volume is not being
+        deleted is a rollback's teardown (Destination.rollback: the
+        teardown, then the record pointed back at the source, R16-1);
+        the source's copy is then the volume.  A volume being deleted is
+        left to its delete, which retires the source's copy too
+        (:meth:`delete`).  Read from this node's LVM and Cinder's
+        columns (host, status), which no volume owner writes.
+        """
+        return (not self.clones.has_data(t)
+                and volume['status'] not in ('deleting', 'error_deleting'))
+
+    def _swapped(self, volume, t):
+        """True if set-back move ``t`` was being finalized here (R16-3).
+
+        Its finalization swapped the clone to linear and removed its
+        metadata LV, then could not retire the source before the stale
+        save set the record back: the copy here is whole, and only the
+        source's old copy and its export remain to go.  What tells it,
+        none of which a volume owner or the stale save can write:
+
+        * the data LV here without its metadata LV, and the handle
+          loaded with no clone segment left (Clones.swapped): only a
+          swap maps it so while a move into this node is recorded (the
+          driver maps no linear handle over an LV moving in), and the
+          swap is refused before hydration is complete
+          (Clones.swap_to_linear);
+        * the volume record still names this move's export on the
+          source (``provider_location``): a finalization forgets it once
+          the source retired (Store.forget_source_export), so a copy
+          saved long after the move finished, or over a later one,
+          never passes;
+        * nothing here names another move (:meth:`_other_move`).
+
+        A reboot takes the handle: the swapped copy can then no longer
+        be told from a clone that lost its metadata LV (partly copied),
+        and the move is kept for an operator, as before.
+        """
+        clones = self.clones
+        return (clones.has_data(t) and not clones.has_metadata(t)
+                and clones.swapped(t)
+                and self._names_source_export(volume, t)
+                and self._other_move(t) is None)
+
+    @staticmethod
+    def _names_source_export(volume, t):
+        """True if ``provider_location`` is move ``t``'s source export."""
+        location = (volume['provider_location'] or '').split(' ')
+        return (len(location) >= 2
+                and location[0].split(',')[0] == t.target_portal
+                and location[1] == t.target_iqn)
+
+    def _roll_back_emptied(self, volume, t):
+        """Finish the rollback a set-back record hides (R16-1).
+
+        The rollback's teardown ran here, then the service died before
+        it pointed the record back at the source, and a stale whole save
+        set the move back to ``preparing``: nothing here can be rolled
+        forward, and the instance writes the source's copy.  The move is
+        given back the state only a rollback leaves that way
+        (``cloned``, by a compare-and-set on this very move,
+        ``preparing``: Store.roll_forward), then rolled back as a
+        ``cloned`` move whose teardown had begun
+        (:meth:`roll_back_unless_written`): the record points at the
+        source again, its export for this node goes, the move is
+        cleared.  A crash anywhere leaves either the set-back record
+        (this again at the next start) or the one a cut rollback leaves
+        (``cloned``: ROLL_BACK at the next start here, or the source's
+        finish_rollback once the record names it).  Never a commit: the
+        state written is ``cloned``, and a move in ``cloned`` without a
+        data LV here is only ever rolled back.
+        """
+        try:
+            self.store.roll_forward(self.ctxt(), t, move.CLONED)
+        except move.MoveStateConflict:
+            return      # (changed since the read: nothing to do)
+        self.prepare_seen.pop(t.volume_id, None)
+        self.rewound_reported.pop(t.volume_id, None)
+        LOG.warning('Volume %(vol)s lives on this node by its record, but '
+                    'this node holds no copy of it, and its move from '
+                    '%(src)s was recorded as preparing again (a stale copy '
+                    'of its admin metadata saved whole): a rollback of the '
+                    'move was cut short after its teardown here; '
+                    'finishing it, the volume stays on %(src)s.',
+                    {'vol': t.volume_id, 'src': t.source_node})
+        self.roll_back_unless_written(volume, t)
 
     def rewound_state(self, t):
         """The state move ``t``, set back to ``preparing``, had: or why not.
@@ -1658,6 +1758,10 @@ class Destination(side.Side):
                     self.pending_finalize.discard(volume_id)
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
+                if t.state == move.PREPARING:
+                    t = self._roll_forward_finalizing(volume, t)
+                    if t is None:
+                        return
                 if t.state != move.FINALIZING:
                     self.store.transition(ctxt, t, (move.HYDRATING,),
                                           move.FINALIZING)
@@ -1679,6 +1783,23 @@ class Destination(side.Side):
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
+
+    def _roll_forward_finalizing(self, volume, t):
+        """A finalization found its move set back: roll it forward first.
+
+        (R16-3: the stale save landed between the swap and the retire.)
+        Under the volume's lock, which the caller holds.  Returns the
+        move to finalize on with (``hydrating`` or ``finalizing``), or
+        None: the move is no longer one to finalize (rolled forward to
+        ``cloned``: dropped; kept as it is: retried at the next tick).
+        """
+        rolled = self.roll_forward(volume, t)
+        if rolled is not None and rolled.state in (move.HYDRATING,
+                                                   move.FINALIZING):
+            return rolled
+        if rolled is not None:
+            self.pending_finalize.discard(t.volume_id)
+        return None
 
     def _name_this_node(self, ctxt, volume, t):
         """A committed move: the volume record names this node from now on.

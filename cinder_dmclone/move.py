@@ -735,7 +735,10 @@ class Store(object):
         volume record at its destination afterwards; a whole save of an
         older copy of the admin metadata then set the state back (see
         Destination.roll_forward, which alone calls this, and decides
-        ``state``: ``cloned`` or ``hydrating``).  So the source's
+        ``state``: ``cloned`` or ``hydrating``, ``finalizing`` for a
+        clone it swapped to linear already; ``cloned`` also for a
+        rollback cut short after its teardown there, which it then
+        finishes).  So the source's
         deadline (:meth:`_refuse_past_deadline`) does not apply: it
         keeps a late commit from naming a clone that either node may be
         removing as dead, and neither removes one whose volume record
@@ -743,9 +746,10 @@ class Store(object):
         MoveStateConflict, writing nothing, unless the record still
         describes this very move, ``preparing``.
         """
-        if state not in (CLONED, HYDRATING):
-            raise ValueError('a rewound move goes back to %s or %s, not %s'
-                             % (CLONED, HYDRATING, state))
+        if state not in (CLONED, HYDRATING, FINALIZING):
+            raise ValueError('a rewound move goes back to %s, %s or %s, '
+                             'not %s' % (CLONED, HYDRATING, FINALIZING,
+                                         state))
         self._current(ctxt, t, (PREPARING,))
         self._write_state(ctxt, t, state)
 

@@ -58,7 +58,9 @@ TEAR_DOWN = 'tear down'
 #: Destination, ``preparing`` while the volume record names it: the move
 #: was committed and its record set back by a stale whole save of the
 #: admin metadata; roll it forward as its clone tells
-#: (Destination.roll_forward), then resume it as that state says.
+#: (Destination.roll_forward), then resume it as that state says; if
+#: this node holds nothing of it (a rollback cut short after its
+#: teardown), finish that rollback.
 ROLL_FORWARD = 'roll forward'
 #: Destination, ``cloned``: the live migration failed (or a rollback was
 #: cut short): roll back, unless the clone took writes.

@@ -434,12 +434,21 @@ class StoreTestCase(test.TestCase):
     def test_roll_forward_never_to_another_state(self):
         t = make_move()
         self.store.save(self.ctxt, t)
-        for state in (move.PREPARING, move.FINALIZING, move.ABORTED,
-                      move.SOURCE_LOST):
+        for state in (move.PREPARING, move.ABORTED, move.SOURCE_LOST):
             self.assertRaises(ValueError, self.store.roll_forward,
                               self.ctxt, t, state)
         self.assertEqual(move.PREPARING,
                          self.store.load(self.ctxt, VOLUME_ID).state)
+
+    def test_roll_forward_to_finalizing_only_from_preparing(self):
+        # (A clone its destination swapped to linear already: R16-3.)
+        t = make_move()
+        self.store.save(self.ctxt, t)
+        self.store.roll_forward(self.ctxt, t, move.FINALIZING)
+        self.assertEqual(move.FINALIZING,
+                         self.store.load(self.ctxt, VOLUME_ID).state)
+        self.assertRaises(move.MoveStateConflict, self.store.roll_forward,
+                          self.ctxt, t, move.FINALIZING)
 
     def test_progress_of_an_earlier_move_is_not_shown_for_a_new_one(self):
         # A clear cut short by a crash left the old move's progress.
