@@ -880,11 +880,16 @@ class Destination(side.Side):
 
     @staticmethod
     def _names_source_export(volume, t):
-        """True if ``provider_location`` is move ``t``'s source export."""
-        location = (volume['provider_location'] or '').split(' ')
-        return (len(location) >= 2
-                and location[0].split(',')[0] == t.target_portal
-                and location[1] == t.target_iqn)
+        """True if ``provider_location`` is move ``t``'s source export.
+
+        Its primary portal and its IQN (also with secondary portals:
+        :func:`~cinder_dmclone.layout.export_portal`, as the driver
+        reads it).
+        """
+        location = volume['provider_location']
+        return (bool(t.target_portal)
+                and layout.export_portal(location) == t.target_portal
+                and layout.export_iqn(location) == t.target_iqn)
 
     def _roll_back_emptied(self, volume, t):
         """Finish the rollback a set-back record hides (R16-1).

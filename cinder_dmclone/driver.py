@@ -1247,13 +1247,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _owns_export(self, volume):
         """True if the volume's export is this node's.
 
-        Cinder's iSCSI targets write ``provider_location`` as
-        ``<portal>[;<portal>...],<tid> <iqn> <lun>``, the primary portal
-        (``target_ip_address``) first, as ``<address>:<port>`` with an
-        IPv6 address in brackets (``volume_utils.sanitize_host``).
+        By the primary portal of its ``provider_location``
+        (:func:`~cinder_dmclone.layout.export_portal`), which is
+        ``target_ip_address``.
         """
-        location = volume.get('provider_location') or ''
-        portal = location.split(',', 1)[0].split(';', 1)[0]
+        portal = layout.export_portal(volume.get('provider_location'))
         address, sep, _port = portal.rpartition(':')
         return bool(sep) and _same_address(
             address, self.configuration.target_ip_address)

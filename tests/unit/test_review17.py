@@ -172,7 +172,6 @@ class SwappedTestCase(test_rewound_move.RewindMixin,
     # never equal, so a finalization set back between the swap and the
     # retire is kept "for an operator" as before R16-3: node-a's old
     # copy and its export admitting node-b are never retired or wiped.
-    @unittest.expectedFailure
     def test_a_multi_portal_export_still_retires_the_source(self):
         self.failed_once_set_back()
         rec = self.c.db.volumes[VOLUME_ID]
