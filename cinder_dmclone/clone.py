@@ -544,8 +544,12 @@ class Clones(object):
             return True     # already linear
         return status[0].fully_hydrated
 
-    def swap_to_linear(self, t):
-        """Replace a fully hydrated clone by a linear map of the LV."""
+    def swap_to_linear(self, t, before=None):
+        """Replace a fully hydrated clone by a linear map of the LV.
+
+        ``before()`` runs once the clone is found fully hydrated, just
+        before its table is replaced (not when there is nothing to swap).
+        """
         name = self.handle_name(t)
         if not self.dm.exists(name):
             # Gone with a reboot: once the metadata LV is removed the swap
@@ -563,6 +567,8 @@ class Clones(object):
             raise dmc_exception.InvalidTable(
                 reason='refusing to swap %s to linear before it is fully '
                        'hydrated' % name)
+        if before is not None:
+            before()
         lv = self.lv_path(t)
         self.dm.reload(name, [dmsetup.linear_segment(
             0, self.dm.device_sectors(lv), lv)])

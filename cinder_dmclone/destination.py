@@ -79,7 +79,9 @@ class Destination(side.Side):
     volume type (see :func:`hydration_tuning`); ``marks``, this node's
     own marks of clones thin mapped here
     (:class:`~cinder_dmclone.map_mark.MapMarks`; None only in tests that
-    never map a clone).
+    never map a clone); ``end_marks``, this node's marks of a move's end
+    begun here (:meth:`mark_end`; None: no set-back move is ever ended
+    here, only kept).
     """
 
     #: Seconds the monitor leaves a source alone after a call to it timed
@@ -89,7 +91,7 @@ class Destination(side.Side):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  tuning, clock=time.monotonic, service_host=None,
-                 thin_map=False, marks=None):
+                 thin_map=False, marks=None, end_marks=None):
         super().__init__(node_names, node_name, store, peer_client,
                          service_host=service_host)
         self.clones = clones
@@ -97,6 +99,7 @@ class Destination(side.Side):
         #: apply the region maps of thin sources (dmclone_thin_map).
         self.thin_map = thin_map
         self.marks = marks
+        self.end_marks = end_marks
         self._clock = clock
         #: source node -> until when the monitor does not call it.
         self.resting = {}
@@ -473,6 +476,60 @@ class Destination(side.Side):
                         'any later move of the volume.',
                         {'vol': volume_id, 'dir': self.marks.directory},
                         exc_info=True)
+
+    # -- end marks ---------------------------------------------------------
+
+    def mark_end(self, t, how):
+        """Mark, durably, that move ``t`` is about to end here ``how``.
+
+        Written just before the step that no set-back record can tell
+        afterwards: a finalization's swap to linear of its fully hydrated
+        clone (``move.END_SWAP``, see :meth:`_swapped`) or a rollback's
+        teardown (``move.END_ROLLBACK``, see :meth:`_emptied`).  Node
+        local (:mod:`~cinder_dmclone.map_mark`): no stale save of the
+        record and no volume owner can write or remove it.  Raises if
+        the mark is not on disk.
+        """
+        if self.end_marks is None:
+            raise OSError('no directory of end marks on this node')
+        self.end_marks.write(t.volume_id, move.end_tag(t.secret, how))
+
+    def ended_here(self, t, how):
+        """True if this node's end mark says move ``t`` was ending ``how``.
+
+        False for no mark, another move's or another end's, a move
+        without a secret, or a mark that cannot be read: no mark is no
+        evidence.
+        """
+        if self.end_marks is None or not t.secret:
+            return False
+        try:
+            value = self.end_marks.read(t.volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) '
+                        'cannot be read.', {'vol': t.volume_id,
+                                            'dir': self.end_marks.directory},
+                        exc_info=True)
+            return False
+        return map_mark.same_tag(value, move.end_tag(t.secret, how))
+
+    def drop_end_mark(self, volume_id):
+        """Remove this node's end mark of ``volume_id``, if any.
+
+        Once its move is cleared, or goes on otherwise (a commit, a
+        hold).  A failure is only logged: a mark names its move alone,
+        and no set-back record of a cleared move passes the other
+        checks that go with it (:meth:`_emptied`, :meth:`_swapped`).
+        """
+        if self.end_marks is None:
+            return
+        try:
+            self.end_marks.remove(volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) could '
+                        'not be removed; it names a move that is over.',
+                        {'vol': volume_id,
+                         'dir': self.end_marks.directory}, exc_info=True)
 
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
@@ -855,12 +912,16 @@ class Destination(side.Side):
         source's old copy and its export remain to go.  What tells it,
         none of which a volume owner or the stale save can write:
 
+        * this node's end mark names this move's swap (:meth:`mark_end`):
+          a finalization writes it once the clone is fully hydrated, just
+          before the swap (Clones.swap_to_linear refuses one before).
+          Nothing else writes it: not an operator's abandon of a lost
+          source, which maps the LV linearly too, over regions it
+          zeroed (:mod:`~cinder_dmclone.lost_source`; it refuses a
+          fully hydrated clone);
         * the data LV here without its metadata LV, and the handle
-          loaded with no clone segment left (Clones.swapped): only a
-          swap maps it so while a move into this node is recorded (the
-          driver maps no linear handle over an LV moving in), and the
-          swap is refused before hydration is complete
-          (Clones.swap_to_linear);
+          loaded with no clone segment left (Clones.swapped): the swap
+          was made, not only marked;
         * the volume record still names this move's export on the
           source (``provider_location``): a finalization forgets it once
           the source retired (Store.forget_source_export), so a copy
@@ -873,7 +934,8 @@ class Destination(side.Side):
         and the move is kept for an operator, as before.
         """
         clones = self.clones
-        return (clones.has_data(t) and not clones.has_metadata(t)
+        return (self.ended_here(t, move.END_SWAP)
+                and clones.has_data(t) and not clones.has_metadata(t)
                 and clones.swapped(t)
                 and self._names_source_export(volume, t)
                 and self._other_move(t) is None)
@@ -1743,7 +1805,8 @@ class Destination(side.Side):
                 if t.state != move.FINALIZING:
                     self.store.transition(ctxt, t, (move.HYDRATING,),
                                           move.FINALIZING)
-                self.clones.swap_to_linear(t)
+                self.clones.swap_to_linear(
+                    t, before=lambda: self._mark_swap(t))
                 self.clones.remove_metadata(t)
                 self.drop_node_mark(volume_id)
                 if self.source_resting(t):
@@ -1761,6 +1824,23 @@ class Destination(side.Side):
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
+
+    def _mark_swap(self, t):
+        """The end mark of a swap about to be made (:meth:`mark_end`).
+
+        A mark that cannot be written is logged, and the swap goes on:
+        without it a move set back after the swap is only kept for an
+        operator (:meth:`_swapped`), while a finalization stopped by it
+        would never end.
+        """
+        try:
+            self.mark_end(t, move.END_SWAP)
+        except Exception:
+            LOG.error('Volume %(vol)s: the mark of its swap to linear could '
+                      'not be written here; should a stale save set its '
+                      'move back before the source is retired, the move is '
+                      'kept for an operator.', {'vol': t.volume_id},
+                      exc_info=True)
 
     def _roll_forward_finalizing(self, volume, t):
         """A finalization found its move set back: roll it forward first.
@@ -1823,4 +1903,5 @@ class Destination(side.Side):
         # so a crash in between is finalized again.
         self.store.forget_source_export(ctxt, volume['id'])
         self.store.clear(ctxt, volume['id'], t)
+        self.drop_end_mark(volume['id'])
         self.pending_finalize.discard(volume['id'])

@@ -312,7 +312,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                            if conf.dmclone_thin_map else None),
                 map_marks=map_mark.MapMarks(
                     map_mark.marks_dir(self._state_dir(),
-                                       self.node_name)))
+                                       self.node_name)),
+                end_marks=map_mark.MapMarks(
+                    map_mark.marks_dir(self._state_dir(), self.node_name,
+                                       map_mark.ENDING)))
         return self._moves
 
     @staticmethod

@@ -117,6 +117,9 @@ class Node(object):
         #: the node's own marks of clones thin mapped here (under it too).
         self.marks = map_mark.MapMarks(
             map_mark.marks_dir(self.state_dir, name))
+        #: and of a move's end begun here.
+        self.end_marks = map_mark.MapMarks(
+            map_mark.marks_dir(self.state_dir, name, map_mark.ENDING))
         self.executed = []
         self.has_service = True
         self.service_up = True
@@ -140,7 +143,7 @@ class Node(object):
             interval=10, ensure_export=self._export_moving_away,
             clock=lambda: self.cluster.now,
             thin_maps=self.thin_maps() if self.cluster.thin_map else None,
-            map_marks=self.marks)
+            map_marks=self.marks, end_marks=self.end_marks)
         self.source = self.moves.source
         self.source._lio_acls = self._acls
         self.source._lio_target_exists = (

@@ -200,7 +200,6 @@ class AbandonSetBackTestCase(test.TestCase):
     # (wiped), the move cleared, the volume no longer in error.  The
     # module's promise ("node A's copy is left as it was: never wiped")
     # is broken, and the zeroed regions are lost for good.
-    @unittest.expectedFailure
     def test_a_cut_abandon_set_back_keeps_the_lost_nodes_copy(self):
         h = test_lost_source.Harness(self, hydrated=range(100))
         stale = {k: v for k, v in h.c.db.admin_metadata[VOLUME_ID].items()
