@@ -609,6 +609,30 @@ class Clones(object):
         return self.meta_vg.get_volume(
             layout.metadata_lv_name(t.lv_name)) is not None
 
+    def holds_nothing(self, t):
+        """True if LVM and the kernel positively show nothing of ``t`` here.
+
+        No handle loaded, and LVM's own listing of the data and the
+        metadata volume groups (privileged.vg_lv_names, which fails
+        rather than answer "none" for a group it cannot read) names
+        neither the data LV nor the metadata LV.  Not
+        :meth:`has_data`: brick takes a volume group not found (a PV not
+        scanned yet after a reboot) for an LV not found.  Any failure:
+        False.
+        """
+        names = set()
+        try:
+            if self.dm.exists(self.handle_name(t)):
+                return False
+            for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name}):
+                names |= privileged.vg_lv_names(
+                    vg, execute=self._execute, root_helper=self._root_helper)
+        except Exception:
+            LOG.warning('Cannot tell whether this node holds anything of '
+                        'LV %s.', t.lv_name, exc_info=True)
+            return False
+        return not names & {t.lv_name, layout.metadata_lv_name(t.lv_name)}
+
     def lost_metadata(self, t):
         """True if the data LV is here but neither its clone nor metadata.
 

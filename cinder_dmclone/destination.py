@@ -887,21 +887,36 @@ class Destination(side.Side):
         return t
 
     def _emptied(self, volume, t):
-        """True if set-back move ``t`` left nothing of the volume here.
+        """True if set-back move ``t`` is a rollback finished here (R16-1).
 
-        No data LV of the move here (a teardown removed it, or renamed it
-        to be wiped): this node holds no copy, so the record naming it
-        points at nothing.  The one step that removes a data LV here
-        while the record names this node and the volume is not being
-        deleted is a rollback's teardown (Destination.rollback: the
-        teardown, then the record pointed back at the source, R16-1);
-        the source's copy is then the volume.  A volume being deleted is
-        left to its delete, which retires the source's copy too
-        (:meth:`delete`).  Read from this node's LVM and Cinder's
-        columns (host, status), which no volume owner writes.
+        The rollback's teardown ran here (:meth:`rollback`: the
+        teardown, then the record pointed back at the source), then the
+        service died, and a stale save set the record back: this node
+        holds no copy, and the source's is the volume.  Each of these
+        must hold, or the move is kept for an operator:
+
+        * this node's end mark names this move's rollback
+          (:meth:`mark_end`, written just before its teardown; no stale
+          save reaches it): not a committed move whose LV an operator
+          or a new disk took, nor a move finished long ago;
+        * nothing of the move here by LVM's own listing of its volume
+          groups, and no handle loaded (Clones.holds_nothing): not a
+          transient miss (brick reads 'Volume group not found' as "no
+          such LV"), nor a teardown cut short before its metadata LV
+          went;
+        * the record's LV is the volume's LV now (``volume.name``: a
+          copy saved after a migration gave the volume another
+          ``_name_id`` names an LV this node never held);
+        * the volume is not being deleted: that is left to its delete,
+          which retires the source's copy too (:meth:`delete`).
+
+        Cinder's columns read here (host, status, ``_name_id``) are not
+        written by a save of admin metadata.
         """
-        return (not self.clones.has_data(t)
-                and volume['status'] not in ('deleting', 'error_deleting'))
+        return (volume['status'] not in ('deleting', 'error_deleting')
+                and t.lv_name == volume['name']
+                and self.ended_here(t, move.END_ROLLBACK)
+                and self.clones.holds_nothing(t))
 
     def _swapped(self, volume, t):
         """True if set-back move ``t`` was being finalized here (R16-3).
@@ -1377,6 +1392,7 @@ class Destination(side.Side):
         commits it.
         """
         self.held.add(volume['id'])
+        self.drop_end_mark(volume['id'])
         self.store.mark_stale_source_attachment(self.ctxt(), t)
         LOG.error('Volume %(vol)s was detached on %(dst)s, where it took '
                   'writes, while node %(src)s still has an attachment: the '
@@ -1418,6 +1434,7 @@ class Destination(side.Side):
         self.store.clear_waits(self.ctxt(), volume['id'])
         self.held.discard(volume['id'])
         self.awaiting_source.discard(volume['id'])
+        self.drop_end_mark(volume['id'])
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '
                  '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
 
@@ -1431,6 +1448,7 @@ class Destination(side.Side):
         LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
+        self._mark_rollback(t)
         self.tear_down(volume, t, keep_data=keep_data)
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                source.host_zone(ctxt, t.source_host))
@@ -1442,6 +1460,22 @@ class Destination(side.Side):
                           'detach there.', {'src': t.source_node,
                                             'vol': volume['id']})
         self.store.clear(ctxt, volume['id'], t)
+        self.drop_end_mark(volume['id'])
+
+    def _mark_rollback(self, t):
+        """The end mark of a rollback about to tear down (:meth:`mark_end`).
+
+        A mark that cannot be written is logged, and the rollback goes
+        on: without it a rollback cut short and then set back is only
+        kept for an operator (:meth:`_emptied`).
+        """
+        try:
+            self.mark_end(t, move.END_ROLLBACK)
+        except Exception:
+            LOG.error('Volume %(vol)s: the mark of its rollback could not '
+                      'be written here; should the rollback be cut short '
+                      'and its record set back, the move is kept for an '
+                      'operator.', {'vol': t.volume_id}, exc_info=True)
 
     def roll_back_unless_written(self, volume, t):
         """Roll a move in ``cloned`` back, unless the clone took writes.

@@ -19,7 +19,6 @@ are marked expectedFailure.  They are the reviewer's, not fixes.
 """
 
 import contextlib
-import unittest
 from unittest import mock
 
 from cinder.tests.unit import test
@@ -91,7 +90,6 @@ class EmptiedTestCase(test_rewound_move.RewindMixin,
     # cleared.  Node-b's data LV stays behind, described by nothing and
     # never wiped.  Data loss (silent) and a leaked copy.  Before
     # 646ea97 the same start kept the set-back move (reported).
-    @unittest.expectedFailure
     def test_transient_lvm_miss_at_start_rolls_a_committed_move_back(self):
         stale = self.read_while_preparing()
         self.moved()
@@ -113,7 +111,6 @@ class EmptiedTestCase(test_rewound_move.RewindMixin,
     # metadata LV removed, the record pointed back at node-a, the move
     # cleared.  Writes made on node-b after the migration (the volume
     # was usable there at once) are lost; node-b's LV leaks.
-    @unittest.expectedFailure
     def test_transient_lvm_miss_at_a_tick_rolls_a_migration_back(self):
         stale = self.read_while_preparing()
         self.assertTrue(self.c.migrate(self.b))
@@ -141,7 +138,6 @@ class EmptiedTestCase(test_rewound_move.RewindMixin,
     # which holds nothing of the volume; node-b's LV, the only copy,
     # stays, described by nothing, never wiped.  Modelled here by S
     # naming an LV other than the one node-b holds.
-    @unittest.expectedFailure
     def test_a_late_stale_save_naming_an_older_lv_moves_the_record(self):
         stale = self.read_while_preparing()
         self.moved()
