@@ -934,9 +934,12 @@ class Destination(side.Side):
           source, which maps the LV linearly too, over regions it
           zeroed (:mod:`~cinder_dmclone.lost_source`; it refuses a
           fully hydrated clone);
-        * the data LV here without its metadata LV, and the handle
-          loaded with no clone segment left (Clones.swapped): the swap
-          was made, not only marked;
+        * the data LV here, and its handle loaded with no clone segment
+          left (Clones.swapped): the swap was made, not only marked.
+          Its metadata LV may still be there (the finalization died
+          before removing it): the driver maps no linear handle over an
+          LV beside its metadata LV, and the abandon removes that LV
+          before it maps one, so only the swap leaves both;
         * the volume record still names this move's export on the
           source (``provider_location``): a finalization forgets it once
           the source retired (Store.forget_source_export), so a copy
@@ -944,14 +947,15 @@ class Destination(side.Side):
           never passes;
         * nothing here names another move (:meth:`_other_move`).
 
-        A reboot takes the handle: the swapped copy can then no longer
-        be told from a clone that lost its metadata LV (partly copied),
-        and the move is kept for an operator, as before.
+        A reboot takes the handle: with the metadata LV still there the
+        clone is built again (:meth:`rewound_state`); without it the
+        swapped copy can no longer be told from a clone that lost its
+        metadata LV (partly copied), and the move is kept for an
+        operator, as before.
         """
         clones = self.clones
         return (self.ended_here(t, move.END_SWAP)
-                and clones.has_data(t) and not clones.has_metadata(t)
-                and clones.swapped(t)
+                and clones.has_data(t) and clones.swapped(t)
                 and self._names_source_export(volume, t)
                 and self._other_move(t) is None)
 
