@@ -848,10 +848,11 @@ class Destination(side.Side):
         next tick, a ``cloned`` move marks what it waits for again
         (:meth:`commit_pending`), and this node's own mark keeps a thin
         map's guard (:meth:`was_mapped`).  Returns ``t`` rolled forward,
-        or None; one that cannot be is kept as it is, logged once.  One
-        of which this node holds nothing any more is a rollback cut
-        short after its teardown here: it is finished
-        (:meth:`_roll_back_emptied`), and None returned.
+        or None; one that cannot be is kept as it is, logged once.  A
+        rollback cut short after its teardown here (:meth:`_emptied`) is
+        finished (:meth:`_roll_back_emptied`), and None returned; a
+        finalization cut short after its swap (:meth:`_swapped`) is
+        rolled forward to ``finalizing``.
         """
         if t.volume_id in self.building:
             return None

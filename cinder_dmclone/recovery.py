@@ -59,8 +59,8 @@ TEAR_DOWN = 'tear down'
 #: was committed and its record set back by a stale whole save of the
 #: admin metadata; roll it forward as its clone tells
 #: (Destination.roll_forward), then resume it as that state says; if
-#: this node holds nothing of it (a rollback cut short after its
-#: teardown), finish that rollback.
+#: this node marked its rollback and positively holds nothing of it (a
+#: rollback cut short after its teardown), finish that rollback.
 ROLL_FORWARD = 'roll forward'
 #: Destination, ``cloned``: the live migration failed (or a rollback was
 #: cut short): roll back, unless the clone took writes.

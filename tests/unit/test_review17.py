@@ -14,8 +14,10 @@
 
 Each test is a sequence that loses data, leaves a copy unwiped or
 points the volume at a node without it, through ``Destination._emptied``
-(R16-1) or ``Destination._swapped`` (R16-3).  They fail on 646ea97 and
-are marked expectedFailure.  They are the reviewer's, not fixes.
+(R16-1) or ``Destination._swapped`` (R16-3).  They failed on 646ea97
+(expectedFailure); they pass since _emptied and _swapped ask for this
+node's end mark of the move and, for a rollback, LVM's own listing of
+its groups (see test_end_marks).  They are the reviewer's, not fixes.
 """
 
 import contextlib
