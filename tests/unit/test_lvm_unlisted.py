@@ -22,11 +22,14 @@ as it is, and taken up again once LVM lists the group.
 
 import contextlib
 
+from cinder import exception
+
 from cinder_dmclone import move
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import META
 from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_lost_source
 from tests.unit import test_review17
 from tests.unit import test_two_nodes
 
@@ -148,3 +151,25 @@ class UnlistedGroupTestCase(test_two_nodes.ClusterTestCase):
                 pass    # (refused: moving)
         self.assert_kept_on_b(move.FINALIZING)
         self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+
+
+class UnlistedAbandonTestCase(test_two_nodes.ClusterTestCase):
+    """cinder-dmclone move abandon-source on an unlisted group."""
+
+    def test_the_abandon_never_ends_the_move_as_lost_whole(self):
+        # With its data LV taken for gone, the command ended the move as
+        # if a delete had removed it: the clone's handle removed, every
+        # region recorded as lost, the move cleared over the LV that
+        # holds the copied half.
+        h = test_lost_source.Harness(self, hydrated=range(50))
+        h.lose_a()
+        with unlisted(h.b):
+            self.assertRaises(exception.CinderException, h.run)
+        self.assertEqual([], h.c.violations)
+        self.assertIn('dmclone_state', h.c.transfer_keys())
+        self.assertIn(HANDLE, h.b.dm.devices)
+        self.assertIn(LV, h.b.vg.lvs)
+        self.assertIn(META, h.b.vg.lvs)
+        self.assertEqual([], h.zeroed)
+        # (Run again once LVM lists the group: abandoned as it should.)
+        h.assert_abandoned(h.run())
