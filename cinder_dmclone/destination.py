@@ -1491,13 +1491,21 @@ class Destination(side.Side):
         took writes is never rolled back (see :meth:`hold`).  A missing
         data LV means a rollback's teardown already began: nothing is
         left to keep, and the rollback is finished.
+
+        Which LVs are here is LVM's own listing (Clones.listed), never
+        brick's lookup, which reads a volume group not found (a PV not
+        scanned yet after a reboot) as "no such LV": a group LVM cannot
+        list raises LVMUnlisted before anything is done, and the move
+        stays as it is.
         """
         clones = self.clones
-        if clones.lost_metadata(t):
+        data, meta = clones.listed(t)
+        loaded = clones.loaded(t)
+        if data and not meta and not loaded:
             self.roll_back_without_metadata(volume, t)
             return
-        if clones.has_data(t):
-            if clones.needs_rebuild(t):
+        if data or loaded:
+            if not loaded:
                 self.rebuild(volume, t, hydrate=False)
             if clones.written(t):
                 self.hold(volume, t)
@@ -1770,7 +1778,7 @@ class Destination(side.Side):
             if t is None:
                 return
             if self.is_dest(t) and t.state == move.FINALIZING \
-                    and not self.clones.has_metadata(t):
+                    and self._swapped_away(t):
                 try:
                     self._retire_source(self.ctxt(), volume, t)
                 except oslo_messaging.MessagingTimeout as exc:
@@ -1812,6 +1820,19 @@ class Destination(side.Side):
         """Retry the finalizations that failed (after each monitor tick)."""
         for volume_id in sorted(self.pending_finalize):
             self.finalize(volume_id)
+
+    def _swapped_away(self, t):
+        """True if LVM lists no metadata LV of finalizing move ``t`` here.
+
+        (Its clone was swapped to linear and its metadata LV removed.)
+        A group LVM cannot list: False, logged.
+        """
+        try:
+            return not self.clones.listed(t)[1]
+        except dmc_exception.LVMUnlisted as exc:
+            LOG.warning('Volume %(vol)s: %(why)s',
+                        {'vol': t.volume_id, 'why': exc.msg})
+            return False
 
     def finalize(self, volume_id):
         """Swap to linear, drop metadata and session, retire the source.

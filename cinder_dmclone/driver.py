@@ -511,8 +511,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if volume['id'] in self.moves.recovery.pending_rebuild:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume %s is moving into this node and its clone '
-                       'waits for its source node to answer again; the '
-                       'volume service rebuilds it then.') % volume['id'])
+                       'waits for its source node to answer again (or for '
+                       'LVM to list the volume groups here); the volume '
+                       'service rebuilds it then.') % volume['id'])
         if moving_in or meta_vg.get_volume(
                 layout.metadata_lv_name(lv_name)) is not None:
             raise exception.VolumeBackendAPIException(

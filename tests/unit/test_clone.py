@@ -740,14 +740,55 @@ class ClonesTestCase(test.TestCase):
             exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
         self.assertFalse(self.node.holds_nothing(self.t))
 
+    def lvs_by_group(self, **groups):
+        """Each group's ``lvs`` lists the LVs given for it."""
+        def execute(*cmd, **kwargs):
+            if cmd[:3] == privileged.ENV_PREFIX + ('lvs',):
+                return self.lvs_of(*groups.get(cmd[-1], ())), ''
+            return self._execute(*cmd, **kwargs)
+        self.execute.side_effect = execute
+
+    def test_listed(self):
+        # Each LV in its own group, by LVM's listing of that group.
+        self.lvs_by_group(**{VG: [LV], META_VG: [META]})
+        self.assertEqual((True, True), self.node.listed(self.t))
+        self.lvs_by_group(**{VG: [META], META_VG: [LV]})
+        self.assertEqual((False, False), self.node.listed(self.t))
+        self.lvs_by_group(**{VG: [LV]})
+        self.assertEqual((True, False), self.node.listed(self.t))
+
+    def test_listed_never_reads_brick(self):
+        # (Brick's lookup reads a group not found as "no such LV".)
+        self.vg.add(LV, '1g')
+        self.lvs_report = ''
+        self.assertEqual((False, False), self.node.listed(self.t))
+
+    def test_listed_raises_when_lvm_cannot_list(self):
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        exc = self.assertRaises(dmc_exception.LVMUnlisted,
+                                self.node.listed, self.t)
+        self.assertIn('not found', str(exc))
+
     def test_swap_without_handle_and_metadata(self):
         # Swapped and cleaned up before a reboot: nothing left to do.
         self.vg.add(LV, '1g')
+        self.lvs_report = self.lvs_of(LV)
         self.node.swap_to_linear(self.t)
         self.assertEqual({}, self.dm.devices)
 
+    def test_swap_without_handle_when_lvm_cannot_list(self):
+        # Not taken as swapped: the finalization, which retires the
+        # source next, waits.
+        self.vg.add(LV, '1g')
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.swap_to_linear, self.t)
+
     def test_swap_without_handle_but_metadata(self):
         self._build()
+        self.lvs_report = self.lvs_of(LV, META)
         self.dm.devices.clear()
         self.assertTrue(self.node.needs_rebuild(self.t))
         exc = self.assertRaises(dmc_exception.InvalidTable,
