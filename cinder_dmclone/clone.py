@@ -544,14 +544,21 @@ class Clones(object):
             return True     # already linear
         return status[0].fully_hydrated
 
-    def swap_to_linear(self, t):
-        """Replace a fully hydrated clone by a linear map of the LV."""
+    def swap_to_linear(self, t, before=None):
+        """Replace a fully hydrated clone by a linear map of the LV.
+
+        ``before()`` runs once the clone is found fully hydrated, just
+        before its table is replaced (not when there is nothing to swap).
+        """
         name = self.handle_name(t)
         if not self.dm.exists(name):
             # Gone with a reboot: once the metadata LV is removed the swap
             # was done (the driver maps the LV again); before, only a
-            # rebuilt clone can tell whether the LV is complete.
-            if self.has_metadata(t):
+            # rebuilt clone can tell whether the LV is complete.  Read
+            # from LVM's own listing: a group it cannot list raises
+            # LVMUnlisted (the finalization, which retires the source
+            # next, waits).
+            if self.listed(t)[1]:
                 raise dmc_exception.InvalidTable(
                     reason='handle %s is gone before its clone was swapped '
                            'to linear; the clone must be rebuilt first'
@@ -563,6 +570,8 @@ class Clones(object):
             raise dmc_exception.InvalidTable(
                 reason='refusing to swap %s to linear before it is fully '
                        'hydrated' % name)
+        if before is not None:
+            before()
         lv = self.lv_path(t)
         self.dm.reload(name, [dmsetup.linear_segment(
             0, self.dm.device_sectors(lv), lv)])
@@ -602,6 +611,55 @@ class Clones(object):
     def has_metadata(self, t):
         return self.meta_vg.get_volume(
             layout.metadata_lv_name(t.lv_name)) is not None
+
+    def listed(self, t):
+        """(data LV, metadata LV) of ``t``: True for each LVM lists here.
+
+        LVM's own listing of the data and the metadata volume groups
+        (privileged.vg_lv_names), never brick's get_volume, which takes
+        a volume group not found (a PV not scanned yet after a reboot)
+        for an LV not found: every step that removes, wipes, rolls back
+        or gives up a copy on an LV's absence reads it here.  A group
+        that cannot be listed raises LVMUnlisted.
+        """
+        names = {}
+        for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name}):
+            try:
+                names[vg] = privileged.vg_lv_names(
+                    vg, execute=self._execute, root_helper=self._root_helper)
+            except Exception as exc:
+                raise dmc_exception.LVMUnlisted(vg=vg, reason=exc) from exc
+        return (t.lv_name in names[self.vg.vg_name],
+                layout.metadata_lv_name(t.lv_name)
+                in names[self.meta_vg.vg_name])
+
+    def loaded(self, t):
+        """True if the handle of ``t`` is loaded (a clone or linear)."""
+        return self.dm.exists(self.handle_name(t))
+
+    def holds_nothing(self, t):
+        """True if LVM and the kernel positively show nothing of ``t`` here.
+
+        No handle loaded, and LVM's own listing of the data and the
+        metadata volume groups (privileged.vg_lv_names, which fails
+        rather than answer "none" for a group it cannot read) names
+        neither the data LV nor the metadata LV.  Not
+        :meth:`has_data`: brick takes a volume group not found (a PV not
+        scanned yet after a reboot) for an LV not found.  Any failure:
+        False.
+        """
+        names = set()
+        try:
+            if self.dm.exists(self.handle_name(t)):
+                return False
+            for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name}):
+                names |= privileged.vg_lv_names(
+                    vg, execute=self._execute, root_helper=self._root_helper)
+        except Exception:
+            LOG.warning('Cannot tell whether this node holds anything of '
+                        'LV %s.', t.lv_name, exc_info=True)
+            return False
+        return not names & {t.lv_name, layout.metadata_lv_name(t.lv_name)}
 
     def lost_metadata(self, t):
         """True if the data LV is here but neither its clone nor metadata.

@@ -79,7 +79,9 @@ class Destination(side.Side):
     volume type (see :func:`hydration_tuning`); ``marks``, this node's
     own marks of clones thin mapped here
     (:class:`~cinder_dmclone.map_mark.MapMarks`; None only in tests that
-    never map a clone).
+    never map a clone); ``end_marks``, this node's marks of a move's end
+    begun here (:meth:`mark_end`; None: no set-back move is ever ended
+    here, only kept).
     """
 
     #: Seconds the monitor leaves a source alone after a call to it timed
@@ -89,7 +91,7 @@ class Destination(side.Side):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  tuning, clock=time.monotonic, service_host=None,
-                 thin_map=False, marks=None):
+                 thin_map=False, marks=None, end_marks=None):
         super().__init__(node_names, node_name, store, peer_client,
                          service_host=service_host)
         self.clones = clones
@@ -97,6 +99,7 @@ class Destination(side.Side):
         #: apply the region maps of thin sources (dmclone_thin_map).
         self.thin_map = thin_map
         self.marks = marks
+        self.end_marks = end_marks
         self._clock = clock
         #: source node -> until when the monitor does not call it.
         self.resting = {}
@@ -474,6 +477,60 @@ class Destination(side.Side):
                         {'vol': volume_id, 'dir': self.marks.directory},
                         exc_info=True)
 
+    # -- end marks ---------------------------------------------------------
+
+    def mark_end(self, t, how):
+        """Mark, durably, that move ``t`` is about to end here ``how``.
+
+        Written just before the step that no set-back record can tell
+        afterwards: a finalization's swap to linear of its fully hydrated
+        clone (``move.END_SWAP``, see :meth:`_swapped`) or a rollback's
+        teardown (``move.END_ROLLBACK``, see :meth:`_emptied`).  Node
+        local (:mod:`~cinder_dmclone.map_mark`): no stale save of the
+        record and no volume owner can write or remove it.  Raises if
+        the mark is not on disk.
+        """
+        if self.end_marks is None:
+            raise OSError('no directory of end marks on this node')
+        self.end_marks.write(t.volume_id, move.end_tag(t.secret, how))
+
+    def ended_here(self, t, how):
+        """True if this node's end mark says move ``t`` was ending ``how``.
+
+        False for no mark, another move's or another end's, a move
+        without a secret, or a mark that cannot be read: no mark is no
+        evidence.
+        """
+        if self.end_marks is None or not t.secret:
+            return False
+        try:
+            value = self.end_marks.read(t.volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) '
+                        'cannot be read.', {'vol': t.volume_id,
+                                            'dir': self.end_marks.directory},
+                        exc_info=True)
+            return False
+        return map_mark.same_tag(value, move.end_tag(t.secret, how))
+
+    def drop_end_mark(self, volume_id):
+        """Remove this node's end mark of ``volume_id``, if any.
+
+        Once its move is cleared, or goes on otherwise (a commit, a
+        hold).  A failure is only logged: a mark names its move alone,
+        and no set-back record of a cleared move passes the other
+        checks that go with it (:meth:`_emptied`, :meth:`_swapped`).
+        """
+        if self.end_marks is None:
+            return
+        try:
+            self.end_marks.remove(volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) could '
+                        'not be removed; it names a move that is over.',
+                        {'vol': volume_id,
+                         'dir': self.end_marks.directory}, exc_info=True)
+
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
         try:
@@ -791,10 +848,11 @@ class Destination(side.Side):
         next tick, a ``cloned`` move marks what it waits for again
         (:meth:`commit_pending`), and this node's own mark keeps a thin
         map's guard (:meth:`was_mapped`).  Returns ``t`` rolled forward,
-        or None; one that cannot be is kept as it is, logged once.  One
-        of which this node holds nothing any more is a rollback cut
-        short after its teardown here: it is finished
-        (:meth:`_roll_back_emptied`), and None returned.
+        or None; one that cannot be is kept as it is, logged once.  A
+        rollback cut short after its teardown here (:meth:`_emptied`) is
+        finished (:meth:`_roll_back_emptied`), and None returned; a
+        finalization cut short after its swap (:meth:`_swapped`) is
+        rolled forward to ``finalizing``.
         """
         if t.volume_id in self.building:
             return None
@@ -830,21 +888,36 @@ class Destination(side.Side):
         return t
 
     def _emptied(self, volume, t):
-        """True if set-back move ``t`` left nothing of the volume here.
+        """True if set-back move ``t`` is a rollback finished here (R16-1).
 
-        No data LV of the move here (a teardown removed it, or renamed it
-        to be wiped): this node holds no copy, so the record naming it
-        points at nothing.  The one step that removes a data LV here
-        while the record names this node and the volume is not being
-        deleted is a rollback's teardown (Destination.rollback: the
-        teardown, then the record pointed back at the source, R16-1);
-        the source's copy is then the volume.  A volume being deleted is
-        left to its delete, which retires the source's copy too
-        (:meth:`delete`).  Read from this node's LVM and Cinder's
-        columns (host, status), which no volume owner writes.
+        The rollback's teardown ran here (:meth:`rollback`: the
+        teardown, then the record pointed back at the source), then the
+        service died, and a stale save set the record back: this node
+        holds no copy, and the source's is the volume.  Each of these
+        must hold, or the move is kept for an operator:
+
+        * this node's end mark names this move's rollback
+          (:meth:`mark_end`, written just before its teardown; no stale
+          save reaches it): not a committed move whose LV an operator
+          or a new disk took, nor a move finished long ago;
+        * nothing of the move here by LVM's own listing of its volume
+          groups, and no handle loaded (Clones.holds_nothing): not a
+          transient miss (brick reads 'Volume group not found' as "no
+          such LV"), nor a teardown cut short before its metadata LV
+          went;
+        * the record's LV is the volume's LV now (``volume.name``: a
+          copy saved after a migration gave the volume another
+          ``_name_id`` names an LV this node never held);
+        * the volume is not being deleted: that is left to its delete,
+          which retires the source's copy too (:meth:`delete`).
+
+        Cinder's columns read here (host, status, ``_name_id``) are not
+        written by a save of admin metadata.
         """
-        return (not self.clones.has_data(t)
-                and volume['status'] not in ('deleting', 'error_deleting'))
+        return (volume['status'] not in ('deleting', 'error_deleting')
+                and t.lv_name == volume['name']
+                and self.ended_here(t, move.END_ROLLBACK)
+                and self.clones.holds_nothing(t))
 
     def _swapped(self, volume, t):
         """True if set-back move ``t`` was being finalized here (R16-3).
@@ -855,12 +928,19 @@ class Destination(side.Side):
         source's old copy and its export remain to go.  What tells it,
         none of which a volume owner or the stale save can write:
 
-        * the data LV here without its metadata LV, and the handle
-          loaded with no clone segment left (Clones.swapped): only a
-          swap maps it so while a move into this node is recorded (the
-          driver maps no linear handle over an LV moving in), and the
-          swap is refused before hydration is complete
-          (Clones.swap_to_linear);
+        * this node's end mark names this move's swap (:meth:`mark_end`):
+          a finalization writes it once the clone is fully hydrated, just
+          before the swap (Clones.swap_to_linear refuses one before).
+          Nothing else writes it: not an operator's abandon of a lost
+          source, which maps the LV linearly too, over regions it
+          zeroed (:mod:`~cinder_dmclone.lost_source`; it refuses a
+          fully hydrated clone);
+        * the data LV here, and its handle loaded with no clone segment
+          left (Clones.swapped): the swap was made, not only marked.
+          Its metadata LV may still be there (the finalization died
+          before removing it): the driver maps no linear handle over an
+          LV beside its metadata LV, and the abandon removes that LV
+          before it maps one, so only the swap leaves both;
         * the volume record still names this move's export on the
           source (``provider_location``): a finalization forgets it once
           the source retired (Store.forget_source_export), so a copy
@@ -868,23 +948,30 @@ class Destination(side.Side):
           never passes;
         * nothing here names another move (:meth:`_other_move`).
 
-        A reboot takes the handle: the swapped copy can then no longer
-        be told from a clone that lost its metadata LV (partly copied),
-        and the move is kept for an operator, as before.
+        A reboot takes the handle: with the metadata LV still there the
+        clone is built again (:meth:`rewound_state`); without it the
+        swapped copy can no longer be told from a clone that lost its
+        metadata LV (partly copied), and the move is kept for an
+        operator, as before.
         """
         clones = self.clones
-        return (clones.has_data(t) and not clones.has_metadata(t)
-                and clones.swapped(t)
+        return (self.ended_here(t, move.END_SWAP)
+                and clones.has_data(t) and clones.swapped(t)
                 and self._names_source_export(volume, t)
                 and self._other_move(t) is None)
 
     @staticmethod
     def _names_source_export(volume, t):
-        """True if ``provider_location`` is move ``t``'s source export."""
-        location = (volume['provider_location'] or '').split(' ')
-        return (len(location) >= 2
-                and location[0].split(',')[0] == t.target_portal
-                and location[1] == t.target_iqn)
+        """True if ``provider_location`` is move ``t``'s source export.
+
+        Its primary portal and its IQN (also with secondary portals:
+        :func:`~cinder_dmclone.layout.export_portal`, as the driver
+        reads it).
+        """
+        location = volume['provider_location']
+        return (bool(t.target_portal)
+                and layout.export_portal(location) == t.target_portal
+                and layout.export_iqn(location) == t.target_iqn)
 
     def _roll_back_emptied(self, volume, t):
         """Finish the rollback a set-back record hides (R16-1).
@@ -1310,6 +1397,7 @@ class Destination(side.Side):
         commits it.
         """
         self.held.add(volume['id'])
+        self.drop_end_mark(volume['id'])
         self.store.mark_stale_source_attachment(self.ctxt(), t)
         LOG.error('Volume %(vol)s was detached on %(dst)s, where it took '
                   'writes, while node %(src)s still has an attachment: the '
@@ -1351,6 +1439,7 @@ class Destination(side.Side):
         self.store.clear_waits(self.ctxt(), volume['id'])
         self.held.discard(volume['id'])
         self.awaiting_source.discard(volume['id'])
+        self.drop_end_mark(volume['id'])
         LOG.info('Transfer of volume %(vol)s committed: hydrating from '
                  '%(src)s.', {'vol': volume['id'], 'src': t.source_node})
 
@@ -1364,6 +1453,7 @@ class Destination(side.Side):
         LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
+        self._mark_rollback(t)
         self.tear_down(volume, t, keep_data=keep_data)
         self.store.move_volume(ctxt, volume['id'], t.source_host,
                                source.host_zone(ctxt, t.source_host))
@@ -1375,6 +1465,22 @@ class Destination(side.Side):
                           'detach there.', {'src': t.source_node,
                                             'vol': volume['id']})
         self.store.clear(ctxt, volume['id'], t)
+        self.drop_end_mark(volume['id'])
+
+    def _mark_rollback(self, t):
+        """The end mark of a rollback about to tear down (:meth:`mark_end`).
+
+        A mark that cannot be written is logged, and the rollback goes
+        on: without it a rollback cut short and then set back is only
+        kept for an operator (:meth:`_emptied`).
+        """
+        try:
+            self.mark_end(t, move.END_ROLLBACK)
+        except Exception:
+            LOG.error('Volume %(vol)s: the mark of its rollback could not '
+                      'be written here; should the rollback be cut short '
+                      'and its record set back, the move is kept for an '
+                      'operator.', {'vol': t.volume_id}, exc_info=True)
 
     def roll_back_unless_written(self, volume, t):
         """Roll a move in ``cloned`` back, unless the clone took writes.
@@ -1385,13 +1491,21 @@ class Destination(side.Side):
         took writes is never rolled back (see :meth:`hold`).  A missing
         data LV means a rollback's teardown already began: nothing is
         left to keep, and the rollback is finished.
+
+        Which LVs are here is LVM's own listing (Clones.listed), never
+        brick's lookup, which reads a volume group not found (a PV not
+        scanned yet after a reboot) as "no such LV": a group LVM cannot
+        list raises LVMUnlisted before anything is done, and the move
+        stays as it is.
         """
         clones = self.clones
-        if clones.lost_metadata(t):
+        data, meta = clones.listed(t)
+        loaded = clones.loaded(t)
+        if data and not meta and not loaded:
             self.roll_back_without_metadata(volume, t)
             return
-        if clones.has_data(t):
-            if clones.needs_rebuild(t):
+        if data or loaded:
+            if not loaded:
                 self.rebuild(volume, t, hydrate=False)
             if clones.written(t):
                 self.hold(volume, t)
@@ -1691,7 +1805,7 @@ class Destination(side.Side):
             if t is None:
                 return
             if self.is_dest(t) and t.state == move.FINALIZING \
-                    and not self.clones.has_metadata(t):
+                    and self._swapped_away(t):
                 try:
                     self._retire_source(self.ctxt(), volume, t)
                 except oslo_messaging.MessagingTimeout as exc:
@@ -1734,6 +1848,19 @@ class Destination(side.Side):
         for volume_id in sorted(self.pending_finalize):
             self.finalize(volume_id)
 
+    def _swapped_away(self, t):
+        """True if LVM lists no metadata LV of finalizing move ``t`` here.
+
+        (Its clone was swapped to linear and its metadata LV removed.)
+        A group LVM cannot list: False, logged.
+        """
+        try:
+            return not self.clones.listed(t)[1]
+        except dmc_exception.LVMUnlisted as exc:
+            LOG.warning('Volume %(vol)s: %(why)s',
+                        {'vol': t.volume_id, 'why': exc.msg})
+            return False
+
     def finalize(self, volume_id):
         """Swap to linear, drop metadata and session, retire the source.
 
@@ -1765,7 +1892,8 @@ class Destination(side.Side):
                 if t.state != move.FINALIZING:
                     self.store.transition(ctxt, t, (move.HYDRATING,),
                                           move.FINALIZING)
-                self.clones.swap_to_linear(t)
+                self.clones.swap_to_linear(
+                    t, before=lambda: self._mark_swap(t))
                 self.clones.remove_metadata(t)
                 self.drop_node_mark(volume_id)
                 if self.source_resting(t):
@@ -1783,6 +1911,23 @@ class Destination(side.Side):
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '
                           'retrying at the next monitor tick.', volume_id)
+
+    def _mark_swap(self, t):
+        """The end mark of a swap about to be made (:meth:`mark_end`).
+
+        A mark that cannot be written is logged, and the swap goes on:
+        without it a move set back after the swap is only kept for an
+        operator (:meth:`_swapped`), while a finalization stopped by it
+        would never end.
+        """
+        try:
+            self.mark_end(t, move.END_SWAP)
+        except Exception:
+            LOG.error('Volume %(vol)s: the mark of its swap to linear could '
+                      'not be written here; should a stale save set its '
+                      'move back before the source is retired, the move is '
+                      'kept for an operator.', {'vol': t.volume_id},
+                      exc_info=True)
 
     def _roll_forward_finalizing(self, volume, t):
         """A finalization found its move set back: roll it forward first.
@@ -1845,4 +1990,5 @@ class Destination(side.Side):
         # so a crash in between is finalized again.
         self.store.forget_source_export(ctxt, volume['id'])
         self.store.clear(ctxt, volume['id'], t)
+        self.drop_end_mark(volume['id'])
         self.pending_finalize.discard(volume['id'])

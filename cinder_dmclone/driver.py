@@ -312,7 +312,10 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                            if conf.dmclone_thin_map else None),
                 map_marks=map_mark.MapMarks(
                     map_mark.marks_dir(self._state_dir(),
-                                       self.node_name)))
+                                       self.node_name)),
+                end_marks=map_mark.MapMarks(
+                    map_mark.marks_dir(self._state_dir(), self.node_name,
+                                       map_mark.ENDING)))
         return self._moves
 
     @staticmethod
@@ -508,8 +511,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if volume['id'] in self.moves.recovery.pending_rebuild:
             raise exception.VolumeBackendAPIException(
                 data=_('Volume %s is moving into this node and its clone '
-                       'waits for its source node to answer again; the '
-                       'volume service rebuilds it then.') % volume['id'])
+                       'waits for its source node to answer again (or for '
+                       'LVM to list the volume groups here); the volume '
+                       'service rebuilds it then.') % volume['id'])
         if moving_in or meta_vg.get_volume(
                 layout.metadata_lv_name(lv_name)) is not None:
             raise exception.VolumeBackendAPIException(
@@ -1247,13 +1251,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _owns_export(self, volume):
         """True if the volume's export is this node's.
 
-        Cinder's iSCSI targets write ``provider_location`` as
-        ``<portal>[;<portal>...],<tid> <iqn> <lun>``, the primary portal
-        (``target_ip_address``) first, as ``<address>:<port>`` with an
-        IPv6 address in brackets (``volume_utils.sanitize_host``).
+        By the primary portal of its ``provider_location``
+        (:func:`~cinder_dmclone.layout.export_portal`), which is
+        ``target_ip_address``.
         """
-        location = volume.get('provider_location') or ''
-        portal = location.split(',', 1)[0].split(';', 1)[0]
+        portal = layout.export_portal(volume.get('provider_location'))
         address, sep, _port = portal.rpartition(':')
         return bool(sep) and _same_address(
             address, self.configuration.target_ip_address)

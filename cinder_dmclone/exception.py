@@ -283,6 +283,20 @@ class StrayCopyHere(exception.VolumeBackendAPIException):
                 "guide), then try again.")
 
 
+class LVMUnlisted(exception.VolumeBackendAPIException):
+    """LVM could not list a volume group: nothing in it is known absent.
+
+    (Brick's get_volume reads 'Volume group "X" not found', a PV not
+    scanned yet after a reboot, as "no such LV".)  A step that would
+    roll back, retire, wipe or give up a copy on an LV's absence is not
+    taken; the move is kept as it is and looked at again later.
+    """
+
+    message = _("LVM cannot list volume group %(vg)s now (%(reason)s): "
+                "no LV of it is taken as absent, and nothing is done that "
+                "an absent LV would allow until it can")
+
+
 class CloneMetadataLost(exception.VolumeBackendAPIException):
     """A clone's data LV is here, its metadata LV is not.
 

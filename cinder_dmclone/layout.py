@@ -156,6 +156,29 @@ def is_retiring_lv(name):
     return isinstance(name, str) and bool(_RETIRING_RE.fullmatch(name))
 
 
+def export_portal(provider_location):
+    """The primary portal of an iSCSI export's ``provider_location``.
+
+    Cinder's iSCSI targets write it as ``<portal>[;<portal>...],<tid>
+    <iqn> <lun>``, the primary portal (``target_ip_address``) first, as
+    ``<address>:<port>`` with an IPv6 address in brackets
+    (``volume_utils.sanitize_host``); the secondary portals
+    (``target_secondary_ip_addresses``) follow it after a ``;``.  ''
+    for none.
+    """
+    location = provider_location or ''
+    return location.split(' ', 1)[0].split(',', 1)[0].split(';', 1)[0]
+
+
+def export_iqn(provider_location):
+    """The target IQN of an export's ``provider_location``; None if none.
+
+    (Its second word: see :func:`export_portal`.)
+    """
+    words = (provider_location or '').split(' ')
+    return words[1] if len(words) >= 2 else None
+
+
 def lv_device(volume_group, lv_name):
     """The /dev path LVM gives an LV."""
     return '/dev/%s/%s' % (volume_group, validate_lv_name(lv_name))

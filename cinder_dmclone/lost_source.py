@@ -278,9 +278,14 @@ class LostSource(object):
     # -- the steps ------------------------------------------------------------
 
     def _finish(self, ctxt, volume, t):
-        if not self.clones.has_data(t):
+        # (LVM's own listing: brick's lookup takes a volume group not
+        # found for no LV, and the move would end as lost whole over the
+        # LV holding what was copied.  LVMUnlisted: nothing done, run the
+        # command again.)
+        data, meta = self.clones.listed(t)
+        if not data:
             self._end_without_data(ctxt, volume, t)
-        elif self.clones.has_metadata(t):
+        elif meta:
             self._stand_in_for_source(volume, t)
             uncopied = self._scan(t)
             ranges = dmsetup.uncopied_ranges(uncopied, t.clone_sectors,

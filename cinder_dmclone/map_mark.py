@@ -10,7 +10,7 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""This node's own, durable marks of clones thin mapped here.
+"""This node's own, durable marks of clones moved into it.
 
 The destination of a move marks its clone thin mapped before the first
 discard of a thin map, so that every later start of its service guards
@@ -22,9 +22,19 @@ deletes it.  A file per volume under the service's state directory
 tag (:func:`cinder_dmclone.move.thin_map_tag`), is written beside it:
 nothing but this node's service touches it.
 
-A mark names one move: a file holding another move's tag is inert.  No
-Cinder object and no move state here: path logic (pure) and the file's
-durable write, read and removal.
+A mark names one move: a file holding another move's tag is inert.
+
+The same files, in another directory (:data:`ENDING`), tell how a move
+into this node was ending here: a finalization about to swap its fully
+hydrated clone to linear, or a rollback about to tear its clone down
+(Destination.mark_end).  A stale save of the record cannot remove
+them, and no volume owner reaches them: they are what tells such an
+end from a transient miss of LVM or from an operator's abandon of the
+move's source, once the record is set back (Destination._emptied,
+Destination._swapped).
+
+No Cinder object and no move state here: path logic (pure) and the
+file's durable write, read and removal.
 """
 
 import errno
@@ -35,6 +45,8 @@ import re
 #: the directory under the service's state directory (``<state_path>/
 #: dmclone``) holding the marks.
 SUBDIR = 'thin-mapped'
+#: the one holding the marks of a move's end begun here.
+ENDING = 'ending'
 #: what a volume id may look like to name a file (a UUID in Cinder): no
 #: ``/``, no ``.`` (``.``, ``..`` and the temporary files never collide).
 _VOLUME_ID_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$')
@@ -47,8 +59,10 @@ class MarkNameInvalid(ValueError):
     """A volume id (or node name) that cannot name a mark's file."""
 
 
-def marks_dir(state_dir, node):
+def marks_dir(state_dir, node, subdir=SUBDIR):
     """The directory of ``node``'s marks under the service's ``state_dir``.
+
+    ``subdir``: :data:`SUBDIR` (thin mapped) or :data:`ENDING`.
 
     Named after the node, as region_map's records of held snapshots
     are: two volume services of one host may share a state directory
@@ -60,7 +74,7 @@ def marks_dir(state_dir, node):
             or node in ('.', '..') or '\0' in node:
         raise MarkNameInvalid('%r cannot name a directory of thin-mapped '
                               'marks' % (node,))
-    return os.path.join(state_dir, SUBDIR, node)
+    return os.path.join(state_dir, subdir, node)
 
 
 def mark_path(directory, volume_id):

@@ -219,6 +219,26 @@ def thin_map_tag(secret):
         'utf-8')).hexdigest()[:32]
 
 
+#: How a move into a node was ending there, as its end mark says
+#: (Destination.mark_end): a finalization's swap to linear of its fully
+#: hydrated clone, or a rollback's teardown.
+END_SWAP = 'swap'
+END_ROLLBACK = 'rollback'
+
+
+def end_tag(secret, how):
+    """The value of the end mark of the move with ``secret``, ending ``how``.
+
+    (:data:`END_SWAP` or :data:`END_ROLLBACK`.)  Bound to that very move
+    and that end, as :func:`thin_map_tag` is.
+    """
+    if how not in (END_SWAP, END_ROLLBACK):
+        raise ValueError('a move ends by %s or %s, not %s'
+                         % (END_SWAP, END_ROLLBACK, how))
+    return hashlib.sha256(('dmclone-end-%s:%s' % (how, secret)).encode(
+        'utf-8')).hexdigest()[:32]
+
+
 def thin_mapped_key(secret):
     """The admin metadata key of the move with ``secret``'s mark.
 

@@ -27,7 +27,9 @@ Here are:
   export admits;
 * :func:`thin_lvs`: ``lvs`` of a volume group's thin pool and thin LVs
   (their data and metadata usage), parsed by the pure
-  :mod:`cinder_dmclone.thin`;
+  :mod:`cinder_dmclone.thin`; :func:`vg_lv_names`, the same command
+  read for the names of every LV of the group, a failure never taken
+  for an empty group;
 * :func:`thin_device`, :func:`reserve_metadata_snap`,
   :func:`release_metadata_snap`, :func:`thin_dump`: what a thin LV maps
   (its thin id, a metadata snapshot of its pool and ``thin_dump`` of
@@ -845,6 +847,19 @@ def thin_lvs(vg, execute=None, root_helper=None):
                      layout.validate_vg_name(vg), execute=execute,
                      root_helper=root_helper)
     return thin.parse_lvs(out)
+
+
+def vg_lv_names(vg, execute=None, root_helper=None):
+    """The names of every LV of volume group ``vg``, as LVM lists them now.
+
+    The very command of :func:`thin_lvs` (one rootwrap filter), read for
+    its names: unlike brick's ``get_volumes``/``get_volume``, which take
+    any failure whose message holds "not found" for "no such LV" (also
+    'Volume group "X" not found' while a PV is not scanned yet), any
+    failure here raises (PrivilegedCommandFailed), so an empty answer
+    is LVM's positive listing of a group without them.
+    """
+    return frozenset(thin_lvs(vg, execute=execute, root_helper=root_helper))
 
 
 # --------------------------------------------------------------------------

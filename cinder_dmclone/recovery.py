@@ -59,8 +59,8 @@ TEAR_DOWN = 'tear down'
 #: was committed and its record set back by a stale whole save of the
 #: admin metadata; roll it forward as its clone tells
 #: (Destination.roll_forward), then resume it as that state says; if
-#: this node holds nothing of it (a rollback cut short after its
-#: teardown), finish that rollback.
+#: this node marked its rollback and positively holds nothing of it (a
+#: rollback cut short after its teardown), finish that rollback.
 ROLL_FORWARD = 'roll forward'
 #: Destination, ``cloned``: the live migration failed (or a rollback was
 #: cut short): roll back, unless the clone took writes.
@@ -82,6 +82,12 @@ REEXPORT = 'export again'
 #: lost source (cinder_dmclone.lost_source); only that command finishes
 #: it: report, touch nothing.
 AWAIT_OPERATOR = 'await operator'
+#: Destination, a move that reads its source, while LVM cannot list the
+#: volume groups here (a PV not scanned yet after a reboot): which LVs are
+#: here is unknown, so nothing is rolled back, finalized or rebuilt; the
+#: move is kept as it is and looked at again after each monitor tick
+#: (Recovery.retry_rebuilds).
+AWAIT_LVM = 'await LVM'
 #: The states in which the destination of a move still reads the source.
 READS_SOURCE = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
@@ -97,9 +103,14 @@ class Facts:
     #: Active attachments on the source's names and on this node's.
     on_source: int = 0
     on_dest: int = 0
-    #: The clone's data LV exists here; its clone table is not loaded.
+    #: The clone's data LV exists here; its clone table is not loaded
+    #: while its metadata LV exists.  For a move in READS_SOURCE, as
+    #: LVM's own listing says (Clones.listed).
     has_data: bool = True
     needs_rebuild: bool = False
+    #: LVM could not list the volume groups here (read for a move in
+    #: READS_SOURCE only): has_data and needs_rebuild tell nothing.
+    lvm_unlisted: bool = False
     #: The move's source is this node, and the volume record names the
     #: destination (the move went ahead).
     source_away: bool = False
@@ -134,6 +145,8 @@ def plan(t, facts):
         return Action(DROP_ABORTED)
     if t.state == move.PREPARING:
         return Action(ROLL_FORWARD if facts.dest_named else TEAR_DOWN)
+    if facts.lvm_unlisted:
+        return Action(AWAIT_LVM)
     commit = False
     if t.state == move.CLONED:
         # The detach a crash may have lost decides: none left on the
@@ -572,8 +585,28 @@ class Recovery(object):
             dest_named=(t.state == move.PREPARING
                         and dest.names_destination(volume, t)),
             on_source=on_source, on_dest=on_dest,
-            has_data=dest_here and dest.clones.has_data(t),
-            needs_rebuild=dest_here and dest.clones.needs_rebuild(t))
+            **self._lv_facts(t, dest_here))
+
+    def _lv_facts(self, t, dest_here):
+        """has_data, needs_rebuild and lvm_unlisted of move ``t`` here.
+
+        For a move that reads its source, whose "no data LV" rolls it
+        back and whose "no metadata LV" finalizes it, from LVM's own
+        listing (Clones.listed): brick's lookup takes a volume group
+        not found (a PV not scanned yet after a reboot) for no LV.
+        """
+        clones = self.destination.clones
+        if not (dest_here and t.state in READS_SOURCE):
+            return {'has_data': dest_here and clones.has_data(t),
+                    'needs_rebuild': dest_here and clones.needs_rebuild(t)}
+        try:
+            data, meta = clones.listed(t)
+        except dmc_exception.LVMUnlisted as exc:
+            LOG.warning('Volume %(vol)s: %(why)s',
+                        {'vol': t.volume_id, 'why': exc.msg})
+            return {'lvm_unlisted': True}
+        return {'has_data': data,
+                'needs_rebuild': meta and not clones.loaded(t)}
 
     def run(self, volume, t):
         """Take the action :func:`plan` gives for ``t`` on this node.
@@ -586,6 +619,11 @@ class Recovery(object):
         action = plan(t, self.facts(volume, t))
         try:
             self._act(action, volume, t)
+        except dmc_exception.LVMUnlisted as exc:
+            # (Read again by the action itself, which did nothing.)
+            LOG.warning('Volume %(vol)s: %(why)s',
+                        {'vol': volume.id, 'why': exc.msg})
+            action = Action(AWAIT_LVM)
         except dmc_exception.SourceUnreachable:
             # (Both nodes lost power and this one came back first: the
             # source's export is not there yet.)
@@ -597,7 +635,10 @@ class Recovery(object):
             # for the source would not help.)
             self.pending_rebuild.pop(volume.id, None)
             raise
-        self.pending_rebuild.pop(volume.id, None)
+        if action.name == AWAIT_LVM:
+            self.pending_rebuild[volume.id] = t
+        else:
+            self.pending_rebuild.pop(volume.id, None)
         return action
 
     def _act(self, action, volume, t):
@@ -637,6 +678,13 @@ class Recovery(object):
                         'abandon-source %(vol)s" on this node again to '
                         'finish it.', {'vol': volume.id,
                                        'src': t.source_node})
+        elif action.name == AWAIT_LVM:
+            LOG.warning('Volume %(vol)s moves to this node (%(state)s), '
+                        'but LVM cannot list its volume groups here: the '
+                        'move is kept as it is (nothing rolled back, '
+                        'finalized or rebuilt) and looked at again after '
+                        'each monitor tick.',
+                        {'vol': volume.id, 'state': t.state})
         elif action.name == REPORT_DELETED:
             LOG.warning('Volume %s has no LV here any more: its delete was '
                         'interrupted; delete it again.', volume.id)

@@ -43,14 +43,15 @@ class MoveService(object):
     the node's own marks of clones thin mapped here
     (:class:`~cinder_dmclone.map_mark.MapMarks`), read whether or not the
     option is still on: a clone mapped before it was turned off keeps its
-    guard.
+    guard.  ``end_marks`` the node's marks of a move's end begun here
+    (see Destination.mark_end).
     """
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
                  tuning, interval, stall_timeout=0, ensure_export=None,
                  clock=time.monotonic, service_host=None, thin_maps=None,
-                 map_marks=None):
+                 map_marks=None, end_marks=None):
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
             volume_group, wiper, region_sectors, ensure_export=ensure_export,
@@ -60,7 +61,8 @@ class MoveService(object):
             functools.partial(destination.hydration_tuning,
                               threshold=tuning[0], batch_size=tuning[1]),
             clock=clock, service_host=service_host,
-            thin_map=thin_maps is not None, marks=map_marks)
+            thin_map=thin_maps is not None, marks=map_marks,
+            end_marks=end_marks)
         self.endpoint = peer.Endpoint(self.source, self.destination)
         self.recovery = recovery.Recovery(self.source, self.destination)
         self.tracker = hydration.HydrationTracker(

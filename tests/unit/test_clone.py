@@ -694,14 +694,101 @@ class ClonesTestCase(test.TestCase):
         self.node.swap_to_linear(self.t)
         self.assertEqual(loads, [c[0] for c in self.dm.calls].count('load'))
 
+    def test_swap_runs_before_just_before_the_swap(self):
+        # (A finalization's end mark: never before a refused swap, nor
+        # once there is nothing to swap.)
+        self._build()
+        before = mock.Mock(side_effect=lambda: self.assertEqual(
+            'clone', self.dm.devices[HANDLE][0].target))
+        self.dm.hydrate(HANDLE, 16383)
+        self.assertRaises(dmc_exception.InvalidTable,
+                          self.node.swap_to_linear, self.t, before=before)
+        before.assert_not_called()
+        self.dm.hydrate(HANDLE)
+        self.node.swap_to_linear(self.t, before=before)
+        before.assert_called_once_with()
+        self.node.swap_to_linear(self.t, before=before)
+        before.assert_called_once_with()
+
+    def lvs_of(self, *names):
+        return ''.join('  %s|1073741824|||||\n' % n for n in names)
+
+    def test_holds_nothing(self):
+        self.lvs_report = self.lvs_of('volume-other')
+        self.assertTrue(self.node.holds_nothing(self.t))
+        # Both groups listed by LVM itself (lvs, never brick's lookup).
+        groups = sorted(c[0][-1] for c in self.execute.call_args_list
+                        if c[0][2] == 'lvs')
+        self.assertEqual(sorted([VG, META_VG]), groups)
+
+    def test_holds_nothing_not_with_its_data_lv(self):
+        self.lvs_report = self.lvs_of(self.t.lv_name)
+        self.assertFalse(self.node.holds_nothing(self.t))
+
+    def test_holds_nothing_not_with_its_metadata_lv(self):
+        self.lvs_report = self.lvs_of(self.t.lv_name + '-dmcmeta')
+        self.assertFalse(self.node.holds_nothing(self.t))
+
+    def test_holds_nothing_not_with_its_handle(self):
+        self.lvs_report = ''
+        self.dm.devices[HANDLE] = [dmsetup.linear_segment(0, 8, LV_PATH)]
+        self.assertFalse(self.node.holds_nothing(self.t))
+
+    def test_holds_nothing_not_when_lvm_cannot_list(self):
+        # (Brick reads this as "no such LV".)
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        self.assertFalse(self.node.holds_nothing(self.t))
+
+    def lvs_by_group(self, **groups):
+        """Each group's ``lvs`` lists the LVs given for it."""
+        def execute(*cmd, **kwargs):
+            if cmd[:3] == privileged.ENV_PREFIX + ('lvs',):
+                return self.lvs_of(*groups.get(cmd[-1], ())), ''
+            return self._execute(*cmd, **kwargs)
+        self.execute.side_effect = execute
+
+    def test_listed(self):
+        # Each LV in its own group, by LVM's listing of that group.
+        self.lvs_by_group(**{VG: [LV], META_VG: [META]})
+        self.assertEqual((True, True), self.node.listed(self.t))
+        self.lvs_by_group(**{VG: [META], META_VG: [LV]})
+        self.assertEqual((False, False), self.node.listed(self.t))
+        self.lvs_by_group(**{VG: [LV]})
+        self.assertEqual((True, False), self.node.listed(self.t))
+
+    def test_listed_never_reads_brick(self):
+        # (Brick's lookup reads a group not found as "no such LV".)
+        self.vg.add(LV, '1g')
+        self.lvs_report = ''
+        self.assertEqual((False, False), self.node.listed(self.t))
+
+    def test_listed_raises_when_lvm_cannot_list(self):
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        exc = self.assertRaises(dmc_exception.LVMUnlisted,
+                                self.node.listed, self.t)
+        self.assertIn('not found', str(exc))
+
     def test_swap_without_handle_and_metadata(self):
         # Swapped and cleaned up before a reboot: nothing left to do.
         self.vg.add(LV, '1g')
+        self.lvs_report = self.lvs_of(LV)
         self.node.swap_to_linear(self.t)
         self.assertEqual({}, self.dm.devices)
 
+    def test_swap_without_handle_when_lvm_cannot_list(self):
+        # Not taken as swapped: the finalization, which retires the
+        # source next, waits.
+        self.vg.add(LV, '1g')
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.swap_to_linear, self.t)
+
     def test_swap_without_handle_but_metadata(self):
         self._build()
+        self.lvs_report = self.lvs_of(LV, META)
         self.dm.devices.clear()
         self.assertTrue(self.node.needs_rebuild(self.t))
         exc = self.assertRaises(dmc_exception.InvalidTable,

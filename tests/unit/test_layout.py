@@ -73,6 +73,22 @@ class NamesTestCase(test.TestCase):
     def test_lv_device(self):
         self.assertEqual('/dev/vg/' + LV, layout.lv_device('vg', LV))
 
+    @ddt.data(('10.0.0.1:3260,1 iqn.x:1 0', '10.0.0.1:3260'),
+              ('10.0.0.1:3260;10.0.1.1:3260,1 iqn.x:1 0', '10.0.0.1:3260'),
+              ('[fd00::1]:3260;10.0.1.1:3260,1 iqn.x:1 0',
+               '[fd00::1]:3260'),
+              ('', ''), (None, ''))
+    @ddt.unpack
+    def test_export_portal(self, location, portal):
+        # (The primary portal, with or without secondary ones after it.)
+        self.assertEqual(portal, layout.export_portal(location))
+
+    @ddt.data(('10.0.0.1:3260;10.0.1.1:3260,1 iqn.x:1 0', 'iqn.x:1'),
+              ('10.0.0.1:3260,1', None), (None, None))
+    @ddt.unpack
+    def test_export_iqn(self, location, iqn):
+        self.assertEqual(iqn, layout.export_iqn(location))
+
 
 @ddt.ddt
 class SizesTestCase(test.TestCase):

@@ -40,6 +40,9 @@ class MarkPathTestCase(test.TestCase):
         for bad in ('', '.', '..', 'a/b', None):
             self.assertRaises(map_mark.MarkNameInvalid, map_mark.marks_dir,
                               '/var/lib/cinder/dmclone', bad)
+        self.assertEqual('/var/lib/cinder/dmclone/ending/node-a',
+                         map_mark.marks_dir('/var/lib/cinder/dmclone',
+                                            'node-a', map_mark.ENDING))
         self.assertEqual('/d/%s' % fake.VOLUME_ID,
                          map_mark.mark_path('/d', fake.VOLUME_ID))
 

@@ -613,6 +613,25 @@ class StoreTestCase(test.TestCase):
                           self.ctxt, fake.VOLUME2_ID)
 
 
+class EndTagTestCase(test.TestCase):
+    """The value of a node's end mark: one move, one end."""
+
+    def test_bound_to_the_move_and_its_end(self):
+        a, b = 'ab' * 16, 'cd' * 16
+        tags = {move.end_tag(a, move.END_SWAP),
+                move.end_tag(a, move.END_ROLLBACK),
+                move.end_tag(b, move.END_SWAP), move.thin_map_tag(a)}
+        self.assertEqual(4, len(tags))
+        self.assertEqual(move.end_tag(a, move.END_SWAP),
+                         move.end_tag(a, move.END_SWAP))
+        for tag in tags:
+            self.assertNotIn(a, tag)
+            self.assertEqual(32, len(tag))
+
+    def test_no_other_end(self):
+        self.assertRaises(ValueError, move.end_tag, 'ab' * 16, 'commit')
+
+
 @ddt.ddt
 class ThinMappedMarkTestCase(test.TestCase):
     """The record's mark of a clone thin mapped on its destination."""

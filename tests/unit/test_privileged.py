@@ -745,6 +745,34 @@ class ThinLvsTestCase(test.TestCase):
                           'vg-a', execute=self.execute)
 
 
+class VgLvNamesTestCase(test.TestCase):
+    """The names of a group's LVs: thin_lvs's command, strictly."""
+
+    def setUp(self):
+        super().setUp()
+        self.execute = mock.Mock(return_value=(
+            '  vg-a-pool|10737418240|40.00|10.00|8388608|65536|\n'
+            '  volume-1|1073741824|25.00|||0|vg-a-pool\n', ''))
+
+    def test_names(self):
+        self.assertEqual({'vg-a-pool', 'volume-1'}, privileged.vg_lv_names(
+            'vg-a', execute=self.execute, root_helper='sudo'))
+        self.assertEqual('vg-a', self.execute.call_args[0][-1])
+
+    def test_a_group_not_found_is_no_empty_group(self):
+        self.execute.side_effect = failure(
+            5, '  Volume group "vg-a" not found\n'
+            '  Cannot process volume group vg-a\n')
+        self.assertRaises(exception.PrivilegedCommandFailed,
+                          privileged.vg_lv_names, 'vg-a',
+                          execute=self.execute)
+
+    def test_an_empty_group(self):
+        self.execute.return_value = ('', '')
+        self.assertEqual(frozenset(), privileged.vg_lv_names(
+            'vg-a', execute=self.execute))
+
+
 class ListLvsTestCase(test.TestCase):
     """The lvs of cinder-dmclone."""
 

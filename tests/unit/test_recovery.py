@@ -32,6 +32,7 @@ from cinder.tests.unit import utils as tests_utils
 
 from cinder_dmclone import clone
 from cinder_dmclone import destination
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
 from cinder_dmclone import recovery
 from cinder_dmclone import source
@@ -227,6 +228,16 @@ DEST_CASES = [
          F(has_data=False, needs_rebuild=True, **DEST),
          A(recovery.REPORT_DELETED)),
 
+    # LVM cannot list the groups here (a PV not scanned yet after a
+    # reboot; brick's lookup then reads every LV as absent): no LV is
+    # known absent, so a move that reads its source is neither rolled
+    # back, finalized nor rebuilt; kept, and looked at again.
+] + [
+    case('%s, LVM cannot list the groups here' % state, state,
+         F(lvm_unlisted=True, has_data=False, on_source=s, on_dest=d,
+           **DEST), A(recovery.AWAIT_LVM))
+    for state in recovery.READS_SOURCE for s in (0, 1) for d in (0, 1)
+] + [
     # source_lost: an operator is abandoning the lost source; only the
     # command finishes it (no rebuild over the lost source, no rollback,
     # no finalization over regions never copied).
@@ -264,7 +275,8 @@ class PlanTestCase(test.TestCase):
                           recovery.ROLL_BACK, recovery.REBUILD,
                           recovery.FINALIZE, recovery.REPORT_DELETED,
                           recovery.REEXPORT, recovery.AWAIT_OPERATOR,
-                          recovery.LEAVE_TO_DEST, recovery.ROLL_FORWARD},
+                          recovery.LEAVE_TO_DEST, recovery.ROLL_FORWARD,
+                          recovery.AWAIT_LVM},
                          names)
 
     def test_defaults(self):
@@ -272,7 +284,8 @@ class PlanTestCase(test.TestCase):
                            finalize=False), A(recovery.NOTHING))
         self.assertEqual(F(source_here=False, dest_here=True, on_source=0,
                            on_dest=0, has_data=True, needs_rebuild=False,
-                           source_away=False, dest_named=False), F(**DEST))
+                           source_away=False, dest_named=False,
+                           lvm_unlisted=False), F(**DEST))
 
     @ddt.data(*move.STATES)
     def test_attachments_only_matter_in_cloned(self, state):
@@ -293,6 +306,8 @@ class FactsTestCase(test.TestCase):
         self.clones = mock.create_autospec(clone.Clones, instance=True)
         self.clones.has_data.return_value = True
         self.clones.needs_rebuild.return_value = False
+        self.clones.listed.return_value = (True, True)
+        self.clones.loaded.return_value = True
         self.attachments = self.mock_object(
             recovery.attachments, 'current', return_value=[])
         self.on = self.mock_object(recovery.attachments, 'on',
@@ -323,8 +338,33 @@ class FactsTestCase(test.TestCase):
             [mock.call(volume, t.source_names, []),
              mock.call(volume, r.destination.node_names, [])],
             self.on.call_args_list)
-        self.clones.has_data.assert_called_once_with(t)
-        self.clones.needs_rebuild.assert_called_once_with(t)
+        # (LVM's own listing, never brick's lookup: see below.)
+        self.clones.listed.assert_called_once_with(t)
+        self.clones.has_data.assert_not_called()
+        self.clones.needs_rebuild.assert_not_called()
+
+    @ddt.data(*recovery.READS_SOURCE)
+    def test_what_lvm_lists_decides_for_a_move_reading_its_source(
+            self, state):
+        self.clones.listed.return_value = (False, True)
+        self.clones.loaded.return_value = False
+        self.clones.has_data.return_value = True
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@dmclone#dmclone'), make_move(state))
+        self.assertFalse(facts.has_data)
+        self.assertTrue(facts.needs_rebuild)
+        self.assertFalse(facts.lvm_unlisted)
+
+    @ddt.data(*recovery.READS_SOURCE)
+    def test_a_group_lvm_cannot_list_tells_nothing(self, state):
+        self.clones.listed.side_effect = dmc_exception.LVMUnlisted(
+            vg='vg', reason='Volume group "vg" not found')
+        self.clones.has_data.return_value = False
+        facts = self._recovery('node-b').facts(
+            self._volume('node-b@dmclone#dmclone'), make_move(state))
+        self.assertTrue(facts.lvm_unlisted)
+        self.assertEqual(A(recovery.AWAIT_LVM),
+                         recovery.plan(make_move(state), facts))
 
     def test_destination_before_the_record_names_it(self):
         # (The source crashed before it pointed the record here.)
@@ -336,6 +376,7 @@ class FactsTestCase(test.TestCase):
     @ddt.data(move.HYDRATING, move.FINALIZING, move.ABORTED)
     def test_destination_outside_cloned_reads_no_attachments(self, state):
         self.clones.needs_rebuild.return_value = True
+        self.clones.loaded.return_value = False
         facts = self._recovery('node-b').facts(
             self._volume('node-b@dmclone#dmclone'), make_move(state))
         self.assertEqual(F(source_here=False, dest_here=True,

@@ -42,11 +42,12 @@ class RewoundRollbackTestCase(test_rewound_move.RewindMixin,
     # start finishes the rollback (cloned, no data LV: ROLL_BACK).  Set
     # back to preparing, the record named node-b, which holds nothing,
     # while the instance on node-a writes the only copy; nothing ended
-    # the move.  Now node-b's start sees that it holds no data LV of the
-    # move (only a rollback's teardown removes it while the record names
-    # node-b and no delete runs): the move is set to cloned (a
-    # compare-and-set on preparing) and rolled back as an unset-back cut
-    # rollback is (Destination._roll_back_emptied).
+    # the move.  Now node-b's start sees its own mark of the move's
+    # rollback, and LVM's listing shows nothing of the move there (no
+    # data LV, no metadata LV, no handle; review 17: never brick's
+    # lookup alone): the move is set to cloned (a compare-and-set on
+    # preparing) and rolled back as an unset-back cut rollback is
+    # (Destination._emptied, Destination._roll_back_emptied).
     def test_a_rollback_cut_short_then_set_back_is_finished(self):
         stale = self.read_while_preparing()
         src, dst = self.moved(live=True)
@@ -325,10 +326,11 @@ class RewoundFinalizationTestCase(test_rewound_move.RewindMixin,
     # pending finalization failed at every tick (its transition expects
     # hydrating), and was forgotten at a restart: node-a's old copy and
     # its export admitting node-b were never retired.  Now a set-back
-    # move whose handle here is still linear over its data LV, with no
-    # metadata LV, while the record still names the source's export, is
-    # rolled forward to finalizing (Destination._swapped), and the
-    # finalization retires (and wipes) the source's copy.
+    # move that node-b marked as swapped (review 17: an abandon maps the
+    # LV linearly too), whose handle here is still linear over its data
+    # LV, while the record still names the source's export, is rolled
+    # forward to finalizing (Destination._swapped), and the finalization
+    # retires (and wipes) the source's copy.
     def test_set_back_while_finalizing_still_retires_the_source(self):
         stale = self.read_while_preparing()
         self.moved()

@@ -1,0 +1,175 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""A destination whose volume group LVM cannot list never acts on it.
+
+After a reboot, before a PV is scanned, LVM answers 'Volume group "X"
+not found': brick's get_volume reads that as "no such LV"
+(Clones.has_data, has_metadata), and LVM's own listing
+(privileged.vg_lv_names) fails.  No decision that rolls back, retires,
+wipes or gives up a copy may rest on that "absence": the move is kept
+as it is, and taken up again once LVM lists the group.
+"""
+
+import contextlib
+
+from cinder import exception
+
+from cinder_dmclone import move
+from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import LV
+from tests.harness.fake_cluster import META
+from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_lost_source
+from tests.unit import test_review17
+from tests.unit import test_two_nodes
+
+
+@contextlib.contextmanager
+def unlisted(node):
+    """``node``'s volume group is not found by LVM for a while."""
+    node.vg_unlisted = True
+    try:
+        with test_review17.lvm_misses(node, names=(LV, META)):
+            yield
+    finally:
+        node.vg_unlisted = False
+
+
+class UnlistedGroupTestCase(test_two_nodes.ClusterTestCase):
+
+    def host(self):
+        return self.c.db.volumes[VOLUME_ID]['host']
+
+    def assert_kept_on_b(self, state=move.CLONED):
+        """The move as it was: nothing rolled back, retired or wiped."""
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(state, self.c.transfer().state)
+        self.assertEqual(self.b.host, self.host())
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertEqual([], self.a.wiped)
+        self.assertEqual([], self.b.wiped)
+        self.assertNotIn('release', self.ops())
+        self.assertNotIn('retire', self.ops())
+
+    def switched_over_then_rebooted(self):
+        """A live migration switched over; node-b wrote, then rebooted.
+
+        The source's detach (Nova's, after the switch-over) was lost
+        with node-b's reboot: the move is ``cloned``, its clone holds
+        the instance's writes.
+        """
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.c.attachments.remove(src)
+        self.b.reboot()
+        return dst
+
+    # The defect: recovery.plan took "no data LV" (brick's lenient read)
+    # for a rollback's teardown begun, and rolled the window back: the
+    # record pointed at node-a, the instance's writes on node-b lost.
+    def test_a_switched_over_window_is_kept_at_a_start(self):
+        self.switched_over_then_rebooted()
+        with unlisted(self.b):
+            self.b.recover()
+        self.assert_kept_on_b()
+        self.assertIn(VOLUME_ID, self.b.moves.recovery.pending_rebuild)
+
+    def test_then_taken_up_again_once_lvm_lists_the_group(self):
+        self.switched_over_then_rebooted()
+        with unlisted(self.b):
+            self.b.recover()
+        self.c.settle()
+        # (Rebuilt with the writes it holds, committed once node-a
+        # confirms its copy closed, then hydrated and finalized.)
+        self.c.assert_completed()
+
+    def test_a_failed_migration_with_writes_is_kept_at_a_start(self):
+        # (The destination's detach was lost with the reboot: Nova's
+        # rollback while node-a holds its attachment.)
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 2)
+        self.c.attachments.remove(dst)
+        self.b.reboot()
+        with unlisted(self.b):
+            self.b.recover()
+        self.assert_kept_on_b()
+        self.c.settle()
+        # The clone, rebuilt, says it took writes: held, never rolled
+        # back (as test_written_clone_is_kept_by_recovery_after_a_reboot).
+        self.assert_kept_on_b()
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
+
+    def test_a_detach_here_never_rolls_back_on_an_unlisted_group(self):
+        # Nova rolls back a live migration that switched over (the
+        # source's attachment outlived it) while LVM misses the group:
+        # the loaded clone says it took writes.
+        src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)
+        with unlisted(self.b):
+            try:
+                self.c.detach(dst)
+            except Exception:
+                pass    # (refused: the detach may be retried)
+        self.assert_kept_on_b()
+
+    def test_a_finalizing_move_is_not_finalized_unseen_at_a_start(self):
+        # A reboot took the clone of a move finalizing: only the clone
+        # rebuilt can tell whether its LV is whole, and the source is
+        # retired only after its swap.
+        self.moved()
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
+        self.b.reboot()
+        with unlisted(self.b):
+            self.b.recover()
+            self.b.destination.finalize_pending()
+            self.c.tick(self.b)
+        self.assert_kept_on_b(move.FINALIZING)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_an_unmanage_never_retires_the_source_of_an_unseen_clone(self):
+        # finalizing, its clone loaded and still copying: only a clone
+        # swapped (its metadata LV gone) may be ended by an unmanage.
+        self.moved()
+        self.c.set_state(self.c.transfer(), move.FINALIZING)
+        with unlisted(self.b):
+            try:
+                self.b.destination.before_unmanage(self.volume())
+            except Exception:
+                pass    # (refused: moving)
+        self.assert_kept_on_b(move.FINALIZING)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+
+
+class UnlistedAbandonTestCase(test_two_nodes.ClusterTestCase):
+    """cinder-dmclone move abandon-source on an unlisted group."""
+
+    def test_the_abandon_never_ends_the_move_as_lost_whole(self):
+        # With its data LV taken for gone, the command ended the move as
+        # if a delete had removed it: the clone's handle removed, every
+        # region recorded as lost, the move cleared over the LV that
+        # holds the copied half.
+        h = test_lost_source.Harness(self, hydrated=range(50))
+        h.lose_a()
+        with unlisted(h.b):
+            self.assertRaises(exception.CinderException, h.run)
+        self.assertEqual([], h.c.violations)
+        self.assertIn('dmclone_state', h.c.transfer_keys())
+        self.assertIn(HANDLE, h.b.dm.devices)
+        self.assertIn(LV, h.b.vg.lvs)
+        self.assertIn(META, h.b.vg.lvs)
+        self.assertEqual([], h.zeroed)
+        # (Run again once LVM lists the group: abandoned as it should.)
+        h.assert_abandoned(h.run())
