@@ -796,6 +796,75 @@ class Source(side.Side):
         self._prune_attaches(volume_id)
         return bool(self.attaches_in_flight.get(volume_id))
 
+    def drop_migration_export(self, volume, connector, remove):
+        """A migration did not move the volume: ``remove()`` its export.
+
+        Under the volume's lock, and only if nothing else uses it.  The
+        migration made the export as an attach does
+        (:meth:`export_for_attach`, with its destination's ``connector``)
+        while no lock kept other attaches away: an iSCSI attach from
+        another node may have made it first or reused it since, and
+        admits its own initiator.  What the migration gave is taken back
+        (its destination's ACL, unless an attachment's connector names
+        it); the export itself goes only if it
+        then admits nobody and no iSCSI attach from another node is
+        connecting to it (:meth:`_attach_in_flight`, the migration's own
+        entry aside): whoever made it, nothing uses it.  An export that
+        serves an attach stays, and the volume record keeps naming it:
+        that attach's detach removes it.  A move from here that is still
+        recorded keeps it too: its own end removes it.
+
+        Returns None if ``remove()`` was called, else why the export
+        stays, for the caller's refusal.  Raises if the migration's ACL
+        cannot be removed.
+        """
+        with move.lock(volume['id']):
+            if self.is_source(self.load(volume['id'])):
+                return _('a move of it from %s is recorded') % self.node_name
+            users = self._migration_export_users(volume, connector)
+            if users:
+                LOG.warning('Volume %(vol)s was not migrated to %(dst)s, and '
+                            'the export made here for the migration stays: '
+                            '%(users)s (an attach made while the migration '
+                            'started). It goes with their detach.',
+                            {'vol': volume['id'], 'dst': connector['host'],
+                             'users': users})
+                return users
+            remove()
+            return None
+
+    def _migration_export_users(self, volume, connector):
+        """What uses the export once a migration's own ACL is gone, or None.
+
+        Under the volume's lock.  None also without an export to check
+        (the record names none: ``remove()`` has nothing to do).
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            return None     # (nothing exported: nothing to keep)
+        target_iqn = location[1]
+        own = _initiator(connector)
+        if own in self._lio_acls(target_iqn) and own not in \
+                attachments.initiators(volume, attachments.current(volume)):
+            self.target_driver.terminate_connection(
+                volume, {'initiator': connector['initiator'], 'host': None})
+        admitted = self._lio_acls(target_iqn)
+        if admitted:
+            return _('its export admits %s') % ', '.join(sorted(admitted))
+        if self._attach_in_flight_besides(volume['id'], own):
+            return _('an iSCSI attach from another node is connecting to '
+                     'its export')
+        return None
+
+    def _attach_in_flight_besides(self, volume_id, own):
+        """:meth:`_attach_in_flight`, one entry of initiator ``own`` aside."""
+        self._prune_attaches(volume_id)
+        started = [who for who, _when in
+                   self.attaches_in_flight.get(volume_id, ())]
+        if own in started:
+            started.remove(own)
+        return bool(started)
+
     def _drop_emptied_export(self, volume):
         """Remove an export that admits nobody now, under the volume's lock.
 

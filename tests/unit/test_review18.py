@@ -14,6 +14,7 @@
 
 import unittest
 
+from cinder import exception as cinder_exception
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 
@@ -71,8 +72,9 @@ class MigrationRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
     # DMCloneVolumeDriver._drop_migration_export calls remove_export,
     # which removes the target node-c just logged in to: its instance
     # gets I/O errors (writes in flight lost), its attachment names an
-    # export that no longer exists.
-    @unittest.expectedFailure
+    # export that no longer exists.  Fixed: Source.drop_migration_export
+    # removes only an export that admits nothing but the migration and
+    # that no attach is connecting to, under the volume's lock.
     def test_a_refused_migration_keeps_a_racing_attachs_export(self):
         self.attach_c_during_migration()
         try:
@@ -84,6 +86,61 @@ class MigrationRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn(IQN, self.a.target.exports)
         self.assertIn(NODE_C['initiator'],
                       self.a.target.exports[IQN]['acl'])
+
+    def test_an_export_an_attach_is_connecting_to_stays(self):
+        # node-c's create_export made (or reused) the export before the
+        # migration's move; its connection comes after the refusal.
+        create_export = self.a.create_export
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': fields.VolumeAttachStatus.RESERVED,
+               'attached_host': None, 'connector': None}
+
+        def export_c_then_export(ctxt, volume, connector):
+            if connector['host'] == self.b.name and not self.c.attachments:
+                self.c.attachments.append(att)
+                create_export(ctxt, self.c.volume(), dict(NODE_C))
+            return create_export(ctxt, volume, connector)
+        self.mock_object(self.a, 'create_export',
+                         side_effect=export_c_then_export)
+        self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertIn(IQN, self.a.target.exports)
+        info = self.c.call(self.a, self.a.initialize_connection,
+                           self.c.volume(), dict(NODE_C))
+        self.a.source.attach_done(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({NODE_C['initiator']},
+                         self.a.target.exports[IQN]['acl'])
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_a_migration_past_a_connection_without_attachment(self):
+        # node-c connected through os-initialize_connection (no
+        # attachment): the move leaves the volume here, the migration's
+        # ACL goes, node-c's stays, and the migration is refused rather
+        # than left to Cinder's generic copy under node-c.
+        info = self.c.call(self.a, self.a.attach, self.c.volume(),
+                           dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        exc = self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('its export admits %s' % NODE_C['initiator'],
+                      str(exc))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({NODE_C['initiator']},
+                         self.a.target.exports[IQN]['acl'])
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_an_export_nothing_uses_goes(self):
+        self.mock_object(self.a.source, '_refuse_snapshots',
+                         side_effect=cinder_exception.InvalidVolume(
+                             reason='snapshots'))
+        self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.a.target.exports)
+        self.assertIsNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+        self.assertEqual({}, self.a.source.attaches_in_flight)
 
 
 class FailedLiveMigrationDetachOnTheSourceTestCase(
