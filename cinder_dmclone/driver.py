@@ -1370,5 +1370,6 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             # the "target" is still shared while other attachments remain.
             return len(volume.volume_attachment) > 1
         if self.source.keeps_acl(volume, connector):
+            self.source.pass_on_detach(volume, connector)
             return False
         return super().terminate_connection(volume, connector, **kwargs)

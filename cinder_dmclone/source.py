@@ -336,7 +336,8 @@ class Source(side.Side):
         sent here), or is the owner's legacy ``os-terminate_connection``
         with an initiator of its choosing: removing the ACL by that
         initiator would cut the clone off from the source, and nothing
-        would admit it again.  The detach itself succeeds.
+        would admit it again.  The detach itself succeeds; the
+        destination's own is passed on to it (:meth:`pass_on_detach`).
         """
         if not self.keeps_export(volume):
             return False
@@ -349,6 +350,64 @@ class Source(side.Side):
                      'host': (connector or {}).get('host'),
                      'ini': (connector or {}).get('initiator')})
         return True
+
+    def pass_on_detach(self, volume, connector):
+        """Tell a move's destination that a detach of its connection came here.
+
+        For a detach whose ACL this node keeps (:meth:`keeps_acl`).  When
+        it names the move's destination (its connector's host) and the
+        move is in its ``cloned`` window (or was, before a stale save set
+        its record back to ``preparing``: the volume record names the
+        destination), it was routed by a read of the volume record older
+        than the commit: Nova rolling back a live migration deletes the
+        destination's attachment while the instance stays here.  Dropped,
+        the destination would never learn it: the move would stay
+        ``cloned`` for as long as the instance runs here (the volume
+        refused as moving), then commit to the destination at its detach
+        here.  So the destination is asked to handle it as if it had
+        reached it (:meth:`Destination.detached_at_source
+        <cinder_dmclone.destination.Destination.detached_at_source>`),
+        which decides under the volume's lock and never rolls back a
+        clone that took writes.  Not under the lock (the destination
+        takes it).  Never raises: the detach itself succeeds, and a
+        destination that does not answer is logged.
+        """
+        host = (connector or {}).get('host')
+        try:
+            t = self.load(volume['id'])
+            if not (self.is_source(t) and host and host == t.dest_node
+                    and self._in_window(volume, t)):
+                return
+            if not t.secret:
+                LOG.warning('Volume %s: its move was recorded by release '
+                            '1.1.0 (no secret): the detach of its '
+                            'destination is not passed on.', volume['id'])
+                return
+            LOG.warning('Volume %(vol)s: a detach of %(dst)s, the '
+                        'destination of its move, reached this node (routed '
+                        'by an older read of the volume record); asking '
+                        '%(dst)s to handle it.',
+                        {'vol': volume['id'], 'dst': t.dest_node})
+            self.peer.request(self.ctxt(), volume, t.dest_host,
+                              peer.DETACHED, t.secret)
+        except Exception:
+            LOG.exception('Volume %(vol)s: could not pass the detach of '
+                          '%(dst)s on to it: its move stays as it is (in '
+                          'its cloned window until a detach on %(dst)s '
+                          'rolls it back, or the detach here commits '
+                          'it).', {'vol': volume['id'], 'dst': host})
+
+    def _in_window(self, volume, t):
+        """True if move ``t`` from here is ``cloned``, or set back.
+
+        Set back: committed, then recorded ``preparing`` again by a stale
+        save (the volume record names the destination), which the
+        destination rolls forward first.
+        """
+        if t.state == move.CLONED:
+            return True
+        return t.state == move.PREPARING and self.names_destination(
+            objects.Volume.get_by_id(self.ctxt(), volume['id']), t)
 
     #: volume statuses in which an attach's move may start (``reserved``:
     #: Cinder reserved the volume for it; ``in-use``: a live migration).

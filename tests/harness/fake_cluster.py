@@ -399,6 +399,7 @@ class Node(object):
         if connector['host'] == self.name:
             return len(volume.volume_attachment) > 1
         if self.source.keeps_acl(volume, connector):
+            self.source.pass_on_detach(volume, connector)
             return False
         self.target.terminate_connection(volume, connector)
         return False

@@ -160,6 +160,8 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
     test_the_clones_acl_stays = None
     test_the_clones_acl_stays_in_a_live_window = None
     test_the_clones_acl_stays_without_a_set_back = None
+    test_an_unwritten_live_window_goes_back_to_the_source = None
+    test_an_unwritten_set_back_window_goes_back_to_the_source = None
 
     # LOW (availability, no data loss found).  Sequence: live migration
     # a->b, node-b's attachment deleted through node-a (older read) after
@@ -175,7 +177,10 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
     # node-a, which knows the connector is the destination's, could ask
     # node-b to do so instead of dropping the request.  Data stays safe:
     # the commit waits for node-a's attachment and its copy to close.
-    @unittest.expectedFailure
+    # Fixed: Source.pass_on_detach sends node-b a ``detached`` step
+    # (peer.DETACHED, with the move's secret), which node-b runs as its
+    # own detach (Destination.detached_at_source): a clone that took
+    # writes is held, one open there cannot be removed.
     def test_the_window_goes_back_to_the_instance_on_the_source(self):
         src, dst = self.moved(live=True)
         self.assertEqual(move.CLONED, self.c.transfer().state)
@@ -184,6 +189,54 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
         self.c.settle()
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def passed_on(self):
+        return [call for call in self.c.rpc.calls
+                if call[2] and call[2]['op'] == 'detached']
+
+    def test_a_clone_open_on_the_destination_stays(self):
+        # The instance switched over to node-b (no write yet): the
+        # rollback cannot remove a clone in use, and changes nothing.
+        src, dst = self.moved(live=True)
+        self.b.dm.openers[fake_cluster.HANDLE] = 1
+        self.detach_on_a(dst)
+        self.assertEqual(1, len(self.passed_on()))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assert_nothing_removed()
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+
+    def test_a_forged_detach_loses_no_write_on_the_destination(self):
+        # The owner's os-terminate_connection naming node-b's connector,
+        # routed to node-a, while the instance runs on node-b and wrote
+        # there: held, then the source's detach commits it.
+        src, dst = self.moved(live=True)
+        self.b.dm.write(fake_cluster.HANDLE, 3)
+        self.c.call(self.a, self.a.terminate_connection, self.older_read(),
+                    dict(self.b.props))
+        self.assertEqual(1, len(self.passed_on()))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assert_nothing_removed()
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
+        self.c.detach(src)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_another_nodes_detach_is_not_passed_on(self):
+        src, dst = self.moved(live=True)
+        self.c.call(self.a, self.a.terminate_connection, self.older_read(),
+                    dict(NODE_C))
+        self.assertEqual([], self.passed_on())
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+
+    def test_a_destination_that_does_not_answer(self):
+        # The detach succeeds; the window stays as before this release.
+        src, dst = self.moved(live=True)
+        self.b.down = True
+        self.detach_on_a(dst)
+        self.assertEqual(1, len(self.passed_on()))
+        self.b.down = False
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
 
 
 class SecondMoveSetBackTestCase(test_rewound_move.RewindMixin,
