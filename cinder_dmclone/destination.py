@@ -1221,6 +1221,26 @@ class Destination(side.Side):
                 return True
         return False
 
+    def detached_at_source(self, volume):
+        """A detach of this node's connection reached the source (a step).
+
+        Cinder routes a detach by the volume record cinder-api read: one
+        read before a live migration's commit (Nova rolling back a
+        migration whose pre_live_migration on this node answered late
+        deletes this node's attachment) reaches the source, which keeps
+        its export's ACLs (Source.keeps_acl) and passes the detach on
+        (Source.pass_on_detach).  It is handled as if it had come here
+        (:meth:`detached`, with this node's name), under the volume's
+        lock: a move in ``cloned`` with an attachment on the source is
+        rolled back unless the clone took writes, which is held instead
+        (:meth:`roll_back_unless_written`; a clone still open here
+        cannot be removed either), a record set back to ``preparing``
+        is rolled forward first; anything else is left as it is.  It
+        grants nothing a detach sent here does not: a volume's owner can
+        send one here with this node's connector through the API.
+        """
+        self.detached(volume, {'host': self.node_name})
+
     def _send_to_source(self, ctxt, volume, t, op):
         """Send a step to the source; a timeout makes it rest (see above)."""
         try:

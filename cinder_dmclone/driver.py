@@ -815,7 +815,14 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         driver: Nova copies it) get Cinder's generic copy: (False, None).
         A migration that fails or is refused raises, with nothing
         changed: the volume stays here, available, without the export
-        made for it (:meth:`_drop_migration_export`).
+        made for it (:meth:`_drop_migration_export`) -- unless an iSCSI
+        attach from another node uses that export now (one made while the
+        migration started): it stays, for that attach.  A move that
+        leaves the volume here without an error (the destination's
+        service is gone, or the export admits another node) is Cinder's
+        generic copy, (False, None), only once that export is gone;
+        while another node is admitted, the migration is refused
+        (VolumeNotMovable) rather than copied under that node.
         """
         connector = self._migration_connector(volume, host)
         self.source.end_stale_prepare(volume)
@@ -833,14 +840,18 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                         migration=True)
             except Exception:
                 with excutils.save_and_reraise_exception():
-                    self._drop_migration_export(ctxt, volume)
+                    self._drop_migration_export(ctxt, volume, connector)
+            if info is None:
+                kept = self._drop_migration_export(ctxt, volume, connector)
+                if kept:
+                    raise dmc_exception.VolumeNotMovable(
+                        volume=volume['id'], node=self.node_name,
+                        reason=kept)
+                return False, None
         finally:
             # (create_export took it for an attach in flight: no
             # initialize_connection follows, the move is made already.)
             self.source.attach_done(volume, connector)
-        if info is None:
-            self._drop_migration_export(ctxt, volume)
-            return False, None
         LOG.info('Volume %(vol)s migrated to %(node)s: it hydrates there in '
                  'the background.', {'vol': volume['id'],
                                      'node': connector['host']})
@@ -848,28 +859,38 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         # a fast finalization forgot it.)
         return True, None
 
-    def _drop_migration_export(self, ctxt, volume):
+    def _drop_migration_export(self, ctxt, volume, connector):
         """Remove the export of a migration that did not move the volume.
 
         And the record stops naming it, as before the migration (else
-        this node's next start would export the volume again).  A move
-        from here that is still recorded keeps it: one whose commit
-        landed although its answer was lost hydrates from it, one whose
-        give-up waits for the database is given up with it
-        (:meth:`Source.retry_give_ups
-        <cinder_dmclone.source.Source.retry_give_ups>`).  Never raises:
-        the migration's own outcome is what the caller reports.
+        this node's next start would export the volume again).  Only if
+        nothing else uses it, under the volume's lock
+        (:meth:`Source.drop_migration_export
+        <cinder_dmclone.source.Source.drop_migration_export>`): an iSCSI
+        attach from another node made while the migration started keeps
+        it (its initiator is admitted, or it is connecting), and so does
+        a move from here that is still recorded (one whose commit landed
+        although its answer was lost hydrates from it, one whose give-up
+        waits for the database is given up with it, see
+        :meth:`Source.retry_give_ups
+        <cinder_dmclone.source.Source.retry_give_ups>`).  Returns None
+        once it is gone, else why it stays.  Never raises: the
+        migration's own outcome is what the caller reports.
         """
-        try:
-            if self.source.is_source(self.source.load(volume['id'])):
-                return
+        def remove():
             self.remove_export(ctxt, volume)
-            volume.update({'provider_location': None, 'provider_auth': None})
+            volume.update({'provider_location': None,
+                           'provider_auth': None})
             volume.save()
+        try:
+            return self.source.drop_migration_export(volume, connector,
+                                                     remove)
         except Exception:
             LOG.exception('Could not remove the export of volume %s made '
                           'for its migration; it is removed at its next '
                           'detach or delete.', volume['id'])
+            return _('the export made for the migration could not be '
+                     'removed')
 
     def _migration_connector(self, volume, host):
         """The connector a move to ``host`` (a scheduler host) uses, or None.
@@ -1351,5 +1372,6 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             # the "target" is still shared while other attachments remain.
             return len(volume.volume_attachment) > 1
         if self.source.keeps_acl(volume, connector):
+            self.source.pass_on_detach(volume, connector)
             return False
         return super().terminate_connection(volume, connector, **kwargs)

@@ -24,7 +24,8 @@ the service of the other node, never through a shell on it:
   the transfer; ``retire``: the volume has left, remove its export and old
   LV; ``abort``: tear down a destination that was never committed;
   ``closed``: before a commit, is the source's copy closed, no instance
-  there using it any more?).
+  there using it any more?; ``detached``: a detach of the destination's
+  connection reached the source, see Source.pass_on_detach).
 
 The same two calls are open to a volume's owner through the public API
 (``os-initialize_connection``, ``os-terminate_connection``), with any
@@ -47,12 +48,13 @@ RELEASE = 'release'
 RETIRE = 'retire'
 ABORT = 'abort'
 CLOSED = 'closed'
-OPS = (PREPARE, RELEASE, RETIRE, ABORT, CLOSED)
+DETACHED = 'detached'
+OPS = (PREPARE, RELEASE, RETIRE, ABORT, CLOSED, DETACHED)
 #: The steps each of the two calls carries: a prepare comes by
 #: initialize_connection (it answers with a connection), the others by
 #: terminate_connection.
 BY_INITIALIZE = (PREPARE,)
-BY_TERMINATE = (RELEASE, RETIRE, ABORT, CLOSED)
+BY_TERMINATE = (RELEASE, RETIRE, ABORT, CLOSED, DETACHED)
 #: The entry of a prepare step that carries the regions a thin source
 #: holds (:func:`cinder_dmclone.thin.encode_regions`); absent when every
 #: region is to be copied.
@@ -123,7 +125,7 @@ class PeerClient(object):
             dict(connector, **{PAYLOAD_KEY: step}))
 
     def request(self, ctxt, volume, host, op, secret):
-        """Run ``op`` (release, retire, abort, closed) on ``host``."""
+        """Run ``op`` (a BY_TERMINATE step) on ``host``."""
         step = {'op': op, 'secret': secret}
         self.rpcapi.terminate_connection(
             ctxt, self._at(volume, host),
@@ -161,6 +163,8 @@ class Endpoint(object):
             return self.destination.prepare(volume, step)
         if op == ABORT:
             self.destination.abort(volume, step)
+        elif op == DETACHED:
+            self.destination.detached_at_source(volume)
         elif op == RELEASE:
             self.source.release(volume, connector)
         elif op == RETIRE:

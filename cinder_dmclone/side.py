@@ -293,7 +293,8 @@ class Side(object):
             reason = 'it does not carry the transfer\'s secret'
         elif op not in ops:
             reason = 'this call does not carry %s steps' % op
-        elif op in (peer.PREPARE, peer.ABORT) and not self.is_dest(t):
+        elif op in (peer.PREPARE, peer.ABORT, peer.DETACHED) and \
+                not self.is_dest(t):
             reason = 'this node is not the destination'
         elif op in (peer.RELEASE, peer.RETIRE, peer.CLOSED) and \
                 not self.is_source(t):

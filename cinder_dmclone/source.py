@@ -336,7 +336,8 @@ class Source(side.Side):
         sent here), or is the owner's legacy ``os-terminate_connection``
         with an initiator of its choosing: removing the ACL by that
         initiator would cut the clone off from the source, and nothing
-        would admit it again.  The detach itself succeeds.
+        would admit it again.  The detach itself succeeds; the
+        destination's own is passed on to it (:meth:`pass_on_detach`).
         """
         if not self.keeps_export(volume):
             return False
@@ -349,6 +350,64 @@ class Source(side.Side):
                      'host': (connector or {}).get('host'),
                      'ini': (connector or {}).get('initiator')})
         return True
+
+    def pass_on_detach(self, volume, connector):
+        """Tell a move's destination that a detach of its connection came here.
+
+        For a detach whose ACL this node keeps (:meth:`keeps_acl`).  When
+        it names the move's destination (its connector's host) and the
+        move is in its ``cloned`` window (or was, before a stale save set
+        its record back to ``preparing``: the volume record names the
+        destination), it was routed by a read of the volume record older
+        than the commit: Nova rolling back a live migration deletes the
+        destination's attachment while the instance stays here.  Dropped,
+        the destination would never learn it: the move would stay
+        ``cloned`` for as long as the instance runs here (the volume
+        refused as moving), then commit to the destination at its detach
+        here.  So the destination is asked to handle it as if it had
+        reached it (:meth:`Destination.detached_at_source
+        <cinder_dmclone.destination.Destination.detached_at_source>`),
+        which decides under the volume's lock and never rolls back a
+        clone that took writes.  Not under the lock (the destination
+        takes it).  Never raises: the detach itself succeeds, and a
+        destination that does not answer is logged.
+        """
+        host = (connector or {}).get('host')
+        try:
+            t = self.load(volume['id'])
+            if not (self.is_source(t) and host and host == t.dest_node
+                    and self._in_window(volume, t)):
+                return
+            if not t.secret:
+                LOG.warning('Volume %s: its move was recorded by release '
+                            '1.1.0 (no secret): the detach of its '
+                            'destination is not passed on.', volume['id'])
+                return
+            LOG.warning('Volume %(vol)s: a detach of %(dst)s, the '
+                        'destination of its move, reached this node (routed '
+                        'by an older read of the volume record); asking '
+                        '%(dst)s to handle it.',
+                        {'vol': volume['id'], 'dst': t.dest_node})
+            self.peer.request(self.ctxt(), volume, t.dest_host,
+                              peer.DETACHED, t.secret)
+        except Exception:
+            LOG.exception('Volume %(vol)s: could not pass the detach of '
+                          '%(dst)s on to it: its move stays as it is (in '
+                          'its cloned window until a detach on %(dst)s '
+                          'rolls it back, or the detach here commits '
+                          'it).', {'vol': volume['id'], 'dst': host})
+
+    def _in_window(self, volume, t):
+        """True if move ``t`` from here is ``cloned``, or set back.
+
+        Set back: committed, then recorded ``preparing`` again by a stale
+        save (the volume record names the destination), which the
+        destination rolls forward first.
+        """
+        if t.state == move.CLONED:
+            return True
+        return t.state == move.PREPARING and self.names_destination(
+            objects.Volume.get_by_id(self.ctxt(), volume['id']), t)
 
     #: volume statuses in which an attach's move may start (``reserved``:
     #: Cinder reserved the volume for it; ``in-use``: a live migration).
@@ -795,6 +854,75 @@ class Source(side.Side):
         """
         self._prune_attaches(volume_id)
         return bool(self.attaches_in_flight.get(volume_id))
+
+    def drop_migration_export(self, volume, connector, remove):
+        """A migration did not move the volume: ``remove()`` its export.
+
+        Under the volume's lock, and only if nothing else uses it.  The
+        migration made the export as an attach does
+        (:meth:`export_for_attach`, with its destination's ``connector``)
+        while no lock kept other attaches away: an iSCSI attach from
+        another node may have made it first or reused it since, and
+        admits its own initiator.  What the migration gave is taken back
+        (its destination's ACL, unless an attachment's connector names
+        it); the export itself goes only if it
+        then admits nobody and no iSCSI attach from another node is
+        connecting to it (:meth:`_attach_in_flight`, the migration's own
+        entry aside): whoever made it, nothing uses it.  An export that
+        serves an attach stays, and the volume record keeps naming it:
+        that attach's detach removes it.  A move from here that is still
+        recorded keeps it too: its own end removes it.
+
+        Returns None if ``remove()`` was called, else why the export
+        stays, for the caller's refusal.  Raises if the migration's ACL
+        cannot be removed.
+        """
+        with move.lock(volume['id']):
+            if self.is_source(self.load(volume['id'])):
+                return _('a move of it from %s is recorded') % self.node_name
+            users = self._migration_export_users(volume, connector)
+            if users:
+                LOG.warning('Volume %(vol)s was not migrated to %(dst)s, and '
+                            'the export made here for the migration stays: '
+                            '%(users)s (an attach made while the migration '
+                            'started). It goes with their detach.',
+                            {'vol': volume['id'], 'dst': connector['host'],
+                             'users': users})
+                return users
+            remove()
+            return None
+
+    def _migration_export_users(self, volume, connector):
+        """What uses the export once a migration's own ACL is gone, or None.
+
+        Under the volume's lock.  None also without an export to check
+        (the record names none: ``remove()`` has nothing to do).
+        """
+        location = (volume.get('provider_location') or '').split(' ')
+        if len(location) < 2:
+            return None     # (nothing exported: nothing to keep)
+        target_iqn = location[1]
+        own = _initiator(connector)
+        if own in self._lio_acls(target_iqn) and own not in \
+                attachments.initiators(volume, attachments.current(volume)):
+            self.target_driver.terminate_connection(
+                volume, {'initiator': connector['initiator'], 'host': None})
+        admitted = self._lio_acls(target_iqn)
+        if admitted:
+            return _('its export admits %s') % ', '.join(sorted(admitted))
+        if self._attach_in_flight_besides(volume['id'], own):
+            return _('an iSCSI attach from another node is connecting to '
+                     'its export')
+        return None
+
+    def _attach_in_flight_besides(self, volume_id, own):
+        """:meth:`_attach_in_flight`, one entry of initiator ``own`` aside."""
+        self._prune_attaches(volume_id)
+        started = [who for who, _when in
+                   self.attaches_in_flight.get(volume_id, ())]
+        if own in started:
+            started.remove(own)
+        return bool(started)
 
     def _drop_emptied_export(self, volume):
         """Remove an export that admits nobody now, under the volume's lock.

@@ -47,6 +47,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import clone
 from cinder_dmclone import dmsetup
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import map_mark
 from cinder_dmclone import move
@@ -414,6 +415,7 @@ class Node(object):
         if connector['host'] == self.name:
             return len(volume.volume_attachment) > 1
         if self.source.keeps_acl(volume, connector):
+            self.source.pass_on_detach(volume, connector)
             return False
         self.target.terminate_connection(volume, connector)
         return False
@@ -457,24 +459,29 @@ class Node(object):
                     lambda: self.dm.device_sectors(LV_PATH), migration=True)
             except Exception:
                 with excutils.save_and_reraise_exception():
-                    self._drop_migration_export(ctxt, volume)
+                    self._drop_migration_export(ctxt, volume, connector)
+            if info is None:
+                kept = self._drop_migration_export(ctxt, volume, connector)
+                if kept:
+                    raise dmc_exception.VolumeNotMovable(
+                        volume=volume['id'], node=self.name, reason=kept)
+                return False, None
         finally:
             self.source.attach_done(volume, connector)
-        if info is None:
-            self._drop_migration_export(ctxt, volume)
-            return False, None
         return True, None
 
-    def _drop_migration_export(self, ctxt, volume):
+    def _drop_migration_export(self, ctxt, volume, connector):
         """DMCloneVolumeDriver._drop_migration_export."""
-        try:
-            if self.source.is_source(self.source.load(volume['id'])):
-                return
+        def remove():
             self.remove_export(ctxt, volume)
             self._save(volume, {'provider_location': None,
                                 'provider_auth': None})
+        try:
+            return self.source.drop_migration_export(volume, connector,
+                                                     remove)
         except Exception:
-            pass    # (the driver logs it: the migration's error stands)
+            # (the driver logs it: the migration's error stands)
+            return 'the export could not be removed'
 
     def attachment_delete(self, volume, connector):
         """VolumeManager.attachment_delete: tests.harness.manager_flow."""

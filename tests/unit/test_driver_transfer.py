@@ -96,6 +96,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         # (The lock and the move check are Source's; see test_source.)
         self.source.connect_over_iscsi.side_effect = (
             lambda volume, connector, connect: connect(volume, connector))
+        # (So is the check that nothing else uses a migration's export.)
+        self.source.drop_migration_export.side_effect = (
+            lambda volume, connector, remove: remove())
         self.destination.delete.return_value = False
         self.destination.extend.return_value = False
         self.destination.detached.return_value = False
@@ -179,10 +182,11 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.assertIsNone(self.volume.provider_auth)
         self.assertEqual(2, self.volume.save.call_count)
 
-    def test_failed_migrate_keeps_the_export_of_a_recorded_move(self):
-        # Source.move's give-up owns it: a move still recorded from here
-        # committed after all (its answer was lost), or waits for the
-        # database to be given up; either reads or needs the export.
+    def test_failed_migrate_keeps_an_export_in_use(self):
+        # Source.drop_migration_export keeps it, under the volume's lock:
+        # a move still recorded from here (its commit landed although its
+        # answer was lost, or its give-up waits for the database), or an
+        # iSCSI attach from another node made while the migration started.
         self.volume.host = 'node-a@dmclone#dmclone'
         self.mock_object(self.volume, 'save')
         self.mock_object(self.drv, 'create_export',
@@ -190,13 +194,38 @@ class MockMovesTestCase(test_driver.DriverTestBase):
                                        'provider_auth': 'CHAP u p'})
         self.source.move.side_effect = exception.VolumeBackendAPIException(
             data='lost answer')
-        self.source.is_source.return_value = True
+        self.source.drop_migration_export.side_effect = None
+        self.source.drop_migration_export.return_value = 'in use'
         remove = self.mock_object(self.drv, 'remove_export')
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.drv.migrate_volume, self.ctxt, self.volume,
                           self._dest())
+        self.source.drop_migration_export.assert_called_once_with(
+            self.volume, {'host': 'node-b',
+                          'initiator': REMOTE['initiator']}, mock.ANY)
         remove.assert_not_called()
         self.assertEqual('loc', self.volume.provider_location)
+
+    def test_a_move_left_undone_with_an_export_in_use_is_refused(self):
+        # Not handed to Cinder's generic copy while another node reaches
+        # the volume through its export here.
+        self.volume.host = 'node-a@dmclone#dmclone'
+        self.mock_object(self.volume, 'save')
+        self.mock_object(self.drv, 'create_export',
+                         return_value={'provider_location': 'loc',
+                                       'provider_auth': 'CHAP u p'})
+        self.source.move.return_value = None
+        self.source.drop_migration_export.side_effect = None
+        self.source.drop_migration_export.return_value = (
+            'its export admits iqn.c')
+        exc = self.assertRaises(dmc_exception.VolumeNotMovable,
+                                self.drv.migrate_volume, self.ctxt,
+                                self.volume, self._dest())
+        self.assertIn('its export admits iqn.c', str(exc))
+        self.assertEqual('loc', self.volume.provider_location)
+        self.source.attach_done.assert_called_once_with(
+            self.volume, {'host': 'node-b',
+                          'initiator': REMOTE['initiator']})
 
     def test_a_failing_clean_up_keeps_the_migration_error(self):
         self.volume.host = 'node-a@dmclone#dmclone'

@@ -55,8 +55,8 @@ class PayloadTestCase(test.TestCase):
         self.assertEqual(step, peer.payload(dict(CONNECTOR, dmclone=step)))
 
     def test_ops(self):
-        self.assertEqual(('prepare', 'release', 'retire', 'abort', 'closed'),
-                         peer.OPS)
+        self.assertEqual(('prepare', 'release', 'retire', 'abort', 'closed',
+                          'detached'), peer.OPS)
 
 
 class PeerClientTestCase(test.TestCase):
@@ -253,7 +253,8 @@ STEPS = {peer.PREPARE: ('destination', 'prepare'),
          peer.ABORT: ('destination', 'abort'),
          peer.RELEASE: ('source', 'release'),
          peer.RETIRE: ('source', 'retire'),
-         peer.CLOSED: ('source', 'confirm_closed')}
+         peer.CLOSED: ('source', 'confirm_closed'),
+         peer.DETACHED: ('destination', 'detached_at_source')}
 
 
 @ddt.ddt
@@ -387,6 +388,13 @@ class EndpointTestCase(test.TestCase):
         self.b.receive(self.volume, CONNECTOR, step)
         self.b.destination.abort.assert_called_once_with(self.volume, step)
 
+    def test_a_detach_passed_on_by_the_source(self):
+        step = {'op': peer.DETACHED, 'secret': SECRET}
+        self.assertIsNone(self.b.receive(self.volume, CONNECTOR, step))
+        self.b.destination.detached_at_source.assert_called_once_with(
+            self.volume)
+        self.assertEqual(['detached_at_source'], self._routed(self.b))
+
     @ddt.data(peer.RELEASE, peer.RETIRE)
     def test_source_steps_get_the_senders_connector(self, op):
         step = {'op': op, 'secret': SECRET}
@@ -411,7 +419,8 @@ class EndpointTestCase(test.TestCase):
     @ddt.data((peer.PREPARE, peer.BY_TERMINATE),
               (peer.RELEASE, peer.BY_INITIALIZE),
               (peer.RETIRE, peer.BY_INITIALIZE),
-              (peer.ABORT, peer.BY_INITIALIZE))
+              (peer.ABORT, peer.BY_INITIALIZE),
+              (peer.DETACHED, peer.BY_INITIALIZE))
     @ddt.unpack
     def test_step_by_the_wrong_call_is_refused(self, op, ops):
         # A prepare by terminate_connection, or a retire answered with a

@@ -14,6 +14,7 @@
 
 import unittest
 
+from cinder import exception as cinder_exception
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
 
@@ -71,8 +72,9 @@ class MigrationRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
     # DMCloneVolumeDriver._drop_migration_export calls remove_export,
     # which removes the target node-c just logged in to: its instance
     # gets I/O errors (writes in flight lost), its attachment names an
-    # export that no longer exists.
-    @unittest.expectedFailure
+    # export that no longer exists.  Fixed: Source.drop_migration_export
+    # removes only an export that admits nothing but the migration and
+    # that no attach is connecting to, under the volume's lock.
     def test_a_refused_migration_keeps_a_racing_attachs_export(self):
         self.attach_c_during_migration()
         try:
@@ -84,6 +86,61 @@ class MigrationRacingAnAttachTestCase(test_two_nodes.ClusterTestCase):
         self.assertIn(IQN, self.a.target.exports)
         self.assertIn(NODE_C['initiator'],
                       self.a.target.exports[IQN]['acl'])
+
+    def test_an_export_an_attach_is_connecting_to_stays(self):
+        # node-c's create_export made (or reused) the export before the
+        # migration's move; its connection comes after the refusal.
+        create_export = self.a.create_export
+        att = {'id': fake.ATTACHMENT2_ID, 'instance_uuid': INSTANCE2_ID,
+               'attach_status': fields.VolumeAttachStatus.RESERVED,
+               'attached_host': None, 'connector': None}
+
+        def export_c_then_export(ctxt, volume, connector):
+            if connector['host'] == self.b.name and not self.c.attachments:
+                self.c.attachments.append(att)
+                create_export(ctxt, self.c.volume(), dict(NODE_C))
+            return create_export(ctxt, volume, connector)
+        self.mock_object(self.a, 'create_export',
+                         side_effect=export_c_then_export)
+        self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertIn(IQN, self.a.target.exports)
+        info = self.c.call(self.a, self.a.initialize_connection,
+                           self.c.volume(), dict(NODE_C))
+        self.a.source.attach_done(self.c.volume(), dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        self.assertEqual({NODE_C['initiator']},
+                         self.a.target.exports[IQN]['acl'])
+        self.assertIsNotNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+
+    def test_a_migration_past_a_connection_without_attachment(self):
+        # node-c connected through os-initialize_connection (no
+        # attachment): the move leaves the volume here, the migration's
+        # ACL goes, node-c's stays, and the migration is refused rather
+        # than left to Cinder's generic copy under node-c.
+        info = self.c.call(self.a, self.a.attach, self.c.volume(),
+                           dict(NODE_C))
+        self.assertEqual('iscsi', info['driver_volume_type'])
+        exc = self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                                self.c.migrate, self.b)
+        self.assertIn('its export admits %s' % NODE_C['initiator'],
+                      str(exc))
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({NODE_C['initiator']},
+                         self.a.target.exports[IQN]['acl'])
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def test_an_export_nothing_uses_goes(self):
+        self.mock_object(self.a.source, '_refuse_snapshots',
+                         side_effect=cinder_exception.InvalidVolume(
+                             reason='snapshots'))
+        self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                          self.c.migrate, self.b)
+        self.assertEqual({}, self.a.target.exports)
+        self.assertIsNone(
+            self.c.db.volumes[VOLUME_ID]['provider_location'])
+        self.assertEqual({}, self.a.source.attaches_in_flight)
 
 
 class FailedLiveMigrationDetachOnTheSourceTestCase(
@@ -103,6 +160,8 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
     test_the_clones_acl_stays = None
     test_the_clones_acl_stays_in_a_live_window = None
     test_the_clones_acl_stays_without_a_set_back = None
+    test_an_unwritten_live_window_goes_back_to_the_source = None
+    test_an_unwritten_set_back_window_goes_back_to_the_source = None
 
     # LOW (availability, no data loss found).  Sequence: live migration
     # a->b, node-b's attachment deleted through node-a (older read) after
@@ -118,7 +177,10 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
     # node-a, which knows the connector is the destination's, could ask
     # node-b to do so instead of dropping the request.  Data stays safe:
     # the commit waits for node-a's attachment and its copy to close.
-    @unittest.expectedFailure
+    # Fixed: Source.pass_on_detach sends node-b a ``detached`` step
+    # (peer.DETACHED, with the move's secret), which node-b runs as its
+    # own detach (Destination.detached_at_source): a clone that took
+    # writes is held, one open there cannot be removed.
     def test_the_window_goes_back_to_the_instance_on_the_source(self):
         src, dst = self.moved(live=True)
         self.assertEqual(move.CLONED, self.c.transfer().state)
@@ -127,6 +189,54 @@ class FailedLiveMigrationDetachOnTheSourceTestCase(
         self.c.settle()
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    def passed_on(self):
+        return [call for call in self.c.rpc.calls
+                if call[2] and call[2]['op'] == 'detached']
+
+    def test_a_clone_open_on_the_destination_stays(self):
+        # The instance switched over to node-b (no write yet): the
+        # rollback cannot remove a clone in use, and changes nothing.
+        src, dst = self.moved(live=True)
+        self.b.dm.openers[fake_cluster.HANDLE] = 1
+        self.detach_on_a(dst)
+        self.assertEqual(1, len(self.passed_on()))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assert_nothing_removed()
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
+
+    def test_a_forged_detach_loses_no_write_on_the_destination(self):
+        # The owner's os-terminate_connection naming node-b's connector,
+        # routed to node-a, while the instance runs on node-b and wrote
+        # there: held, then the source's detach commits it.
+        src, dst = self.moved(live=True)
+        self.b.dm.write(fake_cluster.HANDLE, 3)
+        self.c.call(self.a, self.a.terminate_connection, self.older_read(),
+                    dict(self.b.props))
+        self.assertEqual(1, len(self.passed_on()))
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assert_nothing_removed()
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
+        self.c.detach(src)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_another_nodes_detach_is_not_passed_on(self):
+        src, dst = self.moved(live=True)
+        self.c.call(self.a, self.a.terminate_connection, self.older_read(),
+                    dict(NODE_C))
+        self.assertEqual([], self.passed_on())
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+
+    def test_a_destination_that_does_not_answer(self):
+        # The detach succeeds; the window stays as before this release.
+        src, dst = self.moved(live=True)
+        self.b.down = True
+        self.detach_on_a(dst)
+        self.assertEqual(1, len(self.passed_on()))
+        self.b.down = False
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertEqual({self.b.props['initiator']}, self.source_acl())
 
 
 class SecondMoveSetBackTestCase(test_rewound_move.RewindMixin,

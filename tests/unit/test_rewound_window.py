@@ -205,7 +205,10 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
     alone while the move from node-a is recorded, and node-b's clone
     reads every region it has not copied through that ACL: removing it
     cuts node-b's instance off from most of its disk, and no step of
-    the move ever admits node-b again.
+    the move ever admits node-b again.  node-a keeps it, and passes the
+    detach on to node-b (Source.pass_on_detach), which handles it as its
+    own: a clone that took writes is held (its ACL stays), one that took
+    none is rolled back.
     """
 
     def older_read(self):
@@ -239,19 +242,42 @@ class DetachRoutedToTheSourceTestCase(WindowMixin,
         self.c.assert_completed()
 
     def test_the_clones_acl_stays_in_a_live_window(self):
+        # node-a passes the detach on to node-b, which rolls the move
+        # forward, finds writes in its clone and holds it: the ACL the
+        # clone reads through stays.
         src, dst = self.rewound_live()
+        self.b.dm.write(HANDLE, 3)
         self.detach_on_a(dst)
         self.assertEqual({self.b.props['initiator']}, self.source_acl())
+        self.assertEqual(move.CLONED, self.state())
         self.assert_nothing_removed()
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
         self.c.settle()
         self.assertFalse(self.hydration_on())
         self.assertEqual({self.b.props['initiator']}, self.source_acl())
 
     def test_the_clones_acl_stays_without_a_set_back(self):
         src, dst = self.moved(live=True)
+        self.b.dm.write(HANDLE, 3)
         self.detach_on_a(dst)
         self.assertEqual({self.b.props['initiator']}, self.source_acl())
         self.assertEqual(move.CLONED, self.state())
+        self.assertEqual({VOLUME_ID}, self.b.destination.held)
+
+    def test_an_unwritten_live_window_goes_back_to_the_source(self):
+        # The same detach reaching node-b would roll the move back: so
+        # does node-b when node-a passes it on.  The ACL goes with the
+        # move's own release.
+        src, dst = self.moved(live=True)
+        self.detach_on_a(dst)
+        self.c.assert_rolled_back()
+        self.assertEqual(set(), self.source_acl())
+
+    def test_an_unwritten_set_back_window_goes_back_to_the_source(self):
+        src, dst = self.rewound_live()
+        self.detach_on_a(dst)
+        self.c.assert_rolled_back()
+        self.assertEqual(set(), self.source_acl())
 
 
 class OwnerDetachTestCase(WindowMixin, test_two_nodes.ClusterTestCase):
