@@ -36,6 +36,14 @@ from cinder_dmclone import peer
 LOG = logging.getLogger(__name__)
 
 
+def describe_record(t):
+    """A move record, for a log line an operator reads (None: none)."""
+    if t is None:
+        return 'none'
+    return ('%s, from %s to %s, recorded at %s'
+            % (t.state, t.source_node, t.dest_node, t.prepared_at))
+
+
 class Side(object):
     """One side of the moves of this node.
 
@@ -44,11 +52,14 @@ class Side(object):
     gives others; ``store`` is the :class:`cinder_dmclone.move.Store`,
     ``peer`` the :class:`cinder_dmclone.peer.PeerClient`;
     ``service_host`` the host part of this node's volume service's
-    ``host``, which the volume records of this node name.
+    ``host``, which the volume records of this node name; ``evidence``
+    this node's marks of the moves it takes part in
+    (:class:`~cinder_dmclone.evidence.Evidence`; None: none are kept,
+    and every record is taken as it reads).
     """
 
     def __init__(self, node_names, node_name, store, peer,
-                 service_host=None):
+                 service_host=None, evidence=None):
         self.node_names = frozenset(node_names)
         #: the names a volume record of this node may carry: the node's
         #: names and its volume service's host, which differ when
@@ -60,6 +71,10 @@ class Side(object):
         self.peer = peer
         #: volumes whose undated ``preparing`` was reported.
         self.undated = set()
+        self.evidence = evidence
+        #: volume id -> (record's secret, mark's secret) last reported as
+        #: contradicting each other (see report_contradiction).
+        self.contradictions = {}
 
     @staticmethod
     def ctxt():
@@ -90,6 +105,54 @@ class Side(object):
             return False
         return volume_utils.extract_host(host, 'backend') == \
             volume_utils.extract_host(t.dest_host, 'backend')
+
+    # -- this node's own evidence --------------------------------------
+
+    def contradiction(self, volume_id, t):
+        """This node's mark that contradicts record ``t``, or None.
+
+        (:meth:`Evidence.contradiction
+        <cinder_dmclone.evidence.Evidence.contradiction>`: a mark of
+        another move, whose data is still here.)
+        """
+        if self.evidence is None:
+            return None
+        return self.evidence.contradiction(volume_id, t)
+
+    def refuse_if_contradicted(self, volume_id, t, step):
+        """MoveContradicted if this node's mark contradicts record ``t``.
+
+        Before a step that removes or gives up anything, or maps a copy
+        alone, on the word of record ``t`` (``step`` names it): a record
+        naming another move than the one this node takes part in was set
+        back by a stale whole save of the admin metadata, and the data
+        here may be the only whole copy, or a partial one.  Nothing is
+        done; said once per pair of moves (:meth:`report_contradiction`).
+        """
+        part = self.contradiction(volume_id, t)
+        if part is None:
+            return
+        self.report_contradiction(volume_id, t, part, step)
+        raise dmc_exception.MoveContradicted(
+            volume=volume_id, step=step, record=describe_record(t),
+            part=part.describe())
+
+    def report_contradiction(self, volume_id, t, part, step):
+        """Say, once per pair of moves, that record ``t`` is not acted on."""
+        pair = (t.secret if t is not None else None, part.move.secret)
+        if self.contradictions.get(volume_id) == pair:
+            return
+        self.contradictions[volume_id] = pair
+        LOG.warning('Volume %(vol)s: its move record (%(record)s) '
+                    'contradicts this node\'s own mark: it is the '
+                    '%(part)s, whose data is still here (a stale copy of '
+                    'the admin metadata saved whole?). Not taken on the '
+                    'record\'s word: %(step)s. Nothing is removed on this '
+                    'node; the destination of the move in progress '
+                    'restores its record if it can, else check both nodes '
+                    'with "cinder-dmclone status".',
+                    {'vol': volume_id, 'record': describe_record(t),
+                     'part': part.describe(), 'step': step})
 
     def load(self, volume_id):
         """The volume's move in progress, or None.
