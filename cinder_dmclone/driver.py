@@ -55,6 +55,7 @@ from cinder.volume.drivers import lvm  # noqa: E402
 
 from cinder_dmclone import clone  # noqa: E402
 from cinder_dmclone import dmsetup  # noqa: E402
+from cinder_dmclone import evidence  # noqa: E402
 from cinder_dmclone import exception as dmc_exception  # noqa: E402
 from cinder_dmclone import layout  # noqa: E402
 from cinder_dmclone import map_mark  # noqa: E402
@@ -315,7 +316,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                        self.node_name)),
                 end_marks=map_mark.MapMarks(
                     map_mark.marks_dir(self._state_dir(), self.node_name,
-                                       map_mark.ENDING)))
+                                       map_mark.ENDING)),
+                part_marks=map_mark.MapMarks(
+                    map_mark.marks_dir(self._state_dir(), self.node_name,
+                                       map_mark.MOVING),
+                    read_limit=evidence.READ_LIMIT))
         return self._moves
 
     @staticmethod

@@ -343,20 +343,25 @@ class LostSource(object):
                     {'vol': volume['id'], 'lv': t.lv_name, 'path': path})
 
     def _drop_node_mark(self, volume_id, node):
-        """The clone is gone: this node's thin-mapped mark of it goes.
+        """The clone is gone: this node's marks of it go.
+
+        Its thin-mapped mark, and its mark of the move it took part in
+        (:mod:`~cinder_dmclone.evidence`): the move ends here.
 
         (Under the service's state directory, which this command shares:
         see :mod:`~cinder_dmclone.map_mark`.)  A failure is only logged:
         a mark left is inert for any later move of the volume.
         """
-        marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir, node))
-        try:
-            marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its thin-mapped mark (%(dir)s) '
-                        'could not be removed; it is inert.',
-                        {'vol': volume_id, 'dir': marks.directory},
-                        exc_info=True)
+        for subdir in (map_mark.SUBDIR, map_mark.MOVING):
+            marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir,
+                                                         node, subdir))
+            try:
+                marks.remove(volume_id)
+            except Exception:
+                LOG.warning('Volume %(vol)s: its mark (%(dir)s) could not '
+                            'be removed; it is inert.',
+                            {'vol': volume_id, 'dir': marks.directory},
+                            exc_info=True)
 
     def _stand_in_name(self, t):
         return layout.lost_source_name(self.clones.vg.vg_name, t.lv_name)

@@ -166,9 +166,9 @@ class Endpoint(object):
         elif op == DETACHED:
             self.destination.detached_at_source(volume)
         elif op == RELEASE:
-            self.source.release(volume, connector)
+            self.source.release(volume, connector, t)
         elif op == RETIRE:
-            self.source.retire(volume, connector)
+            self.source.retire(volume, connector, t)
         elif op == CLOSED:
             self.source.confirm_closed(volume, t)
         return None

@@ -399,9 +399,10 @@ class EndpointTestCase(test.TestCase):
     def test_source_steps_get_the_senders_connector(self, op):
         step = {'op': op, 'secret': SECRET}
         self.assertIsNone(self.a.receive(self.volume, CONNECTOR, step))
-        # With the connector: the export's ACL of the sender goes.
-        getattr(self.a.source, op).assert_called_once_with(self.volume,
-                                                           CONNECTOR)
+        # With the connector: the export's ACL of the sender goes; and
+        # the move the step was checked against, whose mark ends here.
+        getattr(self.a.source, op).assert_called_once_with(
+            self.volume, CONNECTOR, self.t)
         self.assertEqual([op], self._routed(self.a))
 
     def test_check_comes_before_routing(self):
