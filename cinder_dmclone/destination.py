@@ -1825,8 +1825,7 @@ class Destination(side.Side):
         if it cannot be, MoveContradicted, nothing removed.
         """
         t = self.load(volume['id'])
-        if not self.is_dest(t) and self.contradiction(
-                volume['id'], self.load_any(volume['id'])) is None:
+        if not self.is_dest(t) and not self._moving_here_by_mark(volume):
             self.refuse_delete_unless_here(volume)
             return False
         ctxt = self.ctxt()
@@ -1861,17 +1860,26 @@ class Destination(side.Side):
             self.held.discard(volume['id'])
         return True
 
+    def _moving_here_by_mark(self, volume):
+        """True if this node's mark says a move into it goes on.
+
+        (Its mark contradicts the record, as the destination: the record
+        of the move into this node was replaced by a stale save.)
+        """
+        part = self.contradiction(volume['id'], self.load_any(volume['id']))
+        return part is not None and part.role == evidence.DESTINATION
+
     def _restore_before(self, volume, step):
         """Restore a record this node's mark contradicts, or refuse ``step``.
 
-        The caller holds the volume's lock.  MoveContradicted, nothing
-        done, when the record cannot be restored here (this node is not
-        the destination of the move its mark names, or that move was not
-        committed).
+        The caller holds the volume's lock.  Only for this node's mark
+        as a destination (:meth:`_moving_here_by_mark`).
+        MoveContradicted, nothing done, when the record cannot be
+        restored (the move was not committed, say).
         """
-        current = self.load_any(volume['id'])
-        if self.contradiction(volume['id'], current) is None:
+        if not self._moving_here_by_mark(volume):
             return
+        current = self.load_any(volume['id'])
         if self.restore_contradicted(volume, current) is None:
             self.refuse_if_contradicted(volume['id'],
                                         self.load_any(volume['id']), step)

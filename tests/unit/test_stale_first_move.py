@@ -292,19 +292,36 @@ class OldMarksTestCase(SecondMoveMixin, test_two_nodes.ClusterTestCase):
     def test_a_mark_left_by_a_finished_move_is_inert(self):
         # node-b's mark of move 1 (destination) outlived it (its removal
         # failed): the second move, and its end, ignore it.
+        self.fail_removal_once(self.b)
+        self.second_move()
+        self.c.settle()
+        self.assert_second_move_finished()
+
+    def fail_removal_once(self, node):
+        """``node``'s next removal of a mark fails (a read-only disk)."""
         fail = {'n': 0}
-        remove = self.b.part_marks.remove
+        remove = node.part_marks.remove
 
         def remove_failing_once(volume_id):
             if not fail['n']:
                 fail['n'] += 1
                 raise OSError('read-only file system')
             return remove(volume_id)
-        self.mock_object(self.b.part_marks, 'remove',
+        self.mock_object(node.part_marks, 'remove',
                          side_effect=remove_failing_once)
-        self.second_move()
-        self.c.settle()
-        self.assert_second_move_finished()
+
+    def test_a_sources_mark_left_by_a_rollback_is_inert(self):
+        # node-a's mark of a rolled back live migration outlived it, its
+        # LV (the volume) still here: the volume moves again, and its
+        # delete goes as usual.
+        src, dst = self.moved(live=True)
+        self.fail_removal_once(self.a)
+        self.c.detach(dst)
+        self.c.assert_rolled_back()
+        self.assertIsNotNone(self.a.part_marks.read(VOLUME_ID))
+        self.c.detach(src)
+        self.c.delete()
+        self.c.assert_deleted()
 
     def test_a_crash_between_the_mark_and_the_build(self):
         # node-b dies right after it marked move 1: the source gives the
