@@ -996,21 +996,8 @@ class Destination(side.Side):
         clones = self.clones
         return (self.ended_here(t, move.END_SWAP)
                 and clones.has_data(t) and clones.swapped(t)
-                and self._names_source_export(volume, t)
+                and self.names_source_export(volume, t)
                 and self._other_move(t) is None)
-
-    @staticmethod
-    def _names_source_export(volume, t):
-        """True if ``provider_location`` is move ``t``'s source export.
-
-        Its primary portal and its IQN (also with secondary portals:
-        :func:`~cinder_dmclone.layout.export_portal`, as the driver
-        reads it).
-        """
-        location = volume['provider_location']
-        return (bool(t.target_portal)
-                and layout.export_portal(location) == t.target_portal
-                and layout.export_iqn(location) == t.target_iqn)
 
     def _roll_back_emptied(self, volume, t):
         """Finish the rollback a set-back record hides (R16-1).

@@ -176,6 +176,22 @@ class Evidence(object):
             else part.move.source_node
         return part if names in self.node_names else None
 
+    def volume_ids(self):
+        """The ids of the volumes this node holds a mark of.
+
+        For a start that looks for the moves this node takes part in
+        whose record a stale save removed (no record names this node
+        then).  A directory that cannot be listed is no evidence:
+        logged, none.
+        """
+        try:
+            return self.marks.volume_ids()
+        except OSError:
+            LOG.warning('The marks of the moves this node takes part in '
+                        '(%s) cannot be listed; they are no evidence.',
+                        self.marks.directory, exc_info=True)
+            return []
+
     def forget(self, volume_id, t):
         """This node's part in move ``t`` is over: its mark goes.
 

@@ -151,6 +151,20 @@ class MapMarks(object):
             return None
         return data.decode('ascii', 'replace').strip()
 
+    def volume_ids(self):
+        """The ids of the volumes marked here, sorted.
+
+        Only the names a mark may have (:func:`mark_path`): never a
+        temporary file of a write cut short.  None marked if the
+        directory is not there yet.  Raises OSError if it cannot be
+        listed.
+        """
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if _VOLUME_ID_RE.match(n))
+
     def remove(self, volume_id):
         """Remove ``volume_id``'s mark; True if there was one.
 

@@ -340,7 +340,10 @@ class Recovery(object):
 
         ``volumes`` are the volumes whose record names this node or whose
         move does; ``metadata_lvs`` the metadata LV names present here.
-        Leftovers that match no move are reported, never deleted.
+        Leftovers that match no move are reported, never deleted.  The
+        volumes this node's own marks name besides (a stale save removed
+        their record) are looked at for their export only
+        (:meth:`_export_marked_elsewhere`).
 
         Runs at start without the volumes' locks (but for an abandon,
         see :meth:`_abandon`), unlike every later caller of :meth:`run`:
@@ -363,6 +366,7 @@ class Recovery(object):
                 self._drop_leftover_export(volume)
                 t = self._restored_at_start(volume)
                 if t is None:
+                    self._export_by_mark(volume, None)
                     continue
             known.add(t.lv_name)
             if self.destination.is_dest(t):
@@ -372,6 +376,7 @@ class Recovery(object):
             except Exception:
                 LOG.exception('Recovering the transfer of volume %s failed.',
                               volume.id)
+        self._export_marked_elsewhere({volume.id for volume in volumes})
         for name in metadata_lvs:
             lv = layout.lv_name_from_metadata_lv(name)
             if lv and lv not in known:
@@ -395,6 +400,47 @@ class Recovery(object):
             LOG.exception('Volume %s: could not write back the record of '
                           'the move into this node.', volume.id)
             return None
+
+    def _export_by_mark(self, volume, t):
+        """At start: the export a move from here reads; never raises.
+
+        (:meth:`Source.export_by_mark
+        <cinder_dmclone.source.Source.export_by_mark>`.)  A failure is
+        logged: the destination's reads of what it has not
+        copied fail until the next start, as with any export not made.
+        """
+        try:
+            self.source.export_by_mark(volume, t)
+        except Exception:
+            LOG.exception('Volume %s: could not export again the copy '
+                          'that a move from here reads.', volume.id)
+
+    def _export_marked_elsewhere(self, seen):
+        """At start: this node's marks of volumes no record led to.
+
+        A stale save of a copy that held no move removes the record of a
+        move from this node while the volume record names its
+        destination: :func:`volumes_touching` then finds no reason to
+        look at the volume here, and only this node's own mark (as that
+        move's source) tells that a destination still reads from here.
+        ``seen``: the ids of the volumes recovered already.  Nothing but
+        the export is done for these (:meth:`_export_by_mark`): their
+        record, if any, names no move of this node.
+        """
+        for volume_id in self.source.marked_volume_ids():
+            if volume_id in seen:
+                continue
+            try:
+                volume = objects.Volume.get_by_id(self.source.ctxt(),
+                                                  volume_id)
+                t = move.Move.from_metadata(volume.id, volume.admin_metadata)
+            except exception.VolumeNotFound:
+                continue        # (the mark outlived a delete: inert)
+            except Exception:
+                LOG.exception('Volume %s: its move record cannot be read; '
+                              'its export is not made again.', volume_id)
+                continue
+            self._export_by_mark(volume, t)
 
     def _drop_leftover_export(self, volume):
         """At start: the ACL a move from here that is over left.
@@ -685,13 +731,13 @@ class Recovery(object):
         """KEEP_CONTRADICTED: nothing on record ``t``'s word; said once.
 
         This node's mark says it is ``part``: as the source of a move
-        whose destination the volume record names (committed), that
+        committed and not finished (Source.read_by_committed_move), that
         destination reads every region it has not copied from here, so
         the export is made again as REEXPORT does (a reboot took it).
         """
         self.pending_rebuild.pop(volume.id, None)
         if part.role == evidence.SOURCE and \
-                self.source.names_destination(volume, part.move):
+                self.source.read_by_committed_move(volume, part.move):
             self.source.export_again(volume, part.move)
         self.destination.report_contradiction(
             volume.id, t, part, 'its recovery (%s)'

@@ -30,6 +30,7 @@ from cinder.objects import fields
 from cinder.volume import volume_utils
 
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
 
@@ -106,6 +107,21 @@ class Side(object):
         return volume_utils.extract_host(host, 'backend') == \
             volume_utils.extract_host(t.dest_host, 'backend')
 
+    @staticmethod
+    def names_source_export(volume, t):
+        """True if ``provider_location`` is move ``t``'s source export.
+
+        Its primary portal and its IQN (also with secondary portals:
+        :func:`~cinder_dmclone.layout.export_portal`, as the driver
+        reads it).  Cinder's column, which no save of the admin metadata
+        writes: a move's finalization forgets it once the source retired
+        (Store.forget_source_export).
+        """
+        location = volume['provider_location']
+        return (bool(t.target_portal)
+                and layout.export_portal(location) == t.target_portal
+                and layout.export_iqn(location) == t.target_iqn)
+
     # -- this node's own evidence --------------------------------------
 
     def contradiction(self, volume_id, t):
@@ -118,6 +134,12 @@ class Side(object):
         if self.evidence is None:
             return None
         return self.evidence.contradiction(volume_id, t)
+
+    def marked_volume_ids(self):
+        """The ids of the volumes this node marked a part in (none: none)."""
+        if self.evidence is None:
+            return []
+        return self.evidence.volume_ids()
 
     def refuse_if_contradicted(self, volume_id, t, step):
         """MoveContradicted if this node's mark contradicts record ``t``.

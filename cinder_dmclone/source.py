@@ -1597,6 +1597,46 @@ class Source(side.Side):
                   'state': t.state})
         self._ensure_export(volume)
 
+    def read_by_committed_move(self, volume, t):
+        """True if move ``t`` from here committed and still reads from here.
+
+        Read from Cinder's columns, which no save of the admin metadata
+        and no volume owner writes: the volume record names ``t``'s
+        destination (the source writes it only once it committed the
+        move: Side.names_destination) and still names ``t``'s export
+        here as its location (a finalization forgets it once this copy
+        is retired: Side.names_source_export).  So never a move that
+        finished, nor one rolled back or given up.
+        """
+        return (self.names_destination(volume, t)
+                and self.names_source_export(volume, t))
+
+    def export_by_mark(self, volume, t):
+        """After a start: export again what this node's mark says is read.
+
+        ``t`` is the volume's record now (None: none), which this node's
+        own mark contradicts: a stale whole save removed or replaced the
+        record of the move from here, whose destination still reads
+        every region it has not copied from this node's copy, and a
+        reboot took the export.  Only for this node's mark as that
+        move's source, its copy still here (Evidence.live), and the move
+        committed and not finished (:meth:`read_by_committed_move`).
+        Returns True if the export was made again.
+        """
+        part = self.contradiction(volume['id'], t)
+        if part is None or part.role != evidence.SOURCE or \
+                not self.read_by_committed_move(volume, part.move):
+            return False
+        LOG.warning('Volume %(vol)s: its move record (%(record)s) does not '
+                    'name the move from here that this node\'s own mark '
+                    'names (the %(part)s, committed); its destination '
+                    'reads from the copy here, whose export is made '
+                    'again.', {'vol': volume['id'],
+                               'record': side.describe_record(t),
+                               'part': part.describe()})
+        self.export_again(volume, part.move)
+        return True
+
     def _restore_saved_exports(self, volume):
         """Bring back LIO's saved targets before an export is removed.
 

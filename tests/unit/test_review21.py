@@ -142,7 +142,10 @@ class SourceRebootWithoutRecordTestCase(
     # that no longer exists.  With move 1's record saved instead
     # (test_stale_first_move test_the_source_restarting_keeps_its_copy)
     # node-b's start does export it again.
-    @unittest.expectedFailure
+    # Fixed: node-b's start also reads its own marks of the volumes no
+    # record led it to (Recovery._export_marked_elsewhere) and exports
+    # again the copy a committed move still reads
+    # (Source.export_by_mark).
     def test_the_sources_export_comes_back(self):
         self.set_back()
         self.b.reboot()

@@ -310,6 +310,37 @@ class OldMarksTestCase(SecondMoveMixin, test_two_nodes.ClusterTestCase):
         self.mock_object(node.part_marks, 'remove',
                          side_effect=remove_failing_once)
 
+    def test_a_sources_mark_left_by_a_finished_move_exports_nothing(self):
+        # node-b's mark of move 2 (source) outlived its retire: at its
+        # next start no record names node-b, and its mark is found, but
+        # nothing of move 2 is left there to export.
+        self.second_move()
+        self.fail_removal_once(self.b)
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())
+        self.assertIn('"source"', self.b.part_marks.read(VOLUME_ID))
+        self.b.reboot()
+        self.b.recover()
+        self.assertEqual({}, self.b.target.exports)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.c.settle()
+        self.assertEqual([LV], list(self.a.vg.lvs))
+
+    def test_a_sources_mark_left_by_a_rollback_exports_nothing(self):
+        # node-a's mark of a rolled back live migration outlived it, its
+        # LV (the volume) still here, the volume record naming node-a:
+        # its start exports nothing for that move.
+        src, dst = self.moved(live=True)
+        self.fail_removal_once(self.a)
+        self.c.detach(dst)
+        self.c.assert_rolled_back()
+        self.c.detach(src)
+        self.assertIsNotNone(self.a.part_marks.read(VOLUME_ID))
+        self.a.reboot()
+        self.a.recover()
+        self.assertEqual({}, self.a.target.exports)
+
     def test_a_sources_mark_left_by_a_rollback_is_inert(self):
         # node-a's mark of a rolled back live migration outlived it, its
         # LV (the volume) still here: the volume moves again, and its
@@ -388,6 +419,38 @@ class NoMoveSavedTestCase(SecondMoveMixin, test_two_nodes.ClusterTestCase):
         self.assertEqual(self.second_secret, self.c.transfer().secret)
         self.c.settle(ticks=8)
         self.assert_second_move_finished()
+
+    def test_a_reboot_of_the_source_exports_it_again(self):
+        # node-b's start finds move 2 by its own mark alone (no record
+        # names node-b): its export is back, and move 2 finishes.
+        self.set_back()
+        self.b.reboot()
+        self.b.recover()
+        self.assertIn(self.a.props['initiator'],
+                      self.b.target.exports[fake_cluster.FakeTargetIQN]['acl'])
+        self.assertIn('is made again', self.warnings())
+        self.c.settle()
+        self.assert_second_move_finished()
+
+    def test_both_nodes_rebooting_the_source_first(self):
+        self.set_back()
+        self.b.reboot()
+        self.a.reboot()
+        self.b.recover()
+        self.a.recover()
+        self.assertEqual(self.second_secret, self.c.transfer().secret)
+        self.c.settle(ticks=8)
+        self.assert_second_move_finished()
+
+    def test_no_export_once_the_volume_reads_no_copy_there(self):
+        # The volume record no longer names node-b's export (as once a
+        # finalization forgot it): node-b's mark is no reason to export.
+        self.set_back()
+        self.c.db.volumes[VOLUME_ID]['provider_location'] = None
+        self.b.reboot()
+        self.b.recover()
+        self.assertEqual({}, self.b.target.exports)
+        self.assertIn(LV, self.b.vg.lvs)
 
     def test_a_third_node_never_gets_the_clone(self):
         self.set_back()
