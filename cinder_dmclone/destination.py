@@ -735,7 +735,9 @@ class Destination(side.Side):
         its secret alone tells it apart.)  Refused for a committed move
         (hydrating, finalizing): its clone holds an instance's writes,
         and the source may still believe it never moved (a record still
-        naming it after a lost database write).
+        naming it after a lost database write).  An abort of the move
+        this node's mark names, whose record a stale save replaced, is
+        :meth:`_abort_marked`'s.
         """
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
@@ -753,10 +755,46 @@ class Destination(side.Side):
                         % {'vol': volume['id'], 'state': t.state})
                 self.tear_down(volume, t)
                 self.end_part(volume['id'], t)
-            else:
+            elif not self._abort_marked(volume, step):
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',
                             volume['id'])
+
+    def _abort_marked(self, volume, step):
+        """Abort the move this node's mark names; False if it names another.
+
+        The caller holds the build lock.  The record names another move
+        (or none): a stale whole save replaced the record of the move
+        into this node, and its source, unable to commit it, gave it up
+        (Side.authenticate took the abort by this node's mark).  What was
+        built here for it was never handed to an instance and took no
+        writes: it goes, wiped, with its mark.  Refused (AbortRefused)
+        once the volume record names this node, the move's destination:
+        the move was committed, and its clone here is the volume.
+        """
+        t = self.marked_move(volume['id'], evidence.DESTINATION,
+                             step.get('secret'))
+        if t is None:
+            return False
+        volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        if self.names_destination(volume, t):
+            LOG.error('Refusing to abort the move of volume %(vol)s from '
+                      '%(src)s that this node\'s mark names: the volume '
+                      'record names this node, so it was committed and '
+                      'its clone here is the volume.',
+                      {'vol': volume['id'], 'src': t.source_node})
+            raise dmc_exception.AbortRefused(volume=volume['id'],
+                                             src=t.source_node)
+        LOG.warning('Volume %(vol)s: its source %(src)s gave up the move '
+                    'into this node that a stale copy of the admin '
+                    'metadata replaced in its record (%(record)s); '
+                    'removing what was built here for it.',
+                    {'vol': volume['id'], 'src': t.source_node,
+                     'record': side.describe_record(
+                         self.load_any(volume['id']))})
+        self.tear_down(volume, t)
+        self.end_part(volume['id'], t)
+        return True
 
     def prepare_age(self, t):
         """Side.prepare_age, on this node's clock: since it saw ``t`` first.

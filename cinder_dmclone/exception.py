@@ -365,3 +365,18 @@ class MoveContradicted(exception.VolumeBackendAPIException):
                 "is the %(part)s, which still holds its data here (a stale "
                 "copy of the admin metadata saved whole?). Nothing was "
                 "removed; see the operations guide.")
+
+
+class AbortRefused(exception.VolumeBackendAPIException):
+    """An abort of a move into this node that was committed.
+
+    Authenticated by this node's mark alone (the record names another
+    move: :mod:`cinder_dmclone.evidence`), it would remove the clone of a
+    move the volume record names this node the destination of: the
+    volume itself.  Nothing is removed.
+    """
+
+    message = _("Volume %(volume)s: the abort of its move from %(src)s "
+                "is refused here: the volume record names this node, so "
+                "the move was committed and its clone here is the "
+                "volume. Nothing was removed.")

@@ -29,6 +29,7 @@ from cinder import objects
 from cinder.objects import fields
 from cinder.volume import volume_utils
 
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
@@ -134,6 +135,23 @@ class Side(object):
         if self.evidence is None:
             return None
         return self.evidence.contradiction(volume_id, t)
+
+    def marked_move(self, volume_id, role, secret):
+        """The move this node's mark names as its ``role``, by ``secret``.
+
+        None unless this node holds a usable mark of the volume as
+        ``role`` of a move whose secret is ``secret``: a step for a move
+        whose record a stale whole save replaced is authenticated by the
+        mark instead (:meth:`authenticate`), which only this node and
+        the move's two services ever held.
+        """
+        if self.evidence is None:
+            return None
+        part = self.evidence.read(volume_id)
+        if part is None or part.role != role or \
+                not part.move.authentic(secret):
+            return None
+        return part.move
 
     def marked_volume_ids(self):
         """The ids of the volumes this node marked a part in (none: none)."""
@@ -368,6 +386,15 @@ class Side(object):
         this node's side of the move.  Anything else came through the
         public API (an owner's connector with a ``dmclone`` entry) and
         changes nothing.
+
+        One exception: an abort whose secret is not the record's is
+        authenticated by this node's own mark as the destination of the
+        move it names (:meth:`marked_move`).  A stale whole save of the
+        admin metadata replaced the record of that move, which its
+        source then gave up (it could no longer commit it): without its
+        abort the clone built here, never handed to an instance, would
+        stay with nothing to remove it.  The move returned is then the
+        mark's, for the destination to check (Destination.abort).
         """
         op = step.get('op')
         t = self.load_any(volume['id'])
@@ -384,6 +411,12 @@ class Side(object):
         elif op in (peer.RELEASE, peer.RETIRE, peer.CLOSED) and \
                 not self.is_source(t):
             reason = 'this node is not the source'
+        if reason and op == peer.ABORT and op in ops and \
+                (t is None or not t.authentic(step.get('secret'))):
+            marked = self.marked_move(volume['id'], evidence.DESTINATION,
+                                      step.get('secret'))
+            if marked is not None:
+                return marked
         if reason:
             LOG.warning('Refused dmclone step %(op)s for volume %(vol)s: '
                         '%(why)s (a request through the public API?).',

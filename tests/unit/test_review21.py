@@ -23,6 +23,8 @@ reviewer's, not fixes.
 
 import unittest
 
+import oslo_messaging
+
 from cinder import exception
 
 from tests.harness import fake_cluster
@@ -49,7 +51,17 @@ class StaleSaveBeforeTheCommitTestCase(test_stale_first_move.SecondMoveMixin,
     volume record names node-b, the record move 1 (a->b, preparing).
     """
 
-    def stale_save_before_the_commit(self):
+    def stale_save_before_the_commit(self, abort_reaches_a=False):
+        """The window above; node-a keeps move 2 unless its abort reaches it.
+
+        (Fixed since the review: node-a takes move 2's abort by its mark,
+        test_the_abort_drops_the_uncommitted_clone.  Without
+        ``abort_reaches_a`` the abort is lost on its way, a network cut,
+        which leaves node-a as the review found it.)
+        """
+        if not abort_reaches_a:
+            self.mock_object(self.a.destination, 'abort', side_effect=(
+                oslo_messaging.MessagingTimeout('the network is cut')))
         stale = self.read_while_preparing()
         self.assertTrue(self.c.migrate(self.b))
         self.c.settle()
@@ -67,6 +79,7 @@ class StaleSaveBeforeTheCommitTestCase(test_stale_first_move.SecondMoveMixin,
             return result
         self.mock_object(self.a.destination, '_refuse_if_given_up',
                          side_effect=answer_then_save)
+        self.wiped_on_a = list(self.a.wiped)
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.c.attach, self.a)
         self.c.now += 3600
@@ -74,6 +87,8 @@ class StaleSaveBeforeTheCommitTestCase(test_stale_first_move.SecondMoveMixin,
         t = self.c.transfer()
         self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
         self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        if abort_reaches_a:
+            return
         # node-a: move 2's partial copy, and its mark of it.
         self.assertIn(LV, self.a.vg.lvs)
         self.assertIn(META, self.a.vg.lvs)
@@ -105,11 +120,28 @@ class StaleSaveBeforeTheCommitTestCase(test_stale_first_move.SecondMoveMixin,
             self.fail('the delete failed: %s' % exc)
         self.c.settle()
         self.assertNotIn(LV, self.a.vg.lvs)
-        self.assertTrue([p for p in self.a.wiped if p not in wiped_on_a
-                         and '/%s-dmcwipe-' % LV in p], self.a.wiped)
+        self.assertTrue(any(p not in wiped_on_a and '/%s-dmcwipe-' % LV in p
+                            for p in self.a.wiped), self.a.wiped)
+
+    # Fixed too: node-b's give-up of move 2 reaches node-a, which takes
+    # the abort by its mark's secret (Side.authenticate) and drops the
+    # clone it built for move 2, wiped (Destination._abort_marked).
+    def test_the_abort_drops_the_uncommitted_clone(self):
+        self.stale_save_before_the_commit(abort_reaches_a=True)
+        self.assertEqual([], self.c.violations)
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertEqual({}, self.a.dm.devices)
+        self.assertEqual({}, self.a.connector.sessions)
+        self.assertIsNone(self.a.part_marks.read(VOLUME_ID))
+        self.assertTrue(any(p not in self.wiped_on_a
+                            and '/%s-dmcwipe-' % LV in p
+                            for p in self.a.wiped), self.a.wiped)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertTrue(self.b.vg.lvs[LV]['complete'])
 
     # Control: nothing is removed before the delete (node-b keeps the
     # volume's only whole copy; the record's move 1 is not acted on).
+    # (node-a's abort lost: see stale_save_before_the_commit.)
     def test_control_both_copies_stay_until_the_delete(self):
         self.stale_save_before_the_commit()
         self.assertEqual([], self.c.violations)

@@ -82,6 +82,49 @@ class SecondMoveMixin(test_rewound_move.RewindMixin):
         self.assertEqual(('node-a', 'node-b'), (t.source_node, t.dest_node))
         self.assertNotEqual(self.second_secret, t.secret)
 
+    def set_back_before_the_commit(self, no_move=False,
+                                   abort_reaches_a=True):
+        """Move 2's record replaced between node-a's answer and its commit.
+
+        By move 1's record (``no_move``: by a copy read before any move:
+        none).  node-b's commit then meets another record and gives
+        move 2 up; its abort reaches node-a unless ``abort_reaches_a``
+        is False (a network cut), and node-a then keeps move 2's clone.
+        """
+        before_any = dict(self.c.db.admin_metadata.get(VOLUME_ID, {}))
+        stale = self.read_while_preparing()
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.settle()
+        self.c.assert_completed()
+        if not abort_reaches_a:
+            self.mock_object(self.a.destination, 'abort', side_effect=(
+                oslo_messaging.MessagingTimeout('the network is cut')))
+        copy = before_any if no_move else stale
+        answered = self.a.destination._refuse_if_given_up
+        saved = []
+
+        def answer_then_save(volume, t):
+            result = answered(volume, t)
+            if not saved:
+                saved.append(True)
+                self.second_secret = t.secret
+                self.c.db.volume_admin_metadata_update(
+                    self.c.ctxt, VOLUME_ID, dict(copy, attached_mode='rw'),
+                    True)
+            return result
+        self.mock_object(self.a.destination, '_refuse_if_given_up',
+                         side_effect=answer_then_save)
+        self.wiped_on_a = list(self.a.wiped)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.a)
+        self.c.attachments[:] = []
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual(not abort_reaches_a, META in self.a.vg.lvs)
+
+    def wiped_here_since(self, node, before):
+        return any(p not in before and '/%s-dmcwipe-' % LV in p
+                   for p in node.wiped)
+
     def warnings(self):
         return ' '.join(str(c) for c in self.log.warning.call_args_list)
 
@@ -529,3 +572,80 @@ class EvidenceTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual(t.secret, self.part().contradiction(
             VOLUME_ID, None).move.secret)
         self.assertIsNone(self.part().contradiction(VOLUME_ID, t))
+
+
+class UncommittedSetBackTestCase(SecondMoveMixin,
+                                 test_two_nodes.ClusterTestCase):
+    """Move 2's record replaced before its commit (review 21, finding 1).
+
+    node-b gives move 2 up: node-a takes its abort by its own mark's
+    secret and drops the clone it built (never handed to an instance);
+    """
+
+    def test_the_abort_is_taken_by_the_marks_secret(self):
+        self.set_back_before_the_commit()
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertEqual({}, self.a.connector.sessions)
+        self.assertTrue(self.wiped_here_since(self.a, self.wiped_on_a))
+        self.assertIsNone(self.a.part_marks.read(VOLUME_ID))
+        self.assertIn('removing what was built here for it',
+                      self.warnings())
+        # node-b's copy stays the volume.
+        self.c.now += 3600
+        self.c.settle()
+        self.assertTrue(self.b.vg.lvs[LV]['complete'])
+        self.assertEqual([], self.c.violations)
+
+    def test_the_abort_is_taken_without_any_record(self):
+        self.set_back_before_the_commit(no_move=True)
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.a.vg.lvs)
+        self.assertIsNone(self.a.part_marks.read(VOLUME_ID))
+
+    def send_abort(self, secret):
+        return self.c.call(self.a, self.a.terminate_connection,
+                           self.c.volume(), dict(self.b.props, dmclone={
+                               'op': peer.ABORT, 'secret': secret}))
+
+    def assert_a_keeps_move_2(self):
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertIn(META, self.a.vg.lvs)
+        self.assertIn(self.second_secret, self.a.part_marks.read(VOLUME_ID))
+
+    def test_an_abort_with_a_wrong_secret_is_refused(self):
+        self.set_back_before_the_commit(abort_reaches_a=False)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                self.send_abort, 'cd' * 16)
+        self.assertIn("does not carry the transfer's secret", str(exc))
+        self.assert_a_keeps_move_2()
+
+    def test_an_abort_with_an_old_secret_is_refused(self):
+        # Move 1's secret: the record's, but node-a is not move 1's
+        # destination; and with no record, neither the record's nor the
+        # mark's.
+        self.set_back_before_the_commit(abort_reaches_a=False)
+        first = self.c.transfer().secret
+        self.mock_object(self.a.destination, 'abort',
+                         side_effect=self.a.destination.abort)
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.send_abort, first)
+        self.c.db.admin_metadata[VOLUME_ID] = {}
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.send_abort, first)
+        self.assert_a_keeps_move_2()
+
+
+class CommittedSetBackDeleteTestCase(SecondMoveMixin,
+                                     test_two_nodes.ClusterTestCase):
+    """A committed move 2 whose record a stale save replaced."""
+
+    def test_an_abort_of_the_committed_move_is_refused(self):
+        self.set_back()
+        self.remember_wiped()
+        exc = self.assertRaises(
+            exception.VolumeBackendAPIException, self.c.call, self.a,
+            self.a.terminate_connection, self.c.volume(),
+            dict(self.b.props, dmclone={'op': peer.ABORT,
+                                        'secret': self.second_secret}))
+        self.assertIn('committed', str(exc))
+        self.assert_both_copies_kept()
