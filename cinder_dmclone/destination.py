@@ -293,6 +293,14 @@ class Destination(side.Side):
         """
         self.refuse_if_contradicted(
             volume['id'], t, 'removing what the move built here')
+        self._remove_built(volume, t, keep_data, deleted_here)
+
+    def _remove_built(self, volume, t, keep_data=False, deleted_here=False):
+        """:meth:`tear_down`'s removal, whatever this node's mark says.
+
+        Only :meth:`tear_down` and a delete of the volume (which keeps
+        nothing for any move) call it.
+        """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
                              and not deleted_here and self.old_copy(t)) \
             or self.kept_copy(volume, t)
@@ -1847,7 +1855,11 @@ class Destination(side.Side):
         A record that this node's own mark contradicts (a stale save
         replaced the record of the move into this node) is restored
         first (:meth:`restore_contradicted`), so that both copies go;
-        if it cannot be, MoveContradicted, nothing removed.
+        if it cannot be, MoveContradicted, nothing removed.  Otherwise a
+        delete keeps nothing for any move: the teardown here is not
+        refused by a mark, the retire tells the source it is a delete
+        (peer.DELETING: it removes every copy it holds, see
+        peer.Endpoint.deleting), and this node's mark goes.
         """
         t = self.load(volume['id'])
         if not self.is_dest(t) and not self._moving_here_by_mark(volume):
@@ -1862,12 +1874,13 @@ class Destination(side.Side):
                 return False
             # (A move recorded preparing whose record names this node was
             # set back after its commit: what is here is the volume.)
-            self.tear_down(volume, t, deleted_here=(
+            self._remove_built(volume, t, deleted_here=(
                 t.state == move.PREPARING
                 and self.named_here_while_preparing(
                     objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
-                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+                self.send(ctxt, volume, t, t.source_host, peer.RETIRE,
+                          deleting=True)
             except Exception:
                 with excutils.save_and_reraise_exception():
                     LOG.error('Volume %(vol)s: its side here is removed, '
@@ -1879,11 +1892,35 @@ class Destination(side.Side):
                               'error: cinder reset-state), then delete it '
                               'again.', {'vol': volume['id'],
                                          'src': t.source_node})
-            self.end_part(volume['id'], t)
+            self.end_every_part(volume['id'])
             self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])
         return True
+
+    def drop_for_delete(self, volume):
+        """A delete reached this node as a retire: a marked clone goes too.
+
+        This node's mark names it the destination of a move that the
+        record no longer names (a stale whole save replaced it, and its
+        source gave it up or its abort never came): what was built here
+        for it goes, wiped, under the build lock, with its mark.  Nothing
+        of a deleted volume is kept for any move.  No mark, or one
+        naming this node a source: nothing here (the retire does the
+        rest).
+        """
+        if self.evidence is None:
+            return
+        part = self.evidence.read(volume['id'])
+        if part is None or part.role != evidence.DESTINATION:
+            return
+        LOG.warning('Volume %(vol)s is deleted: removing, wiped, what was '
+                    'built here for the move this node\'s mark names (the '
+                    '%(part)s), which its record no longer names.',
+                    {'vol': volume['id'], 'part': part.describe()})
+        with move.build_lock(volume['id']):
+            self._remove_built(volume, part.move, deleted_here=True)
+        self.end_every_part(volume['id'])
 
     def _moving_here_by_mark(self, volume):
         """True if this node's mark says a move into it goes on.

@@ -600,7 +600,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         ``available`` on another node, its half-made LV stays here.  The
         manage listing shows it ("named like another volume"); the
         start-up report does not while the volume exists (see
-        doc/source/limitations.rst).
+        doc/source/limitations.rst).  This node's mark of a move of the
+        volume goes with it (:mod:`~cinder_dmclone.evidence`): no move of
+        a deleted volume survives.
         """
         lv_name = layout.validate_lv_name(volume['name'])
         if self.destination.delete(volume):
@@ -609,6 +611,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.source.give_up_aborted(volume)
         if self._volume_not_present(lv_name):
             self._remove_handle(lv_name)
+            self.source.end_every_part(volume['id'])
             return
         if self.vg.lv_has_snapshot(lv_name):
             LOG.error('Unable to delete due to existing snapshot '
@@ -616,6 +619,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.VolumeIsBusy(volume_name=lv_name)
         self._remove_handle(lv_name)
         self._delete_volume(volume)
+        self.source.end_every_part(volume['id'])
         LOG.info('Successfully deleted volume: %s', volume['id'])
 
     def extend_volume(self, volume, new_size):

@@ -215,6 +215,21 @@ class Evidence(object):
                         {'vol': volume_id, 'dir': self.marks.directory},
                         exc_info=True)
 
+    def drop(self, volume_id):
+        """Remove this node's mark of ``volume_id``, whatever move it names.
+
+        For a delete of the volume only (no move of it survives that).
+        A failure is only logged: the mark of a deleted volume is inert.
+        """
+        try:
+            self.marks.remove(volume_id)
+        except Exception:
+            LOG.warning('Volume %(vol)s: the mark of the move this node '
+                        'took part in (%(dir)s) could not be removed; the '
+                        'volume is deleted, so it is inert.',
+                        {'vol': volume_id, 'dir': self.marks.directory},
+                        exc_info=True)
+
     def contradiction(self, volume_id, t):
         """The Part this node's evidence holds against record ``t``; or None.
 

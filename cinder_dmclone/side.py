@@ -153,6 +153,15 @@ class Side(object):
             return None
         return part.move
 
+    def end_every_part(self, volume_id):
+        """The volume is deleted: this node's mark of it goes, whatever move.
+
+        (Evidence.drop.)  No move of a deleted volume is to survive, and
+        the mark holds a move's secret.
+        """
+        if self.evidence is not None:
+            self.evidence.drop(volume_id)
+
     def marked_volume_ids(self):
         """The ids of the volumes this node marked a part in (none: none)."""
         if self.evidence is None:
@@ -369,14 +378,16 @@ class Side(object):
             volume_name=volume['name'], source=t.source_node,
             dest=t.dest_node, state=t.state, percent=percent, action=action)
 
-    def send(self, ctxt, volume, t, host, op):
+    def send(self, ctxt, volume, t, host, op, deleting=False):
         """Send step ``op`` of move ``t`` to ``host``'s service.
 
         The caller holds the volume's lock: a move recorded by release
         1.1.0 gets its secret here, before the other node needs it.
+        ``deleting``: a retire sent by a delete (peer.DELETING).
         """
         self.store.ensure_secret(ctxt, t)
-        self.peer.request(ctxt, volume, host, op, t.secret)
+        self.peer.request(ctxt, volume, host, op, t.secret,
+                          deleting=deleting)
 
     def authenticate(self, volume, step, ops=peer.OPS):
         """The move a node-to-node step belongs to, or StepRefused.

@@ -1774,22 +1774,28 @@ class Source(side.Side):
         self.drop_and_forget_export(volume, connector)
         self.end_part(volume['id'], t)
 
-    def retire(self, volume, connector, t=None):
+    def retire(self, volume, connector, t=None, deleting=False):
         """The volume has left with move ``t``: drop its export, handle, LV.
 
         Never while this node's own mark names another move whose data is
         still here (MoveContradicted): the copy here may be what that
-        move reads.
+        move reads.  Unless the volume is being deleted (``deleting``:
+        peer.Endpoint.deleting): then no move is to survive, and this
+        node's mark goes whatever move it names.
         """
         if self.lives_here(volume):
             raise exception.VolumeBackendAPIException(
                 data=_('Refusing to retire volume %s: its record still '
                        'names this node.') % volume['id'])
-        self.refuse_if_contradicted(volume['id'], t,
-                                    'retiring the copy here')
+        if not deleting:
+            self.refuse_if_contradicted(volume['id'], t,
+                                        'retiring the copy here')
         self.drop_export(volume, connector)
         self.dm.remove(layout.handle_name(self.volume_group, volume['name']))
         self.wiper.discard(volume['name'])
-        self.end_part(volume['id'], t)
+        if deleting:
+            self.end_every_part(volume['id'])
+        else:
+            self.end_part(volume['id'], t)
         LOG.info('Old copy of volume %s removed from this node.',
                  volume['id'])

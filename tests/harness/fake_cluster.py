@@ -502,6 +502,7 @@ class Node(object):
         self.dm.remove(HANDLE)
         if LV in self.vg.lvs:
             self.vg.delete(LV)
+        self.source.end_every_part(volume['id'])
 
 
 class FakeLock(object):
@@ -904,9 +905,19 @@ class Cluster(object):
             rec['status'] = 'available'
 
     def delete(self):
-        """The user deletes the volume (Cinder routes it to its host)."""
+        """The user deletes the volume (Cinder routes it to its host).
+
+        As Cinder's API and volume manager: the volume is ``deleting``
+        while its node deletes it, ``error_deleting`` if that fails.
+        """
         owner = self.owner()
-        self.call(owner, owner.delete_volume, self.volume())
+        rec = self.db.volumes[self.volume_id]
+        rec['status'] = 'deleting'
+        try:
+            self.call(owner, owner.delete_volume, self.volume())
+        except Exception:
+            rec['status'] = 'error_deleting'
+            raise
         self.deleted = True
 
     def tick(self, node):

@@ -21,8 +21,6 @@ never wiped, or a move unable to read its source.  They are the
 reviewer's, not fixes.
 """
 
-import unittest
-
 import oslo_messaging
 
 from cinder import exception
@@ -109,7 +107,10 @@ class StaleSaveBeforeTheCommitTestCase(test_stale_first_move.SecondMoveMixin,
     # to node-b.  Before R18-2 (1e04934) the same delete succeeded and
     # node-a's LV was wiped.  Neither mark here protects data: node-a's
     # clone was never handed to an instance (move 2 never committed).
-    @unittest.expectedFailure
+    # Fixed: node-b's delete tells node-a it is a delete (peer.DELETING);
+    # node-a then removes, wiped, what its mark names too
+    # (Destination.drop_for_delete) and retires its copy whatever its
+    # mark says (Source.retire).
     def test_the_volume_can_be_deleted(self):
         self.stale_save_before_the_commit()
         wiped_on_a = list(self.a.wiped)

@@ -125,6 +125,21 @@ class SecondMoveMixin(test_rewound_move.RewindMixin):
         return any(p not in before and '/%s-dmcwipe-' % LV in p
                    for p in node.wiped)
 
+    def assert_deleted_and_wiped(self, by_the_driver_on_b=False):
+        """Every copy gone, wiped on both nodes; no mark left.
+
+        ``by_the_driver_on_b``: no move was recorded, so node-b's LV went
+        by the driver's own delete (Cinder's volume_clear, which the
+        harness does not model), not by the wiper.
+        """
+        self.c.assert_deleted()
+        if not by_the_driver_on_b:
+            self.assertTrue(self.wiped_here_since(self.b, self.wiped_before),
+                            self.b.wiped)
+        self.assertTrue(self.wiped_here_since(self.a, self.wiped_on_a),
+                        self.a.wiped)
+        self.assert_no_part_marks()
+
     def warnings(self):
         return ' '.join(str(c) for c in self.log.warning.call_args_list)
 
@@ -580,7 +595,13 @@ class UncommittedSetBackTestCase(SecondMoveMixin,
 
     node-b gives move 2 up: node-a takes its abort by its own mark's
     secret and drops the clone it built (never handed to an instance);
+    a delete of the volume, in any window, removes every copy, wiped.
     """
+
+    def delete(self):
+        self.remember_wiped()
+        self.c.delete()
+        self.c.settle()
 
     def test_the_abort_is_taken_by_the_marks_secret(self):
         self.set_back_before_the_commit()
@@ -634,10 +655,45 @@ class UncommittedSetBackTestCase(SecondMoveMixin,
                           self.send_abort, first)
         self.assert_a_keeps_move_2()
 
+    def test_delete_with_the_abort_lost(self):
+        self.set_back_before_the_commit(abort_reaches_a=False)
+        self.delete()
+        self.assert_deleted_and_wiped()
+
+    def test_delete_after_the_abort(self):
+        self.set_back_before_the_commit()
+        self.delete()
+        self.assert_deleted_and_wiped()
+
+    def test_delete_after_the_abort_without_any_record(self):
+        self.set_back_before_the_commit(no_move=True)
+        self.delete()
+        self.assert_deleted_and_wiped(by_the_driver_on_b=True)
+
+    def test_delete_with_a_mark_left_on_the_owner(self):
+        # node-b's mark of move 2 (source) outlived its give-up.
+        remove = self.b.part_marks.remove
+        self.mock_object(self.b.part_marks, 'remove',
+                         side_effect=[OSError('read-only file system'),
+                                      remove, remove, remove])
+        self.set_back_before_the_commit(abort_reaches_a=False)
+        self.assertIn('"source"', self.b.part_marks.read(VOLUME_ID))
+        self.mock_object(self.b.part_marks, 'remove', side_effect=remove)
+        self.delete()
+        self.assert_deleted_and_wiped()
+
+    def test_delete_after_an_hour_with_the_abort_lost(self):
+        self.set_back_before_the_commit(abort_reaches_a=False)
+        self.c.now += 3600
+        self.c.settle()
+        self.assertIn(LV, self.b.vg.lvs)
+        self.delete()
+        self.assert_deleted_and_wiped()
+
 
 class CommittedSetBackDeleteTestCase(SecondMoveMixin,
                                      test_two_nodes.ClusterTestCase):
-    """A committed move 2 whose record a stale save replaced."""
+    """A delete of a committed move 2 whose record a stale save replaced."""
 
     def test_an_abort_of_the_committed_move_is_refused(self):
         self.set_back()
@@ -649,3 +705,25 @@ class CommittedSetBackDeleteTestCase(SecondMoveMixin,
                                         'secret': self.second_secret}))
         self.assertIn('committed', str(exc))
         self.assert_both_copies_kept()
+
+    def delete_and_check(self):
+        self.remember_wiped()
+        self.wiped_on_a = list(self.a.wiped)
+        self.c.attachments[:] = []
+        self.c.delete()
+        self.c.settle()
+        self.assert_deleted_and_wiped()
+
+    def test_by_move_1s_record(self):
+        self.set_back()
+        self.delete_and_check()
+
+    def test_without_any_record(self):
+        NoMoveSavedTestCase.set_back(self)
+        self.delete_and_check()
+
+    def test_without_any_record_after_the_source_rebooted(self):
+        NoMoveSavedTestCase.set_back(self)
+        self.b.reboot()
+        self.b.recover()
+        self.delete_and_check()
