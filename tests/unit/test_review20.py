@@ -110,7 +110,6 @@ class MigrationRacingAnAttachFromItsDestinationTestCase(
     # one left.  An attachment in use that names no initiator yet
     # (attachments.unnamed) could keep the ACL, as _drop_unclaimed_acls
     # does.
-    @unittest.expectedFailure
     def test_a_racing_attach_from_the_destination_keeps_its_acl(self):
         self.race(connector_saved_before_the_drop=False)
         self.assertIn(IQN, self.a.target.exports)
