@@ -235,3 +235,34 @@ class DestinationDetachDroppedTestCase(
         self.c.settle()
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+
+    # The operator's way out of F2 and F3 (doc/source/operations.rst, "A
+    # live migration fails"): the move stays cloned, and a restart of the
+    # destination's volume service rolls it back, since its start finds
+    # the source's attachment and none of its own.
+    def restart_b(self):
+        self.b.restart()
+        self.b.recover()
+        self.c.settle()
+
+    def test_a_restart_of_the_destination_ends_a_dropped_detach(self):
+        self.detach_b_while_preparing(lands_before_the_check=False)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.restart_b()
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertNotIn(fake_cluster.LV, self.b.vg.lvs)
+        self.assertIn(fake_cluster.LV, self.a.vg.lvs)
+
+    def test_a_restart_of_the_destination_ends_a_failed_pass_on(self):
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[fake_cluster.HANDLE] = 1   # the instance runs
+        self.b.vg_unlisted = True
+        self.detach_on_a(dst)
+        self.b.vg_unlisted = False
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.restart_b()
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertNotIn(fake_cluster.LV, self.b.vg.lvs)
+        self.assertIn(fake_cluster.LV, self.a.vg.lvs)
