@@ -622,16 +622,41 @@ class Clones(object):
         or gives up a copy on an LV's absence reads it here.  A group
         that cannot be listed raises LVMUnlisted.
         """
-        names = {}
-        for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name}):
-            try:
-                names[vg] = privileged.vg_lv_names(
-                    vg, execute=self._execute, root_helper=self._root_helper)
-            except Exception as exc:
-                raise dmc_exception.LVMUnlisted(vg=vg, reason=exc) from exc
-        return (t.lv_name in names[self.vg.vg_name],
-                layout.metadata_lv_name(t.lv_name)
+        return self.listed_lv(t.lv_name)
+
+    def listed_lv(self, lv_name):
+        """:meth:`listed` of the data LV ``lv_name`` and its metadata LV.
+
+        (For an LV named otherwise than a move's: an old copy named
+        after the volume when it was abandoned.)
+        """
+        names = {vg: self._lv_names(vg)
+                 for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name})}
+        return (lv_name in names[self.vg.vg_name],
+                layout.metadata_lv_name(lv_name)
                 in names[self.meta_vg.vg_name])
+
+    def metadata_listed(self, lv_name):
+        """True if LVM lists the metadata LV of data LV ``lv_name`` here.
+
+        The metadata group's own listing (see :meth:`listed`): what
+        tells a partly copied LV, which only its clone may serve, from
+        a whole one.  LVMUnlisted if LVM cannot list that group.
+        """
+        return layout.metadata_lv_name(lv_name) in self._lv_names(
+            self.meta_vg.vg_name)
+
+    def _lv_names(self, vg):
+        """The LVs of group ``vg`` as LVM lists them.
+
+        LVMUnlisted if it cannot (privileged.vg_lv_names raises rather
+        than answer none).
+        """
+        try:
+            return privileged.vg_lv_names(
+                vg, execute=self._execute, root_helper=self._root_helper)
+        except Exception as exc:
+            raise dmc_exception.LVMUnlisted(vg=vg, reason=exc) from exc
 
     def loaded(self, t):
         """True if the handle of ``t`` is loaded (a clone or linear)."""

@@ -48,6 +48,10 @@ MIB = 1024 ** 2
 
 class ClonesTestCase(test.TestCase):
 
+    #: What ``lvs`` of a group answers (an error is raised); None: the
+    #: LVs the fake group holds.
+    lvs_report = None
+
     def setUp(self):
         super().setUp()
         self.dm = fakes.FakeDMSetup()
@@ -69,6 +73,9 @@ class ClonesTestCase(test.TestCase):
         if cmd[:3] == privileged.ENV_PREFIX + ('lvs',):
             if isinstance(self.lvs_report, Exception):
                 raise self.lvs_report
+            if self.lvs_report is None:
+                group = {VG: self.vg, META_VG: self.meta_vg}[cmd[-1]]
+                return self.lvs_of(*group.lvs), ''
             return self.lvs_report, ''
         return '', ''
 
@@ -756,6 +763,29 @@ class ClonesTestCase(test.TestCase):
         self.assertEqual((False, False), self.node.listed(self.t))
         self.lvs_by_group(**{VG: [LV]})
         self.assertEqual((True, False), self.node.listed(self.t))
+
+    def test_listed_lv_names_any_lv(self):
+        # (An old copy named after the volume when it was abandoned.)
+        self.lvs_by_group(**{VG: ['volume-old'],
+                             META_VG: ['volume-old-dmcmeta']})
+        self.assertEqual((True, True), self.node.listed_lv('volume-old'))
+        self.assertEqual((False, False), self.node.listed_lv(LV))
+
+    def test_metadata_listed_reads_the_metadata_group_alone(self):
+        self.lvs_by_group(**{VG: [META], META_VG: [META]})
+        self.assertTrue(self.node.metadata_listed(LV))
+        self.lvs_by_group(**{VG: [META]})
+        self.assertFalse(self.node.metadata_listed(LV))
+        groups = {c[0][-1] for c in self.execute.call_args_list
+                  if c[0][2] == 'lvs'}
+        self.assertEqual({META_VG}, groups)
+
+    def test_metadata_listed_raises_when_lvm_cannot_list(self):
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % META_VG)
+        exc = self.assertRaises(dmc_exception.LVMUnlisted,
+                                self.node.metadata_listed, LV)
+        self.assertIn(META_VG, str(exc))
 
     def test_listed_never_reads_brick(self):
         # (Brick's lookup reads a group not found as "no such LV".)
