@@ -720,9 +720,16 @@ class Clones(object):
         its own (the driver's guard), so a crash in between never exposes
         it.  With ``keep_data`` the data LV stays: it is not the
         transfer's (see Destination.tear_down).
+
+        Whether the data LV is here is LVM's own listing (:meth:`listed`),
+        read before anything is removed: on a group LVM cannot list,
+        LVMUnlisted with everything as it was.  (Brick's lookup took
+        such a group for "no LVs": the clone and its session went, its
+        LVs stayed unwiped, and the caller went on to end the move.)
         """
+        data, _meta = self.listed(t)
         self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
-        if self.has_data(t) and not keep_data:
+        if data and not keep_data:
             self.discard(t.lv_name)
         self.remove_metadata(t)

@@ -20,6 +20,7 @@ delete, an extend or a retype of a volume moving here act on its clone.
 """
 
 import collections
+import contextlib
 import time
 
 from oslo_log import log as logging
@@ -238,6 +239,23 @@ class Destination(side.Side):
                   'hand first.',
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
         raise exc
+
+    @contextlib.contextmanager
+    def refused_while_unlisted(self, volume, step):
+        """Refuse ``step`` on ``volume`` if LVM cannot list a group here.
+
+        The block reads which LVs are here from LVM's own listing and
+        raises LVMUnlisted before it changes anything: that becomes
+        StepUnlisted, which says what was refused and what to do (an
+        error the caller may retry once LVM lists the group).
+        """
+        try:
+            yield
+        except dmc_exception.LVMUnlisted as exc:
+            refused = dmc_exception.StepUnlisted.of(
+                exc, volume['id'], self.node_name, step)
+            LOG.error('%s', refused.msg)
+            raise refused from exc
 
     def tear_down(self, volume, t, keep_data=False, deleted_here=False):
         """Remove what move ``t`` built here; never an old copy.
@@ -1783,11 +1801,14 @@ class Destination(side.Side):
                 self.refuse_delete_unless_here(volume)
                 return False
             # (A move recorded preparing whose record names this node was
-            # set back after its commit: what is here is the volume.)
-            self.tear_down(volume, t, deleted_here=(
-                t.state == move.PREPARING
-                and self.named_here_while_preparing(
-                    objects.Volume.get_by_id(ctxt, volume['id']), t)))
+            # set back after its commit: what is here is the volume.  A
+            # group LVM cannot list: nothing removed here, the source
+            # keeps its copy, the move stays; the delete fails.)
+            with self.refused_while_unlisted(volume, _('its delete')):
+                self.tear_down(volume, t, deleted_here=(
+                    t.state == move.PREPARING
+                    and self.named_here_while_preparing(
+                        objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
                 self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
             except Exception:

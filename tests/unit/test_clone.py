@@ -877,6 +877,27 @@ class ClonesTestCase(test.TestCase):
         self.dm.remove(HANDLE)
         self.assertTrue(self.node.written(self.t))
 
+    def test_tear_down_on_an_unlisted_group_touches_nothing(self):
+        # (Brick's lookup read the group as empty: the clone and its
+        # session went, its LVs stayed, unwiped.)
+        self._build()
+        self.node.discard = mock.Mock()
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.tear_down, self.t, None)
+        self.assertIn(HANDLE, self.dm.devices)
+        self.assertNotEqual({}, self.connector.sessions)
+        self.assertEqual([LV], list(self.vg.lvs))
+        self.assertEqual([META], list(self.meta_vg.lvs))
+        self.node.discard.assert_not_called()
+        # Listed again: torn down as ever.
+        self.lvs_report = None
+        self.node.tear_down(self.t, None)
+        self.node.discard.assert_called_once_with(LV)
+        self.assertEqual({}, self.dm.devices)
+        self.assertEqual({}, self.meta_vg.lvs)
+
     def test_tear_down_is_idempotent(self):
         self.node.tear_down(self.t, None)
         self._build()

@@ -24,10 +24,12 @@ import contextlib
 
 from cinder import exception
 
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import META
+from tests.harness.fake_cluster import VG
 from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_lost_source
 from tests.unit import test_review17
@@ -173,3 +175,64 @@ class UnlistedAbandonTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual([], h.zeroed)
         # (Run again once LVM lists the group: abandoned as it should.)
         h.assert_abandoned(h.run())
+
+
+class UnlistedDeleteTestCase(test_two_nodes.ClusterTestCase):
+    """A delete of a volume moving here, while LVM cannot list the group.
+
+    Its teardown here would remove and wipe nothing (brick's "no LV"),
+    then the source retire its copy and the move be cleared: the LVs
+    here left unwiped, described by nothing.  The delete fails instead,
+    nothing changed on either node, and a retry once LVM lists the
+    group deletes the volume as ever.
+    """
+
+    def migrated(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    def assert_nothing_changed(self):
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertIn(LV, self.b.vg.lvs)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertEqual('clone', self.b.dm.devices[HANDLE][0].target)
+        self.assertNotEqual({}, self.b.connector.sessions)
+        self.assertEqual([], self.a.wiped)
+        self.assertEqual([], self.b.wiped)
+        self.assertNotIn('retire', self.ops())
+
+    def assert_deleted(self):
+        self.assertEqual([], self.c.violations)
+        self.c.assert_no_transfer()
+        for node in (self.a, self.b):
+            self.assertEqual({}, node.vg.lvs)
+            # (Renamed first, then wiped: Wiper.discard.)
+            self.assertEqual(1, len(node.wiped))
+
+    def test_refused_with_nothing_changed(self):
+        self.migrated()
+        with unlisted(self.b):
+            exc = self.assertRaises(dmc_exception.StepUnlisted,
+                                    self.b.destination.delete, self.volume())
+        for text in ('Volume %s: its delete is refused on node node-b'
+                     % VOLUME_ID, 'cannot list volume group %s' % VG,
+                     'nothing was changed', "'vgs %s' on node-b" % VG,
+                     'try again'):
+            self.assertIn(text, str(exc))
+        self.assert_nothing_changed()
+
+    def test_deleted_on_a_retry_once_lvm_lists_the_group(self):
+        self.migrated()
+        with unlisted(self.b):
+            self.assertRaises(exception.VolumeBackendAPIException,
+                              self.c.delete)
+        self.assert_nothing_changed()
+        self.c.delete()
+        self.assert_deleted()
+
+    def test_control_a_listed_group_deletes_at_once(self):
+        self.migrated()
+        self.c.delete()
+        self.assert_deleted()

@@ -223,7 +223,6 @@ class UnlistedEndTestCase(test_two_nodes.ClusterTestCase):
     # the tenant's data LV and the clone's metadata LV, described by
     # nothing, never wiped (a start only reports them).  With LVM's own
     # listing the delete would fail (retried) instead.
-    @unittest.expectedFailure
     def test_a_delete_on_an_unlisted_group_leaves_the_lv_unwiped(self):
         self.migrated()
         try:
