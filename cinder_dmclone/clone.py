@@ -708,9 +708,16 @@ class Clones(object):
             self.has_metadata(t)
 
     def remove_metadata(self, t):
-        meta_name = layout.metadata_lv_name(t.lv_name)
-        if self.meta_vg.get_volume(meta_name) is not None:
-            self.meta_vg.delete(meta_name)
+        """Remove the metadata LV of ``t`` if LVM lists it here.
+
+        LVM's own listing (:meth:`metadata_listed`): on a group it cannot
+        list, LVMUnlisted, nothing done.  (Brick's lookup took such a
+        group for "no metadata LV": a finalization went on to retire the
+        source and clear the move, and the metadata LV left made the
+        driver refuse the whole LV for good.)
+        """
+        if self.metadata_listed(t.lv_name):
+            self.meta_vg.delete(layout.metadata_lv_name(t.lv_name))
 
     def tear_down(self, t, provider_auth, keep_data=False):
         """Remove everything the transfer built here (a rollback).

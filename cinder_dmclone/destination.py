@@ -1948,6 +1948,14 @@ class Destination(side.Side):
         except exception.VolumeNotFound:
             # Deleted meanwhile (its delete held the lock): nothing to do.
             self.pending_finalize.discard(volume_id)
+        except dmc_exception.LVMUnlisted as exc:
+            # (Its metadata LV neither seen gone nor removed: the source
+            # is not retired, the move not ended.)
+            self.pending_finalize.add(volume_id)
+            LOG.warning('Volume %(vol)s: its move waits to be finalized '
+                        'until LVM lists the volume groups here again '
+                        '(%(why)s); tried again after each monitor tick.',
+                        {'vol': volume_id, 'why': exc.msg})
         except Exception:
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '

@@ -898,6 +898,18 @@ class ClonesTestCase(test.TestCase):
         self.assertEqual({}, self.dm.devices)
         self.assertEqual({}, self.meta_vg.lvs)
 
+    def test_remove_metadata_on_an_unlisted_group_removes_nothing(self):
+        # (A finalization then waits: the source is not retired.)
+        self._build()
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % META_VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.remove_metadata, self.t)
+        self.assertEqual([META], list(self.meta_vg.lvs))
+        self.lvs_report = None
+        self.node.remove_metadata(self.t)
+        self.assertEqual({}, self.meta_vg.lvs)
+
     def test_tear_down_is_idempotent(self):
         self.node.tear_down(self.t, None)
         self._build()

@@ -236,3 +236,44 @@ class UnlistedDeleteTestCase(test_two_nodes.ClusterTestCase):
         self.migrated()
         self.c.delete()
         self.assert_deleted()
+
+
+class UnlistedFinalizationTestCase(test_two_nodes.ClusterTestCase):
+    """A clone fully hydrated here while LVM cannot list the group.
+
+    Its metadata LV is neither seen gone nor removed: the finalization
+    waits, the source is not retired and the move not ended (before: it
+    ended with the metadata LV left, and the driver refused the whole
+    LV for good).  The next monitor tick once LVM lists the group
+    finishes it.
+    """
+
+    def hydrated_unlisted(self):
+        self.assertTrue(self.c.migrate(self.b))
+        with unlisted(self.b):
+            self.c.settle()
+
+    def test_waits_with_the_source_kept(self):
+        self.hydrated_unlisted()
+        self.assertEqual([], self.c.violations)
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.assertEqual([], self.a.wiped)
+        self.assertNotIn('retire', self.ops())
+        self.assertIn(VOLUME_ID, self.b.destination.pending_finalize)
+        self.assertIn('waits to be finalized until LVM lists the volume '
+                      'groups here again', str(self.log.warning.mock_calls))
+        self.assertIn('cannot list volume group %s' % VG,
+                      str(self.log.warning.mock_calls))
+
+    def test_finished_at_the_next_tick_once_lvm_lists_the_group(self):
+        self.hydrated_unlisted()
+        self.c.tick(self.b)
+        self.c.assert_completed()
+        self.assertNotIn(META, self.b.vg.lvs)
+
+    def test_control_a_listed_group_finishes_at_once(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.c.tick(self.b)
+        self.c.assert_completed()
