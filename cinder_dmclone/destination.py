@@ -175,9 +175,13 @@ class Destination(side.Side):
         lost (:mod:`cinder_dmclone.lost_source`), whatever the loss
         record says now (a later abandon elsewhere replaces it).  It may
         hold the only copy of some regions: nothing but an operator may
-        remove it.  Read from LVM alone.
+        remove it.  Read from LVM's own listing alone (Clones.listed):
+        brick's lookup takes a volume group not found (a PV scanned late
+        after a reboot) for no LV, and a decision to wipe would rest on
+        that; a group LVM cannot list raises LVMUnlisted.
         """
-        return self.clones.has_data(t) and not self.clones.has_metadata(t)
+        data, meta = self.clones.listed(t)
+        return data and not meta
 
     def kept_copy(self, volume, t):
         """True if move ``t``'s data LV here is an old copy kept by a rollback.
@@ -204,11 +208,9 @@ class Destination(side.Side):
         lv = loss.get('lost_source_lv')
         if loss.get('lost_source') not in self.node_names or not lv:
             return None
-        if self.clones.vg.get_volume(lv) is None or \
-                self.clones.meta_vg.get_volume(
-                    layout.metadata_lv_name(lv)) is not None:
-            return None
-        return lv
+        # (LVM's own listing, as old_copy; LVMUnlisted if it cannot.)
+        data, meta = self.clones.listed_lv(lv)
+        return lv if data and not meta else None
 
     def refuse_if_lost_copy(self, volume, t):
         """Refuse a move here while this node holds an old copy.
@@ -217,11 +219,16 @@ class Destination(side.Side):
         step tears down what an earlier attempt left, which would wipe
         the old copy (see :meth:`old_copy`).  LostCopyHere names it and
         says what to do; StrayCopyHere when the loss record no longer
-        names this node.
+        names this node.  Which LVs are here is LVM's own listing: while
+        it cannot list a group here, whether an old copy is here cannot
+        be told, and the move is refused (StepUnlisted), nothing touched.
         """
         loss = self.store.loss(self.ctxt(), volume['id'])
-        lv = self._recorded_lost_copy(loss)
-        if lv is None and self.old_copy(t):
+        with self.refused_while_unlisted(
+                volume, _('its move here from %s') % t.source_node):
+            lv = self._recorded_lost_copy(loss)
+            stray = lv is None and self.old_copy(t)
+        if stray:
             lv = t.lv_name
             exc = dmc_exception.StrayCopyHere(
                 volume=volume['id'], node=self.node_name, lv=lv,

@@ -26,6 +26,7 @@ from cinder import exception
 
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
+from tests.harness import fake_cluster
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import META
@@ -277,3 +278,105 @@ class UnlistedFinalizationTestCase(test_two_nodes.ClusterTestCase):
         self.assertTrue(self.c.migrate(self.b))
         self.c.tick(self.b)
         self.c.assert_completed()
+
+
+class UnlistedPrepareTestCase(test_two_nodes.ClusterTestCase):
+    """A move here while LVM cannot list the group: refused, then taken.
+
+    Whether this node holds an old copy of the volume (which the
+    build's first teardown would wipe) cannot be told.
+    """
+
+    def test_refused_with_nothing_touched(self):
+        with unlisted(self.b):
+            exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                    self.c.attach, self.b)
+        for text in ('Volume %s: its move here from node-a is refused on '
+                     'node node-b' % VOLUME_ID,
+                     'cannot list volume group %s' % VG,
+                     'nothing was changed'):
+            self.assertIn(text, str(exc))
+        self.assertEqual([], self.c.violations)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual({}, self.b.dm.devices)
+        self.assertEqual({}, self.b.connector.sessions)
+        self.assertEqual(self.a.host, self.host())
+
+    def test_taken_on_a_retry_once_lvm_lists_the_group(self):
+        with unlisted(self.b):
+            self.assertRaises(exception.VolumeBackendAPIException,
+                              self.c.attach, self.b)
+        self.c.settle()
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def test_control_a_listed_group_takes_it_at_once(self):
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
+
+    def host(self):
+        return self.c.db.volumes[VOLUME_ID]['host']
+
+
+class UnlistedOldCopyTestCase(test_lost_source.LostCopyScenario):
+    """Node A, back after an abandon, holds the volume's old copy.
+
+    A move back to node A while LVM cannot list its group is refused
+    without a word on the copy (it cannot be seen); once LVM lists the
+    group, the move is refused for the copy (LostCopyHere), which is
+    never wiped.
+    """
+
+    def test_refused_while_unlisted_then_for_the_old_copy(self):
+        h = self.h
+        with unlisted(h.a):
+            exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                    h.c.attach, h.a)
+        self.assertIn('its move here from node-b is refused on node '
+                      'node-a', str(exc))
+        self.assertEqual([LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.assertEqual({}, h.a.dm.devices)
+        h.c.settle()
+        self.assertEqual([LV], list(h.a.vg.lvs))
+        self.assert_refused(self.assertRaises(
+            exception.VolumeBackendAPIException, h.c.attach, h.a))
+
+    def listed_again_at_the_teardown(self, node):
+        """LVM lists ``node``'s group again as Clones.tear_down starts."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(unlisted(node))
+        tear_down = node.dest.tear_down
+        self.lvm_back = stack.close
+
+        def listed_then_tear_down(*args, **kwargs):
+            stack.close()
+            return tear_down(*args, **kwargs)
+        self.mock_object(node.dest, 'tear_down',
+                         side_effect=listed_then_tear_down)
+        self.addCleanup(stack.close)
+
+    def test_the_keep_decision_is_never_made_unlisted(self):
+        # The teardown of what a move to node A built (an abort, the
+        # build's first step) keeps a data LV with no metadata LV beside
+        # it: an old copy.  On a group LVM cannot list it decides
+        # nothing (before: "no LV", so nothing to keep; LVM listed the
+        # group again as Clones.tear_down ran, which wiped the copy).
+        h = self.h
+        self.listed_again_at_the_teardown(h.a)
+        t = move.Move(
+            volume_id=VOLUME_ID, lv_name=LV, state=move.ABORTED,
+            source_host=h.b.host, dest_host=h.a.host, source_node='node-b',
+            dest_node='node-a', region_sectors=fake_cluster.REGION,
+            clone_sectors=fake_cluster.SECTORS,
+            target_portal='10.0.0.2:3260', target_iqn='iqn.old')
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          h.a.destination.tear_down, h.c.volume(), t)
+        self.assertEqual([LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        self.lvm_back()
+        h.a.destination.tear_down(h.c.volume(), t)
+        self.assertEqual([LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)

@@ -114,7 +114,6 @@ class OldCopyMissedAtPrepareTestCase(test_lost_source.LostCopyScenario):
     # zeroed them on node B; node A's LV was their only copy, "never
     # removed automatically").  With LVM's own listing
     # (Clones.listed -> LVMUnlisted) the prepare would be refused.
-    @unittest.expectedFailure
     def test_a_transient_miss_at_the_prepare_wipes_the_old_copy(self):
         h = self.h
         self.miss_until_the_teardown()
