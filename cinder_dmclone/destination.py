@@ -264,6 +264,18 @@ class Destination(side.Side):
             LOG.error('%s', refused.msg)
             raise refused from exc
 
+    def metadata_here(self, volume):
+        """True if LVM lists a metadata LV of ``volume``'s LV here.
+
+        (A clone's: its data LV may hold only the regions copied so far.)
+        LVM's own listing of the metadata group: while LVM cannot list
+        it, whether the LV is partly copied cannot be told, and mapping
+        it alone is refused (StepUnlisted, naming the group).
+        """
+        with self.refused_while_unlisted(
+                volume, _('mapping its LV %s alone') % volume['name']):
+            return self.clones.metadata_listed(volume['name'])
+
     def tear_down(self, volume, t, keep_data=False, deleted_here=False):
         """Remove what move ``t`` built here; never an old copy.
 

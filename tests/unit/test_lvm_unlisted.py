@@ -21,9 +21,11 @@ as it is, and taken up again once LVM lists the group.
 """
 
 import contextlib
+from unittest import mock
 
 from cinder import exception
 
+from cinder_dmclone import driver as dmc_driver
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import move
 from tests.harness import fake_cluster
@@ -380,3 +382,66 @@ class UnlistedOldCopyTestCase(test_lost_source.LostCopyScenario):
         h.a.destination.tear_down(h.c.volume(), t)
         self.assertEqual([LV], list(h.a.vg.lvs))
         self.assertEqual([], h.a.wiped)
+
+
+def refuse_linear_over_clone(node, volume):
+    """DMCloneVolumeDriver._refuse_linear_over_clone of ``volume`` here.
+
+    (What each mapping of a linear handle checks first: Cinder's
+    ensure_export at a start, a local attach.)
+    """
+    drv = mock.Mock(destination=node.destination, vg=node.vg)
+    drv.moves.recovery.pending_rebuild = node.moves.recovery.pending_rebuild
+    dmc_driver.DMCloneVolumeDriver._refuse_linear_over_clone(drv, volume)
+
+
+class UnlistedHandleTestCase(test_two_nodes.ClusterTestCase):
+    """No LV mapped alone while whether it is whole cannot be told."""
+
+    def test_refused_while_the_metadata_group_is_unlisted(self):
+        self.a.reboot()
+        with unlisted(self.a):
+            exc = self.assertRaises(dmc_exception.StepUnlisted,
+                                    refuse_linear_over_clone, self.a,
+                                    self.volume())
+        for text in ('Volume %s: mapping its LV %s alone is refused on '
+                     'node node-a' % (VOLUME_ID, LV),
+                     'cannot list volume group %s' % VG,
+                     "'vgs %s' on node-a" % VG):
+            self.assertIn(text, str(exc))
+        # Listed again: mapped.
+        refuse_linear_over_clone(self.a, self.volume())
+
+    def test_control_a_listed_group_maps_it(self):
+        self.a.reboot()
+        refuse_linear_over_clone(self.a, self.volume())
+
+    def test_control_a_listed_metadata_lv_refuses(self):
+        # (One no record describes: LVM's listing alone refuses.)
+        self.a.reboot()
+        self.a.vg.add(META, '8m')
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                refuse_linear_over_clone, self.a,
+                                self.volume())
+        self.assertIn('being hydrated by a transfer', str(exc))
+
+
+class AbandonCutShortHandleTestCase(test_two_nodes.ClusterTestCase):
+    """A move in ``source_lost``: refused by its record alone."""
+
+    def test_refused_until_the_abandon_is_run_again(self):
+        h = test_lost_source.Harness(self, hydrated=range(50), reboot=True)
+        h.lose_a()
+        h.crash_in = 'probe'
+        self.assertRaises(fake_cluster.Crash, h.run)
+        h.c.restart(h.b)
+        # (Its metadata LV read as gone, or its group unlisted: the
+        # record alone refuses, and says what to do.)
+        self.mock_object(h.b.destination, 'metadata_here',
+                         return_value=False)
+        exc = self.assertRaises(exception.VolumeBackendAPIException,
+                                refuse_linear_over_clone, h.b, h.c.volume())
+        self.assertIn('run "cinder-dmclone move abandon-source %s" on this '
+                      'node again' % VOLUME_ID, str(exc))
+        h.assert_abandoned(h.run())
+        refuse_linear_over_clone(h.b, h.c.volume())
