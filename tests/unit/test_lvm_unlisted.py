@@ -346,12 +346,25 @@ class UnlistedOldCopyTestCase(test_lost_source.LostCopyScenario):
         self.assert_refused(self.assertRaises(
             exception.VolumeBackendAPIException, h.c.attach, h.a))
 
+
+class UnlistedKeepTestCase(test_two_nodes.ClusterTestCase):
+    """A teardown here keeps an old copy; never decided unlisted.
+
+    The teardown of what a move to this node built (an abort, the
+    build's first step) keeps a data LV with no metadata LV beside it:
+    an old copy of the volume, which no move built.  Before: on a group
+    LVM could not list that read "no LV", so nothing to keep; LVM
+    listed the group again as Clones.tear_down ran, which wiped it.
+    """
+
     def listed_again_at_the_teardown(self, node):
-        """LVM lists ``node``'s group again as Clones.tear_down starts."""
+        """LVM lists ``node``'s group again as Clones.tear_down starts.
+
+        Returns what ends the miss before that.
+        """
         stack = contextlib.ExitStack()
         stack.enter_context(unlisted(node))
         tear_down = node.dest.tear_down
-        self.lvm_back = stack.close
 
         def listed_then_tear_down(*args, **kwargs):
             stack.close()
@@ -359,29 +372,28 @@ class UnlistedOldCopyTestCase(test_lost_source.LostCopyScenario):
         self.mock_object(node.dest, 'tear_down',
                          side_effect=listed_then_tear_down)
         self.addCleanup(stack.close)
+        return stack.close
 
     def test_the_keep_decision_is_never_made_unlisted(self):
-        # The teardown of what a move to node A built (an abort, the
-        # build's first step) keeps a data LV with no metadata LV beside
-        # it: an old copy.  On a group LVM cannot list it decides
-        # nothing (before: "no LV", so nothing to keep; LVM listed the
-        # group again as Clones.tear_down ran, which wiped the copy).
-        h = self.h
-        self.listed_again_at_the_teardown(h.a)
-        t = move.Move(
-            volume_id=VOLUME_ID, lv_name=LV, state=move.ABORTED,
-            source_host=h.b.host, dest_host=h.a.host, source_node='node-b',
-            dest_node='node-a', region_sectors=fake_cluster.REGION,
-            clone_sectors=fake_cluster.SECTORS,
-            target_portal='10.0.0.2:3260', target_iqn='iqn.old')
+        t = self.saved(state=move.ABORTED)
+        self.b.vg.add(LV, '1g')             # an old copy, no metadata LV
+        lvm_back = self.listed_again_at_the_teardown(self.b)
         self.assertRaises(dmc_exception.LVMUnlisted,
-                          h.a.destination.tear_down, h.c.volume(), t)
-        self.assertEqual([LV], list(h.a.vg.lvs))
-        self.assertEqual([], h.a.wiped)
-        self.lvm_back()
-        h.a.destination.tear_down(h.c.volume(), t)
-        self.assertEqual([LV], list(h.a.vg.lvs))
-        self.assertEqual([], h.a.wiped)
+                          self.b.destination.tear_down, self.volume(), t)
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+        lvm_back()
+        self.b.destination.tear_down(self.volume(), t)
+        self.assertEqual([LV], list(self.b.vg.lvs))
+        self.assertEqual([], self.b.wiped)
+
+    def test_control_the_moves_own_lv_goes(self):
+        t = self.saved(state=move.ABORTED)
+        self.b.vg.add(LV, '1g')
+        self.b.vg.add(META, '8m')
+        self.b.destination.tear_down(self.volume(), t)
+        self.assertEqual({}, self.b.vg.lvs)
+        self.assertEqual(1, len(self.b.wiped))
 
 
 def refuse_linear_over_clone(node, volume):
