@@ -55,7 +55,7 @@ class RetireOnAnUnlistedSourceTestCase(test_two_nodes.ClusterTestCase):
     # names it, and any later move of the volume back to node-a is
     # refused (StrayCopyHere) until an operator finds it.  The retire
     # should read LVM's own listing and fail (the finalization retries).
-    @unittest.expectedFailure
+    # (Fixed: the Wiper reads LVM's own listing; see test_wiper.py.)
     def test_a_retire_on_an_unlisted_source_leaves_its_lv_unwiped(self):
         self.migrated()
         with unlisted(self.a):
