@@ -630,7 +630,7 @@ class Clones(object):
         (For an LV named otherwise than a move's: an old copy named
         after the volume when it was abandoned.)
         """
-        names = {vg: self._lv_names(vg)
+        names = {vg: self.lv_names(vg)
                  for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name})}
         return (lv_name in names[self.vg.vg_name],
                 layout.metadata_lv_name(lv_name)
@@ -643,10 +643,10 @@ class Clones(object):
         tells a partly copied LV, which only its clone may serve, from
         a whole one.  LVMUnlisted if LVM cannot list that group.
         """
-        return layout.metadata_lv_name(lv_name) in self._lv_names(
+        return layout.metadata_lv_name(lv_name) in self.lv_names(
             self.meta_vg.vg_name)
 
-    def _lv_names(self, vg):
+    def lv_names(self, vg):
         """The LVs of group ``vg`` as LVM lists them.
 
         LVMUnlisted if it cannot (privileged.vg_lv_names raises rather

@@ -372,8 +372,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if self._wiper is None:
             self._wiper = wiper.Wiper(
                 self.vg, self.dm,
-                wipe=self._wipe if self._needs_wipe() else None)
+                wipe=self._wipe if self._needs_wipe() else None,
+                lv_names=self._data_lv_names)
         return self._wiper
+
+    def _data_lv_names(self):
+        """The data group's LVs as LVM lists them (LVMUnlisted if not)."""
+        return self.moves.destination.clones.lv_names(self.vg.vg_name)
 
     def _needs_wipe(self):
         return (self.configuration.volume_clear != 'none'

@@ -15,6 +15,7 @@
 from unittest import mock
 
 import ddt
+from oslo_concurrency import processutils
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import exception
@@ -941,6 +942,21 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.lvs.clear()
         self._retire()
         self.vg.delete.assert_called_once_with(LV)
+
+    @mock.patch.object(volume_utils, 'brick_get_connector')
+    def test_retire_on_an_unlisted_group_fails_keeping_the_copy(self, _c):
+        # Brick's lookup says "no LV" for a volume group not found (a PV
+        # not scanned yet after a reboot): the retire must fail, so that
+        # the destination's finalization asks again, rather than succeed
+        # and leave the old copy here unwiped for good (review 22).
+        self._make_handle()
+        self.vg.get_volume.side_effect = lambda name: None
+        self.vg_lv_names.side_effect = processutils.ProcessExecutionError(
+            stderr='Volume group "%s" not found' % test_driver.VG)
+        self.assertRaises(dmc_exception.LVMUnlisted, self._retire)
+        self.vg.delete.assert_not_called()
+        self.vg.rename_volume.assert_not_called()
+        self.assertIn(LV, self.lvs)
 
     def test_retire_refused_while_the_record_names_this_node(self):
         self._make_handle()
