@@ -71,6 +71,22 @@ def hydration_tuning(volume_type, threshold, batch_size):
     return tuple(values)
 
 
+def _remove_mark(marks, volume_id, what_is_left):
+    """Remove the mark of ``volume_id`` in ``marks`` (None: none kept).
+
+    A failure is only logged, ``what_is_left`` saying why that is safe
+    (with ``%(dir)s``, the marks' directory): a mark names one move.
+    """
+    if marks is None:
+        return
+    try:
+        marks.remove(volume_id)
+    except Exception:
+        LOG.warning('Volume %(vol)s: ' + what_is_left,
+                    {'vol': volume_id, 'dir': marks.directory},
+                    exc_info=True)
+
+
 class Destination(side.Side):
     """Moves of volumes into this node.
 
@@ -503,16 +519,10 @@ class Destination(side.Side):
         it), and at worst pauses that move's hydration while the pool
         does not zero.
         """
-        if self.marks is None:
-            return
-        try:
-            self.marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its thin-mapped mark here '
-                        '(%(dir)s) could not be removed; it is inert for '
-                        'any later move of the volume.',
-                        {'vol': volume_id, 'dir': self.marks.directory},
-                        exc_info=True)
+        _remove_mark(self.marks, volume_id,
+                     'its thin-mapped mark here (%(dir)s) could not be '
+                     'removed; it is inert for any later move of the '
+                     'volume.')
 
     # -- end marks ---------------------------------------------------------
 
@@ -558,15 +568,9 @@ class Destination(side.Side):
         and no set-back record of a cleared move passes the other
         checks that go with it (:meth:`_emptied`, :meth:`_swapped`).
         """
-        if self.end_marks is None:
-            return
-        try:
-            self.end_marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) could '
-                        'not be removed; it names a move that is over.',
-                        {'vol': volume_id,
-                         'dir': self.end_marks.directory}, exc_info=True)
+        _remove_mark(self.end_marks, volume_id,
+                     'its end mark here (%(dir)s) could not be removed; it '
+                     'names a move that is over.')
 
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
