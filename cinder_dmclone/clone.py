@@ -622,16 +622,41 @@ class Clones(object):
         or gives up a copy on an LV's absence reads it here.  A group
         that cannot be listed raises LVMUnlisted.
         """
-        names = {}
-        for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name}):
-            try:
-                names[vg] = privileged.vg_lv_names(
-                    vg, execute=self._execute, root_helper=self._root_helper)
-            except Exception as exc:
-                raise dmc_exception.LVMUnlisted(vg=vg, reason=exc) from exc
-        return (t.lv_name in names[self.vg.vg_name],
-                layout.metadata_lv_name(t.lv_name)
+        return self.listed_lv(t.lv_name)
+
+    def listed_lv(self, lv_name):
+        """:meth:`listed` of the data LV ``lv_name`` and its metadata LV.
+
+        (For an LV named otherwise than a move's: an old copy named
+        after the volume when it was abandoned.)
+        """
+        names = {vg: self.lv_names(vg)
+                 for vg in sorted({self.vg.vg_name, self.meta_vg.vg_name})}
+        return (lv_name in names[self.vg.vg_name],
+                layout.metadata_lv_name(lv_name)
                 in names[self.meta_vg.vg_name])
+
+    def metadata_listed(self, lv_name):
+        """True if LVM lists the metadata LV of data LV ``lv_name`` here.
+
+        The metadata group's own listing (see :meth:`listed`): what
+        tells a partly copied LV, which only its clone may serve, from
+        a whole one.  LVMUnlisted if LVM cannot list that group.
+        """
+        return layout.metadata_lv_name(lv_name) in self.lv_names(
+            self.meta_vg.vg_name)
+
+    def lv_names(self, vg):
+        """The LVs of group ``vg`` as LVM lists them.
+
+        LVMUnlisted if it cannot (privileged.vg_lv_names raises rather
+        than answer none).
+        """
+        try:
+            return privileged.vg_lv_names(
+                vg, execute=self._execute, root_helper=self._root_helper)
+        except Exception as exc:
+            raise dmc_exception.LVMUnlisted(vg=vg, reason=exc) from exc
 
     def loaded(self, t):
         """True if the handle of ``t`` is loaded (a clone or linear)."""
@@ -683,9 +708,16 @@ class Clones(object):
             self.has_metadata(t)
 
     def remove_metadata(self, t):
-        meta_name = layout.metadata_lv_name(t.lv_name)
-        if self.meta_vg.get_volume(meta_name) is not None:
-            self.meta_vg.delete(meta_name)
+        """Remove the metadata LV of ``t`` if LVM lists it here.
+
+        LVM's own listing (:meth:`metadata_listed`): on a group it cannot
+        list, LVMUnlisted, nothing done.  (Brick's lookup took such a
+        group for "no metadata LV": a finalization went on to retire the
+        source and clear the move, and the metadata LV left made the
+        driver refuse the whole LV for good.)
+        """
+        if self.metadata_listed(t.lv_name):
+            self.meta_vg.delete(layout.metadata_lv_name(t.lv_name))
 
     def tear_down(self, t, provider_auth, keep_data=False):
         """Remove everything the transfer built here (a rollback).
@@ -695,9 +727,16 @@ class Clones(object):
         its own (the driver's guard), so a crash in between never exposes
         it.  With ``keep_data`` the data LV stays: it is not the
         transfer's (see Destination.tear_down).
+
+        Whether the data LV is here is LVM's own listing (:meth:`listed`),
+        read before anything is removed: on a group LVM cannot list,
+        LVMUnlisted with everything as it was.  (Brick's lookup took
+        such a group for "no LVs": the clone and its session went, its
+        LVs stayed unwiped, and the caller went on to end the move.)
         """
+        data, _meta = self.listed(t)
         self.dm.remove(self.handle_name(t))
         self.disconnect_source(t, provider_auth)
-        if self.has_data(t) and not keep_data:
+        if data and not keep_data:
             self.discard(t.lv_name)
         self.remove_metadata(t)

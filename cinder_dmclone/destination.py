@@ -20,6 +20,7 @@ delete, an extend or a retype of a volume moving here act on its clone.
 """
 
 import collections
+import contextlib
 import time
 
 from oslo_log import log as logging
@@ -69,6 +70,22 @@ def hydration_tuning(volume_type, threshold, batch_size):
                          'positive integer') % {'name': name, 'raw': raw})
         values.append(value)
     return tuple(values)
+
+
+def _remove_mark(marks, volume_id, what_is_left):
+    """Remove the mark of ``volume_id`` in ``marks`` (None: none kept).
+
+    A failure is only logged, ``what_is_left`` saying why that is safe
+    (with ``%(dir)s``, the marks' directory): a mark names one move.
+    """
+    if marks is None:
+        return
+    try:
+        marks.remove(volume_id)
+    except Exception:
+        LOG.warning('Volume %(vol)s: ' + what_is_left,
+                    {'vol': volume_id, 'dir': marks.directory},
+                    exc_info=True)
 
 
 class Destination(side.Side):
@@ -203,9 +220,13 @@ class Destination(side.Side):
         lost (:mod:`cinder_dmclone.lost_source`), whatever the loss
         record says now (a later abandon elsewhere replaces it).  It may
         hold the only copy of some regions: nothing but an operator may
-        remove it.  Read from LVM alone.
+        remove it.  Read from LVM's own listing alone (Clones.listed):
+        brick's lookup takes a volume group not found (a PV scanned late
+        after a reboot) for no LV, and a decision to wipe would rest on
+        that; a group LVM cannot list raises LVMUnlisted.
         """
-        return self.clones.has_data(t) and not self.clones.has_metadata(t)
+        data, meta = self.clones.listed(t)
+        return data and not meta
 
     def kept_copy(self, volume, t):
         """True if move ``t``'s data LV here is an old copy kept by a rollback.
@@ -232,11 +253,9 @@ class Destination(side.Side):
         lv = loss.get('lost_source_lv')
         if loss.get('lost_source') not in self.node_names or not lv:
             return None
-        if self.clones.vg.get_volume(lv) is None or \
-                self.clones.meta_vg.get_volume(
-                    layout.metadata_lv_name(lv)) is not None:
-            return None
-        return lv
+        # (LVM's own listing, as old_copy; LVMUnlisted if it cannot.)
+        data, meta = self.clones.listed_lv(lv)
+        return lv if data and not meta else None
 
     def refuse_if_lost_copy(self, volume, t):
         """Refuse a move here while this node holds an old copy.
@@ -245,11 +264,16 @@ class Destination(side.Side):
         step tears down what an earlier attempt left, which would wipe
         the old copy (see :meth:`old_copy`).  LostCopyHere names it and
         says what to do; StrayCopyHere when the loss record no longer
-        names this node.
+        names this node.  Which LVs are here is LVM's own listing: while
+        it cannot list a group here, whether an old copy is here cannot
+        be told, and the move is refused (StepUnlisted), nothing touched.
         """
         loss = self.store.loss(self.ctxt(), volume['id'])
-        lv = self._recorded_lost_copy(loss)
-        if lv is None and self.old_copy(t):
+        with self.refused_while_unlisted(
+                volume, _('its move here from %s') % t.source_node):
+            lv = self._recorded_lost_copy(loss)
+            stray = lv is None and self.old_copy(t)
+        if stray:
             lv = t.lv_name
             exc = dmc_exception.StrayCopyHere(
                 volume=volume['id'], node=self.node_name, lv=lv,
@@ -267,6 +291,35 @@ class Destination(side.Side):
                   'hand first.',
                   {'vol': volume['id'], 'src': t.source_node, 'lv': lv})
         raise exc
+
+    @contextlib.contextmanager
+    def refused_while_unlisted(self, volume, step):
+        """Refuse ``step`` on ``volume`` if LVM cannot list a group here.
+
+        The block reads which LVs are here from LVM's own listing and
+        raises LVMUnlisted before it changes anything: that becomes
+        StepUnlisted, which says what was refused and what to do (an
+        error the caller may retry once LVM lists the group).
+        """
+        try:
+            yield
+        except dmc_exception.LVMUnlisted as exc:
+            refused = dmc_exception.StepUnlisted.of(
+                exc, volume['id'], self.node_name, step)
+            LOG.error('%s', refused.msg)
+            raise refused from exc
+
+    def metadata_here(self, volume):
+        """True if LVM lists a metadata LV of ``volume``'s LV here.
+
+        (A clone's: its data LV may hold only the regions copied so far.)
+        LVM's own listing of the metadata group: while LVM cannot list
+        it, whether the LV is partly copied cannot be told, and mapping
+        it alone is refused (StepUnlisted, naming the group).
+        """
+        with self.refused_while_unlisted(
+                volume, _('mapping its LV %s alone') % volume['name']):
+            return self.clones.metadata_listed(volume['name'])
 
     def tear_down(self, volume, t, keep_data=False, deleted_here=False):
         """Remove what move ``t`` built here; never an old copy.
@@ -509,16 +562,10 @@ class Destination(side.Side):
         it), and at worst pauses that move's hydration while the pool
         does not zero.
         """
-        if self.marks is None:
-            return
-        try:
-            self.marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its thin-mapped mark here '
-                        '(%(dir)s) could not be removed; it is inert for '
-                        'any later move of the volume.',
-                        {'vol': volume_id, 'dir': self.marks.directory},
-                        exc_info=True)
+        _remove_mark(self.marks, volume_id,
+                     'its thin-mapped mark here (%(dir)s) could not be '
+                     'removed; it is inert for any later move of the '
+                     'volume.')
 
     # -- end marks ---------------------------------------------------------
 
@@ -564,15 +611,9 @@ class Destination(side.Side):
         and no set-back record of a cleared move passes the other
         checks that go with it (:meth:`_emptied`, :meth:`_swapped`).
         """
-        if self.end_marks is None:
-            return
-        try:
-            self.end_marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its end mark here (%(dir)s) could '
-                        'not be removed; it names a move that is over.',
-                        {'vol': volume_id,
-                         'dir': self.end_marks.directory}, exc_info=True)
+        _remove_mark(self.end_marks, volume_id,
+                     'its end mark here (%(dir)s) could not be removed; it '
+                     'names a move that is over.')
 
     def _pool_not_zeroing(self):
         """None if this node's thin pool zeroes new blocks; else why not."""
@@ -1873,11 +1914,14 @@ class Destination(side.Side):
                 self.refuse_delete_unless_here(volume)
                 return False
             # (A move recorded preparing whose record names this node was
-            # set back after its commit: what is here is the volume.)
-            self._remove_built(volume, t, deleted_here=(
-                t.state == move.PREPARING
-                and self.named_here_while_preparing(
-                    objects.Volume.get_by_id(ctxt, volume['id']), t)))
+            # set back after its commit: what is here is the volume.  A
+            # group LVM cannot list: nothing removed here, the source
+            # keeps its copy, the move stays; the delete fails.)
+            with self.refused_while_unlisted(volume, _('its delete')):
+                self._remove_built(volume, t, deleted_here=(
+                    t.state == move.PREPARING
+                    and self.named_here_while_preparing(
+                        objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
                 self.send(ctxt, volume, t, t.source_host, peer.RETIRE,
                           deleting=True)
@@ -2160,6 +2204,14 @@ class Destination(side.Side):
         except exception.VolumeNotFound:
             # Deleted meanwhile (its delete held the lock): nothing to do.
             self.pending_finalize.discard(volume_id)
+        except dmc_exception.LVMUnlisted as exc:
+            # (Its metadata LV neither seen gone nor removed: the source
+            # is not retired, the move not ended.)
+            self.pending_finalize.add(volume_id)
+            LOG.warning('Volume %(vol)s: its move waits to be finalized '
+                        'until LVM lists the volume groups here again '
+                        '(%(why)s); tried again after each monitor tick.',
+                        {'vol': volume_id, 'why': exc.msg})
         except Exception:
             self.pending_finalize.add(volume_id)
             LOG.exception('Finalizing the transfer of volume %s failed; '

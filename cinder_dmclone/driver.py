@@ -377,8 +377,13 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         if self._wiper is None:
             self._wiper = wiper.Wiper(
                 self.vg, self.dm,
-                wipe=self._wipe if self._needs_wipe() else None)
+                wipe=self._wipe if self._needs_wipe() else None,
+                lv_names=self._data_lv_names)
         return self._wiper
+
+    def _data_lv_names(self):
+        """The data group's LVs as LVM lists them (LVMUnlisted if not)."""
+        return self.moves.destination.clones.lv_names(self.vg.vg_name)
 
     def _needs_wipe(self):
         return (self.configuration.volume_clear != 'none'
@@ -495,19 +500,23 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _refuse_linear_over_clone(self, volume, serving=None):
         """Never map a partly hydrated LV alone.
 
-        A metadata LV here, or a transfer into this node that has not
-        reached ``finalizing`` (hydration complete), means the volume is
-        moving in and its LV holds only the regions copied so far: only
-        the clone may serve it, and startup recovery rebuilds that.  The
-        recorded state counts even when the metadata LV is gone.  With no
-        move recorded and ``serving``, the volume record read now must
-        name this node (Side.refuse_unless_here).
+        A metadata LV here, or a transfer into this node in any state but
+        those where its LV is known whole (move.WHOLE_AT_DEST: hydration
+        complete; ``source_lost`` is not, its abandon zeroes what was
+        never copied only at its end), means the volume is moving in and
+        its LV may hold only the regions copied so far: only the clone
+        may serve it, and startup recovery (or the abandon) rebuilds that.
+        The recorded state counts even when the metadata LV is gone.  The
+        metadata LV is read from LVM's own listing: a metadata group LVM
+        cannot list (a PV scanned late after a reboot) refuses too
+        (Destination.metadata_here).  With no move recorded and
+        ``serving``, the volume record read now must name this node
+        (Side.refuse_unless_here).
         """
         lv_name = volume['name']
-        meta_vg = self.metadata_vg or self.vg
         t = self.destination.load(volume['id'])
-        moving_in = self.destination.is_dest(t) and t.state in (
-            move.PREPARING, move.CLONED, move.HYDRATING)
+        moving_in = self.destination.is_dest(t) and \
+            t.state not in move.WHOLE_AT_DEST
         if t is None and serving:
             # An LV here named like a volume that lives elsewhere (kept by
             # a rollback, which a request routed by an older read of the
@@ -519,8 +528,14 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                        'waits for its source node to answer again (or for '
                        'LVM to list the volume groups here); the volume '
                        'service rebuilds it then.') % volume['id'])
-        if moving_in or meta_vg.get_volume(
-                layout.metadata_lv_name(lv_name)) is not None:
+        if moving_in and t.state == move.SOURCE_LOST:
+            raise exception.VolumeBackendAPIException(
+                data=_('Volume %s: the abandon of its lost source did not '
+                       'finish, and its LV here holds only the regions '
+                       'copied so far; run "cinder-dmclone move '
+                       'abandon-source %s" on this node again.')
+                % (volume['id'], volume['id']))
+        if moving_in or self.destination.metadata_here(volume):
             raise exception.VolumeBackendAPIException(
                 data=_('Volume LV %s is being hydrated by a transfer but has '
                        'no clone target; restart the volume service to '

@@ -297,6 +297,31 @@ class LVMUnlisted(exception.VolumeBackendAPIException):
                 "an absent LV would allow until it can")
 
 
+class StepUnlisted(LVMUnlisted):
+    """A step on a volume is refused while LVM cannot list a group here.
+
+    What the step decides rests on which of the volume's LVs this node
+    holds (an old copy to keep, a partly copied LV only its clone may
+    serve, a clone's LVs to remove and wipe before the source's copy
+    goes): it is not taken, nothing is changed, and it may be taken
+    again once LVM lists the group.
+    """
+
+    message = _("Volume %(volume)s: %(step)s is refused on node %(node)s "
+                "for now. LVM cannot list volume group %(vg)s there "
+                "(%(reason)s), so which LVs of the volume that node holds "
+                "cannot be told; nothing was changed. Once LVM lists the "
+                "group again (a PV scanned late after a reboot: check with "
+                "'vgs %(vg)s' on %(node)s), try again.")
+
+    @classmethod
+    def of(cls, unlisted, volume, node, step):
+        """``step`` on ``volume`` at ``node``, refused for ``unlisted``."""
+        return cls(volume=volume, node=node, step=step,
+                   vg=unlisted.kwargs['vg'],
+                   reason=unlisted.kwargs['reason'])
+
+
 class CloneMetadataLost(exception.VolumeBackendAPIException):
     """A clone's data LV is here, its metadata LV is not.
 

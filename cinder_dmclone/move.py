@@ -94,6 +94,11 @@ STATES = (PREPARING, CLONED, HYDRATING, FINALIZING, ABORTED, SOURCE_LOST)
 #: lets its destination hydrate (from ``hydrating`` on, the move is
 #: committed and its clone is the volume).
 UNCOMMITTED = (PREPARING, CLONED, ABORTED)
+#: The states of a move in which its destination's LV is known whole
+#: (hydration complete): in any other (``source_lost`` too: an abandon
+#: zeroes what was never copied only at its end) only the clone may
+#: serve it, never a linear map of the LV alone.
+WHOLE_AT_DEST = (FINALIZING,)
 
 KEY_PREFIX = 'dmclone_'
 #: bytes of randomness in a move's secret (hex encoded in the record).

@@ -922,15 +922,24 @@ class Source(side.Side):
         """What uses the export once a migration's own ACL is gone, or None.
 
         Under the volume's lock.  None also without an export to check
-        (the record names none: ``remove()`` has nothing to do).
+        (the record names none: ``remove()`` has nothing to do).  The
+        migration's ACL stays too while an attachment in use names no
+        initiator yet: Cinder saves an attach's connector only once it is
+        connected, so the ACL may be that attach's (review 20, F1).
         """
         location = (volume.get('provider_location') or '').split(' ')
         if len(location) < 2:
             return None     # (nothing exported: nothing to keep)
         target_iqn = location[1]
         own = _initiator(connector)
+        current = attachments.current(volume)
+        if attachments.unnamed(volume, current):
+            # (An attach in progress, whose connector Cinder saves only
+            # once it is connected: it may be the destination node's,
+            # whose initiator is the migration's.)
+            return _('an attach to it is in progress')
         if own in self._lio_acls(target_iqn) and own not in \
-                attachments.initiators(volume, attachments.current(volume)):
+                attachments.initiators(volume, current):
             self.target_driver.terminate_connection(
                 volume, {'initiator': connector['initiator'], 'host': None})
         admitted = self._lio_acls(target_iqn)

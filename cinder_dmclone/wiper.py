@@ -49,13 +49,17 @@ class Wiper(object):
 
     ``wipe(path, size_mb)`` clears a device (None when nothing needs
     clearing: ``volume_clear = none``, or thin LVs, which the pool hands
-    out zeroed); ``dm`` reads a device's size.
+    out zeroed); ``dm`` reads a device's size.  ``lv_names()`` lists the
+    group's LVs as LVM itself does, raising LVMUnlisted when it cannot
+    (see Clones.lv_names); without it brick's lookup decides, which
+    takes a volume group not found for an LV not found.
     """
 
-    def __init__(self, vg, dm, wipe=None, spawn=_spawn):
+    def __init__(self, vg, dm, wipe=None, spawn=_spawn, lv_names=None):
         self.vg = vg
         self.dm = dm
         self.wipe = wipe
+        self.lv_names = lv_names
         self._spawn = spawn
         self._busy = set()
         self._lock = threading.Lock()
@@ -63,9 +67,13 @@ class Wiper(object):
     def discard(self, lv_name):
         """Remove ``lv_name`` (wiped first when clearing is configured).
 
-        Returns at once; the name is free when it returns.
+        Returns at once; the name is free when it returns.  An LV LVM
+        does not list is gone already; a group LVM cannot list raises
+        LVMUnlisted, nothing done: the caller's step fails and is tried
+        again, rather than leave an old copy unwiped for good (a
+        source's retire after a reboot, before its PV is scanned).
         """
-        if self.vg.get_volume(lv_name) is None:
+        if not self._present(lv_name):
             return
         if self.wipe is None:
             self.vg.delete(lv_name)
@@ -75,6 +83,11 @@ class Wiper(object):
         LOG.info('LV %(lv)s renamed %(new)s; wiping and removing it in the '
                  'background.', {'lv': lv_name, 'new': retiring})
         self._submit(retiring)
+
+    def _present(self, lv_name):
+        if self.lv_names is None:
+            return self.vg.get_volume(lv_name) is not None
+        return lv_name in self.lv_names()
 
     def resume(self):
         """Wipe again what a stopped service left renamed (at start)."""

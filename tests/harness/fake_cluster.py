@@ -143,7 +143,8 @@ class Node(object):
         """A fresh service over the same kernel, LVM and database."""
         # (Old copies are wiped in the background; here, at once.)
         self.wiper = wiper.Wiper(self.vg, self.dm, wipe=self._wipe,
-                                 spawn=lambda fn, *args: fn(*args))
+                                 spawn=lambda fn, *args: fn(*args),
+                                 lv_names=lambda: self.dest.lv_names(VG))
         self.dest.discard = lambda name: self.wiper.discard(name)
         self.moves = service.MoveService(
             node_names={self.name}, node_name=self.name, store=self.store,

@@ -48,6 +48,10 @@ MIB = 1024 ** 2
 
 class ClonesTestCase(test.TestCase):
 
+    #: What ``lvs`` of a group answers (an error is raised); None: the
+    #: LVs the fake group holds.
+    lvs_report = None
+
     def setUp(self):
         super().setUp()
         self.dm = fakes.FakeDMSetup()
@@ -69,6 +73,9 @@ class ClonesTestCase(test.TestCase):
         if cmd[:3] == privileged.ENV_PREFIX + ('lvs',):
             if isinstance(self.lvs_report, Exception):
                 raise self.lvs_report
+            if self.lvs_report is None:
+                group = {VG: self.vg, META_VG: self.meta_vg}[cmd[-1]]
+                return self.lvs_of(*group.lvs), ''
             return self.lvs_report, ''
         return '', ''
 
@@ -757,6 +764,29 @@ class ClonesTestCase(test.TestCase):
         self.lvs_by_group(**{VG: [LV]})
         self.assertEqual((True, False), self.node.listed(self.t))
 
+    def test_listed_lv_names_any_lv(self):
+        # (An old copy named after the volume when it was abandoned.)
+        self.lvs_by_group(**{VG: ['volume-old'],
+                             META_VG: ['volume-old-dmcmeta']})
+        self.assertEqual((True, True), self.node.listed_lv('volume-old'))
+        self.assertEqual((False, False), self.node.listed_lv(LV))
+
+    def test_metadata_listed_reads_the_metadata_group_alone(self):
+        self.lvs_by_group(**{VG: [META], META_VG: [META]})
+        self.assertTrue(self.node.metadata_listed(LV))
+        self.lvs_by_group(**{VG: [META]})
+        self.assertFalse(self.node.metadata_listed(LV))
+        groups = {c[0][-1] for c in self.execute.call_args_list
+                  if c[0][2] == 'lvs'}
+        self.assertEqual({META_VG}, groups)
+
+    def test_metadata_listed_raises_when_lvm_cannot_list(self):
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % META_VG)
+        exc = self.assertRaises(dmc_exception.LVMUnlisted,
+                                self.node.metadata_listed, LV)
+        self.assertIn(META_VG, str(exc))
+
     def test_listed_never_reads_brick(self):
         # (Brick's lookup reads a group not found as "no such LV".)
         self.vg.add(LV, '1g')
@@ -846,6 +876,39 @@ class ClonesTestCase(test.TestCase):
         # No clone to ask (a reboot): never assume it holds nothing.
         self.dm.remove(HANDLE)
         self.assertTrue(self.node.written(self.t))
+
+    def test_tear_down_on_an_unlisted_group_touches_nothing(self):
+        # (Brick's lookup read the group as empty: the clone and its
+        # session went, its LVs stayed, unwiped.)
+        self._build()
+        self.node.discard = mock.Mock()
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.tear_down, self.t, None)
+        self.assertIn(HANDLE, self.dm.devices)
+        self.assertNotEqual({}, self.connector.sessions)
+        self.assertEqual([LV], list(self.vg.lvs))
+        self.assertEqual([META], list(self.meta_vg.lvs))
+        self.node.discard.assert_not_called()
+        # Listed again: torn down as ever.
+        self.lvs_report = None
+        self.node.tear_down(self.t, None)
+        self.node.discard.assert_called_once_with(LV)
+        self.assertEqual({}, self.dm.devices)
+        self.assertEqual({}, self.meta_vg.lvs)
+
+    def test_remove_metadata_on_an_unlisted_group_removes_nothing(self):
+        # (A finalization then waits: the source is not retired.)
+        self._build()
+        self.lvs_report = processutils.ProcessExecutionError(
+            exit_code=5, stderr='  Volume group "%s" not found\n' % META_VG)
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.node.remove_metadata, self.t)
+        self.assertEqual([META], list(self.meta_vg.lvs))
+        self.lvs_report = None
+        self.node.remove_metadata(self.t)
+        self.assertEqual({}, self.meta_vg.lvs)
 
     def test_tear_down_is_idempotent(self):
         self.node.tear_down(self.t, None)

@@ -109,6 +109,11 @@ class DriverTestBase(test.TestCase):
         self.vg.lv_has_snapshot.return_value = False
         self.vg.lv_is_open.return_value = False
         self.vg.get_volumes.return_value = []
+        #: LVM's own listing (privileged.vg_lv_names) of any group: the
+        #: LVs of self.lvs.
+        self.vg_lv_names = self.mock_object(
+            privileged, 'vg_lv_names',
+            side_effect=lambda vg, **kwargs: frozenset(self.lvs))
         self.drv = self._make_driver()
         self.dm = fakes.FakeDMSetup(sizes={LV_PATH: 2097152})
         self.drv.dm = self.dm

@@ -15,6 +15,7 @@
 from unittest import mock
 
 import ddt
+from oslo_concurrency import processutils
 
 from cinder.brick.local_dev import lvm as brick_lvm
 from cinder import exception
@@ -102,6 +103,9 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.destination.delete.return_value = False
         self.destination.extend.return_value = False
         self.destination.detached.return_value = False
+        self.destination.load.return_value = None
+        self.destination.is_dest.return_value = False
+        self.destination.metadata_here.return_value = False
         self.source.keeps_acl.return_value = False
         self.endpoint.receive.return_value = None
         self.drv._moves = self.moves
@@ -939,6 +943,21 @@ class WiringTestCase(test_driver.DriverTestBase):
         self._retire()
         self.vg.delete.assert_called_once_with(LV)
 
+    @mock.patch.object(volume_utils, 'brick_get_connector')
+    def test_retire_on_an_unlisted_group_fails_keeping_the_copy(self, _c):
+        # Brick's lookup says "no LV" for a volume group not found (a PV
+        # not scanned yet after a reboot): the retire must fail, so that
+        # the destination's finalization asks again, rather than succeed
+        # and leave the old copy here unwiped for good (review 22).
+        self._make_handle()
+        self.vg.get_volume.side_effect = lambda name: None
+        self.vg_lv_names.side_effect = processutils.ProcessExecutionError(
+            stderr='Volume group "%s" not found' % test_driver.VG)
+        self.assertRaises(dmc_exception.LVMUnlisted, self._retire)
+        self.vg.delete.assert_not_called()
+        self.vg.rename_volume.assert_not_called()
+        self.assertIn(LV, self.lvs)
+
     def test_retire_refused_while_the_record_names_this_node(self):
         self._make_handle()
         self.volume.host = 'node-a@dmclone#dmclone'
@@ -1096,14 +1115,51 @@ class WiringTestCase(test_driver.DriverTestBase):
         self.assertNotIn('create', [c[0] for c in self.dm.calls])
         self.assertEqual({}, self.dm.devices)
 
+    def metadata_vg_lists(self, names):
+        """A metadata group of its own, whose LVM listing is ``names``.
+
+        (An exception: LVM cannot list it.)
+        """
+        self.drv.metadata_vg = mock.Mock(vg_name='fast-meta')
+
+        def vg_lv_names(vg, **kwargs):
+            if vg != 'fast-meta':
+                return frozenset(self.lvs)
+            if isinstance(names, Exception):
+                raise names
+            return frozenset(names)
+        self.vg_lv_names.side_effect = vg_lv_names
+
     def test_no_linear_handle_with_metadata_in_its_own_vg(self):
-        self.drv.metadata_vg = mock.Mock()
-        self.drv.metadata_vg.get_volume.return_value = {'name': 'x'}
+        self.metadata_vg_lists([LV + '-dmcmeta'])
         self.assertRaises(exception.VolumeBackendAPIException,
                           self.drv.ensure_export, self.ctxt, self.volume)
-        self.drv.metadata_vg.get_volume.assert_called_once_with(
-            LV + '-dmcmeta')
+        # (LVM's own listing of that group, never brick's lookup.)
+        self.assertIn('fast-meta', [c.args[0] for c in
+                                    self.vg_lv_names.call_args_list])
+        self.drv.metadata_vg.get_volume.assert_not_called()
         self.assertEqual({}, self.dm.devices)
+
+    def test_no_linear_handle_while_the_metadata_vg_is_unlisted(self):
+        # Brick's lookup read 'Volume group "fast-meta" not found' (its
+        # PV scanned late after a reboot) as "no metadata LV": a partly
+        # copied LV mapped linear.  Whether it is cannot be told now.
+        self.metadata_vg_lists(dmc_exception.PrivilegedCommandFailed(
+            command='lvs', reason='Volume group "fast-meta" not found'))
+        exc = self.assertRaises(dmc_exception.StepUnlisted,
+                                self.drv.ensure_export, self.ctxt,
+                                self.volume)
+        for text in ('Volume %s: mapping its LV %s alone is refused on '
+                     'node node-a' % (self.volume.id, LV),
+                     'cannot list volume group fast-meta',
+                     "'vgs fast-meta' on node-a"):
+            self.assertIn(text, str(exc))
+        self.assertEqual({}, self.dm.devices)
+
+    def test_linear_handle_once_the_metadata_vg_is_listed(self):
+        self.metadata_vg_lists(['volume-other-dmcmeta'])
+        self.drv.ensure_export(self.ctxt, self.volume)
+        self.assertIn(HANDLE, self.dm.devices)
 
     def test_start_keeps_a_volume_whose_rebuild_waits_for_its_source(self):
         # Review R2 of 2026-11-25: both nodes lost power and this one's

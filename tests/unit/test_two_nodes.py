@@ -663,7 +663,10 @@ class PrepareTestCase(ClusterTestCase):
 
         def lvs_or_execute(*cmd, **kwargs):
             if cmd[2] == 'lvs':
-                return report, ''
+                # (The pool, and the group's LVs: LVM's own listing.)
+                return report + ''.join(
+                    '  %s|%d|||||\n' % (name, lv['bytes'])
+                    for name, lv in sorted(self.b.vg.lvs.items())), ''
             return execute(*cmd, **kwargs)
         dest._execute = lvs_or_execute
 

@@ -17,6 +17,7 @@ from unittest import mock
 
 from cinder.tests.unit import test
 
+from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import wiper
 from tests.unit import fakes
@@ -67,6 +68,34 @@ class WiperTestCase(test.TestCase):
 
     def test_nothing_to_discard(self):
         self.make().discard('volume-absent')
+        self.assertEqual([], self.spawned)
+
+    def strict(self, lv_names):
+        w = self.make()
+        w.lv_names = lv_names
+        # (brick's lookup must not decide once LVM's own listing does.)
+        self.mock_object(self.vg, 'get_volume', side_effect=AssertionError)
+        return w
+
+    def test_lvms_own_listing_decides(self):
+        self.strict(lambda: {LV}).discard(LV)
+        self.assertEqual({}, self.vg.lvs)
+        self.assertEqual(1, len(self.wiped))
+
+    def test_an_lv_lvm_does_not_list_is_gone(self):
+        self.strict(lambda: {'volume-other'}).discard(LV)
+        self.assertIn(LV, self.vg.lvs)      # (what brick would have seen)
+        self.assertEqual([], self.spawned)
+
+    def test_an_unlisted_group_fails_the_step_touching_nothing(self):
+        # A volume group not found (a PV not scanned yet after a reboot):
+        # brick would answer "no LV" and the caller would go on as if the
+        # old copy were gone, leaving it unwiped for good.
+        def unlisted():
+            raise dmc_exception.LVMUnlisted(vg=VG, reason='not found')
+        w = self.strict(unlisted)
+        self.assertRaises(dmc_exception.LVMUnlisted, w.discard, LV)
+        self.assertIn(LV, self.vg.lvs)
         self.assertEqual([], self.spawned)
 
     def test_one_wipe_per_lv_at_a_time(self):

@@ -1,0 +1,161 @@
+#    Licensed under the Apache License, Version 2.0 (the "License"); you may
+#    not use this file except in compliance with the License. You may obtain
+#    a copy of the License at
+#
+#         http://www.apache.org/licenses/LICENSE-2.0
+#
+#    Unless required by applicable law or agreed to in writing, software
+#    distributed under the License is distributed on an "AS IS" BASIS, WITHOUT
+#    WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied. See the
+#    License for the specific language governing permissions and limitations
+#    under the License.
+
+"""Review 22 (branch r19-fixes, cb5bcd0): findings as expected failures.
+
+The strict listing (Clones.listed, LVMUnlisted, StepUnlisted) now
+decides the destination's prepare, teardown, delete and finalization,
+and the driver's linear guard.  What is left on brick's lenient lookup,
+or what the new waits leave without a way out, is below.
+"""
+
+import unittest
+
+from cinder import exception
+
+from cinder_dmclone import move
+from tests.harness.fake_cluster import HANDLE
+from tests.harness.fake_cluster import LV
+from tests.harness.fake_cluster import META
+from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_lvm_unlisted
+from tests.unit import test_two_nodes
+
+unlisted = test_lvm_unlisted.unlisted
+
+
+class RetireOnAnUnlistedSourceTestCase(test_two_nodes.ClusterTestCase):
+    """Source.retire removes the old LV through brick's lenient lookup."""
+
+    def migrated(self):
+        self.assertTrue(self.c.migrate(self.b))
+        self.assertEqual(move.HYDRATING, self.c.transfer().state)
+
+    # MEDIUM (leak).  Sequence: a volume migrated to node-b hydrates
+    # there; node-a (the source) is not listed by LVM for a while when
+    # node-b's monitor finalizes (node-a rebooted after node-b had
+    # copied everything, its PV scanned late; or its group briefly
+    # unreadable).  node-b swaps, removes its metadata LV and sends
+    # RETIRE: Source.retire (source.py:1666) drops the export and the
+    # handle, then Wiper.discard (wiper.py:68) asks brick's get_volume,
+    # which reads 'Volume group not found' as "no such LV", and returns
+    # having done nothing -- no error.  node-b forgets the source's
+    # export and clears the move.  node-a keeps the tenant's whole old
+    # copy, never wiped, described by nothing: the volume still exists,
+    # so no start reports it (lvs_of_deleted_volumes), no old-copy key
+    # names it, and any later move of the volume back to node-a is
+    # refused (StrayCopyHere) until an operator finds it.  The retire
+    # should read LVM's own listing and fail (the finalization retries).
+    # (Fixed: the Wiper reads LVM's own listing; see test_wiper.py.)
+    def test_a_retire_on_an_unlisted_source_leaves_its_lv_unwiped(self):
+        self.migrated()
+        with unlisted(self.a):
+            self.c.settle()
+        self.c.settle()
+        if self.c.transfer() is None:
+            self.assertNotIn(LV, self.a.vg.lvs)         # fails: kept
+        self.c.assert_completed()
+
+    # Control: the same finalization with node-a listed wipes its copy.
+    def test_control_a_listed_source_is_wiped(self):
+        self.migrated()
+        self.c.settle()
+        self.c.assert_completed()
+
+
+class FinalizingWithItsMetadataLeftTestCase(test_two_nodes.ClusterTestCase):
+    """A finalization that waits after its swap, then a reboot."""
+
+    def swapped_then_rebooted_with_the_source_lost(self):
+        self.assertTrue(self.c.migrate(self.b))
+        with unlisted(self.b):
+            self.c.settle()
+        t = self.c.transfer()
+        self.assertEqual(move.FINALIZING, t.state)
+        self.assertIn(META, self.b.vg.lvs)
+        self.assertTrue(self.b.vg.lvs[LV]['complete'])
+        # (The swap was made: its end mark, which a fix may read.)
+        self.assertTrue(self.b.destination.ended_here(t, move.END_SWAP))
+        # node-a is lost for good; node-b reboots.
+        self.a.down = True
+        self.a.service_up = False
+        self.a.has_service = True
+        self.a.target.exports.clear()
+        self.b.reboot()
+        self.b.recover()
+        self.c.settle()
+        return t
+
+    # LOW (a move that can never end; availability).  Sequence: node-b's
+    # monitor finalizes a fully hydrated clone: the swap to linear is
+    # made, then remove_metadata waits (clone.py:719: LVM cannot list
+    # node-b's group for a moment: the new wait, or a crash right
+    # there).  node-b reboots (the handle goes), and node-a is lost for
+    # good.  The LV on node-b is whole (the swap's end mark says so)
+    # but: recovery plans REBUILD (metadata LV listed, no handle), which
+    # needs node-a (SourceUnreachable, retried only while node-a's
+    # service is up: never); the driver refuses the handle
+    # (pending_rebuild, and the metadata LV); abandon-source refuses a
+    # move in finalizing (lost_source.py:224, "use the unmanage path");
+    # the unmanage path refuses too, since the metadata LV is still
+    # listed (Destination._swapped_away, destination.py:1911).  No
+    # documented step ends the move: the volume's owner keeps a whole
+    # copy on node-b that nothing will serve.
+    @unittest.expectedFailure
+    def test_a_swapped_move_with_its_metadata_left_can_be_ended(self):
+        self.swapped_then_rebooted_with_the_source_lost()
+        self.assertNotIn(HANDLE, self.b.dm.devices)
+        self.assertEqual(move.FINALIZING, self.c.transfer().state)
+        self.assertIn(VOLUME_ID, self.b.moves.recovery.pending_rebuild)
+        try:
+            self.b.destination.before_unmanage(self.volume())
+        except exception.VolumeIsBusy:
+            pass
+        self.assertIsNone(self.c.transfer())            # fails: kept
+
+
+class AbortedAtAnUnlistedDestinationTestCase(test_two_nodes.ClusterTestCase):
+    """A move refused at an unlisted destination is left ``aborted``."""
+
+    # LOW (documentation; an inert record).  Sequence: the owner
+    # attaches the volume on node-b while LVM cannot list node-b's
+    # group: the prepare is refused (StepUnlisted), node-a gives the
+    # move up and asks node-b to abort, whose teardown is refused too;
+    # node-a records the move ``aborted``.  operations.rst says "an
+    # aborted move stays recorded until the node's monitor drops it",
+    # but nothing was built on node-b, and the monitor only finds
+    # aborted moves through a loaded clone (HydrationTracker.on_status):
+    # the record stays once LVM lists the group again, until node-b's
+    # service restarts or node-a's deletes or restarts.  (Inert: a
+    # later move replaces it.)
+    @unittest.expectedFailure
+    def test_the_aborted_record_is_dropped_once_lvm_lists_again(self):
+        with unlisted(self.b):
+            self.assertRaises(exception.VolumeBackendAPIException,
+                              self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertEqual(self.a.host,
+                         self.c.db.volumes[VOLUME_ID]['host'])
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())            # fails: aborted
+
+    # Control: the volume is usable on node-a meanwhile, and a later
+    # attach on node-b, once LVM lists the group, moves it.
+    def test_control_a_later_attach_moves_it(self):
+        with unlisted(self.b):
+            self.assertRaises(exception.VolumeBackendAPIException,
+                              self.c.attach, self.b)
+        self.assertEqual([], self.b.wiped)
+        self.assertIn(LV, self.a.vg.lvs)
+        self.c.attach(self.b)
+        self.c.settle()
+        self.c.assert_completed()
