@@ -20,8 +20,11 @@ LVM, the kernel and the record show, so that running it again after a
 crash anywhere finishes the job:
 
 1. refuse, changing nothing, unless the move is this node's, ``cloned``
-   or ``hydrating``, its source's volume service is down and its iSCSI
-   session does not answer (``force`` overrides the last two);
+   or ``hydrating`` (or ``finalizing`` with its clone not loaded and its
+   metadata LV still here: this node restarted before the finalization
+   removed it, and only the source could build the clone again), its
+   source's volume service is down and its iSCSI session does not
+   answer (``force`` overrides the last two);
 2. record the move as ``source_lost``: neither node's service acts on it
    any more (see :mod:`cinder_dmclone.recovery`);
 3. put an ``error`` device of the clone's length in place of the source
@@ -41,11 +44,14 @@ crash anywhere finishes the job:
 6. record the loss: the full list in a file, a summary in the volume's
    admin metadata (:meth:`cinder_dmclone.move.Store.record_loss`);
 7. zero the regions never copied on the LV: a thick LV's extents may
-   hold another tenant's old data, which must never be shown;
+   hold another tenant's old data, which must never be shown (none
+   for a finalization: its metadata LV holds every region, unless the
+   node lost power before it committed the last ones);
 8. remove the clone's metadata LV: from here on the zeroing is known
    done, and the driver's guard lets a linear handle map the LV again;
 9. map the whole LV linearly, remove the ``error`` device, forget the
-   source's export, set the volume to ``error`` and clear the move.
+   source's export, set the volume to ``error`` (unless no region was
+   lost: the volume keeps its status and its data) and clear the move.
 
 A delete of the volume while its source is lost (before the command, or
 after a run cut short) removes this node's side, then cannot retire the
@@ -86,7 +92,7 @@ LOG = logging.getLogger(__name__)
 #: (one the command itself made fail: see Destination.extend) has none
 SETTLED = ('in-use', 'available', 'error', 'error_extending')
 #: the states of a move the command ends (or finishes ending)
-ENDS = (move.CLONED, move.HYDRATING)
+ENDS = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
 
 class Refused(exception.VolumeBackendAPIException):
@@ -221,7 +227,7 @@ class LostSource(object):
                      'the command on %(dst)s') % {
                 'dst': t.dest_node,
                 'here': ', '.join(sorted(self.node_names))})
-        if t.state == move.FINALIZING:
+        if t.state == move.FINALIZING and not self._finalization_stuck(t):
             refuse(_('its hydration finished, every region is here; only '
                      'the retirement of the old copy waits for %s. Detach '
                      'it, then unmanage and manage it (see the operations '
@@ -266,6 +272,19 @@ class LostSource(object):
                      '(--force abandons it all the same)')
                    % {'s': ', '.join(answering), 'iqn': t.target_iqn})
 
+    def _finalization_stuck(self, t):
+        """True if move ``t``'s finalization needs its source to go on.
+
+        Its metadata LV is here and its clone is not loaded: this node
+        restarted before the finalization removed the metadata LV (a
+        crash, or LVM not listing the group for a while), and the clone
+        is built again from it only over the source.  Loaded, or without
+        the metadata LV, the finalization ends without the source (or
+        the unmanage path takes the LV, see the operations guide).
+        """
+        return (self.clones.has_metadata(t)
+                and not self.dm.exists(self.clones.handle_name(t)))
+
     def _refuse_if_hydrated(self, t, refuse):
         name = self.clones.handle_name(t)
         if not self.dm.exists(name):
@@ -291,13 +310,19 @@ class LostSource(object):
             ranges = dmsetup.uncopied_ranges(uncopied, t.clone_sectors,
                                              t.region_sectors)
             path = self._record(ctxt, volume, t, ranges, len(uncopied))
-            LOG.warning('Volume %(vol)s: %(n)d regions (%(b)d bytes) were '
-                        'never copied from %(src)s; zeroing them. Their '
-                        'list: %(path)s.',
-                        {'vol': volume['id'], 'n': len(uncopied),
-                         'b': sum(r[1] for r in ranges),
-                         'src': t.source_node, 'path': path})
-            self.zero(self.clones.lv_path(t), ranges)
+            if uncopied:
+                LOG.warning('Volume %(vol)s: %(n)d regions (%(b)d bytes) '
+                            'were never copied from %(src)s; zeroing them. '
+                            'Their list: %(path)s.',
+                            {'vol': volume['id'], 'n': len(uncopied),
+                             'b': sum(r[1] for r in ranges),
+                             'src': t.source_node, 'path': path})
+                self.zero(self.clones.lv_path(t), ranges)
+            else:
+                LOG.warning('Volume %(vol)s: every region was copied from '
+                            '%(src)s before it was lost; nothing is '
+                            'missing.', {'vol': volume['id'],
+                                         'src': t.source_node})
             self.clones.remove_metadata(t)
         if self.clones.has_data(t):
             self._map_linear(t)
@@ -305,16 +330,18 @@ class LostSource(object):
         self.clones.disconnect_source(t, volume['provider_auth'])
         self._drop_node_mark(volume['id'], t.dest_node)
         self.store.forget_source_export(ctxt, volume['id'])
-        if not self.set_status(ctxt, volume, 'error', SETTLED):
+        outcome = self._outcome(ctxt, volume, t)
+        if outcome.uncopied_regions and not self.set_status(
+                ctxt, volume, 'error', SETTLED):
             raise Refused(volume=volume['id'], reason=_(
                 'its status changed while the command ran; its data is '
                 'final already: run the command again to record the end'))
-        outcome = self._outcome(ctxt, volume, t)
         self.store.clear(ctxt, volume['id'], t)
         LOG.warning('The move of volume %(vol)s from %(src)s is abandoned: '
-                    'it is in error, %(n)d regions lost (%(path)s). Left on '
-                    '%(src)s: LV %(lv)s (not wiped) and iSCSI target '
+                    'it is %(status)s, %(n)d regions lost (%(path)s). Left '
+                    'on %(src)s: LV %(lv)s (not wiped) and iSCSI target '
                     '%(iqn)s.', {'vol': volume['id'], 'src': t.source_node,
+                                 'status': outcome.status,
                                  'n': outcome.uncopied_regions,
                                  'path': outcome.ranges_file,
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
@@ -483,7 +510,11 @@ class LostSource(object):
             self.dm.reload(name, table)
 
     def _outcome(self, ctxt, volume, t):
-        """The Outcome, from the file the scan wrote (also after a crash)."""
+        """The Outcome, from the file the scan wrote (also after a crash).
+
+        Its status is ``error`` if any region was lost, else the
+        volume's own (which the command leaves as it is).
+        """
         loss = self.store.loss_of(
             self.store.db.volume_admin_metadata_get(ctxt, volume['id']))
         path = loss.get('lost_ranges_file') or loss_file(self.state_dir,
@@ -499,7 +530,8 @@ class LostSource(object):
             saved = self._saved_from_record(t, loss)
         return Outcome(
             volume_id=volume['id'], source_node=t.source_node,
-            status='error', region_bytes=saved['region_bytes'],
+            status='error' if saved['uncopied_regions'] else
+            volume['status'], region_bytes=saved['region_bytes'],
             total_regions=saved['total_regions'],
             uncopied_regions=saved['uncopied_regions'],
             ranges=[tuple(r) for r in saved['ranges']], ranges_file=path,
