@@ -385,6 +385,19 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         """The data group's LVs as LVM lists them (LVMUnlisted if not)."""
         return self.moves.destination.clones.lv_names(self.vg.vg_name)
 
+    def _volume_not_present(self, volume_name):
+        """True if LVM's own listing of the data group lacks the LV.
+
+        Cinder's LVM driver asks brick, which reads 'Volume group "X" not
+        found' (a PV not scanned yet after a reboot) as "no such LV": a
+        delete of a volume or a snapshot then returned at once, Cinder
+        destroyed the record, and the tenant's LV stayed, never wiped
+        and described by nothing.  Here the delete fails instead
+        (LVMUnlisted, nothing removed) and may be asked again once LVM
+        lists the group.
+        """
+        return volume_name not in self._data_lv_names()
+
     def _needs_wipe(self):
         return (self.configuration.volume_clear != 'none'
                 and self.configuration.lvm_type != 'thin')
