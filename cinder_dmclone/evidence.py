@@ -34,9 +34,10 @@ mark is no evidence).
 
 A mark *contradicts* a record when it names another move (another
 secret, or the record names none) while what it names is still here
-(:meth:`Evidence.live`).  A mark whose move left nothing here is an old
-one: it is overwritten by the next part this node takes, and never
-stands for any other move.
+(:meth:`Evidence.live`), unless the record is of a later move of this
+node's as source (:func:`superseded`).  A mark whose move left nothing
+here is an old one: it is overwritten by the next part this node takes,
+and never stands for any other move.
 """
 
 import dataclasses
@@ -124,6 +125,26 @@ def same_secret(a, b):
     """True if moves ``a`` and ``b`` (either may be None) share a secret."""
     return (a is not None and b is not None and bool(a.secret)
             and hmac.compare_digest(a.secret.encode(), b.secret.encode()))
+
+
+def superseded(part, t):
+    """True if record ``t`` is of a later move than ``part``'s (pure).
+
+    Only where both moves were prepared by this node as their source
+    (``part`` a :data:`SOURCE` mark, ``t`` naming this node as source,
+    which the caller checks): both ``prepared_at`` then come from this
+    node's own clock.  A stale save restores an *earlier* record than
+    the mark's move, never a later one; a later record over an older
+    source mark is the next move of the volume from here, which a crash
+    caught between its record and its mark (:meth:`Source.move
+    <cinder_dmclone.source.Source.move>`), after a rollback whose
+    release never reached this node, left without a mark of its own.
+    Equal times (the same second) are not told apart: contradicted.
+    """
+    return (t is not None and part.role == SOURCE
+            and t.prepared_at is not None
+            and part.move.prepared_at is not None
+            and t.prepared_at > part.move.prepared_at)
 
 
 class Evidence(object):
@@ -235,11 +256,15 @@ class Evidence(object):
 
         ``t`` is the volume's move as recorded now (None: none).  None
         when this node has no usable mark of the volume, or its mark
-        names ``t`` itself (whatever its state), or what it names left
+        names ``t`` itself (whatever its state), or ``t`` is a later move
+        from this node (:func:`superseded`), or what it names left
         nothing here (:meth:`live`).
         """
         part = self.read(volume_id)
         if part is None or same_secret(t, part.move):
+            return None
+        if t is not None and t.source_node in self.node_names \
+                and superseded(part, t):
             return None
         return part if self.live(part) else None
 

@@ -37,6 +37,7 @@ from cinder import exception
 from cinder_dmclone import move
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import VOLUME_ID
+from tests.unit import test_rewound_move
 from tests.unit import test_two_nodes
 
 
@@ -88,15 +89,24 @@ class LostReleaseTestCase(test_two_nodes.ClusterTestCase):
     #    another node until an operator edits files under state_path,
     #    although move 2 never built anything.  DESIGN: "a node that
     #    reboots in the middle of a move to need no manual repair".
-    @unittest.expectedFailure
+    # (Fixed: a record of a later move from node-a, by node-a's own
+    # clock, is not contradicted by its older source mark:
+    # evidence.superseded.)
     def test_a_crash_before_the_mark_after_a_lost_release(self):
         self.rolled_back_release_lost()
+        # (A later attach is a later second by node-a's clock; within the
+        # same second the two moves are not told apart, and the record
+        # stays contradicted: evidence.superseded.)
+        self.c.now += 60
         self.mock_object(self.a.source, 'release', side_effect=None)
         self.c.crash_at(self.a.source, '_mark_part')
         self.assertRaises(oslo_messaging.MessagingTimeout,
                           self.c.attach, self.b)
         self.c.attachments[:] = []
-        self.assertEqual(move.PREPARING, self.c.transfer().state)
+        # node-a's restart gave the dead prepare up, as without the old
+        # mark (before the fix: kept, contradicted, for ever).
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual([], self.c.violations)
         # Long after move 2's deadline: a dead prepare, given up by any
         # later attach (as without the old mark).
         self.c.now += 3600
@@ -160,6 +170,11 @@ class AbortNeverDeliveredTestCase(test_two_nodes.ClusterTestCase):
     #    destination of a move never committed (the row never named
     #    node-b), yet nothing acts on it; R18-2's drop_for_delete only
     #    runs on the node a delete's retire reaches.
+    # (Not fixed yet, LOW for an operator who reads the start's report:
+    # the start names the LVs "matching no transfer" and the status
+    # tool's leftover list shows them.  A fix must not take a mark's
+    # volume id being gone for its LV being free: after a generic
+    # migration a live volume's _name_id names the deleted row's LV.)
     @unittest.expectedFailure
     def test_the_delete_while_b_is_down_leaves_its_clone(self):
         self.given_up_while_b_is_down()
@@ -172,3 +187,35 @@ class AbortNeverDeliveredTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
         self.assertTrue(any('/%s-dmcwipe-' % LV in p for p in self.b.wiped),
                         self.b.wiped)
+
+
+class SameSourceStaleSaveTestCase(test_rewound_move.RewindMixin,
+                                  test_two_nodes.ClusterTestCase):
+    """Finding 1's fix keeps R18-2's protection for one source's moves.
+
+    (evidence.superseded: a later record over an older source mark is
+    not a contradiction; an earlier record over a later mark still is.)
+    """
+
+    def test_an_earlier_record_of_the_same_source_stays_contradicted(self):
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)            # move 1 a->b
+        first = self.c.transfer()
+        self.c.detach(dst)
+        self.c.detach(src)                          # rolled back
+        self.assertIsNone(self.c.transfer())
+        self.c.now += 60
+        self.c.attach(self.b)                       # move 2 a->b
+        second = self.c.transfer()
+        self.assertEqual(move.HYDRATING, second.state)
+        self.assertGreater(second.prepared_at, first.prepared_at)
+        # A save of a copy read during move 1's prepare: move 1's record,
+        # earlier by node-a's own clock, over move 2's.
+        self.save_whole(stale)
+        self.assertEqual(first.secret, self.c.transfer().secret)
+        part = self.a.source.contradiction(VOLUME_ID, self.c.transfer())
+        self.assertIsNotNone(part)
+        self.assertEqual(second.secret, part.move.secret)
+        self.c.settle()
+        self.c.assert_completed()
+        self.assertEqual(self.b.host, self.c.db.volumes[VOLUME_ID]['host'])
