@@ -69,6 +69,8 @@ copying back, if wanted, the ranges this node never got.
 
 import dataclasses
 import datetime
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -78,12 +80,14 @@ from oslo_log import log as logging
 from cinder import context
 from cinder import exception
 from cinder.i18n import _
+from cinder.volume import volume_utils
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
 from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import privileged
+from cinder_dmclone import source
 
 LOG = logging.getLogger(__name__)
 
@@ -140,6 +144,15 @@ class Outcome:
 
 def loss_file(state_dir, volume_id):
     return os.path.join(state_dir, 'lost-%s.json' % volume_id)
+
+
+def move_digest(t):
+    """What a loss file names move ``t`` by (pure): not its secret itself.
+
+    A rerun reads it to tell this move's scan from an earlier abandon's
+    of the same volume (the file's path is the volume's).
+    """
+    return hashlib.sha256(t.secret.encode()).hexdigest()
 
 
 def write_json(path, data):
@@ -240,6 +253,13 @@ class LostSource(object):
             refuse(_('its status is %(st)s; wait until it is one of '
                      '%(ok)s') % {'st': volume['status'],
                                   'ok': ', '.join(SETTLED)})
+        here = volume_utils.extract_host(volume['host'], 'backend')
+        if here not in (volume_utils.extract_host(t.source_host, 'backend'),
+                        volume_utils.extract_host(t.dest_host, 'backend')):
+            refuse(_('its record names %(host)s, neither node of its move '
+                     'from %(src)s: check which node the volume lives on '
+                     'and correct its host first') % {
+                'host': volume['host'], 'src': t.source_node})
         if t.state == move.SOURCE_LOST:
             return      # started before: finish it, whatever the source
         if self.clones.has_data(t) and not self.clones.has_metadata(t):
@@ -304,7 +324,9 @@ class LostSource(object):
         data, meta = self.clones.listed(t)
         if not data:
             self._end_without_data(ctxt, volume, t)
-        elif meta:
+        elif not meta:
+            self._refuse_unless_scanned(volume, t)
+        else:
             self._stand_in_for_source(volume, t)
             uncopied = self._scan(t)
             ranges = dmsetup.uncopied_ranges(uncopied, t.clone_sectors,
@@ -329,6 +351,7 @@ class LostSource(object):
         self.dm.remove(self._stand_in_name(t))
         self.clones.disconnect_source(t, volume['provider_auth'])
         self._drop_node_mark(volume['id'], t.dest_node)
+        self._name_this_node(ctxt, volume, t)
         self.store.forget_source_export(ctxt, volume['id'])
         outcome = self._outcome(ctxt, volume, t)
         if outcome.uncopied_regions and not self.set_status(
@@ -346,6 +369,49 @@ class LostSource(object):
                                  'path': outcome.ranges_file,
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
         return outcome
+
+    def _refuse_unless_scanned(self, volume, t):
+        """Data LV here, metadata LV gone: only after this move's scan.
+
+        A run removes the metadata LV only once its scan is recorded in
+        the loss file (and the regions never copied zeroed).  Without
+        this move's record there (a run cut short before its scan, then
+        the metadata LV lost with its device, or removed by hand), which
+        regions were copied cannot be told: the LV is neither mapped nor
+        ended on, whatever an earlier abandon of the volume recorded.
+        """
+        try:
+            with open(loss_file(self.state_dir, volume['id'])) as f:
+                recorded = json.load(f).get('move') or ''
+        except (OSError, ValueError, AttributeError):
+            recorded = ''
+        if not hmac.compare_digest(recorded, move_digest(t)):
+            raise Refused(volume=volume['id'], reason=_(
+                'the clone\'s metadata LV %s is gone and no scan of this '
+                'move was recorded, so which regions of LV %s were copied '
+                'cannot be told; nothing was changed (see the operations '
+                'guide, "The destination\'s metadata LV is lost")')
+                % (layout.metadata_lv_name(t.lv_name), t.lv_name))
+
+    def _name_this_node(self, ctxt, volume, t):
+        """The volume record names this node, which holds the volume now.
+
+        The source records the commit, then points the record at the
+        destination: two writes, and the finalization repoints it if the
+        second was lost.  A move abandoned before that finalization
+        would leave the record naming the lost node, whose stale copy
+        its service would serve again if it ever came back.  (A record
+        naming neither node is refused by :meth:`check`.)
+        """
+        if volume_utils.extract_host(volume['host'], 'host') in \
+                self.node_names:
+            return
+        LOG.warning('Volume %(vol)s: its record still names %(src)s (the '
+                    'last step of its move there did not reach the '
+                    'database); it names this node now.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.store.move_volume(ctxt, volume['id'], t.dest_host,
+                               source.host_zone(ctxt, t.dest_host))
 
     def _end_without_data(self, ctxt, volume, t):
         """This node's side is gone already: finish its teardown.
@@ -469,7 +535,8 @@ class LostSource(object):
                 '%Y-%m-%dT%H:%M:%SZ')
         left = self._left_on_source(t)
         write_json(path, {
-            'volume_id': volume['id'], 'source_node': t.source_node,
+            'volume_id': volume['id'], 'move': move_digest(t),
+            'source_node': t.source_node,
             'source_host': t.source_host, 'lost_at': lost_at,
             'region_bytes': t.region_sectors * dmsetup.SECTOR_SIZE,
             'total_regions': dmsetup.region_count(t.clone_sectors,

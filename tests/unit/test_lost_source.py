@@ -478,6 +478,11 @@ class RefusalTestCase(test.TestCase):
         self.h.c.set_state(self.h.t, move.PREPARING)
         self.assert_refused('still being prepared')
 
+    def test_a_record_naming_a_third_node(self):
+        # (Changed by someone else: never repointed, nor ended on.)
+        self.h.c.db.volumes[cl.VOLUME_ID]['host'] = 'node-c@dmclone#dmclone'
+        self.assert_refused('names node-c@dmclone#dmclone, neither node')
+
     def test_finalizing_uses_the_unmanage_path(self):
         self.h.c.set_state(self.h.t, move.FINALIZING)
         exc = self.assert_refused('its hydration finished')

@@ -18,13 +18,14 @@ missing, ends it keeping the volume's status (``lost_regions`` 0).
 Findings as expected failures, with controls.
 """
 
-import unittest
 from unittest import mock
 
 from oslo_db import exception as db_exc
 
+from cinder import exception
 from cinder.tests.unit import test
 
+from cinder_dmclone import lost_source
 from cinder_dmclone import move
 from tests.harness import fake_cluster as cl
 from tests.unit import test_lost_source as tls
@@ -110,7 +111,7 @@ class StuckFinalizationNamingTheLostNodeTestCase(test.TestCase):
     # service takes its own stale copy for the volume and serves it
     # (the writes made on node B are silently lost).  Pre-change the
     # volume was at least set to 'error'.
-    @unittest.expectedFailure
+    # (Fixed: the command points the record at this node.)
     def test_the_record_names_the_node_that_holds_the_volume(self):
         h = self.stuck()
         rec = h.c.db.volumes[cl.VOLUME_ID]
@@ -127,8 +128,9 @@ class StuckFinalizationNamingTheLostNodeTestCase(test.TestCase):
                         'volume %s on %s, its only whole copy on node-b'
                         % (rec.get('status', 'available'), rec['host']))
 
-    def test_node_a_back_serves_its_stale_copy(self):
-        # (The consequence, shown as it is today: passes.)
+    def test_node_a_back_never_serves_its_stale_copy(self):
+        # (The consequence before the fix: node A's service took its own
+        # stale LV for the volume and attached it locally.)
         h = self.stuck()
         h.run()
         a = h.a
@@ -136,10 +138,16 @@ class StuckFinalizationNamingTheLostNodeTestCase(test.TestCase):
         a.service_up = True
         h.c.restart(a)
         h.c.settle()
-        self.assertEqual(h.a.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
-        att, info = h.c.attach(a)
-        self.assertEqual('local', info['driver_volume_type'])
-        self.assertIsNone(h.c.transfer())
+        self.assertEqual(h.b.host, h.c.db.volumes[cl.VOLUME_ID]['host'])
+        try:
+            att, info = h.c.attach(a)
+        except exception.VolumeBackendAPIException as exc:
+            # (node A's old copy, left for the operator, is in the way)
+            self.assertIn(cl.LV, str(exc))
+        else:
+            # moved from node B, the whole copy, never node A's stale one
+            self.assertEqual(h.b.host, h.c.transfer().source_host)
+        self.assertEqual([], h.c.violations)
 
 
 class RerunWithoutItsMetadataTestCase(test.TestCase):
@@ -191,21 +199,33 @@ class RerunWithoutItsMetadataTestCase(test.TestCase):
     # on the absence of a record, not on a record of this move saying
     # 0; with an earlier abandon's keys/file in place (same path
     # lost-<id>.json) it rests on that earlier abandon's count.
-    @unittest.expectedFailure
+    # (Fixed: without this move's scan recorded, refused.)
     def test_a_rerun_without_its_metadata_never_keeps_it_usable(self):
         h = self.cut_short()
         h.c.restart(h.b)
         h.c.settle()
         del h.b.vg.lvs[cl.META]             # its device failed
-        try:
-            outcome = h.run()
-        except tls.lost_source.Refused:
-            return                          # refusing would be a fix
-        rec = h.c.db.volumes[cl.VOLUME_ID]
-        md = h.c.db.admin_metadata[cl.VOLUME_ID]
-        self.assertEqual(('error', 'error'),
-                         (outcome.status, rec.get('status', 'available')),
-                         'ended %s with lost_regions=%s, violations %s'
-                         % (rec.get('status', 'available'),
-                            md.get('dmclone_lost_regions'),
-                            h.c.violations))
+        rec = dict(h.c.db.volumes[cl.VOLUME_ID])
+        exc = self.assertRaises(tls.lost_source.Refused, h.run)
+        self.assertIn('no scan of this move was recorded', str(exc))
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        self.assertEqual(rec, h.c.db.volumes[cl.VOLUME_ID])
+        self.assertNotIn('dmclone_lost_regions',
+                         h.c.db.admin_metadata[cl.VOLUME_ID])
+        self.assertNotIn(cl.HANDLE, h.b.dm.devices)
+        self.assertIn(cl.LV, h.b.vg.lvs)
+        self.assertEqual([], h.c.violations)
+
+    def test_an_earlier_abandons_record_is_not_this_moves(self):
+        # The loss file of an earlier abandon of the volume (same path)
+        # names another move: refused all the same.
+        h = self.cut_short()
+        lost_source.write_json(
+            lost_source.loss_file(h.state_dir, cl.VOLUME_ID),
+            {'volume_id': cl.VOLUME_ID, 'move': 'an earlier move',
+             'uncopied_regions': 0, 'ranges': []})
+        h.c.restart(h.b)
+        h.c.settle()
+        del h.b.vg.lvs[cl.META]
+        self.assertRaises(tls.lost_source.Refused, h.run)
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
