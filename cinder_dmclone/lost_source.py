@@ -325,7 +325,8 @@ class LostSource(object):
         if not data:
             self._end_without_data(ctxt, volume, t)
         elif not meta:
-            self._refuse_unless_scanned(volume, t)
+            self._zero_unless_recorded(
+                volume, t, self._scanned(volume, t))
         else:
             self._stand_in_for_source(volume, t)
             uncopied = self._scan(t)
@@ -345,6 +346,8 @@ class LostSource(object):
                             '%(src)s before it was lost; nothing is '
                             'missing.', {'vol': volume['id'],
                                          'src': t.source_node})
+            # (Before the metadata LV goes: see _zero_unless_recorded.)
+            self._record_zeroed(path)
             self.clones.remove_metadata(t)
         if self.clones.has_data(t):
             self._map_linear(t)
@@ -370,21 +373,23 @@ class LostSource(object):
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
         return outcome
 
-    def _refuse_unless_scanned(self, volume, t):
-        """Data LV here, metadata LV gone: only after this move's scan.
+    def _scanned(self, volume, t):
+        """Data LV here, metadata LV gone: this move's scan, as recorded.
 
         A run removes the metadata LV only once its scan is recorded in
-        the loss file (and the regions never copied zeroed).  Without
-        this move's record there (a run cut short before its scan, then
-        the metadata LV lost with its device, or removed by hand), which
-        regions were copied cannot be told: the LV is neither mapped nor
-        ended on, whatever an earlier abandon of the volume recorded.
+        the loss file and the regions never copied are zeroed (the file
+        then says ``zeroed``).  Without this move's record there (a run
+        cut short before its scan, then the metadata LV lost with its
+        device, or removed by hand), which regions were copied cannot
+        be told: Refused, the LV neither mapped nor ended on, whatever
+        an earlier abandon of the volume recorded.
         """
         try:
             with open(loss_file(self.state_dir, volume['id'])) as f:
-                recorded = json.load(f).get('move') or ''
+                saved = json.load(f)
+            recorded = saved.get('move') or ''
         except (OSError, ValueError, AttributeError):
-            recorded = ''
+            saved, recorded = {}, ''
         if not hmac.compare_digest(recorded, move_digest(t)):
             raise Refused(volume=volume['id'], reason=_(
                 'the clone\'s metadata LV %s is gone and no scan of this '
@@ -392,6 +397,36 @@ class LostSource(object):
                 'cannot be told; nothing was changed (see the operations '
                 'guide, "The destination\'s metadata LV is lost")')
                 % (layout.metadata_lv_name(t.lv_name), t.lv_name))
+        return saved
+
+    def _zero_unless_recorded(self, volume, t, saved):
+        """Zero what this move's scan found uncopied, unless recorded done.
+
+        (A run cut short while zeroing, its metadata LV lost since.)
+        Safe to do again then: until the file says ``zeroed``, the
+        metadata LV was not removed by a run, so no linear table was
+        ever mapped over those regions (the fencing table or no handle
+        at all): nothing has written to them.  Once it says so, never
+        again: a linear table may have been mapped since, and the
+        instance may have written there.
+        """
+        if saved.get('zeroed'):
+            return
+        ranges = [tuple(r) for r in saved.get('ranges') or ()]
+        LOG.warning('Volume %(vol)s: zeroing again the %(n)d ranges its '
+                    'scan found never copied (a run was cut short while '
+                    'zeroing them).', {'vol': volume['id'], 'n': len(ranges)})
+        if ranges:
+            self.zero(self.clones.lv_path(t), ranges)
+        self._record_zeroed(loss_file(self.state_dir, volume['id']))
+
+    @staticmethod
+    def _record_zeroed(path):
+        """The loss file at ``path`` says its ranges are zeroed (atomic)."""
+        with open(path) as f:
+            saved = json.load(f)
+        saved['zeroed'] = True
+        write_json(path, saved)
 
     def _name_this_node(self, ctxt, volume, t):
         """The volume record names this node, which holds the volume now.

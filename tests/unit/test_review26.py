@@ -83,17 +83,31 @@ class ZeroCutShortTestCase(test.TestCase):
     # ('error' status does not detach it).  A rerun could zero the
     # ranges its own file lists before mapping.  Fails on: violation
     # "linear table over ... which is not fully hydrated".
-    @unittest.expectedFailure
+    # (Fixed: the file says when its ranges are zeroed; a rerun without
+    # the metadata LV zeroes them first unless it says so.)
     def test_rerun_after_a_crash_in_the_zeroing_zeroes_again(self):
         h = self.cut_in_the_zeroing()
         del h.b.vg.lvs[cl.META]         # its device failed
-        try:
-            h.run()
-        except tls.lost_source.Refused:
-            pass                        # (refusing would be safe too)
+        outcome = h.run()
         self.assertEqual([], h.c.violations)
-        if cl.HANDLE in h.b.dm.devices:
-            self.assertTrue(h.b.vg.lvs[cl.LV]['complete'])
+        self.assertEqual('error', outcome.status)
+        self.assertEqual(h.expected_ranges(), h.zeroed)
+        self.assertTrue(h.b.vg.lvs[cl.LV]['complete'])
+
+    def test_a_rerun_after_the_linear_map_never_zeroes_again(self):
+        # (The instance may have written there since the linear map.)
+        h = tls.Harness(self, hydrated=range(100))
+        h.lose_a()
+        h.arm_crash(('store', 'clear', None), 'before')
+        self.assertRaises(cl.Crash, h.run)
+        self.assertNotIn(cl.META, h.b.vg.lvs)
+        zeroed = list(h.zeroed)
+        self.assertEqual(h.expected_ranges(), zeroed)
+        h.c.restart(h.b)
+        h.c.settle()
+        h.run()
+        self.assertEqual(zeroed, h.zeroed)
+        self.assertEqual([], h.c.violations)
 
 
 class ClockSteppedBackTestCase(test_rewound_move.RewindMixin,
