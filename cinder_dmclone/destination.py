@@ -34,6 +34,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import dmsetup
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import map_mark
@@ -98,7 +99,8 @@ class Destination(side.Side):
     (:class:`~cinder_dmclone.map_mark.MapMarks`; None only in tests that
     never map a clone); ``end_marks``, this node's marks of a move's end
     begun here (:meth:`mark_end`; None: no set-back move is ever ended
-    here, only kept).
+    here, only kept); ``evidence``, this node's marks of the move it
+    takes part in (see :class:`~cinder_dmclone.side.Side`).
     """
 
     #: Seconds the monitor leaves a source alone after a call to it timed
@@ -108,9 +110,10 @@ class Destination(side.Side):
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  tuning, clock=time.monotonic, service_host=None,
-                 thin_map=False, marks=None, end_marks=None):
+                 thin_map=False, marks=None, end_marks=None,
+                 evidence=None):
         super().__init__(node_names, node_name, store, peer_client,
-                         service_host=service_host)
+                         service_host=service_host, evidence=evidence)
         self.clones = clones
         self.tuning = tuning
         #: apply the region maps of thin sources (dmclone_thin_map).
@@ -173,10 +176,36 @@ class Destination(side.Side):
                                'being prepared.') % volume['id'])
                 # (The source called once it had recorded the move.)
                 self.prepare_seen[volume['id']] = (t.secret, self._clock())
+                self._mark_part(volume, t)
                 self.refuse_if_lost_copy(volume, t)
                 return self._build(volume, step, t)
         finally:
             self.building.discard(volume['id'])
+
+    def _mark_part(self, volume, t):
+        """Mark that this node is ``t``'s destination, before any build.
+
+        (:mod:`~cinder_dmclone.evidence`.)  With the ACL its source
+        recorded its export gives this node, for a record this node may
+        have to write back (:meth:`restore_record`).  PartNotRecorded if
+        the mark is not on disk: the prepare is refused, nothing built.
+        """
+        if self.evidence is None:
+            return
+        export = self.store.move_export(self.ctxt(), volume['id'])
+        self.evidence.record(t, evidence.DESTINATION,
+                             export and ' '.join(export))
+
+    def end_part(self, volume_id, t):
+        """This node's part in move ``t`` is over: its mark goes.
+
+        Before the record of ``t`` is cleared, so that a crash in between
+        leaves a record without a mark (no evidence: as before marks
+        existed), never a mark of a move that is over with its copy
+        still here.
+        """
+        if self.evidence is not None:
+            self.evidence.forget(volume_id, t)
 
     def old_copy(self, t):
         """True if move ``t``'s data LV is here without a metadata LV.
@@ -311,6 +340,19 @@ class Destination(side.Side):
         even without a metadata LV beside it (the move had finished, or
         the clone lost it), and goes, wiped, unless the record names it
         an old copy kept here (:meth:`kept_copy`).
+
+        Never for a record that this node's own mark contradicts
+        (MoveContradicted, nothing done): what is here is another move's.
+        """
+        self.refuse_if_contradicted(
+            volume['id'], t, 'removing what the move built here')
+        self._remove_built(volume, t, keep_data, deleted_here)
+
+    def _remove_built(self, volume, t, keep_data=False, deleted_here=False):
+        """:meth:`tear_down`'s removal, whatever this node's mark says.
+
+        Only :meth:`tear_down` and a delete of the volume (which keeps
+        nothing for any move) call it.
         """
         keep = keep_data or (t.state in (move.PREPARING, move.ABORTED)
                              and not deleted_here and self.old_copy(t)) \
@@ -355,6 +397,7 @@ class Destination(side.Side):
                 LOG.exception('Building the clone of volume %s failed; '
                               'removing what was built.', volume['id'])
                 self.tear_down(volume, t)
+                self.end_part(volume['id'], t)
         self._refuse_if_given_up(volume, t)
         LOG.info('Clone of volume %(vol)s built over %(src)s (hydration '
                  '%(h)s).', {'vol': volume['id'], 'src': t.source_node,
@@ -725,6 +768,7 @@ class Destination(side.Side):
             self.drop_aborted(volume, current)
         else:
             self.tear_down(volume, t)
+            self.end_part(volume['id'], t)
         raise exception.VolumeBackendAPIException(
             data=_('The move of volume %s was given up by its source '
                    'while the clone was built here; nothing was kept.')
@@ -740,7 +784,9 @@ class Destination(side.Side):
         its secret alone tells it apart.)  Refused for a committed move
         (hydrating, finalizing): its clone holds an instance's writes,
         and the source may still believe it never moved (a record still
-        naming it after a lost database write).
+        naming it after a lost database write).  An abort of the move
+        this node's mark names, whose record a stale save replaced, is
+        :meth:`_abort_marked`'s.
         """
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
@@ -757,10 +803,47 @@ class Destination(side.Side):
                                '(%(state)s): it is not aborted.')
                         % {'vol': volume['id'], 'state': t.state})
                 self.tear_down(volume, t)
-            else:
+                self.end_part(volume['id'], t)
+            elif not self._abort_marked(volume, step):
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',
                             volume['id'])
+
+    def _abort_marked(self, volume, step):
+        """Abort the move this node's mark names; False if it names another.
+
+        The caller holds the build lock.  The record names another move
+        (or none): a stale whole save replaced the record of the move
+        into this node, and its source, unable to commit it, gave it up
+        (Side.authenticate took the abort by this node's mark).  What was
+        built here for it was never handed to an instance and took no
+        writes: it goes, wiped, with its mark.  Refused (AbortRefused)
+        once the volume record names this node, the move's destination:
+        the move was committed, and its clone here is the volume.
+        """
+        t = self.marked_move(volume['id'], evidence.DESTINATION,
+                             step.get('secret'))
+        if t is None:
+            return False
+        volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+        if self.names_destination(volume, t):
+            LOG.error('Refusing to abort the move of volume %(vol)s from '
+                      '%(src)s that this node\'s mark names: the volume '
+                      'record names this node, so it was committed and '
+                      'its clone here is the volume.',
+                      {'vol': volume['id'], 'src': t.source_node})
+            raise dmc_exception.AbortRefused(volume=volume['id'],
+                                             src=t.source_node)
+        LOG.warning('Volume %(vol)s: its source %(src)s gave up the move '
+                    'into this node that a stale copy of the admin '
+                    'metadata replaced in its record (%(record)s); '
+                    'removing what was built here for it.',
+                    {'vol': volume['id'], 'src': t.source_node,
+                     'record': side.describe_record(
+                         self.load_any(volume['id']))})
+        self.tear_down(volume, t)
+        self.end_part(volume['id'], t)
+        return True
 
     def prepare_age(self, t):
         """Side.prepare_age, on this node's clock: since it saw ``t`` first.
@@ -821,7 +904,8 @@ class Destination(side.Side):
                     if self._roll_forward(volume, current) is None:
                         self._stop_kept_copy(current)
                     return False
-                if not self.prepare_outlived(current):
+                if not self.prepare_outlived(current) or \
+                        self.contradiction(volume_id, current) is not None:
                     return False
                 self.prepare_seen.pop(volume_id, None)
                 LOG.warning('The move of volume %(vol)s from %(src)s is '
@@ -831,6 +915,7 @@ class Destination(side.Side):
                 self.store.transition(self.ctxt(), current,
                                       (move.PREPARING,), move.ABORTED)
                 self.tear_down(volume, current)
+                self.end_part(volume_id, current)
                 return True
 
     def named_here_while_preparing(self, volume, t):
@@ -998,21 +1083,8 @@ class Destination(side.Side):
         clones = self.clones
         return (self.ended_here(t, move.END_SWAP)
                 and clones.has_data(t) and clones.swapped(t)
-                and self._names_source_export(volume, t)
+                and self.names_source_export(volume, t)
                 and self._other_move(t) is None)
-
-    @staticmethod
-    def _names_source_export(volume, t):
-        """True if ``provider_location`` is move ``t``'s source export.
-
-        Its primary portal and its IQN (also with secondary portals:
-        :func:`~cinder_dmclone.layout.export_portal`, as the driver
-        reads it).
-        """
-        location = volume['provider_location']
-        return (bool(t.target_portal)
-                and layout.export_portal(location) == t.target_portal
-                and layout.export_iqn(location) == t.target_iqn)
 
     def _roll_back_emptied(self, volume, t):
         """Finish the rollback a set-back record hides (R16-1).
@@ -1203,6 +1275,7 @@ class Destination(side.Side):
                     'removing what was built here.',
                     {'vol': volume['id'], 'src': t.source_node})
         self.tear_down(volume, t)
+        self.end_part(volume['id'], t)
         self.store.clear(self.ctxt(), volume['id'], t)
 
     # -- the live migration's outcome ---------------------------------------
@@ -1342,8 +1415,10 @@ class Destination(side.Side):
         LV again; logged once): the move waits in ``cloned``; a detach
         here then keeps it for an operator (:meth:`hold_without_metadata`),
         never rolls it back.  Returns True once
-        committed.
+        committed.  Never for a record this node's own mark contradicts
+        (MoveContradicted): the clone here may be another move's.
         """
+        self.refuse_if_contradicted(volume['id'], t, 'a commit')
         if self.clones.lost_metadata(t):
             # No clone can be built again here: nothing to hydrate, and
             # the source's copy stays the only whole one.  Said once.
@@ -1511,6 +1586,7 @@ class Destination(side.Side):
         mapped (see :meth:`roll_back_without_metadata`).
         """
         ctxt = self.ctxt()
+        self.refuse_if_contradicted(volume['id'], t, 'a rollback')
         LOG.warning('Rolling back the transfer of volume %(vol)s: it stays '
                     'on %(src)s.', {'vol': volume['id'],
                                     'src': t.source_node})
@@ -1525,6 +1601,7 @@ class Destination(side.Side):
                           '%(vol)s; it is harmless and goes with the next '
                           'detach there.', {'src': t.source_node,
                                             'vol': volume['id']})
+        self.end_part(volume['id'], t)
         self.store.clear(ctxt, volume['id'], t)
         self.drop_end_mark(volume['id'])
 
@@ -1557,8 +1634,11 @@ class Destination(side.Side):
         brick's lookup, which reads a volume group not found (a PV not
         scanned yet after a reboot) as "no such LV": a group LVM cannot
         list raises LVMUnlisted before anything is done, and the move
-        stays as it is.
+        stays as it is.  A record this node's own mark contradicts
+        raises MoveContradicted, nothing done (its handle here may be
+        another move's).
         """
+        self.refuse_if_contradicted(volume['id'], t, 'a rollback')
         clones = self.clones
         data, meta = clones.listed(t)
         loaded = clones.loaded(t)
@@ -1812,13 +1892,23 @@ class Destination(side.Side):
         ended while this waited for the lock may have been a rollback
         that kept the LV here, named like the volume, and pointed the
         record at the source.
+
+        A record that this node's own mark contradicts (a stale save
+        replaced the record of the move into this node) is restored
+        first (:meth:`restore_contradicted`), so that both copies go;
+        if it cannot be, MoveContradicted, nothing removed.  Otherwise a
+        delete keeps nothing for any move: the teardown here is not
+        refused by a mark, the retire tells the source it is a delete
+        (peer.DELETING: it removes every copy it holds, see
+        peer.Endpoint.deleting), and this node's mark goes.
         """
         t = self.load(volume['id'])
-        if not self.is_dest(t):
+        if not self.is_dest(t) and not self._moving_here_by_mark(volume):
             self.refuse_delete_unless_here(volume)
             return False
         ctxt = self.ctxt()
         with move.lock(volume['id']):
+            self._restore_before(volume, _('a delete'))
             t = self.load(volume['id'])
             if not self.is_dest(t):
                 self.refuse_delete_unless_here(volume)
@@ -1828,12 +1918,13 @@ class Destination(side.Side):
             # group LVM cannot list: nothing removed here, the source
             # keeps its copy, the move stays; the delete fails.)
             with self.refused_while_unlisted(volume, _('its delete')):
-                self.tear_down(volume, t, deleted_here=(
+                self._remove_built(volume, t, deleted_here=(
                     t.state == move.PREPARING
                     and self.named_here_while_preparing(
                         objects.Volume.get_by_id(ctxt, volume['id']), t)))
             try:
-                self.send(ctxt, volume, t, t.source_host, peer.RETIRE)
+                self.send(ctxt, volume, t, t.source_host, peer.RETIRE,
+                          deleting=True)
             except Exception:
                 with excutils.save_and_reraise_exception():
                     LOG.error('Volume %(vol)s: its side here is removed, '
@@ -1845,10 +1936,146 @@ class Destination(side.Side):
                               'error: cinder reset-state), then delete it '
                               'again.', {'vol': volume['id'],
                                          'src': t.source_node})
+            self.end_every_part(volume['id'])
             self.store.clear(ctxt, volume['id'], t)
             self.pending_finalize.discard(volume['id'])
             self.held.discard(volume['id'])
         return True
+
+    def drop_for_delete(self, volume):
+        """A delete reached this node as a retire: a marked clone goes too.
+
+        This node's mark names it the destination of a move that the
+        record no longer names (a stale whole save replaced it, and its
+        source gave it up or its abort never came): what was built here
+        for it goes, wiped, under the build lock, with its mark.  Nothing
+        of a deleted volume is kept for any move.  No mark, or one
+        naming this node a source: nothing here (the retire does the
+        rest).
+        """
+        if self.evidence is None:
+            return
+        part = self.evidence.read(volume['id'])
+        if part is None or part.role != evidence.DESTINATION:
+            return
+        LOG.warning('Volume %(vol)s is deleted: removing, wiped, what was '
+                    'built here for the move this node\'s mark names (the '
+                    '%(part)s), which its record no longer names.',
+                    {'vol': volume['id'], 'part': part.describe()})
+        with move.build_lock(volume['id']):
+            self._remove_built(volume, part.move, deleted_here=True)
+        self.end_every_part(volume['id'])
+
+    def _moving_here_by_mark(self, volume):
+        """True if this node's mark says a move into it goes on.
+
+        (Its mark contradicts the record, as the destination: the record
+        of the move into this node was replaced by a stale save.)
+        """
+        part = self.contradiction(volume['id'], self.load_any(volume['id']))
+        return part is not None and part.role == evidence.DESTINATION
+
+    def _restore_before(self, volume, step):
+        """Restore a record this node's mark contradicts, or refuse ``step``.
+
+        The caller holds the volume's lock.  Only for this node's mark
+        as a destination (:meth:`_moving_here_by_mark`).
+        MoveContradicted, nothing done, when the record cannot be
+        restored (the move was not committed, say).
+        """
+        if not self._moving_here_by_mark(volume):
+            return
+        current = self.load_any(volume['id'])
+        if self.restore_contradicted(volume, current) is None:
+            self.refuse_if_contradicted(volume['id'],
+                                        self.load_any(volume['id']), step)
+
+    # -- a record that a stale save replaced -------------------------------
+
+    def restore_record(self, volume, stale):
+        """Write back the record of the move this node's mark names.
+
+        ``stale`` is the volume's record as read now (None: none), which
+        this node's own mark contradicts (Side.contradiction): a stale
+        whole save of the admin metadata replaced the record of the move
+        into this node by an earlier move's (R18-2), or by none.  Only
+        when this node is that move's destination, the move was
+        committed (the volume record names this node as its destination:
+        Side.names_destination, which no save of admin metadata and no
+        volume owner writes), the volume's LV is still the move's, and
+        no prepare of the volume runs here.  Written by a compare-and-set
+        on ``stale`` (Store.restore), as a committed move set back to
+        ``preparing``: what it was then is for :meth:`roll_forward` to
+        tell from the clone here, as for any set-back record (R14-4).
+        The caller holds the volume's lock, or runs at start.  Returns
+        the move written back, or None (logged once per pair of moves).
+        """
+        part = self.contradiction(volume['id'], stale)
+        if part is None or part.role != evidence.DESTINATION:
+            return None
+        t = part.move
+        with move.build_lock(volume['id']):
+            volume = objects.Volume.get_by_id(self.ctxt(), volume['id'])
+            why = self._unrestorable(volume, t)
+            if why is not None:
+                self.report_contradiction(
+                    volume['id'], stale, part,
+                    'its record is not restored (%s)' % why)
+                return None
+            try:
+                self.store.restore(self.ctxt(), stale, t, part.export)
+            except move.MoveStateConflict:
+                return None     # (changed since the read: look again)
+        LOG.warning('Volume %(vol)s: its move record (%(stale)s) was replaced '
+                    'by a stale copy of its admin metadata saved whole; this '
+                    'node is the %(part)s, which the volume record names: '
+                    'the record of that move is written back.',
+                    {'vol': volume['id'],
+                     'stale': side.describe_record(stale),
+                     'part': part.describe()})
+        return t
+
+    def _unrestorable(self, volume, t):
+        """Why move ``t``'s record cannot be written back now; or None."""
+        if volume['id'] in self.building:
+            return 'a prepare of the volume runs here'
+        if not self.names_destination(volume, t):
+            return ('the volume record names %s, not the destination %s: '
+                    'the move was not committed'
+                    % (volume['host'], t.dest_host))
+        if t.lv_name != volume['name']:
+            return ('the volume\'s LV is %s now, not %s'
+                    % (volume['name'], t.lv_name))
+        return None
+
+    def restore_contradicted(self, volume, stale):
+        """:meth:`restore_record`, then roll the move forward.
+
+        For a caller that holds the volume's lock (a source step that
+        found the record contradicted, the monitor, a delete).  Returns
+        the move as rolled forward (or as written back, if it cannot be
+        rolled forward: kept, reported), or None if nothing was written.
+        """
+        t = self.restore_record(volume, stale)
+        if t is None:
+            return None
+        return self.roll_forward(volume, t) or t
+
+    def restore_if_free(self, volume_id):
+        """The monitor's :meth:`restore_contradicted`, never waiting.
+
+        Under the volume's lock if it is free now (else the next tick
+        looks again), with the record read under it.
+        """
+        with move.lock_if_free(volume_id) as locked:
+            if not locked:
+                return None
+            try:
+                volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
+                return self.restore_contradicted(volume,
+                                                 self.load_any(volume_id))
+            except exception.VolumeNotFound:
+                return None     # (deleted meanwhile)
 
     # -- unmanage ----------------------------------------------------------
 
@@ -1893,6 +2120,7 @@ class Destination(side.Side):
         except Exception:
             LOG.exception('Could not log out of %s; the session goes with '
                           'the next reboot.', t.source_node)
+        self.end_part(volume['id'], t)
         self.store.clear(self.ctxt(), volume['id'], t)
         self.pending_finalize.discard(volume['id'])
         LOG.warning('Volume %(vol)s unmanaged although %(src)s could not '
@@ -1946,6 +2174,11 @@ class Destination(side.Side):
                 if t.state == move.SOURCE_LOST:
                     # (Its clone went fully hydrated as the operator began
                     # to abandon its source: the command ends it.)
+                    self.pending_finalize.discard(volume_id)
+                    return
+                if self.contradiction(volume_id, t) is not None:
+                    # (Never swapped on such a record's word: the
+                    # monitor restores the record first.)
                     self.pending_finalize.discard(volume_id)
                     return
                 volume = objects.Volume.get_by_id(ctxt, volume_id)
@@ -2061,6 +2294,7 @@ class Destination(side.Side):
         # The source's export goes from the record before the state does,
         # so a crash in between is finalized again.
         self.store.forget_source_export(ctxt, volume['id'])
+        self.end_part(volume['id'], t)
         self.store.clear(ctxt, volume['id'], t)
         self.drop_end_mark(volume['id'])
         self.pending_finalize.discard(volume['id'])

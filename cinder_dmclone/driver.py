@@ -55,6 +55,7 @@ from cinder.volume.drivers import lvm  # noqa: E402
 
 from cinder_dmclone import clone  # noqa: E402
 from cinder_dmclone import dmsetup  # noqa: E402
+from cinder_dmclone import evidence  # noqa: E402
 from cinder_dmclone import exception as dmc_exception  # noqa: E402
 from cinder_dmclone import layout  # noqa: E402
 from cinder_dmclone import map_mark  # noqa: E402
@@ -315,7 +316,11 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
                                        self.node_name)),
                 end_marks=map_mark.MapMarks(
                     map_mark.marks_dir(self._state_dir(), self.node_name,
-                                       map_mark.ENDING)))
+                                       map_mark.ENDING)),
+                part_marks=map_mark.MapMarks(
+                    map_mark.marks_dir(self._state_dir(), self.node_name,
+                                       map_mark.MOVING),
+                    read_limit=evidence.READ_LIMIT))
         return self._moves
 
     @staticmethod
@@ -379,6 +384,19 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
     def _data_lv_names(self):
         """The data group's LVs as LVM lists them (LVMUnlisted if not)."""
         return self.moves.destination.clones.lv_names(self.vg.vg_name)
+
+    def _volume_not_present(self, volume_name):
+        """True if LVM's own listing of the data group lacks the LV.
+
+        Cinder's LVM driver asks brick, which reads 'Volume group "X" not
+        found' (a PV not scanned yet after a reboot) as "no such LV": a
+        delete of a volume or a snapshot then returned at once, Cinder
+        destroyed the record, and the tenant's LV stayed, never wiped
+        and described by nothing.  Here the delete fails instead
+        (LVMUnlisted, nothing removed) and may be asked again once LVM
+        lists the group.
+        """
+        return volume_name not in self._data_lv_names()
 
     def _needs_wipe(self):
         return (self.configuration.volume_clear != 'none'
@@ -610,7 +628,9 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         ``available`` on another node, its half-made LV stays here.  The
         manage listing shows it ("named like another volume"); the
         start-up report does not while the volume exists (see
-        doc/source/limitations.rst).
+        doc/source/limitations.rst).  This node's mark of a move of the
+        volume goes with it (:mod:`~cinder_dmclone.evidence`): no move of
+        a deleted volume survives.
         """
         lv_name = layout.validate_lv_name(volume['name'])
         if self.destination.delete(volume):
@@ -619,6 +639,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
         self.source.give_up_aborted(volume)
         if self._volume_not_present(lv_name):
             self._remove_handle(lv_name)
+            self.source.end_every_part(volume['id'])
             return
         if self.vg.lv_has_snapshot(lv_name):
             LOG.error('Unable to delete due to existing snapshot '
@@ -626,6 +647,7 @@ class DMCloneVolumeDriver(lvm.LVMVolumeDriver):
             raise exception.VolumeIsBusy(volume_name=lv_name)
         self._remove_handle(lv_name)
         self._delete_volume(volume)
+        self.source.end_every_part(volume['id'])
         LOG.info('Successfully deleted volume: %s', volume['id'])
 
     def extend_volume(self, volume, new_size):

@@ -359,3 +359,49 @@ class NodeLocalCoordination(exception.InvalidConfigurationValue):
                 "losing the volume's data. Set the same shared "
                 "backend_url in the [coordination] section of cinder.conf "
                 "on every node.")
+
+
+class PartNotRecorded(exception.VolumeBackendAPIException):
+    """This node could not mark the move it is to take part in.
+
+    (:mod:`cinder_dmclone.evidence`.)  The mark is what keeps a stale save
+    of the volume's record from steering this node later: the part is
+    not taken, before anything is made for it.
+    """
+
+    message = _("This node cannot take part in the move of volume "
+                "%(volume)s: its mark of the move could not be written "
+                "(%(reason)s). Check that the service's state directory "
+                "(<state_path>/dmclone) is writable; nothing was made for "
+                "the move.")
+
+
+class MoveContradicted(exception.VolumeBackendAPIException):
+    """The move recorded contradicts this node's own mark of its move.
+
+    (:mod:`cinder_dmclone.evidence`.)  A stale whole save of the volume's
+    admin metadata replaced the record of the move this node takes part
+    in: a step the record alone would allow (a teardown, a give-up, a
+    rollback, a retire, a wipe, a linear mapping) is not taken.
+    """
+
+    message = _("Volume %(volume)s: %(step)s is not taken here. Its move "
+                "record (%(record)s) contradicts this node's own mark: it "
+                "is the %(part)s, which still holds its data here (a stale "
+                "copy of the admin metadata saved whole?). Nothing was "
+                "removed; see the operations guide.")
+
+
+class AbortRefused(exception.VolumeBackendAPIException):
+    """An abort of a move into this node that was committed.
+
+    Authenticated by this node's mark alone (the record names another
+    move: :mod:`cinder_dmclone.evidence`), it would remove the clone of a
+    move the volume record names this node the destination of: the
+    volume itself.  Nothing is removed.
+    """
+
+    message = _("Volume %(volume)s: the abort of its move from %(src)s "
+                "is refused here: the volume record names this node, so "
+                "the move was committed and its clone here is the "
+                "volume. Nothing was removed.")

@@ -246,22 +246,39 @@ class HydrationTracker(object):
         self.orphans = set()
 
     def _move_of(self, lv_name):
-        """(volume id, its move) for a clone's LV; the move may be None."""
+        """(volume id, its move, its record) for a clone's LV.
+
+        The move is None if the record names none or another LV; the
+        record is the volume's move as recorded, whatever its LV.
+        """
         dest = self.destination
         volume_id = (dest.lv_volumes.get(lv_name)
                      or volume_utils.extract_id_from_volume_name(lv_name))
         try:
-            t = dest.load_any(volume_id) if volume_id else None
+            record = dest.load_any(volume_id) if volume_id else None
         except exception.VolumeNotFound:
-            t = None
+            record = None
+        t = record
         if t is not None and t.lv_name != lv_name:
             t = None
-        return volume_id, t
+        return volume_id, t, record
 
     def on_status(self, lv_name, status, progress):
         """Hydration monitor callback for one clone handle."""
         dest = self.destination
-        volume_id, t = self._move_of(lv_name)
+        volume_id, t, record = self._move_of(lv_name)
+        if volume_id and dest.contradiction(volume_id, record) is not None:
+            # This node's own mark names another move than the record (a
+            # stale save replaced the record of the move into this node):
+            # nothing is done on the record's word.  Written back if it
+            # can be (Destination.restore_contradicted), and handled as
+            # written back at once (a thin map's guard, say).
+            restored = dest.restore_if_free(volume_id)
+            if restored is None:
+                if not dest.is_dest(t):
+                    self._report_orphan(lv_name, volume_id)
+                return
+            t = restored if restored.lv_name == lv_name else None
         if dest.is_dest(t) and t.state == move.ABORTED:
             # The source gave up while this node was still building (its
             # answer came too late): nothing will ever use this clone.

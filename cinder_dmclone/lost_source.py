@@ -20,8 +20,11 @@ LVM, the kernel and the record show, so that running it again after a
 crash anywhere finishes the job:
 
 1. refuse, changing nothing, unless the move is this node's, ``cloned``
-   or ``hydrating``, its source's volume service is down and its iSCSI
-   session does not answer (``force`` overrides the last two);
+   or ``hydrating`` (or ``finalizing`` with its clone not loaded and its
+   metadata LV still here: this node restarted before the finalization
+   removed it, and only the source could build the clone again), its
+   source's volume service is down and its iSCSI session does not
+   answer (``force`` overrides the last two);
 2. record the move as ``source_lost``: neither node's service acts on it
    any more (see :mod:`cinder_dmclone.recovery`);
 3. put an ``error`` device of the clone's length in place of the source
@@ -41,11 +44,14 @@ crash anywhere finishes the job:
 6. record the loss: the full list in a file, a summary in the volume's
    admin metadata (:meth:`cinder_dmclone.move.Store.record_loss`);
 7. zero the regions never copied on the LV: a thick LV's extents may
-   hold another tenant's old data, which must never be shown;
+   hold another tenant's old data, which must never be shown (none
+   for a finalization: its metadata LV holds every region, unless the
+   node lost power before it committed the last ones);
 8. remove the clone's metadata LV: from here on the zeroing is known
    done, and the driver's guard lets a linear handle map the LV again;
 9. map the whole LV linearly, remove the ``error`` device, forget the
-   source's export, set the volume to ``error`` and clear the move.
+   source's export, set the volume to ``error`` (unless no region was
+   lost: the volume keeps its status and its data) and clear the move.
 
 A delete of the volume while its source is lost (before the command, or
 after a run cut short) removes this node's side, then cannot retire the
@@ -63,6 +69,8 @@ copying back, if wanted, the ranges this node never got.
 
 import dataclasses
 import datetime
+import hashlib
+import hmac
 import json
 import os
 import time
@@ -72,12 +80,14 @@ from oslo_log import log as logging
 from cinder import context
 from cinder import exception
 from cinder.i18n import _
+from cinder.volume import volume_utils
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import layout
 from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import privileged
+from cinder_dmclone import source
 
 LOG = logging.getLogger(__name__)
 
@@ -86,7 +96,7 @@ LOG = logging.getLogger(__name__)
 #: (one the command itself made fail: see Destination.extend) has none
 SETTLED = ('in-use', 'available', 'error', 'error_extending')
 #: the states of a move the command ends (or finishes ending)
-ENDS = (move.CLONED, move.HYDRATING)
+ENDS = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
 
 class Refused(exception.VolumeBackendAPIException):
@@ -134,6 +144,15 @@ class Outcome:
 
 def loss_file(state_dir, volume_id):
     return os.path.join(state_dir, 'lost-%s.json' % volume_id)
+
+
+def move_digest(t):
+    """What a loss file names move ``t`` by (pure): not its secret itself.
+
+    A rerun reads it to tell this move's scan from an earlier abandon's
+    of the same volume (the file's path is the volume's).
+    """
+    return hashlib.sha256(t.secret.encode()).hexdigest()
 
 
 def write_json(path, data):
@@ -221,7 +240,7 @@ class LostSource(object):
                      'the command on %(dst)s') % {
                 'dst': t.dest_node,
                 'here': ', '.join(sorted(self.node_names))})
-        if t.state == move.FINALIZING:
+        if t.state == move.FINALIZING and not self._finalization_stuck(t):
             refuse(_('its hydration finished, every region is here; only '
                      'the retirement of the old copy waits for %s. Detach '
                      'it, then unmanage and manage it (see the operations '
@@ -234,6 +253,13 @@ class LostSource(object):
             refuse(_('its status is %(st)s; wait until it is one of '
                      '%(ok)s') % {'st': volume['status'],
                                   'ok': ', '.join(SETTLED)})
+        here = volume_utils.extract_host(volume['host'], 'backend')
+        if here not in (volume_utils.extract_host(t.source_host, 'backend'),
+                        volume_utils.extract_host(t.dest_host, 'backend')):
+            refuse(_('its record names %(host)s, neither node of its move '
+                     'from %(src)s: check which node the volume lives on '
+                     'and correct its host first') % {
+                'host': volume['host'], 'src': t.source_node})
         if t.state == move.SOURCE_LOST:
             return      # started before: finish it, whatever the source
         if self.clones.has_data(t) and not self.clones.has_metadata(t):
@@ -266,6 +292,19 @@ class LostSource(object):
                      '(--force abandons it all the same)')
                    % {'s': ', '.join(answering), 'iqn': t.target_iqn})
 
+    def _finalization_stuck(self, t):
+        """True if move ``t``'s finalization needs its source to go on.
+
+        Its metadata LV is here and its clone is not loaded: this node
+        restarted before the finalization removed the metadata LV (a
+        crash, or LVM not listing the group for a while), and the clone
+        is built again from it only over the source.  Loaded, or without
+        the metadata LV, the finalization ends without the source (or
+        the unmanage path takes the LV, see the operations guide).
+        """
+        return (self.clones.has_metadata(t)
+                and not self.dm.exists(self.clones.handle_name(t)))
+
     def _refuse_if_hydrated(self, t, refuse):
         name = self.clones.handle_name(t)
         if not self.dm.exists(name):
@@ -285,40 +324,129 @@ class LostSource(object):
         data, meta = self.clones.listed(t)
         if not data:
             self._end_without_data(ctxt, volume, t)
-        elif meta:
+        elif not meta:
+            self._zero_unless_recorded(
+                volume, t, self._scanned(volume, t))
+        else:
             self._stand_in_for_source(volume, t)
             uncopied = self._scan(t)
             ranges = dmsetup.uncopied_ranges(uncopied, t.clone_sectors,
                                              t.region_sectors)
             path = self._record(ctxt, volume, t, ranges, len(uncopied))
-            LOG.warning('Volume %(vol)s: %(n)d regions (%(b)d bytes) were '
-                        'never copied from %(src)s; zeroing them. Their '
-                        'list: %(path)s.',
-                        {'vol': volume['id'], 'n': len(uncopied),
-                         'b': sum(r[1] for r in ranges),
-                         'src': t.source_node, 'path': path})
-            self.zero(self.clones.lv_path(t), ranges)
+            if uncopied:
+                LOG.warning('Volume %(vol)s: %(n)d regions (%(b)d bytes) '
+                            'were never copied from %(src)s; zeroing them. '
+                            'Their list: %(path)s.',
+                            {'vol': volume['id'], 'n': len(uncopied),
+                             'b': sum(r[1] for r in ranges),
+                             'src': t.source_node, 'path': path})
+                self.zero(self.clones.lv_path(t), ranges)
+            else:
+                LOG.warning('Volume %(vol)s: every region was copied from '
+                            '%(src)s before it was lost; nothing is '
+                            'missing.', {'vol': volume['id'],
+                                         'src': t.source_node})
+            # (Before the metadata LV goes: see _zero_unless_recorded.)
+            self._record_zeroed(path)
             self.clones.remove_metadata(t)
         if self.clones.has_data(t):
             self._map_linear(t)
         self.dm.remove(self._stand_in_name(t))
         self.clones.disconnect_source(t, volume['provider_auth'])
         self._drop_node_mark(volume['id'], t.dest_node)
+        self._name_this_node(ctxt, volume, t)
         self.store.forget_source_export(ctxt, volume['id'])
-        if not self.set_status(ctxt, volume, 'error', SETTLED):
+        outcome = self._outcome(ctxt, volume, t)
+        if outcome.uncopied_regions and not self.set_status(
+                ctxt, volume, 'error', SETTLED):
             raise Refused(volume=volume['id'], reason=_(
                 'its status changed while the command ran; its data is '
                 'final already: run the command again to record the end'))
-        outcome = self._outcome(ctxt, volume, t)
         self.store.clear(ctxt, volume['id'], t)
         LOG.warning('The move of volume %(vol)s from %(src)s is abandoned: '
-                    'it is in error, %(n)d regions lost (%(path)s). Left on '
-                    '%(src)s: LV %(lv)s (not wiped) and iSCSI target '
+                    'it is %(status)s, %(n)d regions lost (%(path)s). Left '
+                    'on %(src)s: LV %(lv)s (not wiped) and iSCSI target '
                     '%(iqn)s.', {'vol': volume['id'], 'src': t.source_node,
+                                 'status': outcome.status,
                                  'n': outcome.uncopied_regions,
                                  'path': outcome.ranges_file,
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
         return outcome
+
+    def _scanned(self, volume, t):
+        """Data LV here, metadata LV gone: this move's scan, as recorded.
+
+        A run removes the metadata LV only once its scan is recorded in
+        the loss file and the regions never copied are zeroed (the file
+        then says ``zeroed``).  Without this move's record there (a run
+        cut short before its scan, then the metadata LV lost with its
+        device, or removed by hand), which regions were copied cannot
+        be told: Refused, the LV neither mapped nor ended on, whatever
+        an earlier abandon of the volume recorded.
+        """
+        try:
+            with open(loss_file(self.state_dir, volume['id'])) as f:
+                saved = json.load(f)
+            recorded = saved.get('move') or ''
+        except (OSError, ValueError, AttributeError):
+            saved, recorded = {}, ''
+        if not hmac.compare_digest(recorded, move_digest(t)):
+            raise Refused(volume=volume['id'], reason=_(
+                'the clone\'s metadata LV %s is gone and no scan of this '
+                'move was recorded, so which regions of LV %s were copied '
+                'cannot be told; nothing was changed (see the operations '
+                'guide, "The destination\'s metadata LV is lost")')
+                % (layout.metadata_lv_name(t.lv_name), t.lv_name))
+        return saved
+
+    def _zero_unless_recorded(self, volume, t, saved):
+        """Zero what this move's scan found uncopied, unless recorded done.
+
+        (A run cut short while zeroing, its metadata LV lost since.)
+        Safe to do again then: until the file says ``zeroed``, the
+        metadata LV was not removed by a run, so no linear table was
+        ever mapped over those regions (the fencing table or no handle
+        at all): nothing has written to them.  Once it says so, never
+        again: a linear table may have been mapped since, and the
+        instance may have written there.
+        """
+        if saved.get('zeroed'):
+            return
+        ranges = [tuple(r) for r in saved.get('ranges') or ()]
+        LOG.warning('Volume %(vol)s: zeroing again the %(n)d ranges its '
+                    'scan found never copied (a run was cut short while '
+                    'zeroing them).', {'vol': volume['id'], 'n': len(ranges)})
+        if ranges:
+            self.zero(self.clones.lv_path(t), ranges)
+        self._record_zeroed(loss_file(self.state_dir, volume['id']))
+
+    @staticmethod
+    def _record_zeroed(path):
+        """The loss file at ``path`` says its ranges are zeroed (atomic)."""
+        with open(path) as f:
+            saved = json.load(f)
+        saved['zeroed'] = True
+        write_json(path, saved)
+
+    def _name_this_node(self, ctxt, volume, t):
+        """The volume record names this node, which holds the volume now.
+
+        The source records the commit, then points the record at the
+        destination: two writes, and the finalization repoints it if the
+        second was lost.  A move abandoned before that finalization
+        would leave the record naming the lost node, whose stale copy
+        its service would serve again if it ever came back.  (A record
+        naming neither node is refused by :meth:`check`.)
+        """
+        if volume_utils.extract_host(volume['host'], 'host') in \
+                self.node_names:
+            return
+        LOG.warning('Volume %(vol)s: its record still names %(src)s (the '
+                    'last step of its move there did not reach the '
+                    'database); it names this node now.',
+                    {'vol': volume['id'], 'src': t.source_node})
+        self.store.move_volume(ctxt, volume['id'], t.dest_host,
+                               source.host_zone(ctxt, t.dest_host))
 
     def _end_without_data(self, ctxt, volume, t):
         """This node's side is gone already: finish its teardown.
@@ -343,20 +471,25 @@ class LostSource(object):
                     {'vol': volume['id'], 'lv': t.lv_name, 'path': path})
 
     def _drop_node_mark(self, volume_id, node):
-        """The clone is gone: this node's thin-mapped mark of it goes.
+        """The clone is gone: this node's marks of it go.
+
+        Its thin-mapped mark, and its mark of the move it took part in
+        (:mod:`~cinder_dmclone.evidence`): the move ends here.
 
         (Under the service's state directory, which this command shares:
         see :mod:`~cinder_dmclone.map_mark`.)  A failure is only logged:
         a mark left is inert for any later move of the volume.
         """
-        marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir, node))
-        try:
-            marks.remove(volume_id)
-        except Exception:
-            LOG.warning('Volume %(vol)s: its thin-mapped mark (%(dir)s) '
-                        'could not be removed; it is inert.',
-                        {'vol': volume_id, 'dir': marks.directory},
-                        exc_info=True)
+        for subdir in (map_mark.SUBDIR, map_mark.MOVING):
+            marks = map_mark.MapMarks(map_mark.marks_dir(self.state_dir,
+                                                         node, subdir))
+            try:
+                marks.remove(volume_id)
+            except Exception:
+                LOG.warning('Volume %(vol)s: its mark (%(dir)s) could not '
+                            'be removed; it is inert.',
+                            {'vol': volume_id, 'dir': marks.directory},
+                            exc_info=True)
 
     def _stand_in_name(self, t):
         return layout.lost_source_name(self.clones.vg.vg_name, t.lv_name)
@@ -437,7 +570,8 @@ class LostSource(object):
                 '%Y-%m-%dT%H:%M:%SZ')
         left = self._left_on_source(t)
         write_json(path, {
-            'volume_id': volume['id'], 'source_node': t.source_node,
+            'volume_id': volume['id'], 'move': move_digest(t),
+            'source_node': t.source_node,
             'source_host': t.source_host, 'lost_at': lost_at,
             'region_bytes': t.region_sectors * dmsetup.SECTOR_SIZE,
             'total_regions': dmsetup.region_count(t.clone_sectors,
@@ -478,7 +612,11 @@ class LostSource(object):
             self.dm.reload(name, table)
 
     def _outcome(self, ctxt, volume, t):
-        """The Outcome, from the file the scan wrote (also after a crash)."""
+        """The Outcome, from the file the scan wrote (also after a crash).
+
+        Its status is ``error`` if any region was lost, else the
+        volume's own (which the command leaves as it is).
+        """
         loss = self.store.loss_of(
             self.store.db.volume_admin_metadata_get(ctxt, volume['id']))
         path = loss.get('lost_ranges_file') or loss_file(self.state_dir,
@@ -494,7 +632,8 @@ class LostSource(object):
             saved = self._saved_from_record(t, loss)
         return Outcome(
             volume_id=volume['id'], source_node=t.source_node,
-            status='error', region_bytes=saved['region_bytes'],
+            status='error' if saved['uncopied_regions'] else
+            volume['status'], region_bytes=saved['region_bytes'],
             total_regions=saved['total_regions'],
             uncopied_regions=saved['uncopied_regions'],
             ranges=[tuple(r) for r in saved['ranges']], ranges_file=path,

@@ -33,6 +33,11 @@ end from a transient miss of LVM or from an operator's abandon of the
 move's source, once the record is set back (Destination._emptied,
 Destination._swapped).
 
+The same files again, in a third directory (:data:`MOVING`), say which
+move of a volume this node takes part in, as its source or its
+destination (:mod:`cinder_dmclone.evidence`): a stale save of the record
+that names another move is then told from the move in progress here.
+
 No Cinder object and no move state here: path logic (pure) and the
 file's durable write, read and removal.
 """
@@ -47,6 +52,8 @@ import re
 SUBDIR = 'thin-mapped'
 #: the one holding the marks of a move's end begun here.
 ENDING = 'ending'
+#: the one holding the marks of the move this node takes part in.
+MOVING = 'moving'
 #: what a volume id may look like to name a file (a UUID in Cinder): no
 #: ``/``, no ``.`` (``.``, ``..`` and the temporary files never collide).
 _VOLUME_ID_RE = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$')
@@ -62,7 +69,8 @@ class MarkNameInvalid(ValueError):
 def marks_dir(state_dir, node, subdir=SUBDIR):
     """The directory of ``node``'s marks under the service's ``state_dir``.
 
-    ``subdir``: :data:`SUBDIR` (thin mapped) or :data:`ENDING`.
+    ``subdir``: :data:`SUBDIR` (thin mapped), :data:`ENDING` or
+    :data:`MOVING`.
 
     Named after the node, as region_map's records of held snapshots
     are: two volume services of one host may share a state directory
@@ -102,11 +110,14 @@ class MapMarks(object):
     Each write is durable before it returns: the tag goes to a temporary
     file, which is flushed to disk and renamed over the mark, and the
     directory is flushed too.  A crash leaves the old mark or the new
-    one, never a partial file that reads as neither.
+    one, never a partial file that reads as neither.  ``read_limit``:
+    the most a read takes of a mark (a tag's 32 digits by default; the
+    marks of :data:`MOVING` hold a move's record).
     """
 
-    def __init__(self, directory):
+    def __init__(self, directory, read_limit=_READ_LIMIT):
         self.directory = directory
+        self.read_limit = read_limit
 
     def path(self, volume_id):
         return mark_path(self.directory, volume_id)
@@ -135,10 +146,24 @@ class MapMarks(object):
         """
         try:
             with open(self.path(volume_id), 'rb') as f:
-                data = f.read(_READ_LIMIT)
+                data = f.read(self.read_limit)
         except FileNotFoundError:
             return None
         return data.decode('ascii', 'replace').strip()
+
+    def volume_ids(self):
+        """The ids of the volumes marked here, sorted.
+
+        Only the names a mark may have (:func:`mark_path`): never a
+        temporary file of a write cut short.  None marked if the
+        directory is not there yet.  Raises OSError if it cannot be
+        listed.
+        """
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(n for n in names if _VOLUME_ID_RE.match(n))
 
     def remove(self, volume_id):
         """Remove ``volume_id``'s mark; True if there was one.

@@ -778,6 +778,47 @@ class Store(object):
         self._current(ctxt, t, (PREPARING,))
         self._write_state(ctxt, t, state)
 
+    def restore(self, ctxt, stale, t, export=None):
+        """Write move ``t``, ``preparing``, over record ``stale``.
+
+        For the destination of ``t`` only (Destination.restore_record),
+        under the volume's lock: a stale whole save of the admin metadata
+        replaced ``t``'s record by ``stale`` (an earlier move's, or none),
+        and this node's own mark kept ``t``'s.  It is written back as a
+        committed move set back to ``preparing`` (R14-4), which the
+        destination then rolls forward as its clone tells
+        (Destination.roll_forward).  ``export``: the ACL its export gave
+        (:data:`EXPORT_KEY`), as its source recorded it.  Conditional:
+        MoveStateConflict, writing nothing, unless the record still is
+        ``stale`` (the same move in the same state; none if None).  Keys
+        ``stale`` had that ``t`` has not (progress, what it waited for,
+        the times of an older release's record) go after the write.
+        """
+        current = self.load(ctxt, t.volume_id)
+        if not self._same_record(stale, current):
+            raise MoveStateConflict(
+                volume_id=t.volume_id,
+                expected='none' if stale is None else stale.state,
+                found='none' if current is None else 'another record')
+        md = dict(t.to_metadata(), **{KEY_PREFIX + 'state': PREPARING})
+        if export:
+            md[EXPORT_KEY] = export
+            md[KEY_PREFIX + EXPORT_RECORDED] = 'True'
+        self.db.volume_admin_metadata_update(ctxt, t.volume_id, md, False)
+        t.state = PREPARING
+        self._delete(ctxt, t.volume_id, [
+            key for key in Move.metadata_keys() + [EXPORT_KEY]
+            if key not in md])
+
+    @staticmethod
+    def _same_record(stale, current):
+        """True if ``current`` is record ``stale`` still (both may be None)."""
+        if stale is None or current is None:
+            return stale is None and current is None
+        if stale.secret:
+            return stale.same_move(current) and current.state == stale.state
+        return current.to_metadata() == stale.to_metadata()
+
     def _current(self, ctxt, t, expected):
         """The record of move ``t`` if in one of ``expected`` states.
 

@@ -55,6 +55,11 @@ OPS = (PREPARE, RELEASE, RETIRE, ABORT, CLOSED, DETACHED)
 #: terminate_connection.
 BY_INITIALIZE = (PREPARE,)
 BY_TERMINATE = (RELEASE, RETIRE, ABORT, CLOSED, DETACHED)
+#: The entry of a retire step sent by a delete of the volume (True): the
+#: source removes every copy of the volume it holds, also the clone of
+#: a move into it that a stale save removed from the record
+#: (:meth:`Endpoint.deleting`).  A release without it retires as before.
+DELETING = 'deleting'
 #: The entry of a prepare step that carries the regions a thin source
 #: holds (:func:`cinder_dmclone.thin.encode_regions`); absent when every
 #: region is to be copied.
@@ -124,9 +129,15 @@ class PeerClient(object):
             ctxt, self._at(volume, dest_host),
             dict(connector, **{PAYLOAD_KEY: step}))
 
-    def request(self, ctxt, volume, host, op, secret):
-        """Run ``op`` (a BY_TERMINATE step) on ``host``."""
+    def request(self, ctxt, volume, host, op, secret, deleting=False):
+        """Run ``op`` (a BY_TERMINATE step) on ``host``.
+
+        ``deleting``: a retire sent by a delete of the volume
+        (:data:`DELETING`).
+        """
         step = {'op': op, 'secret': secret}
+        if deleting:
+            step[DELETING] = True
         self.rpcapi.terminate_connection(
             ctxt, self._at(volume, host),
             dict(self.own_connector(), **{PAYLOAD_KEY: step}))
@@ -166,9 +177,35 @@ class Endpoint(object):
         elif op == DETACHED:
             self.destination.detached_at_source(volume)
         elif op == RELEASE:
-            self.source.release(volume, connector)
+            self.source.release(volume, connector, t)
         elif op == RETIRE:
-            self.source.retire(volume, connector)
+            self._retire(volume, connector, step, t)
         elif op == CLOSED:
             self.source.confirm_closed(volume, t)
         return None
+
+    def _retire(self, volume, connector, step, t):
+        """A retire; for a delete, every copy of the volume here goes.
+
+        (:meth:`deleting`.)  First what this node's mark names as the
+        destination of another move (Destination.drop_for_delete), then
+        the copy the record names this node the source of.
+        """
+        deleting = self.deleting(volume, step)
+        if deleting:
+            self.destination.drop_for_delete(volume)
+        self.source.retire(volume, connector, t, deleting=deleting)
+
+    @staticmethod
+    def deleting(volume, step):
+        """True if retire ``step`` is sent by a delete of the volume.
+
+        The step says so (:data:`DELETING`), and the volume record, read
+        for this step, says so too: Cinder sets ``deleting`` before it
+        asks the volume's node to delete it (``error_deleting`` when a
+        delete failed, for the owner to try again).  A delete needs no
+        move of the volume to survive: nothing this node holds of it is
+        kept for one.
+        """
+        return step.get(DELETING) is True and \
+            volume['status'] in ('deleting', 'error_deleting')

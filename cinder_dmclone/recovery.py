@@ -30,6 +30,7 @@ from cinder import objects
 from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
@@ -88,6 +89,12 @@ AWAIT_OPERATOR = 'await operator'
 #: move is kept as it is and looked at again after each monitor tick
 #: (Recovery.retry_rebuilds).
 AWAIT_LVM = 'await LVM'
+#: Either side: this node's own mark names another move than the record
+#: (a stale whole save replaced the record of the move it takes part in)
+#: and the record could not be written back: nothing is done on the
+#: record's word (a source whose destination reads its copy exports it
+#: again), logged.  Decided before :func:`plan`, from the mark.
+KEEP_CONTRADICTED = 'keep contradicted'
 #: The states in which the destination of a move still reads the source.
 READS_SOURCE = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
@@ -333,7 +340,10 @@ class Recovery(object):
 
         ``volumes`` are the volumes whose record names this node or whose
         move does; ``metadata_lvs`` the metadata LV names present here.
-        Leftovers that match no move are reported, never deleted.
+        Leftovers that match no move are reported, never deleted.  The
+        volumes this node's own marks name besides (a stale save removed
+        their record) are looked at for their export only
+        (:meth:`_export_marked_elsewhere`).
 
         Runs at start without the volumes' locks (but for an abandon,
         see :meth:`_abandon`), unlike every later caller of :meth:`run`:
@@ -354,7 +364,10 @@ class Recovery(object):
                 continue
             if t is None:
                 self._drop_leftover_export(volume)
-                continue
+                t = self._restored_at_start(volume)
+                if t is None:
+                    self._export_by_mark(volume, None)
+                    continue
             known.add(t.lv_name)
             if self.destination.is_dest(t):
                 self.destination.lv_volumes[t.lv_name] = volume.id
@@ -363,12 +376,71 @@ class Recovery(object):
             except Exception:
                 LOG.exception('Recovering the transfer of volume %s failed.',
                               volume.id)
+        self._export_marked_elsewhere({volume.id for volume in volumes})
         for name in metadata_lvs:
             lv = layout.lv_name_from_metadata_lv(name)
             if lv and lv not in known:
                 LOG.warning('Metadata LV %s matches no transfer into this '
                             'node; left in place for an operator to check.',
                             name)
+
+    def _restored_at_start(self, volume):
+        """A move into this node whose record a stale save removed, or None.
+
+        The copy saved had no move at all, and this node's own mark says
+        it is the destination of one (:meth:`Destination.restore_record
+        <cinder_dmclone.destination.Destination.restore_record>`): its
+        record is written back, to be recovered as any other.
+        """
+        if self.destination.contradiction(volume.id, None) is None:
+            return None
+        try:
+            return self.destination.restore_record(volume, None)
+        except Exception:
+            LOG.exception('Volume %s: could not write back the record of '
+                          'the move into this node.', volume.id)
+            return None
+
+    def _export_by_mark(self, volume, t):
+        """At start: the export a move from here reads; never raises.
+
+        (:meth:`Source.export_by_mark
+        <cinder_dmclone.source.Source.export_by_mark>`.)  A failure is
+        logged: the destination's reads of what it has not
+        copied fail until the next start, as with any export not made.
+        """
+        try:
+            self.source.export_by_mark(volume, t)
+        except Exception:
+            LOG.exception('Volume %s: could not export again the copy '
+                          'that a move from here reads.', volume.id)
+
+    def _export_marked_elsewhere(self, seen):
+        """At start: this node's marks of volumes no record led to.
+
+        A stale save of a copy that held no move removes the record of a
+        move from this node while the volume record names its
+        destination: :func:`volumes_touching` then finds no reason to
+        look at the volume here, and only this node's own mark (as that
+        move's source) tells that a destination still reads from here.
+        ``seen``: the ids of the volumes recovered already.  Nothing but
+        the export is done for these (:meth:`_export_by_mark`): their
+        record, if any, names no move of this node.
+        """
+        for volume_id in self.source.marked_volume_ids():
+            if volume_id in seen:
+                continue
+            try:
+                volume = objects.Volume.get_by_id(self.source.ctxt(),
+                                                  volume_id)
+                t = move.Move.from_metadata(volume.id, volume.admin_metadata)
+            except exception.VolumeNotFound:
+                continue        # (the mark outlived a delete: inert)
+            except Exception:
+                LOG.exception('Volume %s: its move record cannot be read; '
+                              'its export is not made again.', volume_id)
+                continue
+            self._export_by_mark(volume, t)
 
     def _drop_leftover_export(self, volume):
         """At start: the ACL a move from here that is over left.
@@ -615,7 +687,21 @@ class Recovery(object):
         to it (a rebuild, or a rollback, which rebuilds the clone to see
         whether it took writes) waits for the source: the monitor tries
         again (:meth:`retry_rebuilds`).  Any other outcome ends the wait.
+
+        First, a record that this node's own mark contradicts is written
+        back if it can be, and recovered as written back; else kept
+        (:meth:`_contradicted`).
         """
+        part = self.destination.contradiction(volume.id, t)
+        if part is not None:
+            restored = self.destination.restore_record(volume, t)
+            if restored is None:
+                return self._contradicted(volume, t, part)
+            t = restored
+        return self._run_plan(volume, t)
+
+    def _run_plan(self, volume, t):
+        """:meth:`run`'s action from :func:`plan`, once the record stands."""
         action = plan(t, self.facts(volume, t))
         try:
             self._act(action, volume, t)
@@ -640,6 +726,23 @@ class Recovery(object):
         else:
             self.pending_rebuild.pop(volume.id, None)
         return action
+
+    def _contradicted(self, volume, t, part):
+        """KEEP_CONTRADICTED: nothing on record ``t``'s word; said once.
+
+        This node's mark says it is ``part``: as the source of a move
+        committed and not finished (Source.read_by_committed_move), that
+        destination reads every region it has not copied from here, so
+        the export is made again as REEXPORT does (a reboot took it).
+        """
+        self.pending_rebuild.pop(volume.id, None)
+        if part.role == evidence.SOURCE and \
+                self.source.read_by_committed_move(volume, part.move):
+            self.source.export_again(volume, part.move)
+        self.destination.report_contradiction(
+            volume.id, t, part, 'its recovery (%s)'
+            % plan(t, self.facts(volume, t)).name)
+        return Action(KEEP_CONTRADICTED)
 
     def _act(self, action, volume, t):
         dest = self.destination
@@ -752,7 +855,10 @@ class Recovery(object):
                          'state': current.state if current else 'none'})
             return
         self.pending_abandon[volume_id] = t
-        self.source.abandon(volume, current)
+        try:
+            self.source.abandon(volume, current)
+        except dmc_exception.MoveContradicted:
+            pass        # (kept, logged: never given up against it)
         self.pending_abandon.pop(volume_id, None)
 
     def retry_abandons(self):

@@ -24,6 +24,7 @@ import functools
 import time
 
 from cinder_dmclone import destination
+from cinder_dmclone import evidence
 from cinder_dmclone import hydration
 from cinder_dmclone import peer
 from cinder_dmclone import recovery
@@ -44,25 +45,33 @@ class MoveService(object):
     (:class:`~cinder_dmclone.map_mark.MapMarks`), read whether or not the
     option is still on: a clone mapped before it was turned off keeps its
     guard.  ``end_marks`` the node's marks of a move's end begun here
-    (see Destination.mark_end).
+    (see Destination.mark_end).  ``part_marks`` the node's marks of the
+    move it takes part in, per volume (the
+    :data:`~cinder_dmclone.map_mark.MOVING` directory, see
+    :mod:`~cinder_dmclone.evidence`); None: no evidence is kept.
     """
 
     def __init__(self, node_names, node_name, store, peer_client, clones,
                  target_driver, dm, volume_group, wiper, region_sectors,
                  tuning, interval, stall_timeout=0, ensure_export=None,
                  clock=time.monotonic, service_host=None, thin_maps=None,
-                 map_marks=None, end_marks=None):
+                 map_marks=None, end_marks=None, part_marks=None):
+        proof = None if part_marks is None else evidence.Evidence(
+            part_marks, clones, node_names)
         self.source = source.Source(
             node_names, node_name, store, peer_client, target_driver, dm,
             volume_group, wiper, region_sectors, ensure_export=ensure_export,
-            service_host=service_host, thin_maps=thin_maps)
+            service_host=service_host, thin_maps=thin_maps, evidence=proof)
         self.destination = destination.Destination(
             node_names, node_name, store, peer_client, clones,
             functools.partial(destination.hydration_tuning,
                               threshold=tuning[0], batch_size=tuning[1]),
             clock=clock, service_host=service_host,
             thin_map=thin_maps is not None, marks=map_marks,
-            end_marks=end_marks)
+            end_marks=end_marks, evidence=proof)
+        # (A record that a stale save set back on this node is restored
+        # by its destination side, also when a source step finds it.)
+        self.source.restore = self.destination.restore_contradicted
         self.endpoint = peer.Endpoint(self.source, self.destination)
         self.recovery = recovery.Recovery(self.source, self.destination)
         self.tracker = hydration.HydrationTracker(

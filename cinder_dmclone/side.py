@@ -29,11 +29,21 @@ from cinder import objects
 from cinder.objects import fields
 from cinder.volume import volume_utils
 
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import layout
 from cinder_dmclone import move
 from cinder_dmclone import peer
 
 LOG = logging.getLogger(__name__)
+
+
+def describe_record(t):
+    """A move record, for a log line an operator reads (None: none)."""
+    if t is None:
+        return 'none'
+    return ('%s, from %s to %s, recorded at %s'
+            % (t.state, t.source_node, t.dest_node, t.prepared_at))
 
 
 class Side(object):
@@ -44,11 +54,14 @@ class Side(object):
     gives others; ``store`` is the :class:`cinder_dmclone.move.Store`,
     ``peer`` the :class:`cinder_dmclone.peer.PeerClient`;
     ``service_host`` the host part of this node's volume service's
-    ``host``, which the volume records of this node name.
+    ``host``, which the volume records of this node name; ``evidence``
+    this node's marks of the moves it takes part in
+    (:class:`~cinder_dmclone.evidence.Evidence`; None: none are kept,
+    and every record is taken as it reads).
     """
 
     def __init__(self, node_names, node_name, store, peer,
-                 service_host=None):
+                 service_host=None, evidence=None):
         self.node_names = frozenset(node_names)
         #: the names a volume record of this node may carry: the node's
         #: names and its volume service's host, which differ when
@@ -60,6 +73,10 @@ class Side(object):
         self.peer = peer
         #: volumes whose undated ``preparing`` was reported.
         self.undated = set()
+        self.evidence = evidence
+        #: volume id -> (record's secret, mark's secret) last reported as
+        #: contradicting each other (see report_contradiction).
+        self.contradictions = {}
 
     @staticmethod
     def ctxt():
@@ -90,6 +107,101 @@ class Side(object):
             return False
         return volume_utils.extract_host(host, 'backend') == \
             volume_utils.extract_host(t.dest_host, 'backend')
+
+    @staticmethod
+    def names_source_export(volume, t):
+        """True if ``provider_location`` is move ``t``'s source export.
+
+        Its primary portal and its IQN (also with secondary portals:
+        :func:`~cinder_dmclone.layout.export_portal`, as the driver
+        reads it).  Cinder's column, which no save of the admin metadata
+        writes: a move's finalization forgets it once the source retired
+        (Store.forget_source_export).
+        """
+        location = volume['provider_location']
+        return (bool(t.target_portal)
+                and layout.export_portal(location) == t.target_portal
+                and layout.export_iqn(location) == t.target_iqn)
+
+    # -- this node's own evidence --------------------------------------
+
+    def contradiction(self, volume_id, t):
+        """This node's mark that contradicts record ``t``, or None.
+
+        (:meth:`Evidence.contradiction
+        <cinder_dmclone.evidence.Evidence.contradiction>`: a mark of
+        another move, whose data is still here.)
+        """
+        if self.evidence is None:
+            return None
+        return self.evidence.contradiction(volume_id, t)
+
+    def marked_move(self, volume_id, role, secret):
+        """The move this node's mark names as its ``role``, by ``secret``.
+
+        None unless this node holds a usable mark of the volume as
+        ``role`` of a move whose secret is ``secret``: a step for a move
+        whose record a stale whole save replaced is authenticated by the
+        mark instead (:meth:`authenticate`), which only this node and
+        the move's two services ever held.
+        """
+        if self.evidence is None:
+            return None
+        part = self.evidence.read(volume_id)
+        if part is None or part.role != role or \
+                not part.move.authentic(secret):
+            return None
+        return part.move
+
+    def end_every_part(self, volume_id):
+        """The volume is deleted: this node's mark of it goes, whatever move.
+
+        (Evidence.drop.)  No move of a deleted volume is to survive, and
+        the mark holds a move's secret.
+        """
+        if self.evidence is not None:
+            self.evidence.drop(volume_id)
+
+    def marked_volume_ids(self):
+        """The ids of the volumes this node marked a part in (none: none)."""
+        if self.evidence is None:
+            return []
+        return self.evidence.volume_ids()
+
+    def refuse_if_contradicted(self, volume_id, t, step):
+        """MoveContradicted if this node's mark contradicts record ``t``.
+
+        Before a step that removes or gives up anything, or maps a copy
+        alone, on the word of record ``t`` (``step`` names it): a record
+        naming another move than the one this node takes part in was set
+        back by a stale whole save of the admin metadata, and the data
+        here may be the only whole copy, or a partial one.  Nothing is
+        done; said once per pair of moves (:meth:`report_contradiction`).
+        """
+        part = self.contradiction(volume_id, t)
+        if part is None:
+            return
+        self.report_contradiction(volume_id, t, part, step)
+        raise dmc_exception.MoveContradicted(
+            volume=volume_id, step=step, record=describe_record(t),
+            part=part.describe())
+
+    def report_contradiction(self, volume_id, t, part, step):
+        """Say, once per pair of moves, that record ``t`` is not acted on."""
+        pair = (t.secret if t is not None else None, part.move.secret)
+        if self.contradictions.get(volume_id) == pair:
+            return
+        self.contradictions[volume_id] = pair
+        LOG.warning('Volume %(vol)s: its move record (%(record)s) '
+                    'contradicts this node\'s own mark: it is the '
+                    '%(part)s, whose data is still here (a stale copy of '
+                    'the admin metadata saved whole?). Not taken on the '
+                    'record\'s word: %(step)s. Nothing is removed on this '
+                    'node; the destination of the move in progress '
+                    'restores its record if it can, else check both nodes '
+                    'with "cinder-dmclone status".',
+                    {'vol': volume_id, 'record': describe_record(t),
+                     'part': part.describe(), 'step': step})
 
     def load(self, volume_id):
         """The volume's move in progress, or None.
@@ -266,14 +378,16 @@ class Side(object):
             volume_name=volume['name'], source=t.source_node,
             dest=t.dest_node, state=t.state, percent=percent, action=action)
 
-    def send(self, ctxt, volume, t, host, op):
+    def send(self, ctxt, volume, t, host, op, deleting=False):
         """Send step ``op`` of move ``t`` to ``host``'s service.
 
         The caller holds the volume's lock: a move recorded by release
         1.1.0 gets its secret here, before the other node needs it.
+        ``deleting``: a retire sent by a delete (peer.DELETING).
         """
         self.store.ensure_secret(ctxt, t)
-        self.peer.request(ctxt, volume, host, op, t.secret)
+        self.peer.request(ctxt, volume, host, op, t.secret,
+                          deleting=deleting)
 
     def authenticate(self, volume, step, ops=peer.OPS):
         """The move a node-to-node step belongs to, or StepRefused.
@@ -283,6 +397,15 @@ class Side(object):
         this node's side of the move.  Anything else came through the
         public API (an owner's connector with a ``dmclone`` entry) and
         changes nothing.
+
+        One exception: an abort whose secret is not the record's is
+        authenticated by this node's own mark as the destination of the
+        move it names (:meth:`marked_move`).  A stale whole save of the
+        admin metadata replaced the record of that move, which its
+        source then gave up (it could no longer commit it): without its
+        abort the clone built here, never handed to an instance, would
+        stay with nothing to remove it.  The move returned is then the
+        mark's, for the destination to check (Destination.abort).
         """
         op = step.get('op')
         t = self.load_any(volume['id'])
@@ -299,6 +422,12 @@ class Side(object):
         elif op in (peer.RELEASE, peer.RETIRE, peer.CLOSED) and \
                 not self.is_source(t):
             reason = 'this node is not the source'
+        if reason and op == peer.ABORT and op in ops and \
+                (t is None or not t.authentic(step.get('secret'))):
+            marked = self.marked_move(volume['id'], evidence.DESTINATION,
+                                      step.get('secret'))
+            if marked is not None:
+                return marked
         if reason:
             LOG.warning('Refused dmclone step %(op)s for volume %(vol)s: '
                         '%(why)s (a request through the public API?).',

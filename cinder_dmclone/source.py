@@ -37,6 +37,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import attachments
 from cinder_dmclone import dmsetup
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import move
@@ -132,9 +133,9 @@ class Source(side.Side):
                  lio_acls=privileged.lio_acls, sleep=time.sleep,
                  clock=time.monotonic, ensure_export=None,
                  lio_target_exists=privileged.lio_target_exists,
-                 service_host=None, thin_maps=None):
+                 service_host=None, thin_maps=None, evidence=None):
         super().__init__(node_names, node_name, store, peer_client,
-                         service_host=service_host)
+                         service_host=service_host, evidence=evidence)
         self.target_driver = target_driver
         self.dm = dm
         self.volume_group = volume_group
@@ -170,6 +171,11 @@ class Source(side.Side):
         #: ids of the volumes whose migration from here is being started
         #: (see :meth:`_migration_starting`).
         self.migrations_starting = set()
+        #: ``restore(volume, record)``: this node's destination side
+        #: writing back the record of a move into this node that a stale
+        #: save replaced (Destination.restore_contradicted); returns the
+        #: move written back, or None.  None: nothing is restored here.
+        self.restore = None
 
     # -- starting a move ---------------------------------------------------
 
@@ -262,6 +268,7 @@ class Source(side.Side):
                       'dst': dest_node,
                       'h': 'now' if hydrate else 'after detach here'})
             try:
+                self._mark_part(t)
                 params = {'hydrate': hydrate, 'size_gb': volume['size']}
                 region_map = self._region_map(t) if hydrate else None
                 if region_map:
@@ -281,6 +288,25 @@ class Source(side.Side):
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
             return info
+
+    def _mark_part(self, t):
+        """Mark that this node is ``t``'s source, before anything is built.
+
+        (:mod:`~cinder_dmclone.evidence`.)  PartNotRecorded if the mark
+        is not on disk: the move is given up, as any failed attempt.
+        """
+        if self.evidence is not None:
+            self.evidence.record(t, evidence.SOURCE)
+
+    def end_part(self, volume_id, t):
+        """This node's part as the source of move ``t`` is over.
+
+        Its mark goes before the record is cleared: a crash in between
+        leaves a record without a mark (no evidence), never a mark of a
+        move that is over.
+        """
+        if self.evidence is not None:
+            self.evidence.forget(volume_id, t)
 
     @contextlib.contextmanager
     def _migration_starting(self, volume, migration):
@@ -594,7 +620,7 @@ class Source(side.Side):
         :meth:`_drop_export_unless_committed`).
         """
         try:
-            self.give_up(ctxt, volume, t, connector)
+            self.give_up(ctxt, volume, t, connector, own_attempt=True)
         except Exception:
             self.unrecorded[volume['id']] = t
             LOG.exception('Could not give up the move of volume %(vol)s to '
@@ -1072,12 +1098,19 @@ class Source(side.Side):
         """Before an attach or a migration here: end a dead ``preparing``.
 
         Takes the volume's lock only when the record shows such a move
-        (see :meth:`_give_up_stale_prepare`).
+        (see :meth:`_give_up_stale_prepare`), or when this node's own
+        mark contradicts the record (a stale save replaced the record of
+        the move this node takes part in): it is then restored if this
+        node is that move's destination, never given up.
         """
-        if not self._stale_prepare(volume, self.load_any(volume['id'])):
+        t = self.load_any(volume['id'])
+        if not (self._stale_prepare(volume, t) or self._restorable_here(
+                self.contradiction(volume['id'], t))):
             return
         with move.lock(volume['id']):
-            self._give_up_stale_prepare(volume)
+            t = self._restored(volume, self.load_any(volume['id']))
+            if self._stale_prepare(volume, t):
+                self._give_up_stale_prepare(volume)
 
     def refuse_local_attach(self, volume, action):
         """Side.refuse_local_attach, once a dead ``preparing`` is ended.
@@ -1153,8 +1186,12 @@ class Source(side.Side):
         (:meth:`_drop_leftover_before_attach`); with ``connector`` (an
         iSCSI attach from another node), the attach is refused if it
         cannot.
+
+        A record that this node's own mark contradicts is restored first
+        if it can be (:meth:`_restored`); one that cannot is never given
+        up (:meth:`give_up` refuses).
         """
-        t = self.load_any(volume['id'])
+        t = self._restored(volume, self.load_any(volume['id']))
         if t is None:
             self._drop_leftover_before_attach(volume, connector)
         if not self._stale_prepare(volume, t):
@@ -1168,6 +1205,30 @@ class Source(side.Side):
                     {'vol': volume['id'], 'dst': t.dest_node,
                      'state': t.state})
         self.give_up(self.ctxt(), volume, t, ANY_INITIATOR)
+
+    def _restored(self, volume, t):
+        """Record ``t``, or the one this node's destination side wrote back.
+
+        Under the volume's lock.  When this node's own mark says it is the
+        destination of another move than ``t`` (a stale whole save of
+        the admin metadata replaced that move's record), that record is
+        written back and rolled forward (:attr:`restore`), and read
+        again.
+        """
+        if not self._restorable_here(self.contradiction(volume['id'], t)):
+            return t
+        if self.restore(volume, t) is None:
+            return t
+        return self.load_any(volume['id'])
+
+    def _restorable_here(self, part):
+        """True if ``part`` (a contradicting mark) is this node's to restore.
+
+        Its destination side writes back the record of a move into this
+        node (:attr:`restore`); a source never writes a record back.
+        """
+        return (part is not None and part.role == evidence.DESTINATION
+                and self.restore is not None)
 
     def _drop_leftover_before_attach(self, volume, connector):
         """Before any ACL is made: drop the ACL of a move that is over.
@@ -1198,7 +1259,7 @@ class Source(side.Side):
                        'attach on %(host)s. Try again.')
                 % {'vol': volume['id'], 'host': connector.get('host')})
 
-    def give_up(self, ctxt, volume, t, connector=None):
+    def give_up(self, ctxt, volume, t, connector=None, own_attempt=False):
         """End a move that never committed.
 
         The destination is asked first to remove its side, while the
@@ -1215,10 +1276,21 @@ class Source(side.Side):
         otherwise keep its half-built clone, metadata LV and iSCSI
         session forever with nothing describing them: the move is kept
         as ``aborted`` for its recovery to clean up.
+
+        Refused (MoveContradicted, nothing done) when this node's own
+        mark names another move whose data is still here: a stale save
+        set the record back to that earlier move, and the destination it
+        names may hold the only whole copy of the volume.  Not for the
+        attempt this call made itself (``own_attempt``), which recorded
+        the move and marked it here.
         """
+        if not own_attempt:
+            self.refuse_if_contradicted(volume['id'], t,
+                                        'giving the move up')
         aborted = self._abort_peer(ctxt, volume, t)
         if connector is not None:
             self._drop_export_unless_committed(volume, t, connector)
+        self.end_part(volume['id'], t)
         if aborted:
             self.store.clear(ctxt, volume['id'], t)
         elif t.state != move.ABORTED:
@@ -1534,6 +1606,46 @@ class Source(side.Side):
                   'state': t.state})
         self._ensure_export(volume)
 
+    def read_by_committed_move(self, volume, t):
+        """True if move ``t`` from here committed and still reads from here.
+
+        Read from Cinder's columns, which no save of the admin metadata
+        and no volume owner writes: the volume record names ``t``'s
+        destination (the source writes it only once it committed the
+        move: Side.names_destination) and still names ``t``'s export
+        here as its location (a finalization forgets it once this copy
+        is retired: Side.names_source_export).  So never a move that
+        finished, nor one rolled back or given up.
+        """
+        return (self.names_destination(volume, t)
+                and self.names_source_export(volume, t))
+
+    def export_by_mark(self, volume, t):
+        """After a start: export again what this node's mark says is read.
+
+        ``t`` is the volume's record now (None: none), which this node's
+        own mark contradicts: a stale whole save removed or replaced the
+        record of the move from here, whose destination still reads
+        every region it has not copied from this node's copy, and a
+        reboot took the export.  Only for this node's mark as that
+        move's source, its copy still here (Evidence.live), and the move
+        committed and not finished (:meth:`read_by_committed_move`).
+        Returns True if the export was made again.
+        """
+        part = self.contradiction(volume['id'], t)
+        if part is None or part.role != evidence.SOURCE or \
+                not self.read_by_committed_move(volume, part.move):
+            return False
+        LOG.warning('Volume %(vol)s: its move record (%(record)s) does not '
+                    'name the move from here that this node\'s own mark '
+                    'names (the %(part)s, committed); its destination '
+                    'reads from the copy here, whose export is made '
+                    'again.', {'vol': volume['id'],
+                               'record': side.describe_record(t),
+                               'part': part.describe()})
+        self.export_again(volume, part.move)
+        return True
+
     def _restore_saved_exports(self, volume):
         """Bring back LIO's saved targets before an export is removed.
 
@@ -1593,7 +1705,11 @@ class Source(side.Side):
             self.node_names
 
     def finish_rollback(self, volume):
-        """At a detach here: finish a rollback its destination cut short."""
+        """At a detach here: finish a rollback its destination cut short.
+
+        Not for a record this node's own mark contradicts (kept, logged:
+        :meth:`give_up` refuses it); the detach itself goes on.
+        """
         if not self.half_rolled_back(volume, self.load(volume['id'])):
             return
         with move.lock(volume['id']):
@@ -1607,7 +1723,10 @@ class Source(side.Side):
                             '%(vol)s to %(dst)s that its destination did not '
                             'complete.', {'vol': volume['id'],
                                           'dst': t.dest_node})
-                self.give_up(self.ctxt(), volume, t)
+                try:
+                    self.give_up(self.ctxt(), volume, t)
+                except dmc_exception.MoveContradicted:
+                    return      # (kept, logged: the detach goes on)
 
     def abandon(self, volume, t):
         """Recovery: a move from here that never completed.
@@ -1659,18 +1778,33 @@ class Source(side.Side):
             return 0
         return count - self._lio_openers(dmsetup.device_path(name))
 
-    def release(self, volume, connector):
-        """A rollback is done: drop the export made for the move."""
+    def release(self, volume, connector, t=None):
+        """A rollback is done: drop the export made for the move ``t``."""
         self.drop_and_forget_export(volume, connector)
+        self.end_part(volume['id'], t)
 
-    def retire(self, volume, connector):
-        """The volume has left: drop its export, handle and old LV."""
+    def retire(self, volume, connector, t=None, deleting=False):
+        """The volume has left with move ``t``: drop its export, handle, LV.
+
+        Never while this node's own mark names another move whose data is
+        still here (MoveContradicted): the copy here may be what that
+        move reads.  Unless the volume is being deleted (``deleting``:
+        peer.Endpoint.deleting): then no move is to survive, and this
+        node's mark goes whatever move it names.
+        """
         if self.lives_here(volume):
             raise exception.VolumeBackendAPIException(
                 data=_('Refusing to retire volume %s: its record still '
                        'names this node.') % volume['id'])
+        if not deleting:
+            self.refuse_if_contradicted(volume['id'], t,
+                                        'retiring the copy here')
         self.drop_export(volume, connector)
         self.dm.remove(layout.handle_name(self.volume_group, volume['name']))
         self.wiper.discard(volume['name'])
+        if deleting:
+            self.end_every_part(volume['id'])
+        else:
+            self.end_part(volume['id'], t)
         LOG.info('Old copy of volume %s removed from this node.',
                  volume['id'])

@@ -47,6 +47,7 @@ from cinder.volume import volume_utils
 
 from cinder_dmclone import clone
 from cinder_dmclone import dmsetup
+from cinder_dmclone import evidence
 from cinder_dmclone import exception as dmc_exception
 from cinder_dmclone import layout
 from cinder_dmclone import map_mark
@@ -122,6 +123,10 @@ class Node(object):
         #: and of a move's end begun here.
         self.end_marks = map_mark.MapMarks(
             map_mark.marks_dir(self.state_dir, name, map_mark.ENDING))
+        #: and of the move it takes part in.
+        self.part_marks = map_mark.MapMarks(
+            map_mark.marks_dir(self.state_dir, name, map_mark.MOVING),
+            read_limit=evidence.READ_LIMIT)
         self.executed = []
         #: ``lvs`` of the volume group fails as LVM's does while the
         #: group is not found (a PV not scanned yet after a reboot).
@@ -149,7 +154,8 @@ class Node(object):
             interval=10, ensure_export=self._export_moving_away,
             clock=lambda: self.cluster.now,
             thin_maps=self.thin_maps() if self.cluster.thin_map else None,
-            map_marks=self.marks, end_marks=self.end_marks)
+            map_marks=self.marks, end_marks=self.end_marks,
+            part_marks=self.part_marks)
         self.source = self.moves.source
         self.source._lio_acls = self._acls
         self.source._lio_target_exists = (
@@ -497,6 +503,7 @@ class Node(object):
         self.dm.remove(HANDLE)
         if LV in self.vg.lvs:
             self.vg.delete(LV)
+        self.source.end_every_part(volume['id'])
 
 
 class FakeLock(object):
@@ -899,9 +906,19 @@ class Cluster(object):
             rec['status'] = 'available'
 
     def delete(self):
-        """The user deletes the volume (Cinder routes it to its host)."""
+        """The user deletes the volume (Cinder routes it to its host).
+
+        As Cinder's API and volume manager: the volume is ``deleting``
+        while its node deletes it, ``error_deleting`` if that fails.
+        """
         owner = self.owner()
-        self.call(owner, owner.delete_volume, self.volume())
+        rec = self.db.volumes[self.volume_id]
+        rec['status'] = 'deleting'
+        try:
+            self.call(owner, owner.delete_volume, self.volume())
+        except Exception:
+            rec['status'] = 'error_deleting'
+            raise
         self.deleted = True
 
     def tick(self, node):

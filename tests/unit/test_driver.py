@@ -562,6 +562,41 @@ class LifecycleTestCase(DriverTestBase):
         self.assertNotIn(HANDLE, self.dm.devices)
         self.vg.delete.assert_not_called()
 
+    def unlisted(self):
+        """LVM cannot list the group (a PV scanned late after a reboot).
+
+        Brick's lookup then answers "no such LV", as it does for a group
+        not found; LVM's own listing raises.
+        """
+        self.vg.get_volume.side_effect = lambda name: None
+        self.vg_lv_names.side_effect = processutils.ProcessExecutionError(
+            stderr='Volume group "%s" not found' % VG)
+
+    def test_delete_on_an_unlisted_group_fails_keeping_the_lv(self):
+        # Before: brick's lookup read the group not found as "no such
+        # LV", the delete returned, Cinder destroyed the record, and the
+        # tenant's LV stayed, never wiped, described by nothing.
+        self._make_handle()
+        self.unlisted()
+        exc = self.assertRaises(dmc_exception.LVMUnlisted,
+                                self.drv.delete_volume, self.volume)
+        self.assertIn(VG, str(exc))
+        self.assertIn(HANDLE, self.dm.devices)
+        self.vg.delete.assert_not_called()
+
+    def test_delete_snapshot_on_an_unlisted_group_fails(self):
+        snapshot = fake_snapshot.fake_snapshot_obj(self.ctxt)
+        self.unlisted()
+        self.assertRaises(dmc_exception.LVMUnlisted,
+                          self.drv.delete_snapshot, snapshot)
+        self.vg.delete.assert_not_called()
+
+    def test_delete_snapshot_missing_is_done(self):
+        # (Control: a snapshot LVM lists no LV of is gone already.)
+        snapshot = fake_snapshot.fake_snapshot_obj(self.ctxt)
+        self.drv.delete_snapshot(snapshot)
+        self.vg.delete.assert_not_called()
+
     @mock.patch.object(volume_utils, 'clear_volume')
     @mock.patch('os.path.exists', return_value=True)
     def test_delete_clears_lv_when_configured(self, mock_exists, mock_clear):

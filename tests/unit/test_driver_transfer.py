@@ -101,6 +101,10 @@ class MockMovesTestCase(test_driver.DriverTestBase):
         self.source.drop_migration_export.side_effect = (
             lambda volume, connector, remove: remove())
         self.destination.delete.return_value = False
+        # (LVM's own listing of the data group, which a delete reads.)
+        self.destination.clones = mock.Mock(spec=['lv_names'])
+        self.destination.clones.lv_names.side_effect = (
+            lambda vg: frozenset(self.lvs))
         self.destination.extend.return_value = False
         self.destination.detached.return_value = False
         self.destination.load.return_value = None

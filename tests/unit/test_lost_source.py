@@ -478,6 +478,11 @@ class RefusalTestCase(test.TestCase):
         self.h.c.set_state(self.h.t, move.PREPARING)
         self.assert_refused('still being prepared')
 
+    def test_a_record_naming_a_third_node(self):
+        # (Changed by someone else: never repointed, nor ended on.)
+        self.h.c.db.volumes[cl.VOLUME_ID]['host'] = 'node-c@dmclone#dmclone'
+        self.assert_refused('names node-c@dmclone#dmclone, neither node')
+
     def test_finalizing_uses_the_unmanage_path(self):
         self.h.c.set_state(self.h.t, move.FINALIZING)
         exc = self.assert_refused('its hydration finished')
@@ -567,6 +572,125 @@ class CrashTestCase(test.TestCase):
         else:
             # (it crashed after clearing the move: already done)
             h.assert_abandoned()
+
+
+#: the steps a move found whole takes (nothing fenced, zeroed, or set
+#: to error; the scan's table, with no region fenced, is the linear one)
+WHOLE_STEPS = [i for i, step in enumerate(STEPS)
+               if step[:2] not in (('harness', 'zero'),
+                                   ('harness', 'set_status'),
+                                   ('dm', 'reload'))
+               and i != 5]
+WHOLE_CRASHES = [(i, when) for i in WHOLE_STEPS
+                 for when in ('before', 'after')
+                 if not (STEPS[i][0] == 'harness' and when == 'after')]
+
+
+@ddt.ddt
+class FinalizingWithoutItsSourceTestCase(test.TestCase):
+    """A finalization that can no longer end: node B rebooted, A lost.
+
+    Review 22 #2.  Node B's monitor found the clone fully hydrated and
+    recorded ``finalizing``; the swap to linear (or the removal of the
+    metadata LV after it) had not been made for good when node B
+    rebooted, and node A is lost for good.  Node B's start plans to
+    rebuild the clone from its metadata LV, which needs the source:
+    it never can.  The command ends the move over the stand-in like any
+    other; every region is found copied, so the volume keeps its data
+    and its status.
+    """
+
+    def stuck(self, hydrated=range(REGIONS)):
+        h = Harness(self, hydrated=hydrated, reboot=True)
+        # (The fake LV holds every region the metadata says it does.)
+        h.b.vg.lvs[cl.LV]['complete'] = not h.uncopied()
+        h.c.set_state(h.t, move.FINALIZING)
+        h.lose_a()
+        h.c.restart(h.b)
+        self.assertFalse(h.b.dm.exists(cl.HANDLE))
+        self.assertIn(cl.VOLUME_ID, h.b.moves.recovery.pending_rebuild)
+        self.assertEqual(move.FINALIZING, h.c.transfer().state)
+        return h
+
+    def assert_ended_whole(self, h, status, outcome=None):
+        self.assertEqual([], h.c.violations)
+        self.assertNotIn('dmclone_state', h.c.transfer_keys())
+        rec = h.c.db.volumes[cl.VOLUME_ID]
+        self.assertEqual((status, None, h.b.host),
+                         (rec.get('status', 'available'),
+                          rec['provider_location'], rec['host']))
+        self.assertEqual({cl.HANDLE: LINEAR}, h.b.dm.devices)
+        self.assertEqual([cl.LV], list(h.b.vg.lvs))
+        self.assertEqual({}, h.b.connector.sessions)
+        self.assertEqual([], h.zeroed)
+        md = h.c.db.admin_metadata[cl.VOLUME_ID]
+        self.assertEqual(('node-a', '0', '0'),
+                         (md['dmclone_lost_source'],
+                          md['dmclone_lost_regions'],
+                          md['dmclone_lost_bytes']))
+        # node A's copy is left as it was, for the operator
+        self.assertEqual([cl.LV], list(h.a.vg.lvs))
+        self.assertEqual([], h.a.wiped)
+        if outcome is not None:
+            self.assertEqual((status, 0, []), (outcome.status,
+                                               outcome.uncopied_regions,
+                                               outcome.ranges))
+
+    def test_every_region_copied_ends_it_keeping_the_status(self):
+        h = self.stuck()
+        status = h.c.db.volumes[cl.VOLUME_ID].get('status', 'available')
+        self.assertNotEqual('error', status)
+        self.assert_ended_whole(h, status, h.run())
+        # the monitor forgets the rebuild it waited for; nothing else
+        h.c.tick(h.b)
+        self.assertEqual({}, h.b.moves.recovery.pending_rebuild)
+        self.assert_ended_whole(h, status)
+
+    def test_a_region_not_committed_before_the_reboot_is_lost(self):
+        # (The metadata LV is what was committed: a region hydrated in
+        # memory only when node B lost power was never copied for good.)
+        h = self.stuck(hydrated=set(range(REGIONS)) - {4000})
+        h.assert_abandoned(h.run())
+        self.assertEqual([(4000 * REGION_BYTES, REGION_BYTES)],
+                         h.expected_ranges())
+
+    def test_refused_while_its_handle_is_loaded(self):
+        # (The finalization goes on by itself: only its retire waits.)
+        h = Harness(self, hydrated=range(REGIONS))
+        h.c.set_state(h.t, move.FINALIZING)
+        h.lose_a()
+        exc = self.assertRaises(lost_source.Refused, h.run)
+        self.assertIn('its hydration finished', str(exc))
+        self.assertEqual(move.FINALIZING, h.c.transfer().state)
+        self.assertEqual(0, h.probes)
+
+    def test_refused_once_its_metadata_lv_is_gone(self):
+        # (Swapped and its metadata LV removed: whole, and the unmanage
+        # path of the operations guide takes it.)
+        h = self.stuck()
+        del h.b.vg.lvs[cl.META]
+        exc = self.assertRaises(lost_source.Refused, h.run)
+        self.assertIn('unmanage', str(exc))
+        self.assertEqual(move.FINALIZING, h.c.transfer().state)
+
+    @ddt.data(*WHOLE_CRASHES)
+    @ddt.unpack
+    def test_crash_then_run_again(self, step, when):
+        h = self.stuck()
+        status = h.c.db.volumes[cl.VOLUME_ID].get('status', 'available')
+        fired = h.arm_crash(STEPS[step], when)
+        self.assertRaises(cl.Crash, h.run)
+        if fired is not None:
+            self.assertTrue(fired['fired'])
+        h.c.restart(h.b)
+        h.c.settle()
+        self.assertEqual([], h.c.violations)
+        if h.c.transfer() is not None:
+            self.assertIn(h.c.transfer().state,
+                          (move.FINALIZING, move.SOURCE_LOST))
+            self.assert_ended_whole(h, status, h.run())
+        else:
+            self.assert_ended_whole(h, status)
 
 
 class ServicesTestCase(test.TestCase):

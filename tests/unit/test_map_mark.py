@@ -84,6 +84,15 @@ class MapMarksTestCase(test.TestCase):
         self.assertTrue(self.marks.remove(fake.VOLUME_ID))
         self.assertIsNone(self.marks.read(fake.VOLUME_ID))
 
+    def test_volume_ids_lists_only_marks(self):
+        self.assertEqual([], self.marks.volume_ids())
+        self.marks.write(fake.VOLUME2_ID, TAG)
+        self.marks.write(fake.VOLUME_ID, TAG)
+        # (A write cut short leaves its temporary file.)
+        open(self.marks.path(fake.VOLUME3_ID) + '.tmp', 'w').close()
+        self.assertEqual(sorted([fake.VOLUME_ID, fake.VOLUME2_ID]),
+                         self.marks.volume_ids())
+
     def test_durable_before_it_returns(self):
         # The file's data, then (after the rename) its directory.
         synced = []

@@ -142,6 +142,14 @@ class PeerClientTestCase(test.TestCase):
         # The client's own connector is not changed by the steps.
         self.assertEqual(CONNECTOR, client.own_connector())
 
+    def test_a_deletes_retire_says_so(self):
+        client = peer.PeerClient(rpcapi=self.rpcapi, connector={})
+        client.request(self.ctxt, self.volume, 'node-b@dmclone#dmclone',
+                       peer.RETIRE, 'f' * 32, deleting=True)
+        sent = self.rpcapi.terminate_connection.call_args.args[2]
+        self.assertEqual({'dmclone': {'op': 'retire', 'secret': 'f' * 32,
+                                      'deleting': True}}, sent)
+
     def test_request_without_connector(self):
         # A node whose connector has nothing (os-brick found no initiator)
         # still sends the step alone.
@@ -399,10 +407,28 @@ class EndpointTestCase(test.TestCase):
     def test_source_steps_get_the_senders_connector(self, op):
         step = {'op': op, 'secret': SECRET}
         self.assertIsNone(self.a.receive(self.volume, CONNECTOR, step))
-        # With the connector: the export's ACL of the sender goes.
-        getattr(self.a.source, op).assert_called_once_with(self.volume,
-                                                           CONNECTOR)
+        # With the connector: the export's ACL of the sender goes; and
+        # the move the step was checked against, whose mark ends here.
+        extra = {'deleting': False} if op == peer.RETIRE else {}
+        getattr(self.a.source, op).assert_called_once_with(
+            self.volume, CONNECTOR, self.t, **extra)
         self.assertEqual([op], self._routed(self.a))
+
+    @ddt.data(('deleting', True, True), ('error_deleting', True, True),
+              ('available', True, False), ('deleting', False, False),
+              ('deleting', 'yes', False))
+    @ddt.unpack
+    def test_a_retire_is_a_deletes_only_if_both_say_so(
+            self, status, flag, deleting):
+        # The step's entry, and the volume record read for the step.
+        self.volume.status = status
+        self.a.destination.drop_for_delete = mock.Mock()
+        step = {'op': peer.RETIRE, 'secret': SECRET, peer.DELETING: flag}
+        self.assertIsNone(self.a.receive(self.volume, CONNECTOR, step))
+        self.a.source.retire.assert_called_once_with(
+            self.volume, CONNECTOR, self.t, deleting=deleting)
+        self.assertEqual(deleting,
+                         self.a.destination.drop_for_delete.called)
 
     def test_check_comes_before_routing(self):
         order = []

@@ -356,12 +356,12 @@ class RewoundFinalizationTestCase(test_rewound_move.RewindMixin,
         refusing = [True]
         failed = []
 
-        def retire_refused(ctxt, volume, t, host, op):
+        def retire_refused(ctxt, volume, t, host, op, **kwargs):
             if op == peer.RETIRE and refusing:
                 self.save_whole(stale)
                 failed.append(True)
                 raise RuntimeError('handle held open for a moment')
-            return send(ctxt, volume, t, host, op)
+            return send(ctxt, volume, t, host, op, **kwargs)
         self.mock_object(self.b.destination, 'send',
                          side_effect=retire_refused)
         self.c.tick(self.b)

@@ -12,8 +12,6 @@
 
 """Review 18 (branch reset-more): findings as expected failures."""
 
-import unittest
-
 from cinder import exception as cinder_exception
 from cinder.objects import fields
 from cinder.tests.unit import fake_constants as fake
@@ -295,12 +293,17 @@ class SecondMoveSetBackTestCase(test_rewound_move.RewindMixin,
     # also removes node-b's handle -- the device node-b's export serves
     # move 2's clone from -- while that clone may not be hydrated yet
     # (on a real node LIO holding it open would make that removal fail
-    # instead).
-    @unittest.expectedFailure
+    # instead).  Fixed: each node marks the move it takes part in
+    # (cinder_dmclone.evidence); node-a, the destination of move 2 by its
+    # mark, writes move 2's record back and refuses node-c's attach as
+    # moving; nothing acts on move 1's record against a mark.
     def test_a_stale_save_of_the_first_move_during_the_second(self):
         self.second_move_set_back()
         self.c.now += 3600
-        self.c.call(self.a, self.a.attach, self.c.volume(), dict(NODE_C))
+        self.assertRaises(cinder_exception.VolumeBackendAPIException,
+                          self.c.call, self.a, self.a.attach,
+                          self.c.volume(), dict(NODE_C))
+        self.assertEqual({}, self.a.target.exports)
         self.c.settle()
         # What a user needs: move 2 finished (node-a's LV whole and
         # linear) and node-b's copy retired, or move 2 still recorded.

@@ -1167,7 +1167,7 @@ class DetachedTestCase(ClusterTestCase):
         # the attachment could never be deleted).
         src, dst = self.moved(live=True)
         self.c.crash_at(self.b.peer, 'request', 'after',
-                        lambda *args: args[-2] == peer.RELEASE)
+                        lambda *args, **kwargs: args[-2] == peer.RELEASE)
         self.assertRaises(oslo_messaging.MessagingTimeout, self.c.detach,
                           dst)
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
@@ -2522,7 +2522,7 @@ class FinalizeTestCase(ClusterTestCase):
         for name in ('swap_to_linear', 'remove_metadata',
                      'disconnect_source'):
             record(self.b.dest, name)
-        record(self.b.peer, 'request', lambda *args: args[-2])
+        record(self.b.peer, 'request', lambda *args, **kwargs: args[-2])
         record(self.c.db, 'volume_update', lambda ctxt, vid, values:
                'provider ' + ','.join(sorted(values)))
         record(self.b.store, 'clear')
@@ -4172,7 +4172,7 @@ STEPS = {
     'disconnect_source': lambda c, f: (
         c.b.dest, 'disconnect_source', _during(c, move.FINALIZING)),
     'peer_retire': lambda c, f: (
-        c.b.peer, 'request', lambda *args: args[-2] == peer.RETIRE),
+        c.b.peer, 'request', lambda *args, **kwargs: args[-2] == peer.RETIRE),
     'clear_provider_fields': lambda c, f: (
         c.db, 'volume_update',
         lambda ctxt, vid, values: 'provider_location' in values
@@ -4210,7 +4210,7 @@ STEPS = {
         c.db, 'volume_update',
         lambda ctxt, vid, values: values.get('host') == c.a.host),
     'rb_release': lambda c, f: (
-        c.b.peer, 'request', lambda *args: args[-2] == peer.RELEASE),
+        c.b.peer, 'request', lambda *args, **kwargs: args[-2] == peer.RELEASE),
     'rb_clear': lambda c, f: (
         c.b.store, 'clear', _during(c, move.CLONED)),
     # node-b removing what it built after the source gave up.
@@ -4230,7 +4230,7 @@ STEPS = {
     'del_remove_metadata': lambda c, f: (
         c.b.dest, 'remove_metadata', _deleting(c)),
     'del_retire': lambda c, f: (
-        c.b.peer, 'request', lambda *args: args[-2] == peer.RETIRE),
+        c.b.peer, 'request', lambda *args, **kwargs: args[-2] == peer.RETIRE),
     'del_clear': lambda c, f: (c.b.store, 'clear', _deleting(c)),
 }
 PREPARE = ('clean_leftovers', 'create_volumes', 'create_metadata_lv',
