@@ -394,8 +394,9 @@ class LostSource(object):
             raise Refused(volume=volume['id'], reason=_(
                 'the clone\'s metadata LV %s is gone and no scan of this '
                 'move was recorded, so which regions of LV %s were copied '
-                'cannot be told; nothing was changed (see the operations '
-                'guide, "The destination\'s metadata LV is lost")')
+                'cannot be told; nothing was changed (handle the LV as a '
+                'clone that lost its metadata LV: see the operations '
+                'guide)')
                 % (layout.metadata_lv_name(t.lv_name), t.lv_name))
         return saved
 
