@@ -1966,6 +1966,29 @@ class Destination(side.Side):
             self._remove_built(volume, part.move, deleted_here=True)
         self.end_every_part(volume['id'])
 
+    def drop_deleted(self, volume_id, t):
+        """Remove, wiped, the clone move ``t`` built here for a deleted volume.
+
+        The volume is gone and only this node's mark (as the move's
+        destination) names the move: recovery checked that no live
+        volume, move record or other mark names its data LV
+        (:func:`~cinder_dmclone.recovery.plan_deleted`).  Its clone goes
+        as a teardown removes it (the data LV renamed and wiped by the
+        Wiper, then the metadata LV), then the mark: a crash in between
+        leaves the mark, and the next start finishes.  Under the build
+        lock.  (Recovery alone decides, from LVM's own listing, that a
+        data LV without its metadata LV, an old copy perhaps, stays.)
+        """
+        with move.build_lock(volume_id):
+            LOG.warning('Volume %(vol)s is deleted: removing, wiped, the '
+                        'clone built here for its move from %(src)s, which '
+                        'no record describes any more (the move was given '
+                        'up and the volume deleted while this node was '
+                        'down).', {'vol': volume_id, 'src': t.source_node})
+            self.clones.tear_down(t, None)
+            self.drop_node_mark(volume_id)
+        self.end_part(volume_id, t)
+
     def _moving_here_by_mark(self, volume):
         """True if this node's mark says a move into it goes on.
 

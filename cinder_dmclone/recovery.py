@@ -98,6 +98,20 @@ KEEP_CONTRADICTED = 'keep contradicted'
 #: The states in which the destination of a move still reads the source.
 READS_SOURCE = (move.CLONED, move.HYDRATING, move.FINALIZING)
 
+# What a start does about this node's mark as the destination of a move
+# of a volume that no longer exists (:func:`plan_deleted`): no record
+# describes that move any more, only the mark.
+#: Its clone's LVs are here (or what a cut-short teardown of them left):
+#: tear it down, the data LV wiped, and forget the mark.
+DROP_DELETED = 'drop clone of deleted volume'
+#: A live volume, another mark of this node or a live move record names
+#: its data LV: that LV may be another volume's; nothing is touched.
+KEEP_NAMED = 'keep LV named elsewhere'
+#: Its data LV is here without its metadata LV: no move leaves that (see
+#: Destination.old_copy), so it may be an old copy; left, and reported
+#: as any LV of a deleted volume (Recovery.report_lvs_of_deleted_volumes).
+KEEP_OLD_COPY = 'keep old copy'
+
 
 @dataclasses.dataclass(frozen=True)
 class Facts:
@@ -170,6 +184,28 @@ def plan(t, facts):
         return Action(REPORT_DELETED)
     return Action(REBUILD, hydrate=t.state != move.CLONED,
                   commit=commit, finalize=t.state == move.FINALIZING)
+
+
+def plan_deleted(listed, named_elsewhere):
+    """What a start does about a destination mark of a deleted volume.
+
+    ``listed``: (data LV, metadata LV) of the mark's move, True for each
+    LVM lists here; None while LVM cannot list the groups (AWAIT_LVM:
+    which LVs are here is unknown).  ``named_elsewhere``: a live volume,
+    another mark of this node or a live move record names the move's
+    data LV.  Only what the mark's move built goes: a build creates the
+    metadata LV before the data LV and a teardown removes the data LV
+    first, so a data LV alone is no part of a clone, while a metadata LV
+    alone (or nothing) is a teardown cut short.
+    """
+    if listed is None:
+        return Action(AWAIT_LVM)
+    if named_elsewhere:
+        return Action(KEEP_NAMED)
+    data, meta = listed
+    if data and not meta:
+        return Action(KEEP_OLD_COPY)
+    return Action(DROP_DELETED)
 
 
 def reads_source(t, dest_named):
@@ -334,6 +370,10 @@ class Recovery(object):
         #: tries again (retry_abandons) while the record still describes
         #: that move, never committed.
         self.pending_abandon = {}
+        #: volume id -> the move of a deleted volume whose clone here a
+        #: start could not look at (LVM could not list the groups); the
+        #: monitor looks again (retry_deleted).
+        self.pending_deleted = {}
 
     def recover(self, volumes, metadata_lvs):
         """Resume, finish or roll back every move touching this node.
@@ -376,7 +416,8 @@ class Recovery(object):
             except Exception:
                 LOG.exception('Recovering the transfer of volume %s failed.',
                               volume.id)
-        self._export_marked_elsewhere({volume.id for volume in volumes})
+        known |= self._export_marked_elsewhere(
+            {volume.id for volume in volumes})
         for name in metadata_lvs:
             lv = layout.lv_name_from_metadata_lv(name)
             if lv and lv not in known:
@@ -426,7 +467,13 @@ class Recovery(object):
         ``seen``: the ids of the volumes recovered already.  Nothing but
         the export is done for these (:meth:`_export_by_mark`): their
         record, if any, names no move of this node.
+
+        A mark whose volume is not found (VolumeNotFound alone: any other
+        error leaves everything) outlived the volume's delete: as the
+        destination, the clone its move built here goes
+        (:meth:`_drop_deleted`).  Returns the data LVs of those clones.
         """
+        dropped = set()
         for volume_id in self.source.marked_volume_ids():
             if volume_id in seen:
                 continue
@@ -435,12 +482,146 @@ class Recovery(object):
                                                   volume_id)
                 t = move.Move.from_metadata(volume.id, volume.admin_metadata)
             except exception.VolumeNotFound:
-                continue        # (the mark outlived a delete: inert)
+                lv = self._drop_deleted(volume_id)
+                if lv is not None:
+                    dropped.add(lv)
+                continue
             except Exception:
                 LOG.exception('Volume %s: its move record cannot be read; '
                               'its export is not made again.', volume_id)
                 continue
             self._export_by_mark(volume, t)
+        return dropped
+
+    def _drop_deleted(self, volume_id):
+        """The clone of deleted volume ``volume_id`` that this node marks.
+
+        This node's mark names it the destination of a move that no
+        record describes any more: the volume was deleted while this
+        node was down (its source gave the move up, and the abort never
+        reached it).  The mark's move's clone goes, its data LV wiped as
+        every teardown wipes it (Destination.drop_deleted), as
+        :func:`plan_deleted` says.  Never raises: a failure (a database
+        error above all) is logged and leaves everything.  Returns the
+        data LV if it went, else None.
+        """
+        part = self.destination.evidence.read(volume_id) \
+            if self.destination.evidence is not None else None
+        if part is None or part.role != evidence.DESTINATION:
+            self.pending_deleted.pop(volume_id, None)
+            return None     # (no clone of ours: the mark is inert)
+        t = part.move
+        try:
+            listed = self._listed(t)
+            named = listed is not None and self._named_elsewhere(
+                self.destination.ctxt(), volume_id, t)
+            action = plan_deleted(listed, named)
+            self._act_deleted(action, volume_id, t, named)
+        except Exception:
+            self.pending_deleted.pop(volume_id, None)
+            LOG.exception('Volume %(vol)s is deleted, and this node still '
+                          'holds its mark as the destination of a move; '
+                          'nothing of that move is removed here (LV %(lv)s '
+                          'stays, if it is here) until the next start.',
+                          {'vol': volume_id, 'lv': t.lv_name})
+            return None
+        return t.lv_name if action.name == DROP_DELETED else None
+
+    def _listed(self, t):
+        """:meth:`Clones.listed` of ``t``; None while LVM cannot list."""
+        try:
+            return self.destination.clones.listed(t)
+        except dmc_exception.LVMUnlisted as exc:
+            LOG.warning('Volume %(vol)s: %(why)s',
+                        {'vol': t.volume_id, 'why': exc.msg})
+            return None
+
+    def _named_elsewhere(self, ctxt, volume_id, t):
+        """What names move ``t``'s data LV besides the deleted volume.
+
+        A live volume whose LV it is (its ``name``, from its id or its
+        ``_name_id``: after Cinder's generic migration a live volume
+        names its LV after the deleted temporary volume's id), a live
+        move record whose LV it is, or another mark of this node naming
+        it.  A name no volume could have (another volume name template)
+        is taken as named.  None if nothing does.  A database error
+        raises.
+        """
+        lv = t.lv_name
+        if volume_utils.extract_id_from_volume_name(lv) is None:
+            return 'a name not made by the volume name template'
+        live = volume_of_lv(ctxt, lv)
+        if live is not None:
+            return 'volume %s' % live.id
+        for volume in volumes_naming(ctxt, 'lv_name', {lv}):
+            try:
+                other = move.Move.from_metadata(volume.id,
+                                                volume.admin_metadata)
+            except move.MoveStateInvalid:
+                return 'the unreadable move record of volume %s' % volume.id
+            if other is not None and other.lv_name == lv:
+                return 'the move record of volume %s' % volume.id
+        for other_id in self.source.marked_volume_ids():
+            part = None if other_id == volume_id \
+                else self.destination.evidence.read(other_id)
+            if part is not None and part.move.lv_name == lv:
+                return 'this node\'s mark of volume %s' % other_id
+        return None
+
+    def _act_deleted(self, action, volume_id, t, named):
+        """Carry out :func:`plan_deleted`'s ``action`` for move ``t``.
+
+        ``named``: what else names its data LV (KEEP_NAMED).
+        """
+        if action.name == AWAIT_LVM:
+            self.pending_deleted[volume_id] = t
+            LOG.warning('Volume %(vol)s is deleted, and this node holds its '
+                        'mark as the destination of a move, but LVM cannot '
+                        'list its volume groups here: looked at again after '
+                        'each monitor tick.', {'vol': volume_id})
+            return
+        self.pending_deleted.pop(volume_id, None)
+        if action.name == DROP_DELETED:
+            self.destination.drop_deleted(volume_id, t)
+        elif action.name == KEEP_NAMED:
+            LOG.warning('Volume %(vol)s is deleted, and this node holds its '
+                        'mark as the destination of a move whose LV %(lv)s '
+                        'is also named by %(other)s: nothing is removed '
+                        'here; check with "cinder-dmclone status" (see the '
+                        'operations guide).',
+                        {'vol': volume_id, 'lv': t.lv_name,
+                         'other': named})
+        elif action.name == KEEP_OLD_COPY:
+            LOG.warning('Volume %(vol)s is deleted, and this node holds its '
+                        'mark as the destination of a move; LV %(lv)s here '
+                        'has no metadata LV beside it, so that move did '
+                        'not build it (an old copy?): left in place.',
+                        {'vol': volume_id, 'lv': t.lv_name})
+
+    def retry_deleted(self):
+        """Look again at the clones of deleted volumes (after each tick).
+
+        Those a start could not look at, LVM unable to list the groups
+        then (:meth:`_drop_deleted`): under the volume's lock, never
+        waiting for it, the volume and the mark read again.
+        """
+        for volume_id in sorted(self.pending_deleted):
+            with move.lock_if_free(volume_id) as locked:
+                if locked:
+                    self._retry_deleted(volume_id)
+
+    def _retry_deleted(self, volume_id):
+        try:
+            objects.Volume.get_by_id(self.destination.ctxt(), volume_id)
+        except exception.VolumeNotFound:
+            self._drop_deleted(volume_id)
+            return
+        except Exception:
+            LOG.warning('Volume %s: cannot tell whether it is deleted; '
+                        'looked at again after the next monitor tick.',
+                        volume_id, exc_info=True)
+            return
+        self.pending_deleted.pop(volume_id, None)   # (not deleted)
 
     def _drop_leftover_export(self, volume):
         """At start: the ACL a move from here that is over left.

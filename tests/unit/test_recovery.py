@@ -595,6 +595,35 @@ class RunTestCase(test.TestCase):
                          self.dest.pending_finalize)
 
 
+@ddt.ddt
+class PlanDeletedTestCase(test.TestCase):
+    """A destination mark of a deleted volume: what a start does.
+
+    (recovery.plan_deleted: the LVs LVM lists here, None if it cannot
+    list; whether anything else names the data LV.)
+    """
+
+    @ddt.data(
+        # Its clone's LVs, or what a cut-short teardown left (the data
+        # LV goes first), or nothing left but the mark.
+        ((True, True), None, recovery.DROP_DELETED),
+        ((False, True), None, recovery.DROP_DELETED),
+        ((False, False), None, recovery.DROP_DELETED),
+        # No build leaves a data LV alone: an old copy perhaps.
+        ((True, False), None, recovery.KEEP_OLD_COPY),
+        # A live volume, record or other mark names the LV.
+        ((True, True), 'volume x', recovery.KEEP_NAMED),
+        ((False, True), 'volume x', recovery.KEEP_NAMED),
+        ((True, False), 'volume x', recovery.KEEP_NAMED),
+        # Which LVs are here is unknown.
+        (None, None, recovery.AWAIT_LVM),
+        (None, 'volume x', recovery.AWAIT_LVM),
+    )
+    @ddt.unpack
+    def test_plan_deleted(self, listed, named, action):
+        self.assertEqual(A(action), recovery.plan_deleted(listed, named))
+
+
 class LVsOfDeletedVolumesTestCase(test.TestCase):
     """Which LVs a start reports as left by deleted volumes.
 

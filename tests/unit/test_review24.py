@@ -28,8 +28,6 @@ restored record's thin_mapped=False does not drop the guard); end marks
 vs moving marks in _swapped/_emptied (both need the same secret).
 """
 
-import unittest
-
 import oslo_messaging
 
 from cinder import exception
@@ -170,12 +168,10 @@ class AbortNeverDeliveredTestCase(test_two_nodes.ClusterTestCase):
     #    destination of a move never committed (the row never named
     #    node-b), yet nothing acts on it; R18-2's drop_for_delete only
     #    runs on the node a delete's retire reaches.
-    # (Not fixed yet, LOW for an operator who reads the start's report:
-    # the start names the LVs "matching no transfer" and the status
-    # tool's leftover list shows them.  A fix must not take a mark's
-    # volume id being gone for its LV being free: after a generic
-    # migration a live volume's _name_id names the deleted row's LV.)
-    @unittest.expectedFailure
+    # (Fixed: node-b's start tears down, wiped, the clone its mark names
+    # when the mark's volume is not found and nothing else names its LV:
+    # Recovery._drop_deleted; its safety controls in
+    # test_deleted_clone.)
     def test_the_delete_while_b_is_down_leaves_its_clone(self):
         self.given_up_while_b_is_down()
         self.destroy()
