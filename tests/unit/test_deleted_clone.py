@@ -97,6 +97,12 @@ class DeletedCloneTestCase(test_two_nodes.ClusterTestCase):
         self.assert_dropped()
         self.log.exception.assert_not_called()
 
+    def test_after_a_reboot(self):
+        # (No clone table, no iSCSI session any more: only the LVs.)
+        self.b.reboot()
+        self.b.recover()
+        self.assert_dropped()
+
     # A generic migration leaves a live volume whose _name_id is the id
     # of a deleted row: its LV is named after that id, like the mark's.
     # (Fails without the live volume check, recovery.volume_of_lv in
