@@ -355,6 +355,20 @@ def _volume_named_after(ctxt, volume_id):
         ctxt, filters={'_name_id': volume_id}))
 
 
+def _volume_exists(ctxt, volume_id):
+    """True unless volume ``volume_id`` is not found (deleted).
+
+    Another mark naming a deleted volume's LV keeps that LV only while
+    its own volume lives: two marks of deleted volumes would otherwise
+    keep each other's clone, never wiped.  Any other error raises.
+    """
+    try:
+        objects.Volume.get_by_id(ctxt, volume_id)
+    except exception.VolumeNotFound:
+        return False
+    return True
+
+
 class Recovery(object):
     """Carries out :func:`plan` for the moves touching this node."""
 
@@ -543,7 +557,7 @@ class Recovery(object):
         ``_name_id``: after Cinder's generic migration a live volume
         names its LV after the deleted temporary volume's id), a live
         move record whose LV it is, or another mark of this node naming
-        it.  A name no volume could have (another volume name template)
+        it whose volume exists.  A name no volume could have (another volume name template)
         is taken as named.  None if nothing does.  A database error
         raises.
         """
@@ -564,7 +578,8 @@ class Recovery(object):
         for other_id in self.source.marked_volume_ids():
             part = None if other_id == volume_id \
                 else self.destination.evidence.read(other_id)
-            if part is not None and part.move.lv_name == lv:
+            if (part is not None and part.move.lv_name == lv
+                    and _volume_exists(ctxt, other_id)):
                 return 'this node\'s mark of volume %s' % other_id
         return None
 

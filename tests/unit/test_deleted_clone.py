@@ -127,9 +127,11 @@ class DeletedCloneTestCase(test_two_nodes.ClusterTestCase):
         self.c.settle()
         self.assert_kept()
 
-    # (Fails without the other marks check of _named_elsewhere: each
-    # mark, of a deleted volume too, keeps the other's LV.)
+    # (Fails without the other marks check of _named_elsewhere.)  The
+    # other mark's volume lives; a mark of a deleted volume keeps
+    # nothing (test_review27.TwoDeletedMarksTestCase).
     def test_another_mark_naming_the_lv_keeps_it(self):
+        self.add_volume()
         self.b.destination.evidence.record(
             dataclasses.replace(self.t, volume_id=OTHER_ID,
                                 secret='cd' * 16), evidence.DESTINATION)

@@ -19,7 +19,6 @@ closed by the driver (the record is restored from the mark first).
 """
 
 import dataclasses
-import unittest
 
 from cinder_dmclone import evidence
 from cinder_dmclone import move
@@ -87,7 +86,7 @@ class UnmanagedCloneTestCase(test_two_nodes.ClusterTestCase):
 
 
 class TwoDeletedMarksTestCase(test_two_nodes.ClusterTestCase):
-    """Two marks of deleted volumes naming one LV keep it for ever."""
+    """Two marks of deleted volumes naming one LV: the LV is wiped."""
 
     def setUp(self):
         super().setUp()
@@ -116,8 +115,8 @@ class TwoDeletedMarksTestCase(test_two_nodes.ClusterTestCase):
     #    mark ever goes, the clone of a deleted volume is never wiped
     #    (only warned about).  No live volume or record is involved: a
     #    mark of a deleted volume should not count as "named elsewhere".
-    @unittest.expectedFailure
-    def test_two_marks_of_deleted_volumes_never_wipe(self):
+    # Fixed: another mark keeps the LV only while its volume exists.
+    def test_two_marks_of_deleted_volumes_are_wiped(self):
         self.b.destination.evidence.record(
             dataclasses.replace(self.t, volume_id=test_deleted_clone.OTHER_ID,
                                 secret='cd' * 16), evidence.DESTINATION)
@@ -129,15 +128,3 @@ class TwoDeletedMarksTestCase(test_two_nodes.ClusterTestCase):
         self.assertEqual({}, self.b.vg.lvs)
         self.assertTrue(any('/%s-dmcwipe-' % LV in p for p in self.b.wiped),
                         self.b.wiped)
-
-    # Control: the same with one of the two volumes live keeps the LV
-    # (its own test, test_another_mark_naming_the_lv_keeps_it, and the
-    # live volume check cover that).
-    def test_control_other_mark_of_a_live_volume_keeps(self):
-        self.add_volume()
-        self.b.destination.evidence.record(
-            dataclasses.replace(self.t, volume_id=test_deleted_clone.OTHER_ID,
-                                secret='cd' * 16), evidence.DESTINATION)
-        self.start_b()
-        self.c.settle()
-        self.assert_kept()
