@@ -2301,12 +2301,7 @@ class Destination(side.Side):
                       {'vol': volume['id'], 'src': t.source_node,
                        'host': volume['host']})
             return volume
-        LOG.warning('Volume %(vol)s was moved here from %(src)s, but its '
-                    'record still names %(src)s (its last step there did '
-                    'not reach the database): it names this node now.',
-                    {'vol': volume['id'], 'src': t.source_node})
-        self.store.move_volume(ctxt, volume['id'], t.dest_host,
-                               source.host_zone(ctxt, t.dest_host))
+        source.name_destination(self.store, ctxt, volume, t)
         return objects.Volume.get_by_id(ctxt, volume['id'])
 
     def _retire_source(self, ctxt, volume, t):

@@ -442,12 +442,7 @@ class LostSource(object):
         if volume_utils.extract_host(volume['host'], 'host') in \
                 self.node_names:
             return
-        LOG.warning('Volume %(vol)s: its record still names %(src)s (the '
-                    'last step of its move there did not reach the '
-                    'database); it names this node now.',
-                    {'vol': volume['id'], 'src': t.source_node})
-        self.store.move_volume(ctxt, volume['id'], t.dest_host,
-                               source.host_zone(ctxt, t.dest_host))
+        source.name_destination(self.store, ctxt, volume, t)
 
     def _end_without_data(self, ctxt, volume, t):
         """This node's side is gone already: finish its teardown.

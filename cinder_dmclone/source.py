@@ -83,6 +83,24 @@ def host_zone(ctxt, host):
     return None if service is None else service.availability_zone
 
 
+def name_destination(store, ctxt, volume, t):
+    """Point ``volume``'s record at move ``t``'s destination, again.
+
+    The source records a commit, then points the record at the
+    destination: two writes.  When the second was lost, whoever ends the
+    move on the destination (its finalization, or an abandon of its
+    lost source) makes it, and logs that it did.  The caller has checked
+    that the record names the move's source.
+    """
+    LOG.warning('Volume %(vol)s was moved to %(dst)s from %(src)s, but its '
+                'record still names %(src)s (its last step there did not '
+                'reach the database): it names %(dst)s now.',
+                {'vol': volume['id'], 'src': t.source_node,
+                 'dst': t.dest_node})
+    store.move_volume(ctxt, volume['id'], t.dest_host,
+                      host_zone(ctxt, t.dest_host))
+
+
 def service_is_up(ctxt, host):
     """True if the volume service behind ``host`` reports itself up.
 

@@ -139,6 +139,22 @@ class Harness(object):
     def run(self, force=False):
         return self.command().run(cl.VOLUME_ID, force=force)
 
+    def crash_then_restart(self, step, when):
+        """A run crashes at ``step`` (see :meth:`arm_crash`); B restarts.
+
+        No violation at the crash nor after node B's service restarted
+        and settled.
+        """
+        t = self.test
+        fired = self.arm_crash(step, when)
+        t.assertRaises(cl.Crash, self.run)
+        if fired is not None:
+            t.assertTrue(fired['fired'])
+        t.assertEqual([], self.c.violations)
+        self.c.restart(self.b)
+        self.c.settle()
+        t.assertEqual([], self.c.violations)
+
     def _crash(self, where):
         if self.crash_in == where:
             self.crash_in = None
@@ -556,14 +572,7 @@ class CrashTestCase(test.TestCase):
     def test_crash_then_run_again(self, step, when, reboot):
         h = Harness(self, hydrated=set(range(200)) | {5000}, reboot=reboot)
         h.lose_a()
-        fired = h.arm_crash(STEPS[step], when)
-        self.assertRaises(cl.Crash, h.run)
-        if fired is not None:
-            self.assertTrue(fired['fired'])
-        self.assertEqual([], h.c.violations)
-        h.c.restart(h.b)
-        h.c.settle()
-        self.assertEqual([], h.c.violations)
+        h.crash_then_restart(STEPS[step], when)
         if h.c.transfer() is not None:
             # the service left it alone, and waits for the operator
             self.assertIn(h.c.transfer().state,
@@ -678,13 +687,7 @@ class FinalizingWithoutItsSourceTestCase(test.TestCase):
     def test_crash_then_run_again(self, step, when):
         h = self.stuck()
         status = h.c.db.volumes[cl.VOLUME_ID].get('status', 'available')
-        fired = h.arm_crash(STEPS[step], when)
-        self.assertRaises(cl.Crash, h.run)
-        if fired is not None:
-            self.assertTrue(fired['fired'])
-        h.c.restart(h.b)
-        h.c.settle()
-        self.assertEqual([], h.c.violations)
+        h.crash_then_restart(STEPS[step], when)
         if h.c.transfer() is not None:
             self.assertIn(h.c.transfer().state,
                           (move.FINALIZING, move.SOURCE_LOST))
@@ -1199,13 +1202,7 @@ class DeletedWhileLostTestCase(test.TestCase):
         if step >= 1:
             # (a teardown cut short: the metadata LV is still there)
             h.b.vg.add(cl.META, '8m')
-        fired = h.arm_crash(DELETED_STEPS[step], when)
-        self.assertRaises(cl.Crash, h.run)
-        if fired is not None:
-            self.assertTrue(fired['fired'])
-        h.c.restart(h.b)
-        h.c.settle()
-        self.assertEqual([], h.c.violations)
+        h.crash_then_restart(DELETED_STEPS[step], when)
         if h.c.transfer() is not None:
             self.assertIn(h.c.transfer().state,
                           (move.HYDRATING, move.SOURCE_LOST))

@@ -185,7 +185,31 @@ class AbortNeverDeliveredTestCase(test_two_nodes.ClusterTestCase):
                         self.b.wiped)
 
 
-class SameSourceStaleSaveTestCase(test_rewound_move.RewindMixin,
+class SameSourceMixin(test_rewound_move.RewindMixin):
+    """Two moves a->b, the first's record saved back over the second's."""
+
+    def set_back_from_the_same_source(self, seconds):
+        """Move 1 rolled back; move 2 ``seconds`` later by node-a's clock.
+
+        A save of a copy read during move 1's prepare then puts move 1's
+        record over move 2's.  Returns (move 1, move 2).
+        """
+        stale = self.read_while_preparing()
+        src, dst = self.moved(live=True)            # move 1 a->b
+        first = self.c.transfer()
+        self.c.detach(dst)
+        self.c.detach(src)                          # rolled back
+        self.assertIsNone(self.c.transfer())
+        self.c.now += seconds
+        self.c.attach(self.b)                       # move 2 a->b
+        second = self.c.transfer()
+        self.assertEqual(move.HYDRATING, second.state)
+        self.save_whole(stale)
+        self.assertEqual(first.secret, self.c.transfer().secret)
+        return first, second
+
+
+class SameSourceStaleSaveTestCase(SameSourceMixin,
                                   test_two_nodes.ClusterTestCase):
     """Finding 1's fix keeps R18-2's protection for one source's moves.
 
@@ -194,21 +218,9 @@ class SameSourceStaleSaveTestCase(test_rewound_move.RewindMixin,
     """
 
     def test_an_earlier_record_of_the_same_source_stays_contradicted(self):
-        stale = self.read_while_preparing()
-        src, dst = self.moved(live=True)            # move 1 a->b
-        first = self.c.transfer()
-        self.c.detach(dst)
-        self.c.detach(src)                          # rolled back
-        self.assertIsNone(self.c.transfer())
-        self.c.now += 60
-        self.c.attach(self.b)                       # move 2 a->b
-        second = self.c.transfer()
-        self.assertEqual(move.HYDRATING, second.state)
+        first, second = self.set_back_from_the_same_source(60)
+        # move 1's record, earlier by node-a's own clock, over move 2's
         self.assertGreater(second.prepared_at, first.prepared_at)
-        # A save of a copy read during move 1's prepare: move 1's record,
-        # earlier by node-a's own clock, over move 2's.
-        self.save_whole(stale)
-        self.assertEqual(first.secret, self.c.transfer().secret)
         part = self.a.source.contradiction(VOLUME_ID, self.c.transfer())
         self.assertIsNotNone(part)
         self.assertEqual(second.secret, part.move.secret)
