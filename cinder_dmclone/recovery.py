@@ -557,9 +557,9 @@ class Recovery(object):
         ``_name_id``: after Cinder's generic migration a live volume
         names its LV after the deleted temporary volume's id), a live
         move record whose LV it is, or another mark of this node naming
-        it whose volume exists.  A name no volume could have (another volume name template)
-        is taken as named.  None if nothing does.  A database error
-        raises.
+        it whose volume exists.  A name no volume could have (another
+        volume name template) is taken as named.  None if nothing does.
+        A database error raises.
         """
         lv = t.lv_name
         if volume_utils.extract_id_from_volume_name(lv) is None:
