@@ -821,7 +821,9 @@ class SocketRPC(object):
 
     Like an RPC call, a call gives up after ``timeout`` seconds with
     oslo.messaging's MessagingTimeout, while the other node may still be
-    running the step.
+    running the step.  The timeout bounds the whole call, the connection
+    and its key exchange included: a peer whose every worker is busy (or
+    whose service hangs) does not hold the caller longer.
     """
 
     def __init__(self, node_key, timeout=None):
@@ -832,16 +834,16 @@ class SocketRPC(object):
         from cinder.objects import base
         target = 'b' if routed.host.startswith(service_host('b')) else 'a'
         serializer = base.CinderObjectSerializer()
-        conn = multiprocessing.connection.Client(
-            peer_address(testbed.topology(), target), authkey=PEER_AUTHKEY)
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        conn = _connect(peer_address(testbed.topology(), target), deadline,
+                        '%s to node %s' % (method, target))
         try:
             conn.send((method, serializer.serialize_entity(None, routed),
                        connector))
-            if self.timeout and not conn.poll(self.timeout):
-                import oslo_messaging
-                raise oslo_messaging.MessagingTimeout(
-                    'no answer from node %s to %s within %d s'
-                    % (target, method, self.timeout))
+            if deadline is not None and not conn.poll(
+                    max(0.0, deadline - time.monotonic())):
+                raise _timeout('no answer from node %s to %s within %d s'
+                               % (target, method, self.timeout))
             ok, value = conn.recv()
         finally:
             conn.close()
@@ -854,6 +856,53 @@ class SocketRPC(object):
 
     def terminate_connection(self, ctxt, volume, connector, force=False):
         return self._send('terminate_connection', volume, connector)
+
+
+def _timeout(message):
+    import oslo_messaging
+    return oslo_messaging.MessagingTimeout(message)
+
+
+def _connect(address, deadline, what):
+    """A connection to a peer endpoint, its key exchange done by ``deadline``.
+
+    ``multiprocessing.connection.Client`` has no timeout of its own (the
+    exchange waits for the peer to accept): it runs in a thread of its
+    own, and a connection made after the deadline is closed there.
+    None: no deadline.
+    """
+    def connect():
+        return multiprocessing.connection.Client(address,
+                                                 authkey=PEER_AUTHKEY)
+
+    if deadline is None:
+        return connect()
+    lock = threading.Lock()
+    box = {}
+
+    def run():
+        try:
+            conn = connect()
+        except Exception as exc:
+            conn, box['error'] = None, exc
+        with lock:
+            if box.get('late'):
+                if conn is not None:
+                    conn.close()
+                return
+            box['conn'] = conn
+
+    thread = threading.Thread(target=run, daemon=True,
+                              name='peer-connect')
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()))
+    with lock:
+        if 'conn' not in box:
+            box['late'] = True
+            raise _timeout('no connection for %s within its timeout' % what)
+    if box['conn'] is None:
+        raise box['error']
+    return box['conn']
 
 
 def _handle(method, primitive, connector):
@@ -869,6 +918,24 @@ def _handle(method, primitive, connector):
         return manager_initialize_connection(volume.id, connector, volume)
     volume = objects.Volume.get_by_id(ctxt, volume.id)
     return driver().terminate_connection(volume, connector, force=False)
+
+
+def _serve_one(conn):
+    """Answer the one request of a peer connection, then close it."""
+    try:
+        method, primitive, connector = conn.recv()
+        try:
+            answer = (True, _handle(method, primitive, connector))
+        except Exception as exc:
+            traceback.print_exc()
+            answer = (False, exc)
+        conn.send(answer)
+    except (OSError, EOFError):
+        # The caller timed out and hung up: its answer is lost, as an
+        # RPC reply after the caller's timeout would be.
+        traceback.print_exc()
+    finally:
+        conn.close()
 
 
 def _listen(address):
@@ -893,6 +960,13 @@ def _listen(address):
 
 
 def _serve_peer(node_key):
+    """Take the peer calls to this node, each in its own thread.
+
+    As a volume service's RPC workers do: a step that blocks (a prepare
+    in an iSCSI login during a network cut) does not hold the next one
+    (the abort its caller sends once it gave up); the driver's own
+    locks order them where it needs.
+    """
     listener = _listen(peer_address(testbed.topology(), node_key))
     _STATE['listener'] = listener
 
@@ -907,19 +981,7 @@ def _serve_peer(node_key):
                 continue
             except OSError:
                 return
-            try:
-                method, primitive, connector = conn.recv()
-                try:
-                    answer = (True, _handle(method, primitive, connector))
-                except Exception as exc:
-                    traceback.print_exc()
-                    answer = (False, exc)
-                conn.send(answer)
-            except (OSError, EOFError):
-                # The caller timed out and hung up: its answer is lost,
-                # as an RPC reply after the caller's timeout would be.
-                traceback.print_exc()
-            finally:
-                conn.close()
+            threading.Thread(target=_serve_one, args=(conn,), daemon=True,
+                             name='peer-call').start()
 
     threading.Thread(target=loop, daemon=True, name='peer').start()

@@ -695,6 +695,63 @@ with mock.patch.object(testbed, 'topology', return_value=topo), \\
 """
 
 
+#: Node A's peer endpoint (port: argv[1]) while a step it runs blocks: the
+#: caller of that step gives up after its timeout, and the next call (an
+#: abort, say) is still answered, as by a volume service's RPC workers.
+#: Then a port that takes connections but never answers: a call to it
+#: gives up after its timeout too (a peer whose service hangs).
+PEER_BLOCKED_SCRIPT = """
+import socket
+import sys
+import threading
+import time
+import types
+from unittest import mock
+
+import oslo_messaging
+
+from tests.harness import testbed
+from tests.harness import volume_node
+
+port, silent_port = int(sys.argv[1]), int(sys.argv[2])
+node = types.SimpleNamespace(ip='127.0.0.1', name='node-a')
+topo = types.SimpleNamespace(separate=True, node=lambda key: node)
+release = threading.Event()
+
+
+def handle(method, primitive, connector):
+    if connector.get('block'):
+        release.wait(120)
+    return connector
+
+
+routed = types.SimpleNamespace(host='node-a@dmclone')
+with mock.patch.object(testbed, 'topology', return_value=topo), \\
+        mock.patch.object(volume_node, 'PEER_PORT', port), \\
+        mock.patch.object(volume_node, '_handle', side_effect=handle):
+    volume_node._serve_peer('a')
+    rpc = volume_node.SocketRPC('a', timeout=3)
+    for connector in ({'block': True}, {'n': 2}):
+        t0 = time.monotonic()
+        try:
+            print('answered', rpc._send('terminate_connection', routed,
+                                        connector), end=' ')
+        except oslo_messaging.MessagingTimeout:
+            print('timed out', end=' ')
+        print(round(time.monotonic() - t0) <= 5)
+    release.set()
+    silent = socket.socket()
+    silent.bind(('127.0.0.1', silent_port))
+    silent.listen(4)
+    with mock.patch.object(volume_node, 'PEER_PORT', silent_port):
+        t0 = time.monotonic()
+        try:
+            rpc._send('terminate_connection', routed, {'n': 3})
+        except oslo_messaging.MessagingTimeout:
+            print('silent peer: timed out', round(time.monotonic() - t0) <= 5)
+"""
+
+
 class PeerListenerTestCase(test.TestCase):
     """The driver cluster's peer calls over TCP, between separate kernels."""
 
@@ -725,6 +782,21 @@ class PeerListenerTestCase(test.TestCase):
                           "served (True, ('terminate_connection', "
                           "{'v': 1}, {'host': 'x'}))"],
                          proc.stdout.splitlines())
+
+    # Review of the fault matrix on separate kernels: node B's prepare
+    # blocked in an iSCSI login under a network cut, node A's abort that
+    # followed its timed out prepare waited for B's single request loop,
+    # its call not bounded at all: node A's attach never returned.
+    def test_a_blocked_step_neither_blocks_the_next_nor_its_caller(self):
+        proc = subprocess.run(
+            [sys.executable, '-c', PEER_BLOCKED_SCRIPT, str(self.port),
+             str(free_port())],
+            capture_output=True, text=True, timeout=60,
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
+        self.assertEqual(0, proc.returncode, proc.stderr)
+        self.assertEqual(['timed out True', "answered {'n': 2} True",
+                          'silent peer: timed out True'],
+                         proc.stdout.splitlines(), proc.stderr)
 
     def test_a_port_still_held_is_waited_for(self):
         address = ('127.0.0.1', self.port)
