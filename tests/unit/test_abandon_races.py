@@ -262,6 +262,9 @@ class ExtendMixin(object):
             h.run()                         # the operator runs it again
         grown = 1 if error is not None or 'refused' in asked else gib
         self.assert_ended(h, grown, zeroed)
+        if zeroed:
+            # the loss shows: no extend made the volume usable again
+            self.assertEqual('error', h.c.db.volumes[VID]['status'])
         self.grows_afterwards(h, cinder, grown + 1)
 
     def extend_after_crash(self, h, cinder, step, zeroed):
@@ -290,6 +293,8 @@ class ExtendMixin(object):
         if h.c.transfer() is not None:
             h.run()
         self.assert_ended(h, gib, zeroed)
+        if zeroed:
+            self.assertEqual('error', h.c.db.volumes[VID]['status'])
         self.grows_afterwards(h, cinder, gib + 1)
 
 
@@ -308,9 +313,8 @@ class ExtendHydratingTestCase(ExtendMixin, test.TestCase):
         self.cinder = Cinder(self.h)
 
     # Control: relies on Destination.extend extending the clone's table
-    # (clone + linear tail, Clones.extend/clone_table) and on the
-    # command fencing and mapping the LV's own length (_scan's total,
-    # _map_linear), not the clone's.
+    # (clone + linear tail, Clones.extend) and on the command mapping
+    # the LV's own length at its end (_map_linear), not the clone's.
     def test_extend_before_the_abandon(self):
         h = self.h
         self.assertIsNone(self.cinder.extend(2))
@@ -402,9 +406,8 @@ class ExtendFinalizingTestCase(ExtendMixin, test.TestCase):
     """An extend around the abandon of a ``finalizing`` move, not loaded."""
 
     # Control: relies on Destination.extend letting a finalizing move's
-    # LV grow (the LV is the volume) and on the command building the
-    # clone over the stand-in with a linear tail (clone_table reads the
-    # LV's length), then mapping the LV's length (_map_linear).  Every
+    # LV grow (the LV is the volume) and on the command mapping the
+    # LV's own length at its end (_map_linear), not the clone's.  Every
     # region copied: the volume keeps its status and extends again.
     def test_extend_before_the_abandon(self):
         h = stuck(self)
@@ -429,11 +432,13 @@ class ExtendFinalizingTestCase(ExtendMixin, test.TestCase):
         self.assert_ended(h, 2, [(4000 * REGION_BYTES, REGION_BYTES)])
         self.grows_afterwards(h, cinder, 3)
 
-    # Control: relies on the lock (the extend waits), and, with nothing
-    # lost, on the command leaving the status alone (it never sets
-    # 'error' over 'extending'): the waiting extend then finds no move
-    # and a record naming node B (_name_this_node), and grows the LV
-    # and the linear handle (driver._refresh_handle).
+    # Control: relies on the lock (the extend waits, else it would be
+    # served at once, mid-command), and, with nothing lost, on the
+    # command leaving the status alone (it never sets 'error' over
+    # 'extending'; with a loss it sets nothing then and is run again,
+    # so the loss keeps showing as 'error'): the waiting extend then
+    # finds no move and a record naming node B (_name_this_node), and
+    # grows the LV and the linear handle (driver._refresh_handle).
     @ddt.data(*WHOLE)
     def test_extend_during_the_abandon(self, step):
         h = stuck(self)
@@ -459,3 +464,190 @@ class ExtendFinalizingTestCase(ExtendMixin, test.TestCase):
         h.run()
         self.assert_ended(h, 1, [])
         self.grows_afterwards(h, cinder, 2)
+
+
+class ThinLV(object):
+    """Node B's thin LV of the volume, as dm-thin keeps it (a model).
+
+    Per region of the clone: what a read returns, ``data`` (the
+    volume's), ``zero`` or ``stale`` (an earlier user's data of the
+    pool's block); ``provisioned`` holds the pool blocks mapped, of
+    ``block_regions`` regions each.  An unprovisioned block reads
+    zeroes; a block provisioned by a write holds zeroes around it only
+    if the pool zeroes new blocks (no ``skip_block_zeroing``).
+    """
+
+    def __init__(self, block_regions=1, zeroing=True):
+        self.block_regions = block_regions
+        self.zeroing = zeroing
+        self.provisioned = set()
+        self.content = {}
+
+    def _provision(self, region):
+        block = region // self.block_regions
+        if block in self.provisioned:
+            return
+        self.provisioned.add(block)
+        first = block * self.block_regions
+        for r in range(first, first + self.block_regions):
+            self.content[r] = 'zero' if self.zeroing else 'stale'
+
+    def write(self, regions, what='data'):
+        for region in regions:
+            self._provision(region)
+            self.content[region] = what
+
+    def read(self, region):
+        if region // self.block_regions not in self.provisioned:
+            return 'zero'
+        return self.content[region]
+
+    def zeroout(self, ranges):
+        """privileged.zero_ranges: BLKZEROOUT, then fsync.
+
+        The ioctl asks the block layer for zeroes without unmapping
+        (BLKDEV_ZERO_NOUNMAP); dm-thin offers no WRITE_ZEROES, so zero
+        pages are written: every block of the range is provisioned.
+        """
+        self.write(tls._regions(ranges), 'zero')
+
+    def discard(self, ranges):
+        """BLKDISCARD: dm-thin unmaps whole blocks, leaves partial ones."""
+        for region in tls._regions(ranges):
+            block = region // self.block_regions
+            first = block * self.block_regions
+            if set(range(first, first + self.block_regions)) <= \
+                    tls._regions(ranges):
+                self.provisioned.discard(block)
+
+
+class ThinHarness(Harness):
+    """The volume moves into node B's thin pool; its LV is ``lv``."""
+
+    def __init__(self, test, lv, hydrated, **kwargs):
+        self.lv = lv
+        super().__init__(test, hydrated=hydrated, thin=True, **kwargs)
+
+    def zero(self, path, ranges):
+        super().zero(path, ranges)
+        self.lv.zeroout(ranges)
+
+
+@ddt.ddt
+class ThinFinalizingTestCase(test.TestCase):
+    """The abandon of a ``finalizing`` move into a thin pool.
+
+    What the user needs: every region the loss record lists reads
+    zeroes afterwards (whatever the pool's zeroing: a pool with
+    skip_block_zeroing is never trusted), every region copied keeps its
+    data, and the pool's allocation does not grow for regions that are
+    lost (an unprovisioned block reads zeroes already).
+    """
+
+    def stuck(self, lv, hydrated, thin_map=False):
+        h = ThinHarness(self, lv, hydrated, reboot=True, thin_map=thin_map)
+        self.assertEqual('thin', h.b.dest.lvm_type)
+        h.b.vg.lvs[cl.LV]['complete'] = not h.uncopied()
+        h.c.set_state(h.t, move.FINALIZING)
+        h.lose_a()
+        h.c.restart(h.b)
+        self.assertFalse(h.b.dm.exists(cl.HANDLE))
+        return h
+
+    def assert_thin_outcome(self, h, lv, copied, before):
+        self.assertEqual([], h.c.violations)
+        self.assertIsNone(h.c.transfer())
+        lost = tls._regions(h.expected_ranges())
+        self.assertEqual(lost, tls._regions(h.zeroed))
+        self.assertEqual([], [r for r in sorted(lost)
+                              if lv.read(r) != 'zero'][:5])
+        self.assertEqual([], [r for r in sorted(copied - lost)
+                              if lv.read(r) != 'data'][:5])
+        grown = lv.provisioned - before
+        self.assertEqual(set(), grown, '%d pool blocks provisioned for '
+                         'regions never copied' % len(grown))
+
+    # Control: relies on the scan over the stand-in finding no region
+    # missing (the metadata LV committed all): nothing zeroed, nothing
+    # provisioned; the regions thin map discarded (never copied, never
+    # provisioned) stay unprovisioned and read zeroes.
+    def test_every_region_committed_thin_mapped(self):
+        lv = ThinLV()
+        h = self.stuck(lv, range(REGIONS), thin_map=True)
+        copied = h.c.source_regions(cl.REGION)
+        lv.write(copied)
+        before = set(lv.provisioned)
+        outcome = h.run()
+        self.assertEqual(0, outcome.uncopied_regions)
+        self.assert_thin_outcome(h, lv, copied, before)
+        self.assertEqual(len(copied), len(lv.provisioned))
+
+    # Control: relies on the command zeroing the regions the metadata
+    # LV never committed by writing zeroes (BLKZEROOUT): they held the
+    # copy node B made before it lost power, now read zeroes as the
+    # loss record says; being provisioned already, nothing grows.
+    @ddt.data((1, True), (2, True), (2, False))
+    @ddt.unpack
+    def test_regions_not_committed(self, block_regions, zeroing):
+        lv = ThinLV(block_regions, zeroing)
+        not_committed = {8090, 8091, 8099}
+        h = self.stuck(lv, set(range(REGIONS)) - not_committed)
+        h.b.pool.zeroing = zeroing
+        copied = set(range(REGIONS))            # copied, not committed
+        lv.write(copied)
+        before = set(lv.provisioned)
+        outcome = h.run()
+        self.assertEqual(3, outcome.uncopied_regions)
+        self.assert_thin_outcome(h, lv, copied, before)
+
+    # Control: relies on writing zeroes, not on discards nor on the
+    # pool's zeroing.  A pool with skip_block_zeroing and blocks of two
+    # regions: region 4001's copy was never committed, its block shares
+    # region 4000 (copied, committed).  A discard of region 4001 alone
+    # is a partial block, which dm-thin leaves as it is.
+    def test_partial_block_in_a_pool_that_does_not_zero(self):
+        lv = ThinLV(block_regions=2, zeroing=False)
+        h = self.stuck(lv, set(range(REGIONS)) - {4001})
+        h.b.pool.zeroing = False
+        copied = set(range(REGIONS))
+        lv.write(copied)
+        before = set(lv.provisioned)
+        h.run()
+        self.assert_thin_outcome(h, lv, copied, before)
+        self.assertEqual('data', lv.read(4000))
+
+
+class ThinHydratingTestCase(test.TestCase):
+    """The abandon of a ``hydrating`` move into a thin pool (no map)."""
+
+    # MEDIUM (capacity: the pool's allocation jumps; no data lost or
+    # leaked by itself).  Sequence: a 1 GiB volume moves into node B's
+    # thin pool (dmclone_thin_map off, or a source still in use: every
+    # region is to be copied); 100 of its 16384 regions are copied
+    # (provisioned) when node A is lost for good; the operator runs
+    # abandon-source.  It zeroes the 16284 regions never copied with
+    # privileged.zero_ranges (lost_source.py _finish -> self.zero ->
+    # BLKZEROOUT, no discard, whatever the LV): on a thin LV that
+    # writes zeroes, provisioning every one of them -- the whole
+    # virtual size, although an unprovisioned block of a thin LV reads
+    # zeroes already (only a block provisioned in part needs zeroes
+    # written, and only in a pool with skip_block_zeroing).  A thin
+    # volume of 1 TiB abandoned early takes ~1 TiB of the pool in one
+    # command; in an over-committed pool that can fill it, and a full
+    # pool stops the writes of every thin volume of the node.  (With
+    # the thin map the same happens for the source's mapped regions
+    # not copied yet.)  Expected: the pool's allocation does not grow
+    # for lost regions.  Fails on: assert_thin_outcome's set() !=
+    # provisioned - before (the blocks of regions 100 to 16383).
+    @unittest.expectedFailure
+    def test_the_regions_never_copied_stay_unprovisioned(self):
+        lv = ThinLV()
+        h = ThinHarness(self, lv, range(100))
+        copied = set(range(100))
+        lv.write(copied)
+        before = set(lv.provisioned)
+        h.lose_a()
+        outcome = h.run()
+        self.assertEqual(REGIONS - 100, outcome.uncopied_regions)
+        ThinFinalizingTestCase.assert_thin_outcome(self, h, lv, copied,
+                                                   before)
