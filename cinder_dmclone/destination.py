@@ -1818,10 +1818,27 @@ class Destination(side.Side):
                 # it is now says whether the volume lives here.
                 self.refuse_unless_here(volume, _('an extend'))
             self.refuse_extend_while_undecided(volume, t)
+            self.refuse_extend_without_clone(volume, t)
             grow()
             if not self.is_dest(t) or t.state == move.FINALIZING:
                 return False
             return self.clones.extend(t)
+
+    def refuse_extend_without_clone(self, volume, t):
+        """MoveInProgress if the clone of committed move ``t`` is not loaded.
+
+        After a restart whose clone could not be rebuilt (its source
+        does not answer, or is lost), the LV would grow with no table to
+        extend: the extend would then fail with the LV already grown,
+        Cinder keep the old size, and a later linear map (the
+        finalization, or abandon-source) show the instance more than
+        its record says.  Refused before anything grows; possible again
+        once the clone is rebuilt or the move has ended.
+        """
+        if (self.is_dest(t) and t.state == move.HYDRATING
+                and not self.clones.loaded(t)):
+            self.raise_moving(volume, t, _('an extend (its clone is not '
+                                           'loaded on this node)'))
 
     def refuse_extend_while_undecided(self, volume, t):
         """MoveInProgress if move ``t`` (read under the lock) forbids it.

@@ -359,7 +359,7 @@ class ExtendHydratingTestCase(ExtendMixin, test.TestCase):
     # before the LV grows (or the table extended), size == LV.  Fails
     # on: assert_size_matches after the extend ('volume recorded 1 GiB,
     # its LV has 4194304 sectors').
-    @unittest.expectedFailure
+    # Fixed: Destination.refuse_extend_without_clone.
     def test_extend_while_the_clone_is_not_loaded(self):
         h = Harness(self, hydrated=range(100), reboot=True)
         h.lose_a()
