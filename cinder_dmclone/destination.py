@@ -88,6 +88,30 @@ def _remove_mark(marks, volume_id, what_is_left):
                     exc_info=True)
 
 
+class _Prepares(object):
+    """The volumes whose prepare runs in this process, counted.
+
+    A set would forget a volume when the first of two overlapping
+    prepares of it (a stale one stuck in its login, a later one waiting
+    for the build lock) ends.
+    """
+
+    def __init__(self):
+        self._count = collections.Counter()
+
+    def add(self, volume_id):
+        self._count[volume_id] += 1
+
+    def discard(self, volume_id):
+        if self._count[volume_id] > 1:
+            self._count[volume_id] -= 1
+        else:
+            self._count.pop(volume_id, None)
+
+    def __contains__(self, volume_id):
+        return self._count.get(volume_id, 0) > 0
+
+
 class Destination(side.Side):
     """Moves of volumes into this node.
 
@@ -140,8 +164,13 @@ class Destination(side.Side):
         #: LV name -> volume id of the moves into this node: an LV is not
         #: always named after its volume (a migrated volume's _name_id).
         self.lv_volumes = {}
-        #: volumes whose prepare runs here now (see drop_stale_prepare).
-        self.building = set()
+        #: volumes whose prepare runs here now (see drop_stale_prepare),
+        #: counted: two prepares of one volume may overlap.
+        self.building = _Prepares()
+        #: volume id -> the secret of its move last aborted here: a
+        #: prepare of that move that took the build lock after its
+        #: abort builds nothing (see prepare).
+        self.aborted_here = {}
         #: volume id -> the secret of its move whose clone this process
         #: marked thin mapped, or found marked here (see was_mapped): the
         #: guard holds in this process even if the record's mark is
@@ -174,6 +203,7 @@ class Destination(side.Side):
                     raise exception.VolumeBackendAPIException(
                         data=_('No transfer of volume %s to this node is '
                                'being prepared.') % volume['id'])
+                self.refuse_if_aborted_here(volume, t)
                 # (The source called once it had recorded the move.)
                 self.prepare_seen[volume['id']] = (t.secret, self._clock())
                 self._mark_part(volume, t)
@@ -181,6 +211,21 @@ class Destination(side.Side):
                 return self._build(volume, step, t)
         finally:
             self.building.discard(volume['id'])
+
+    def refuse_if_aborted_here(self, volume, t):
+        """Refuse the prepare of a move this node already aborted.
+
+        A prepare and its abort are served at once (RPC workers): a
+        prepare that stalled before the build lock until its source
+        timed out and sent the abort may take the lock after it, while
+        the record still says ``preparing`` (the source clears it only
+        once the abort answered).  Built then, the clone would stay,
+        named by no record.
+        """
+        if self.aborted_here.get(volume['id']) == t.secret:
+            raise exception.VolumeBackendAPIException(
+                data=_('The transfer of volume %s to this node was aborted '
+                       'by its source.') % volume['id'])
 
     def _mark_part(self, volume, t):
         """Mark that this node is ``t``'s destination, before any build.
@@ -791,6 +836,8 @@ class Destination(side.Side):
         with move.build_lock(volume['id']):
             t = self.load_any(volume['id'])
             if t is not None and t.authentic(step.get('secret')):
+                if t.state in (move.PREPARING, move.ABORTED):
+                    self.aborted_here[volume['id']] = t.secret
                 if t.state not in (move.PREPARING, move.CLONED,
                                    move.ABORTED):
                     LOG.error('Refusing to abort the move of volume %(vol)s '

@@ -18,12 +18,13 @@ source sends once its prepare timed out reaches the destination while
 that prepare may still run there.  Destination.prepare and .abort both
 run under move.build_lock; the abort assumes it takes the lock *after*
 its prepare ("makes the abort wait for the build, so it removes
-everything the build made").  These tests stage the other order.
+everything the build made").  These tests stage the other order.  The
+reviewer's two findings were expected failures; both are fixed
+(Destination.refuse_if_aborted_here, the counted Destination.building).
 """
 
 import contextlib
 import threading
-import unittest
 
 from cinder import exception
 
@@ -103,7 +104,7 @@ class AbortOvertakesItsPrepareTestCase(test_two_nodes.ClusterTestCase):
     # a delete alone leaves it).  An abort that ran should bar a later
     # prepare of the same move (e.g. its secret remembered under the
     # build lock, checked by prepare once the lock is its own).
-    @unittest.expectedFailure
+    # Fixed: Destination.refuse_if_aborted_here.
     def test_a_prepare_after_its_abort_builds_nothing(self):
         ran = self.stage_prepare_after_abort()
         self.assertRaises(exception.VolumeBackendAPIException,
@@ -127,7 +128,7 @@ class TwoPreparesOfOneVolumeTestCase(test_two_nodes.ClusterTestCase):
     # such path found also needs the volume's lock, which node-a holds
     # for move 2's whole call, so nothing was seen to break; a counter
     # (or a per-volume count of prepares) keeps the documented meaning.
-    @unittest.expectedFailure
+    # Fixed: Destination.building counts (_Prepares).
     def test_a_waiting_prepare_still_counts_as_building(self):
         dest = self.b.destination
         real_lock = move.build_lock
