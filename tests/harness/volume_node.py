@@ -41,6 +41,8 @@ import multiprocessing.connection
 import os
 import shlex
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
@@ -67,6 +69,8 @@ PEER_AUTHKEY = b'cinder-dmclone-testbed-peer'
 #: how long a new worker waits for its predecessor's port (on another
 #: kernel a killed worker's process ends when nodelink notices)
 PEER_BIND_TIMEOUT = 60
+#: Seconds a peer caller has for each answer of the key exchange.
+PEER_HANDSHAKE_TIMEOUT = 30
 
 _STATE = {}
 
@@ -920,8 +924,35 @@ def _handle(method, primitive, connector):
     return driver().terminate_connection(volume, connector, force=False)
 
 
+def _authenticate(conn):
+    """The key exchange of a peer connection, bounded in time.
+
+    Done here, not by the listener's accept (which has no timeout): a
+    caller that connects and never answers (its node frozen or powered
+    off mid-call) then holds only its own thread.
+    """
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        sock.settimeout(None)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack('ll', PEER_HANDSHAKE_TIMEOUT, 0))
+        multiprocessing.connection.deliver_challenge(conn, PEER_AUTHKEY)
+        multiprocessing.connection.answer_challenge(conn, PEER_AUTHKEY)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                        struct.pack('ll', 0, 0))
+    finally:
+        sock.close()
+
+
 def _serve_one(conn):
     """Answer the one request of a peer connection, then close it."""
+    try:
+        _authenticate(conn)
+    except (multiprocessing.AuthenticationError, OSError, EOFError):
+        # A caller without the key, gone or mute during the exchange.
+        traceback.print_exc()
+        conn.close()
+        return
     try:
         method, primitive, connector = conn.recv()
         try:
@@ -951,8 +982,8 @@ def _listen(address):
         try:
             # (A backlog as a busy RPC server's: a TCP caller beyond it
             # would wait for SYN retries, not in the queue.)
-            return multiprocessing.connection.Listener(
-                address, backlog=16, authkey=PEER_AUTHKEY)
+            # (No authkey here: _serve_one makes the exchange, bounded.)
+            return multiprocessing.connection.Listener(address, backlog=16)
         except OSError as exc:
             if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
                 raise
@@ -974,13 +1005,11 @@ def _serve_peer(node_key):
         while True:
             try:
                 conn = listener.accept()
-            except (multiprocessing.AuthenticationError, EOFError,
-                    ConnectionError):
-                # A caller without the key, or gone during the challenge.
+            except ConnectionError:
                 traceback.print_exc()
                 continue
             except OSError:
-                return
+                return      # (closed)
             threading.Thread(target=_serve_one, args=(conn,), daemon=True,
                              name='peer-call').start()
 

@@ -749,6 +749,17 @@ with mock.patch.object(testbed, 'topology', return_value=topo), \\
             rpc._send('terminate_connection', routed, {'n': 3})
         except oslo_messaging.MessagingTimeout:
             print('silent peer: timed out', round(time.monotonic() - t0) <= 5)
+    # A caller that connects and never answers the key exchange (its
+    # node frozen or powered off mid-call) holds no other caller.
+    mute = socket.create_connection(('127.0.0.1', port))
+    t0 = time.monotonic()
+    try:
+        print('after a mute caller: answered',
+              rpc._send('terminate_connection', routed, {'n': 4}), end=' ')
+    except oslo_messaging.MessagingTimeout:
+        print('after a mute caller: timed out', end=' ')
+    print(round(time.monotonic() - t0) <= 5)
+    mute.close()
 """
 
 
@@ -795,7 +806,8 @@ class PeerListenerTestCase(test.TestCase):
             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
         self.assertEqual(0, proc.returncode, proc.stderr)
         self.assertEqual(['timed out True', "answered {'n': 2} True",
-                          'silent peer: timed out True'],
+                          'silent peer: timed out True',
+                          "after a mute caller: answered {'n': 4} True"],
                          proc.stdout.splitlines(), proc.stderr)
 
     def test_a_port_still_held_is_waited_for(self):
