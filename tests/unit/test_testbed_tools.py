@@ -714,6 +714,9 @@ from tests.harness import testbed
 from tests.harness import volume_node
 
 port, silent_port = int(sys.argv[1]), int(sys.argv[2])
+# Each call's timeout is 3 s; a loaded machine may take longer to
+# notice, but a call held by the blocked step waits 120 s.
+BOUND = 40
 node = types.SimpleNamespace(ip='127.0.0.1', name='node-a')
 topo = types.SimpleNamespace(separate=True, node=lambda key: node)
 release = threading.Event()
@@ -738,7 +741,7 @@ with mock.patch.object(testbed, 'topology', return_value=topo), \\
                                         connector), end=' ')
         except oslo_messaging.MessagingTimeout:
             print('timed out', end=' ')
-        print(round(time.monotonic() - t0) <= 5)
+        print(time.monotonic() - t0 < BOUND)
     release.set()
     silent = socket.socket()
     silent.bind(('127.0.0.1', silent_port))
@@ -748,7 +751,7 @@ with mock.patch.object(testbed, 'topology', return_value=topo), \\
         try:
             rpc._send('terminate_connection', routed, {'n': 3})
         except oslo_messaging.MessagingTimeout:
-            print('silent peer: timed out', round(time.monotonic() - t0) <= 5)
+            print('silent peer: timed out', time.monotonic() - t0 < BOUND)
     # A caller that connects and never answers the key exchange (its
     # node frozen or powered off mid-call) holds no other caller.
     mute = socket.create_connection(('127.0.0.1', port))
@@ -758,7 +761,7 @@ with mock.patch.object(testbed, 'topology', return_value=topo), \\
               rpc._send('terminate_connection', routed, {'n': 4}), end=' ')
     except oslo_messaging.MessagingTimeout:
         print('after a mute caller: timed out', end=' ')
-    print(round(time.monotonic() - t0) <= 5)
+    print(time.monotonic() - t0 < BOUND)
     mute.close()
 """
 
@@ -802,7 +805,7 @@ class PeerListenerTestCase(test.TestCase):
         proc = subprocess.run(
             [sys.executable, '-c', PEER_BLOCKED_SCRIPT, str(self.port),
              str(free_port())],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=300,
             cwd=REPO, env=dict(os.environ, PYTHONPATH=REPO))
         self.assertEqual(0, proc.returncode, proc.stderr)
         self.assertEqual(['timed out True', "answered {'n': 2} True",
