@@ -43,18 +43,27 @@ from tests.unit import test_two_nodes
 OTHER_ID = fake.VOLUME2_ID
 
 
+def given_up_then_deleted(test):
+    """Move 1 given up while node-b was down, then the volume deleted.
+
+    node-b keeps its clone (both LVs) and its mark; returns move 1.
+    """
+    scenario = test_review24.AbortNeverDeliveredTestCase
+    scenario.given_up_while_b_is_down(test)
+    t = test.c.transfer()
+    scenario.destroy(test)
+    test.assertEqual({LV, META}, set(test.b.vg.lvs))
+    return t
+
+
 @ddt.ddt
 class DeletedCloneTestCase(test_two_nodes.ClusterTestCase):
 
     def setUp(self):
         super().setUp()
-        scenario = test_review24.AbortNeverDeliveredTestCase
-        scenario.given_up_while_b_is_down(self)
         #: move 1, as node-b's mark names it.
-        self.t = self.c.transfer()
-        scenario.destroy(self)
+        self.t = given_up_then_deleted(self)
         self.assertEqual({}, self.a.vg.lvs)
-        self.assertEqual({LV, META}, set(self.b.vg.lvs))
         self.log.reset_mock()
 
     def start_b(self):

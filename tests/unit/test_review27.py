@@ -27,8 +27,21 @@ from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import META
 from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_deleted_clone
-from tests.unit import test_review24
 from tests.unit import test_two_nodes
+
+
+def unmanage_on(test, node):
+    """Cinder's unmanage of the volume, routed to ``node``.
+
+    The driver's unmanage (give_up_aborted, before_unmanage, then the
+    handle goes), then the manager's ``volume.destroy()``.
+    """
+    volume = test.volume()
+    node.source.give_up_aborted(volume)
+    node.destination.before_unmanage(volume)
+    node.dm.remove(fake_cluster.HANDLE)
+    del test.c.db.volumes[VOLUME_ID]
+    test.c.db.admin_metadata.pop(VOLUME_ID, None)
 
 
 class UnmanagedCloneTestCase(test_two_nodes.ClusterTestCase):
@@ -41,12 +54,7 @@ class UnmanagedCloneTestCase(test_two_nodes.ClusterTestCase):
         handle goes), then the manager's ``volume.destroy()``: the row is
         gone, the LVs stay for the operator (to manage them again).
         """
-        volume = self.volume()
-        self.b.source.give_up_aborted(volume)
-        self.b.destination.before_unmanage(volume)
-        self.b.dm.remove(fake_cluster.HANDLE)
-        del self.c.db.volumes[VOLUME_ID]
-        self.c.db.admin_metadata.pop(VOLUME_ID, None)
+        unmanage_on(self, self.b)
 
     def moved_then_record_lost(self):
         """A committed move to node-b whose record a stale save removed.
@@ -92,11 +100,7 @@ class TwoDeletedMarksTestCase(test_two_nodes.ClusterTestCase):
         super().setUp()
         # (test_deleted_clone's arrangement: move 1 given up while node-b
         # was down, then the volume deleted; node-b holds its clone.)
-        scenario = test_review24.AbortNeverDeliveredTestCase
-        scenario.given_up_while_b_is_down(self)
-        self.t = self.c.transfer()
-        scenario.destroy(self)
-        self.assertEqual({LV, META}, set(self.b.vg.lvs))
+        self.t = test_deleted_clone.given_up_then_deleted(self)
 
     _base = test_deleted_clone.DeletedCloneTestCase
     start_b = _base.start_b

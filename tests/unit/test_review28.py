@@ -39,6 +39,7 @@ from tests.harness.fake_cluster import VOLUME_ID
 from tests.unit import test_control_plane
 from tests.unit import test_deleted_clone
 from tests.unit import test_review24
+from tests.unit import test_review27
 from tests.unit import test_two_nodes
 
 OTHER_ID = test_deleted_clone.OTHER_ID
@@ -81,11 +82,7 @@ class DeletedMarksTestCase(_TwoMarks, test_two_nodes.ClusterTestCase):
 
     def setUp(self):
         super().setUp()
-        scenario = test_review24.AbortNeverDeliveredTestCase
-        scenario.given_up_while_b_is_down(self)
-        self.t = self.c.transfer()
-        scenario.destroy(self)
-        self.assertEqual({LV, META}, set(self.b.vg.lvs))
+        self.t = test_deleted_clone.given_up_then_deleted(self)
         self.second_mark(self.t)
 
     # Control (refuted: "marks of deleted volumes now outvote a live
@@ -171,12 +168,7 @@ class UnmanagedMarksTestCase(_TwoMarks, test_two_nodes.ClusterTestCase):
         driver's unmanage, then the manager's ``volume.destroy()``; the
         LV stays for the operator.
         """
-        volume = self.volume()
-        self.a.source.give_up_aborted(volume)
-        self.a.destination.before_unmanage(volume)
-        self.a.dm.remove(fake_cluster.HANDLE)
-        del self.c.db.volumes[VOLUME_ID]
-        self.c.db.admin_metadata.pop(VOLUME_ID, None)
+        test_review27.unmanage_on(self, self.a)
 
     # Control (refuted: "the change wipes an unmanaged volume's data").
     # Before 84e5440 two marks of gone volumes kept node-b's clone; now
