@@ -28,6 +28,7 @@ import functools
 import importlib.machinery
 import importlib.util
 import io
+import json
 import os
 import signal
 import socket
@@ -50,6 +51,15 @@ NODELINK = os.path.join(TOOLS, 'guest', 'nodelink')
 def load_runner():
     spec = importlib.util.spec_from_file_location(
         'testbed_runner', os.path.join(TOOLS, 'runner.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_nodelink():
+    spec = importlib.util.spec_from_loader(
+        'nodelink', importlib.machinery.SourceFileLoader('nodelink',
+                                                         NODELINK))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -192,12 +202,36 @@ class NodelinkTestCase(test.TestCase):
         self.assertEqual(127, proc.returncode)
         self.assertIn(b'/nonexistent/command', err)
 
+    def test_the_node_hangs_up_only_after_its_caller(self):
+        """The node never resets the link before its caller has the status.
+
+        A node that closed its end while the caller's frames were still
+        arriving reset the connection, and the reset threw away the exit
+        status it had just queued: in CI run 20261127-191702-8399 a
+        ``cat /proc/sys/kernel/random/boot_id`` on node A printed its
+        output, then its caller got ECONNRESET and no status (255).
+        Here the caller keeps talking after the status, as a caller whose
+        queued stdin frames are late would: the node must end with a clean
+        end of stream once the caller hangs up, never a reset.
+        """
+        nodelink = load_nodelink()
+        sock = socket.create_connection(('127.0.0.1', int(self.port)),
+                                        timeout=30)
+        self.addCleanup(sock.close)
+        nodelink.send_frame(sock, b'h', json.dumps({
+            'argv': ['true'], 'env': {'PATH': os.environ['PATH']},
+            'cwd': '/'}).encode())
+        kinds = []
+        while not kinds or kinds[-1] != b'x':
+            kinds.append(nodelink.recv_frame(sock)[0])
+        for _ in range(3):
+            time.sleep(0.2)
+            nodelink.send_frame(sock, b'i', b'late')
+        sock.shutdown(socket.SHUT_WR)
+        self.assertEqual(b'', sock.recv(1))
+
     def _diagnose(self, port):
-        spec = importlib.util.spec_from_loader(
-            'nodelink', importlib.machinery.SourceFileLoader('nodelink',
-                                                             NODELINK))
-        nodelink = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(nodelink)
+        nodelink = load_nodelink()
         err = io.StringIO()
         self.useFixture(fixtures.MonkeyPatch('sys.stderr', err))
         nodelink.diagnose('127.0.0.1', port)
