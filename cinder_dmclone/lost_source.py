@@ -46,7 +46,9 @@ crash anywhere finishes the job:
 7. zero the regions never copied on the LV: a thick LV's extents may
    hold another tenant's old data, which must never be shown (none
    for a finalization: its metadata LV holds every region, unless the
-   node lost power before it committed the last ones);
+   node lost power before it committed the last ones); of a thin LV in
+   a pool that zeroes new blocks, only the parts its pool maps (the
+   others read zeroes, and writing them would take pool space);
 8. remove the clone's metadata LV: from here on the zeroing is known
    done, and the driver's guard lets a linear handle map the LV again;
 9. map the whole LV linearly, remove the ``error`` device, forget the
@@ -88,6 +90,7 @@ from cinder_dmclone import map_mark
 from cinder_dmclone import move
 from cinder_dmclone import privileged
 from cinder_dmclone import source
+from cinder_dmclone import thin
 
 LOG = logging.getLogger(__name__)
 
@@ -191,7 +194,8 @@ class LostSource(object):
     def __init__(self, node_names, store, clones, state_dir, load_volume,
                  service_is_up, session_states=privileged.iscsi_session_states,
                  probe=privileged.probe_regions, zero=privileged.zero_ranges,
-                 set_status=default_set_status, lock=None, clock=time.time):
+                 set_status=default_set_status, lock=None, clock=time.time,
+                 thin_maps=None):
         self.node_names = frozenset(node_names)
         self.store = store
         self.clones = clones
@@ -205,6 +209,7 @@ class LostSource(object):
         self.set_status = set_status
         self.lock = lock or move.lock
         self.clock = clock
+        self.thin_maps = thin_maps
 
     # -- the command ---------------------------------------------------------
 
@@ -340,7 +345,7 @@ class LostSource(object):
                             {'vol': volume['id'], 'n': len(uncopied),
                              'b': sum(r[1] for r in ranges),
                              'src': t.source_node, 'path': path})
-                self.zero(self.clones.lv_path(t), ranges)
+                self._zero(t, ranges)
             else:
                 LOG.warning('Volume %(vol)s: every region was copied from '
                             '%(src)s before it was lost; nothing is '
@@ -418,8 +423,37 @@ class LostSource(object):
                     'scan found never copied (a run was cut short while '
                     'zeroing them).', {'vol': volume['id'], 'n': len(ranges)})
         if ranges:
-            self.zero(self.clones.lv_path(t), ranges)
+            self._zero(t, ranges)
         self._record_zeroed(loss_file(self.state_dir, volume['id']))
+
+    def _zero(self, t, ranges):
+        """Zero the byte ``ranges`` of the move's LV that were never copied.
+
+        A thick LV's extents, and a thin LV's mapped blocks, may hold
+        another tenant's old data (or this node's copy never committed):
+        zeroes are written there.  A block a thin LV does not map reads
+        zeroes already, and writing zeroes would map it: for a volume
+        abandoned early, nearly its whole size taken from the pool at
+        once, which can fill an over-committed pool and stop every thin
+        LV of this node.  So, of a thin LV in a pool that zeroes new
+        blocks, only the parts in mapped blocks are written; the map is
+        read now, once the fencing table (or no handle at all) keeps any
+        write from these ranges (``thin_maps``:
+        :meth:`~cinder_dmclone.region_map.ThinMaps.zeroing_map`).
+        """
+        device_map = None
+        if self.thin_maps is not None:
+            device_map = self.thin_maps.zeroing_map(t.lv_name)
+        if device_map is not None:
+            parts = thin.mapped_parts(ranges, device_map)
+            LOG.info('Volume %(vol)s: thin LV %(lv)s maps %(n)d of the '
+                     'ranges never copied (%(b)d bytes); zeroing only '
+                     'those, the rest reads zeroes unmapped.',
+                     {'vol': t.volume_id, 'lv': t.lv_name, 'n': len(parts),
+                      'b': sum(length for _o, length in parts)})
+            ranges = parts
+        if ranges:
+            self.zero(self.clones.lv_path(t), ranges)
 
     @staticmethod
     def _record_zeroed(path):

@@ -116,32 +116,10 @@ class ThinMaps(object):
         cannot be taken.  The caller guarantees that nothing writes to
         the LV from now until the move stops reading it.
         """
-        try:
-            thin_id, pool = privileged.thin_device(self.vg_name, lv_name,
-                                                   **self._kw)
-            thin.check_thin_table(
-                privileged.thin_table(self.vg_name, lv_name, **self._kw),
-                thin_id, thin.lv_device(self.vg_name, lv_name))
-        except Exception as exc:
-            # (LVSParseError of a thick LV, ThinTableInvalid, a failed or
-            # refused command, and anything else: the map is never a
-            # reason to refuse the move.)
-            LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool tells '
-                     'where its data is (%(exc)s): every region of it is '
-                     'copied.', {'vg': self.vg_name, 'lv': lv_name,
-                                 'exc': exc})
+        read = self._read(lv_name, 'every region of it is copied')
+        if read is None:
             return None
-        if not self._within_bound(lv_name, pool):
-            return None
-        try:
-            with self._pool_lock(pool):
-                device_map = self._dump(pool, thin_id)
-        except Exception:
-            LOG.warning('Could not read what thin LV %(vg)s/%(lv)s maps '
-                        'from pool %(pool)s: every region of it is copied.',
-                        {'vg': self.vg_name, 'lv': lv_name, 'pool': pool},
-                        exc_info=True)
-            return None
+        pool, device_map = read
         try:
             needed = thin.needed_regions(device_map, clone_sectors,
                                          region_sectors)
@@ -159,7 +137,72 @@ class ThinMaps(object):
                   'needed': sum(e - f for f, e in needed)})
         return token
 
-    def _within_bound(self, lv_name, pool):
+    def zeroing_map(self, lv_name):
+        """What thin LV ``lv_name`` maps, if its pool zeroes new blocks.
+
+        For zeroing the ranges of a volume that were never copied
+        (:mod:`cinder_dmclone.lost_source`): of a thin LV only the parts
+        in blocks it maps need zeroes written (:func:`thin.mapped_parts
+        <cinder_dmclone.thin.mapped_parts>`), provided a block mapped
+        later reads zeroes around what maps it.  None, and every range
+        is to be written: the LV is not thin, its pool keeps
+        ``skip_block_zeroing`` (a block a later write maps shows what it
+        held before), or the map cannot be read.  The caller guarantees
+        that nothing writes to those ranges from now on.
+        """
+        read = self._read(lv_name, 'every range of it is written')
+        if read is None:
+            return None
+        pool, device_map = read
+        try:
+            if privileged.pool_zeroes(self.vg_name, pool, **self._kw):
+                return device_map
+        except Exception as exc:
+            LOG.info('Whether thin pool %(vg)s/%(pool)s zeroes new blocks '
+                     'cannot be read (%(exc)s): every range of LV %(lv)s '
+                     'is written.', {'vg': self.vg_name, 'pool': pool,
+                                     'lv': lv_name, 'exc': exc})
+            return None
+        LOG.info('Thin pool %(vg)s/%(pool)s does not zero the blocks it '
+                 'maps: every range of LV %(lv)s is written.',
+                 {'vg': self.vg_name, 'pool': pool, 'lv': lv_name})
+        return None
+
+    def _read(self, lv_name, otherwise):
+        """(pool, :class:`thin.DeviceMap`) of thin LV ``lv_name``, or None.
+
+        None, logged with ``otherwise`` (what the caller does instead),
+        when the LV is not a thin LV whose pool tells where its data is,
+        maps more than the bound, or its dump fails.
+        """
+        try:
+            thin_id, pool = privileged.thin_device(self.vg_name, lv_name,
+                                                   **self._kw)
+            thin.check_thin_table(
+                privileged.thin_table(self.vg_name, lv_name, **self._kw),
+                thin_id, thin.lv_device(self.vg_name, lv_name))
+        except Exception as exc:
+            # (LVSParseError of a thick LV, ThinTableInvalid, a failed or
+            # refused command, and anything else: the map is never a
+            # reason to refuse the move.)
+            LOG.info('LV %(vg)s/%(lv)s is not a thin LV whose pool tells '
+                     'where its data is (%(exc)s): %(otherwise)s.',
+                     {'vg': self.vg_name, 'lv': lv_name, 'exc': exc,
+                      'otherwise': otherwise})
+            return None
+        if not self._within_bound(lv_name, pool, otherwise):
+            return None
+        try:
+            with self._pool_lock(pool):
+                return pool, self._dump(pool, thin_id)
+        except Exception:
+            LOG.warning('Could not read what thin LV %(vg)s/%(lv)s maps '
+                        'from pool %(pool)s: %(otherwise)s.',
+                        {'vg': self.vg_name, 'lv': lv_name, 'pool': pool,
+                         'otherwise': otherwise}, exc_info=True)
+            return None
+
+    def _within_bound(self, lv_name, pool, otherwise):
         """True if LV ``lv_name``'s dump holds at most ``max_mappings``.
 
         Before any snapshot, from the kernel's count of the sectors the
@@ -167,8 +210,9 @@ class ThinMaps(object):
         holds at least one block (:func:`thin.mappings_bound
         <cinder_dmclone.thin.mappings_bound>`).  A tenant decides how
         fragmented its LV is; a dump past the bound is not taken (the
-        move copies every region), so what a map costs here (the dump
-        read, the ranges kept) stays bounded whatever the LV holds.
+        caller does ``otherwise``: a move copies every region), so what a
+        map costs here (the dump read, the ranges kept) stays bounded
+        whatever the LV holds.
         """
         try:
             mapped = privileged.thin_mapped_sectors(self.vg_name, lv_name,
@@ -177,8 +221,9 @@ class ThinMaps(object):
                                                   **self._kw)
         except Exception as exc:
             LOG.info('How much thin LV %(vg)s/%(lv)s maps cannot be read '
-                     '(%(exc)s): every region of it is copied.',
-                     {'vg': self.vg_name, 'lv': lv_name, 'exc': exc})
+                     '(%(exc)s): %(otherwise)s.',
+                     {'vg': self.vg_name, 'lv': lv_name, 'exc': exc,
+                      'otherwise': otherwise})
             return False
         bound = thin.mappings_bound(mapped, block)
         if bound <= self.max_mappings:
@@ -186,9 +231,10 @@ class ThinMaps(object):
         LOG.info('Thin LV %(vg)s/%(lv)s maps %(blocks)d blocks of pool '
                  '%(pool)s, and its map may hold as many pieces: more than '
                  'dmclone_thin_map_max_mappings (%(max)d), so no map is '
-                 'taken and every region of it is copied.',
+                 'taken: %(otherwise)s.',
                  {'vg': self.vg_name, 'lv': lv_name, 'pool': pool,
-                  'blocks': bound, 'max': self.max_mappings})
+                  'blocks': bound, 'max': self.max_mappings,
+                  'otherwise': otherwise})
         return False
 
     def _dump(self, pool, thin_id):

@@ -710,6 +710,33 @@ def needed_regions(device_map, length, region_sectors):
     return runs
 
 
+def mapped_parts(ranges, device_map):
+    """What of byte ranges ``[(offset, length)]`` the thin device maps.
+
+    The parts in blocks ``device_map`` maps, sorted.  A block the
+    device does not map reads zeroes, so zeroing what was never copied
+    of a thin LV needs only these parts written; writing zeroes into an
+    unmapped block would map it, taking pool space for nothing.  (Only
+    where a block mapped later reads zeroes around what maps it: a pool
+    that zeroes new blocks.)  ``ranges`` are disjoint.
+    """
+    block = device_map.block_sectors * 512
+    mapped = [(first * block, end * block)
+              for first, end in device_map.ranges]
+    parts = []
+    j = 0
+    for offset, length in sorted(ranges):
+        end = offset + length
+        while j < len(mapped) and mapped[j][1] <= offset:
+            j += 1
+        k = j
+        while k < len(mapped) and mapped[k][0] < end:
+            low, high = max(offset, mapped[k][0]), min(end, mapped[k][1])
+            parts.append((low, high - low))
+            k += 1
+    return parts
+
+
 def discard_plan(needed, length, region_sectors, max_ranges):
     """:func:`discard_ranges` in at most ``max_ranges`` ranges.
 

@@ -42,6 +42,7 @@ _BACKEND_OPTS = [
     cfg.StrOpt('dmclone_node_name'),
     cfg.ListOpt('dmclone_node_aliases'),
     cfg.BoolOpt('dmclone_shared_file_locks'),
+    cfg.IntOpt('dmclone_thin_map_max_mappings'),
 ]
 
 
@@ -88,6 +89,8 @@ def node_config(config_files, backend=None):
             'lvm_conf': value('lvm_conf_file', '/etc/cinder/lvm.conf'),
             'node_names': {node} | set(value('dmclone_node_aliases') or []),
             'shared_file_locks': value('dmclone_shared_file_locks', False),
+            'node_name': node,
+            'thin_map_max_mappings': value('dmclone_thin_map_max_mappings'),
             'state_dir': os.path.join(conf.state_path, 'dmclone')}
 
 
@@ -128,6 +131,7 @@ def from_config(args):
     from cinder_dmclone import lost_source
     from cinder_dmclone import move
     from cinder_dmclone import privileged
+    from cinder_dmclone import region_map
     from cinder_dmclone import source
 
     files = args.config_file or [DEFAULT_CONFIG]
@@ -146,9 +150,17 @@ def from_config(args):
     clones = clone.Clones(dm, vg, meta_vg, _iscsi_connector(root_helper),
                           processutils.execute, root_helper,
                           lvm_type=node['lvm_type'])
+    # (What the node's service would read of its thin LVs, under the
+    # same pool lock: see DMCloneVolumeDriver._thin_maps.)
+    thin_maps = region_map.ThinMaps(
+        node['node_name'], node['volume_group'], node['state_dir'],
+        execute=processutils.execute, root_helper=root_helper,
+        stream=privileged.stream_output,
+        max_mappings=(node['thin_map_max_mappings']
+                      or region_map.ThinMaps.MAX_MAPPINGS))
     coordination.COORDINATOR.start()
     command = lost_source.LostSource(
         node['node_names'], move.Store(db_api), clones, node['state_dir'],
         load_volume=objects.Volume.get_by_id,
-        service_is_up=source.service_is_up)
+        service_is_up=source.service_is_up, thin_maps=thin_maps)
     return command, coordination.COORDINATOR.stop

@@ -27,6 +27,7 @@ from cinder_dmclone.cmd import abandon
 from cinder_dmclone.cmd import cli
 from cinder_dmclone.cmd import status
 from cinder_dmclone import exception as dmc_exception
+from cinder_dmclone import region_map
 from tests.harness import fake_cluster as cl
 from tests.unit.cli_fakes import CLITestCase
 from tests.unit import test_lost_source
@@ -162,8 +163,37 @@ class NodeConfigTestCase(CLITestCase):
             'section': 'dmclone', 'volume_group': 'dmc-b',
             'metadata_volume_group': 'dmc-b-meta', 'lvm_type': 'thin',
             'lvm_conf': '/etc/cinder/lvm.conf', 'node_names': {'node-b'},
-            'shared_file_locks': False,
+            'shared_file_locks': False, 'node_name': 'node-b',
+            'thin_map_max_mappings': None,
             'state_dir': '/srv/cinder/dmclone'}, node)
+
+    def test_the_thin_maps_are_the_nodes_own(self):
+        # The zeroing of a thin LV reads what it maps as the node's
+        # service would: its node name (the pool's lock and records),
+        # volume group, state directory and bound on the dump.
+        from cinder import coordination
+        from cinder_dmclone import clone
+        from cinder_dmclone import lost_source
+        self.override_config('backend_url', 'etcd3+http://192.0.2.10:2379',
+                             group='coordination')
+        self.mock_object(abandon, '_lvm')
+        self.mock_object(abandon, '_iscsi_connector')
+        self.mock_object(clone, 'Clones')
+        self.mock_object(coordination.COORDINATOR, 'start')
+        made = self.mock_object(lost_source, 'LostSource')
+        extra = self.write('m.conf', (
+            '[dmclone]\ndmclone_thin_map_max_mappings = 4321\n'))
+        abandon.from_config(argparse.Namespace(
+            config_file=[self.common, self.node, extra], backend=None))
+        maps = made.call_args.kwargs['thin_maps']
+        self.assertEqual(('node-b', 'dmc-b', '/srv/cinder/dmclone', 4321),
+                         (maps.node_name, maps.vg_name, maps.record_dir,
+                          maps.max_mappings))
+        abandon.from_config(argparse.Namespace(
+            config_file=[self.common, self.node], backend=None))
+        self.assertEqual(
+            region_map.ThinMaps.MAX_MAPPINGS,
+            made.call_args.kwargs['thin_maps'].max_mappings)
 
     def test_node_local_coordination_refused_as_by_the_driver(self):
         # The command takes the volume's lock: with per-node locks it

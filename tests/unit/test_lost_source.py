@@ -120,7 +120,8 @@ class Harness(object):
             service_is_up=source.service_is_up,
             session_states=lambda iqn: dict(self.sessions),
             probe=self.probe, zero=self.zero, set_status=self.set_status,
-            clock=lambda: 1764115200.0, **kwargs)
+            clock=lambda: 1764115200.0,
+            **dict({'thin_maps': self.b.thin_maps()}, **kwargs))
 
     def arm_crash(self, step, when):
         """Crash the next run at ``step`` (owner, attribute, match).

@@ -84,6 +84,34 @@ class ThinMapsTestCase(test.TestCase):
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
 
+    def test_zeroing_map_of_a_thin_lv_in_a_zeroing_pool(self):
+        device_map = self.maps.zeroing_map(LV)
+        self.assertEqual(((0, 2), (9, 10)), device_map.ranges)
+        self.assertEqual(128, device_map.block_sectors)
+        self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
+        self.assertFalse(self.pool.held)
+
+    def test_no_zeroing_map_where_a_new_block_shows_old_data(self):
+        # (skip_block_zeroing: a block mapped later reads what it held.)
+        self.pool.zeroing = False
+        self.assertIsNone(self.maps.zeroing_map(LV))
+        self.assertFalse(self.pool.held)
+
+    def test_no_zeroing_map_of_a_thick_lv_nor_on_a_failure(self):
+        self.assertIsNone(self.maps.zeroing_map('volume-thick'))
+        self.pool.external.add(LV)
+        self.assertIsNone(self.maps.zeroing_map(LV))
+        self.pool.external.clear()
+        self.pool.fail_on['thin_dump'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='bad checksum')
+        self.assertIsNone(self.maps.zeroing_map(LV))
+        del self.pool.fail_on['thin_dump']
+        self.pool.fail_on['table'] = processutils.ProcessExecutionError(
+            exit_code=1, stderr='No such device or address')
+        self.assertIsNone(self.maps.zeroing_map(LV))
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
     def test_thick_lv_has_no_map(self):
         self.assertIsNone(self.maps.take('volume-thick', SECTORS, REGION))
         self.assertEqual(['thin_device'], self.pool.calls)

@@ -299,6 +299,57 @@ class RegionsTestCase(test.TestCase):
                 self.assertEqual(set(), covered & set(range(first, end)))
 
 
+class MappedPartsTestCase(test.TestCase):
+    """What of the ranges never copied a thin LV's blocks hold."""
+
+    def _map(self, ranges, block=128):
+        return thin.DeviceMap(dev_id=1, block_sectors=block,
+                              ranges=tuple(ranges))
+
+    def test_nothing_mapped_nothing_to_write(self):
+        self.assertEqual([], thin.mapped_parts([(0, 1 << 30)],
+                                               self._map([])))
+
+    def test_parts_are_cut_to_the_mapped_blocks(self):
+        block = 128 * 512
+        # blocks 1 and 4-5 mapped; a range across both, one inside
+        # block 4, one between them, one past them
+        parts = thin.mapped_parts(
+            [(block // 2, 2 * block), (3 * block, block // 2),
+             (4 * block + 512, 1024), (7 * block, block)],
+            self._map([(1, 2), (4, 6)]))
+        self.assertEqual([(block, block), (4 * block + 512, 1024)], parts)
+
+    def test_a_block_larger_than_the_ranges(self):
+        # (A pool block of 1 MiB, regions of 64 KiB: the region in a
+        # mapped block is written, whatever part of it the block's
+        # data really holds.)
+        block = 2048 * 512
+        self.assertEqual(
+            [(block + 65536, 65536)],
+            thin.mapped_parts([(65536, 65536), (block + 65536, 65536)],
+                              self._map([(1, 2)], block=2048)))
+
+    def test_every_part_lies_within_the_ranges_and_the_map(self):
+        import random
+        rng = random.Random(7)
+        for _ in range(200):
+            block = rng.choice((1, 8, 128))
+            mapped = sorted(rng.sample(range(64), rng.randrange(0, 20)))
+            dmap = self._map([(b, b + 1) for b in mapped], block=block)
+            edges = sorted(rng.sample(range(0, 64 * block), 8))
+            ranges = [(edges[i] * 512, (edges[i + 1] - edges[i]) * 512)
+                      for i in range(0, 8, 2) if edges[i + 1] > edges[i]]
+            sectors = set()
+            for offset, length in thin.mapped_parts(ranges, dmap):
+                sectors.update(range(offset // 512,
+                                     (offset + length) // 512))
+            expected = {s for o, n in ranges
+                        for s in range(o // 512, (o + n) // 512)
+                        if s // block in set(mapped)}
+            self.assertEqual(expected, sectors)
+
+
 @ddt.ddt
 class EncodeTestCase(test.TestCase):
 
