@@ -670,6 +670,83 @@ def test_pool_zeroing_flag_and_what_it_decides(privileged, topo, thin_pool,
 
 
 @pytest.mark.extended
+def test_abandon_zeroing_of_a_thin_lv_maps_no_new_block(
+        privileged, topo, thin_pool, thin_lv, tmp_path):
+    """abandon-source's zeroing of a thin LV (``LostSource._zero``).
+
+    A ``-Zy`` pool of 256 KiB blocks (four 64 KiB regions each) whose
+    data device holds stale data everywhere, and a thin LV that holds:
+    the regions "copied" (written with a pattern; some blocks only in
+    part), and a region never copied that holds data anyway (a copy
+    dm-clone wrote but never committed before a power loss).  Every
+    other region is lost.  ``LostSource._zero`` over the lost ranges,
+    with the driver's ``ThinMaps`` on the real pool: the pool's used
+    blocks do not grow, every lost region reads zeroes (the unmapped
+    ones over stale free blocks, the lost parts of mapped blocks because
+    they were written), and every copied region keeps its data.  A
+    ``-Zn`` pool gives no zeroing map (every lost range is written).
+    """
+    import types
+
+    from cinder_dmclone import dmsetup
+    from cinder_dmclone import lost_source
+    from cinder_dmclone import region_map
+
+    vg = topo.b.vg
+    pool = thin_pool(vg, 'ft-thk-abz', chunk='256k')
+    lv_name = 'ft-thk-abzlv'
+    lv = thin_lv(vg, pool, lv_name)
+    fill_pool_data(vg, pool, 50)
+    total = SIZE // REGION
+    # block 0 whole, block 1 in part (region 5), blocks 10-11 whole and
+    # block 12 in part (region 49)
+    copied = {0, 1, 2, 3, 5} | set(range(40, 48)) | {49}
+    uncommitted = {100}
+    written = {}
+    for region in sorted(copied | uncommitted):
+        written[region] = testbed.write_pattern(lv, 500 + region, REGION,
+                                                region * REGION)
+    used = data_blocks_used(vg, pool)
+    assert used == 6, pool_status_fields(vg, pool)
+    lost = sorted(set(range(total)) - copied)
+    ranges = dmsetup.uncopied_ranges(lost, SIZE // SECTOR, REGION_SECTORS)
+    maps = region_map.ThinMaps('ft-node-b', vg, str(tmp_path / 'dmclone'),
+                               lock=_no_lock, stream=root_stream)
+    zeroed = []
+
+    def zero(path, parts):
+        zeroed.extend(parts)
+        privileged.zero_ranges(path, parts)
+
+    command = types.SimpleNamespace(
+        thin_maps=maps, zero=zero,
+        clones=types.SimpleNamespace(lv_path=lambda t: lv))
+    move = types.SimpleNamespace(lv_name=lv_name, volume_id='ft-abz')
+    lost_source.LostSource._zero(command, move, ranges)
+    testbed.LOG.info('zeroed %s', zeroed)
+
+    assert data_blocks_used(vg, pool) == used, pool_status_fields(vg, pool)
+    zeroed_regions = {r for o, n in zeroed
+                      for r in range(o // REGION, (o + n) // REGION)}
+    # the lost regions of the five mapped blocks, nothing else
+    assert zeroed_regions == {4, 6, 7, 48, 50, 51, 100, 101, 102, 103}
+    content = testbed.read_direct(lv, 0, SIZE)
+    bad_lost = [r for r in lost
+                if content[r * REGION:(r + 1) * REGION] != bytes(REGION)]
+    assert bad_lost == [], bad_lost[:10]
+    bad_copied = [r for r in sorted(copied)
+                  if content[r * REGION:(r + 1) * REGION] != written[r]]
+    assert bad_copied == []
+    assert held_root(vg, pool) == '-'
+    assert not maps.recorded(pool)
+
+    nz = thin_pool(vg, 'ft-thk-abzn', zero=False)
+    thin_lv(vg, nz, 'ft-thk-abznlv')
+    testbed.write_pattern(testbed.lv_path(vg, 'ft-thk-abznlv'), 9, REGION)
+    assert maps.zeroing_map('ft-thk-abznlv') is None
+
+
+@pytest.mark.extended
 def test_thin_tables_as_the_parser_expects(privileged, topo, thin_pool,
                                            thin_lv, make_lv, cleanup):
     """A thin LV's table, one with an external origin, a thick LV.
