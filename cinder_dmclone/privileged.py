@@ -269,9 +269,10 @@ def stream_output(*argv, run_as_root=False, root_helper=None,
     The streaming counterpart of ``execute`` (oslo's ``processutils``
     reads a command's whole output into memory, and rootwrap offers no
     other way): ``root_helper`` (``sudo cinder-rootwrap ...``) goes in
-    front as there, so rootwrap's filters admit the same command lines.
-    Each piece is at most ``piece`` bytes; standard error goes to a
-    temporary file.  A non-zero exit raises
+    front as there (not for a process that is root already), so
+    rootwrap's filters admit the same command lines.  Each piece is at
+    most ``piece`` bytes; standard error goes to a temporary file.  A
+    non-zero exit raises
     ``processutils.ProcessExecutionError`` (its standard error, the
     first :data:`STDERR_KEPT` bytes) once the output has ended.
 
@@ -283,7 +284,9 @@ def stream_output(*argv, run_as_root=False, root_helper=None,
     a piece blocks only this green thread.
     """
     cmd = [str(a) for a in argv]
-    if run_as_root:
+    # (As processutils.execute: a process that is root already, the
+    # operator's command, runs it itself, needing no sudo.)
+    if run_as_root and os.geteuid() != 0:
         if not root_helper:
             raise processutils.NoRootWrapSpecified(
                 message='a command run as root needs a root helper')

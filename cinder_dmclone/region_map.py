@@ -39,6 +39,7 @@ The map is an optimisation: any failure to take it is logged and the move
 copies every region, as it would without one.
 """
 
+import functools
 import os
 import urllib.parse
 
@@ -55,6 +56,20 @@ LOG = logging.getLogger(__name__)
 
 #: Suffix of a reservation record's file name.
 RECORD_SUFFIX = '.metasnap'
+
+
+def _owned_like_parent(path):
+    """Give ``path`` its directory's owner, when this process is root.
+
+    The operator's command (``cinder-dmclone move abandon-source``) runs
+    as root and takes maps in the service's directory; a record it left
+    (a release that failed) must stay the service's to rewrite and
+    release, as the service's own are.
+    """
+    if os.geteuid() != 0:
+        return
+    parent = os.stat(os.path.dirname(os.path.abspath(path)))
+    os.chown(path, parent.st_uid, parent.st_gid)
 
 
 class ThinMaps(object):
@@ -150,30 +165,45 @@ class ThinMaps(object):
         held before), or the map cannot be read.  The caller guarantees
         that nothing writes to those ranges from now on.
         """
-        read = self._read(lv_name, 'every range of it is written')
+        otherwise = 'every range of it is written'
+        # The flag is read before the snapshot and again after it: a
+        # block mapped since the snapshot (by a write into a copied part
+        # of it) is left unwritten, so it must have been zeroed when the
+        # pool mapped it; a pool that zeroes only once the dump is taken
+        # may have mapped it with its old data.
+        read = self._read(lv_name, otherwise, check=functools.partial(
+            self._zeroes, lv_name=lv_name, otherwise=otherwise))
         if read is None:
             return None
         pool, device_map = read
+        if not self._zeroes(pool, lv_name, otherwise):
+            return None
+        return device_map
+
+    def _zeroes(self, pool, lv_name, otherwise):
+        """True if the pool zeroes new blocks now; else logged, False."""
         try:
             if privileged.pool_zeroes(self.vg_name, pool, **self._kw):
-                return device_map
+                return True
         except Exception as exc:
             LOG.info('Whether thin pool %(vg)s/%(pool)s zeroes new blocks '
-                     'cannot be read (%(exc)s): every range of LV %(lv)s '
-                     'is written.', {'vg': self.vg_name, 'pool': pool,
-                                     'lv': lv_name, 'exc': exc})
-            return None
+                     'cannot be read (%(exc)s): %(otherwise)s (LV %(lv)s).',
+                     {'vg': self.vg_name, 'pool': pool, 'lv': lv_name,
+                      'exc': exc, 'otherwise': otherwise})
+            return False
         LOG.info('Thin pool %(vg)s/%(pool)s does not zero the blocks it '
-                 'maps: every range of LV %(lv)s is written.',
-                 {'vg': self.vg_name, 'pool': pool, 'lv': lv_name})
-        return None
+                 'maps: %(otherwise)s (LV %(lv)s).',
+                 {'vg': self.vg_name, 'pool': pool, 'lv': lv_name,
+                  'otherwise': otherwise})
+        return False
 
-    def _read(self, lv_name, otherwise):
+    def _read(self, lv_name, otherwise, check=None):
         """(pool, :class:`thin.DeviceMap`) of thin LV ``lv_name``, or None.
 
         None, logged with ``otherwise`` (what the caller does instead),
         when the LV is not a thin LV whose pool tells where its data is,
-        maps more than the bound, or its dump fails.
+        maps more than the bound, ``check(pool)`` (before the snapshot)
+        says no, or its dump fails.
         """
         try:
             thin_id, pool = privileged.thin_device(self.vg_name, lv_name,
@@ -191,6 +221,8 @@ class ThinMaps(object):
                       'otherwise': otherwise})
             return None
         if not self._within_bound(lv_name, pool, otherwise):
+            return None
+        if check is not None and not check(pool):
             return None
         try:
             with self._pool_lock(pool):
@@ -413,12 +445,15 @@ class ThinMaps(object):
 
     def _write_record(self, pool):
         """Record a reservation of ``pool``, on disk before it is made."""
-        os.makedirs(self.record_dir, exist_ok=True)
+        if not os.path.isdir(self.record_dir):
+            os.makedirs(self.record_dir, exist_ok=True)
+            _owned_like_parent(self.record_dir)
         path = self._record_path(pool)
         with open(path, 'w') as f:
             f.write('%s %s %s\n' % (self.vg_name, pool, self._owner))
             f.flush()
             os.fsync(f.fileno())
+        _owned_like_parent(path)
         self._sync_dir()
 
     def _remove_record(self, pool):

@@ -24,6 +24,8 @@ imported late, so that the read-only commands never load it.
 
 import os
 import socket
+import stat
+import urllib.parse
 
 from oslo_concurrency import processutils
 from oslo_config import cfg
@@ -31,6 +33,9 @@ from oslo_config import cfg
 from cinder_dmclone.cmd import status
 
 DEFAULT_CONFIG = status.DEFAULT_CONFIG
+#: How cinder's coordinator names the files of the driver's locks in a
+#: ``file://`` backend (``cinder-`` and the lock's name).
+LOCK_FILE_PREFIX = 'cinder-dmclone-'
 
 _BACKEND_OPTS = [
     cfg.StrOpt('volume_driver'),
@@ -94,6 +99,40 @@ def node_config(config_files, backend=None):
             'state_dir': os.path.join(conf.state_path, 'dmclone')}
 
 
+def give_back_lock_files(backend_url):
+    """Give the driver's lock files root made their directory's owner.
+
+    With a ``file://`` coordination backend (``dmclone_shared_file_locks``)
+    tooz creates a lock's file at its first use.  This command runs as
+    root: a lock file it created (the volume's, or a thin pool's, which
+    the node's service may never have taken) would be root's, and the
+    service, not root, could never take that lock again.  Only regular
+    files named as the driver's locks, owned by root, in a directory
+    that is not root's; a symbolic link is never followed.
+    """
+    url = urllib.parse.urlparse(backend_url or '')
+    if url.scheme != 'file' or os.geteuid() != 0:
+        return
+    try:
+        owner = os.stat(url.path)
+        names = os.listdir(url.path)
+    except OSError:
+        return
+    if owner.st_uid == 0:
+        return
+    for name in names:
+        if not name.startswith(LOCK_FILE_PREFIX):
+            continue
+        path = os.path.join(url.path, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == 0:
+                os.chown(path, owner.st_uid, owner.st_gid,
+                         follow_symlinks=False)
+        except OSError:
+            continue
+
+
 def _lvm(name, node, root_helper):
     from cinder.brick.local_dev import lvm as brick_lvm
     conf = node['lvm_conf']
@@ -120,7 +159,8 @@ def _iscsi_connector(root_helper):
 def from_config(args):
     """(LostSource, close) for the parsed arguments of the command.
 
-    ``close()`` stops the coordination backend.
+    ``close()`` stops the coordination backend and gives the lock files
+    this command created back to the service (:func:`give_back_lock_files`).
     """
     from cinder.common import config  # noqa: F401 (registers options)
     from cinder import coordination
@@ -163,4 +203,8 @@ def from_config(args):
         node['node_names'], move.Store(db_api), clones, node['state_dir'],
         load_volume=objects.Volume.get_by_id,
         service_is_up=source.service_is_up, thin_maps=thin_maps)
-    return command, coordination.COORDINATOR.stop
+
+    def close():
+        coordination.COORDINATOR.stop()
+        give_back_lock_files(cfg.CONF.coordination.backend_url)
+    return command, close

@@ -1357,6 +1357,7 @@ class StreamOutputTestCase(test.TestCase):
         self.assertIsNotNone(procs[0].poll())
 
     def test_as_root_through_the_helper(self):
+        self.mock_object(privileged.os, 'geteuid', return_value=1000)
         popen = mock.Mock(side_effect=OSError('no such file'))
         self.assertRaises(OSError, list, privileged.stream_output(
             '/usr/bin/env', 'LC_ALL=C', 'thin_dump', run_as_root=True,
@@ -1367,5 +1368,17 @@ class StreamOutputTestCase(test.TestCase):
                           'LC_ALL=C', 'thin_dump'], popen.call_args[0][0])
 
     def test_as_root_needs_a_helper(self):
+        self.mock_object(privileged.os, 'geteuid', return_value=1000)
         self.assertRaises(processutils.NoRootWrapSpecified, list,
                           privileged.stream_output('true', run_as_root=True))
+
+    def test_root_already_runs_it_itself(self):
+        # (cinder-dmclone move abandon-source, run as root: no sudo, as
+        # processutils.execute does for euid 0.)
+        self.mock_object(privileged.os, 'geteuid', return_value=0)
+        popen = mock.Mock(side_effect=OSError('no such file'))
+        self.assertRaises(OSError, list, privileged.stream_output(
+            '/usr/bin/env', 'LC_ALL=C', 'thin_dump', run_as_root=True,
+            root_helper='sudo', popen=popen))
+        self.assertEqual(['/usr/bin/env', 'LC_ALL=C', 'thin_dump'],
+                         popen.call_args[0][0])
