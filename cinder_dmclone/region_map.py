@@ -58,18 +58,23 @@ LOG = logging.getLogger(__name__)
 RECORD_SUFFIX = '.metasnap'
 
 
-def _owned_like_parent(path):
-    """Give ``path`` its directory's owner, when this process is root.
+def _owned_like(directory, target):
+    """Give ``target`` ``directory``'s owner, when this process is root.
 
     The operator's command (``cinder-dmclone move abandon-source``) runs
     as root and takes maps in the service's directory; a record it left
     (a release that failed) must stay the service's to rewrite and
-    release, as the service's own are.
+    release, as the service's own are.  ``target`` is an open file's
+    descriptor or a path, never followed: the directory is the
+    service's, and root must not give it whatever a link there names.
     """
     if os.geteuid() != 0:
         return
-    parent = os.stat(os.path.dirname(os.path.abspath(path)))
-    os.chown(path, parent.st_uid, parent.st_gid)
+    owner = os.stat(directory)
+    if isinstance(target, int):
+        os.fchown(target, owner.st_uid, owner.st_gid)
+    else:
+        os.chown(target, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
 class ThinMaps(object):
@@ -447,13 +452,14 @@ class ThinMaps(object):
         """Record a reservation of ``pool``, on disk before it is made."""
         if not os.path.isdir(self.record_dir):
             os.makedirs(self.record_dir, exist_ok=True)
-            _owned_like_parent(self.record_dir)
+            _owned_like(os.path.dirname(os.path.abspath(self.record_dir)),
+                        self.record_dir)
         path = self._record_path(pool)
         with open(path, 'w') as f:
+            _owned_like(self.record_dir, f.fileno())
             f.write('%s %s %s\n' % (self.vg_name, pool, self._owner))
             f.flush()
             os.fsync(f.fileno())
-        _owned_like_parent(path)
         self._sync_dir()
 
     def _remove_record(self, pool):

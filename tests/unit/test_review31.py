@@ -393,7 +393,7 @@ class RootFilesTestCase(_AsService, test.TestCase):
     # held) and blocks every other tool's.  Had the service itself
     # failed the release, its next reserve would release it.
     # Fixed: a record (and a record directory) the command writes as
-    # root is given its directory's owner (region_map._owned_like_parent).
+    # root is given its directory's owner (region_map._owned_like).
     def test_a_record_left_by_the_command(self):
         self.need_root()
         lv = tar.ThinLV()
