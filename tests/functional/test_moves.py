@@ -40,6 +40,12 @@ MiB = testbed.MiB
 GiB = 1024 * MiB
 
 
+# Extended since 2026-11-28, with the two after it: on the machine CI ran
+# on 2026-11-27 the full stack's start alone took more than 15 minutes
+# (``cinder-manage db sync`` 580 s on node B) and the CI tier did not
+# end in 90 minutes; the CI tier keeps the kernel-level tests
+# (doc/source/contributor/testing.rst).
+@pytest.mark.extended
 def test_volume_moves_there_back_and_there_again(cloud, topo):
     """Ping-pong: A to B, back to A, to B again; every byte at every hop."""
     vol = cloud.create(size=1, az='az-a')
@@ -79,6 +85,7 @@ def test_volume_moves_there_back_and_there_again(cloud, topo):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
 def test_live_migration_there_and_back_and_a_rollback(cloud):
     """Live migration A to B committed, B to A committed, A to B failed.
 
@@ -96,6 +103,7 @@ def test_live_migration_there_and_back_and_a_rollback(cloud):
         cloud.delete(vol.id)
 
 
+@pytest.mark.extended
 def test_source_powered_off_while_hydrating(cloud, stack):
     """Node A loses power while node B still copies from it.
 
