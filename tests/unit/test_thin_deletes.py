@@ -324,6 +324,37 @@ class DeleteDuringThinAbandonTestCase(test.TestCase):
         # (region 101's block was mapped: zeroed, while the LV was there)
         self.assertIn(101, tls._regions(self.h.zeroed))
 
+    # The command is killed while it holds node B's pool metadata
+    # snapshot (an operator's session cut as it releases it: no
+    # ``finally`` of its own runs after that), then the owner deletes
+    # the volume: the delete fails, naming the command; the operator
+    # runs it again, which finds the LV gone and ends the move without
+    # reading any map, and deletes the volume.  A snapshot left held
+    # keeps every block it references allocated (the deleted LV's data
+    # too) and this node's record of it names it this service's
+    # leftover: the command's next run must release it, as the
+    # service's start does, whatever path that run takes.
+    def test_a_run_killed_holding_the_snapshot_then_a_delete(self):
+        h = self.h
+        pool = h.b.pool
+        run = pool.run
+        killed = []
+
+        def running(cmd, *args, **kwargs):
+            if not killed and tuple(cmd[-1:]) == ('release_metadata_snap',):
+                killed.append(cmd)
+                raise cl.Crash('killed while releasing the snapshot')
+            return run(cmd, *args, **kwargs)
+        self.mock_object(pool, 'run', side_effect=running)
+        self.assertRaises(cl.Crash, h.run)
+        self.assertTrue(pool.held)
+        self.assertEqual([pool.pool], h.b.thin_maps().recorded_pools())
+        self.assertEqual(move.SOURCE_LOST, h.c.transfer().state)
+        error = self.cinder()
+        self.assertIsNotNone(error)
+        self.assertNotIn(cl.LV, h.b.vg.lvs)
+        self.assert_deleted_in_the_end(error)
+
 
 class MultiattachHarness(tar.ThinHarness):
     """ThinHarness of a multiattach volume, attached twice on node B.
