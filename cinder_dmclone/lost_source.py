@@ -322,6 +322,7 @@ class LostSource(object):
     # -- the steps ------------------------------------------------------------
 
     def _finish(self, ctxt, volume, t):
+        self._release_leftover_snapshots()
         # (LVM's own listing: brick's lookup takes a volume group not
         # found for no LV, and the move would end as lost whole over the
         # LV holding what was copied.  LVMUnlisted: nothing done, run the
@@ -377,6 +378,23 @@ class LostSource(object):
                                  'path': outcome.ranges_file,
                                  'lv': t.lv_name, 'iqn': t.target_iqn})
         return outcome
+
+    def _release_leftover_snapshots(self):
+        """Release the metadata snapshots this node left recorded.
+
+        A run killed between the reserve and the release of a thin
+        pool's metadata snapshot (while :meth:`_zero` read the LV's map)
+        leaves it held, and recorded as this node's: a held snapshot
+        keeps every block it references allocated, a deleted volume's
+        too.  The next map of that pool releases it, and so does the
+        service's start; a run that reads no map (the LV removed by a
+        delete since, the zeroing recorded done, nothing lost) would
+        leave it held until then.  So every run releases them first,
+        each under its pool's lock (never one another map holds now).
+        Never raises.
+        """
+        if self.thin_maps is not None:
+            self.thin_maps.release_leftovers()
 
     def _scanned(self, volume, t):
         """Data LV here, metadata LV gone: this move's scan, as recorded.

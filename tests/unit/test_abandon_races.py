@@ -561,8 +561,10 @@ class ThinHarness(Harness):
         remove_metadata = self.b.dest.remove_metadata
 
         def removing_metadata(t):
-            if all(lv.read(r) == 'zero' for r in self.uncopied()):
-                self.b.vg.lvs[cl.LV]['complete'] = True
+            data = self.b.vg.lvs.get(cl.LV)     # (a delete may remove it)
+            if data is not None and all(lv.read(r) == 'zero'
+                                        for r in self.uncopied()):
+                data['complete'] = True
             return remove_metadata(t)
         test.mock_object(self.b.dest, 'remove_metadata',
                          side_effect=removing_metadata)
