@@ -136,6 +136,18 @@ class MetadataSnapBusy(PrivilegedCommandFailed):
     """
 
 
+class MetadataSnapReleased(exception.VolumeBackendAPIException):
+    """A thin pool's metadata snapshot was released under a map's dump.
+
+    The kernel keeps one snapshot per pool and knows no owner: another
+    release (a leftover's, by a service sharing the pool) freed it while
+    ``thin_dump`` read it, so what was read may not be a map.
+    """
+
+    message = _("The metadata snapshot of thin pool %(vg)s/%(pool)s was "
+                "released while its map was read: the map is not used.")
+
+
 class MetadataSnapNotHeld(PrivilegedCommandFailed):
     """A release of a thin pool's metadata snapshot found none held."""
 

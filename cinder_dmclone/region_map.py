@@ -39,8 +39,10 @@ The map is an optimisation: any failure to take it is logged and the move
 copies every region, as it would without one.
 """
 
+import errno
 import functools
 import os
+import stat
 import urllib.parse
 
 from oslo_log import log as logging
@@ -285,12 +287,19 @@ class ThinMaps(object):
         """
         self._reserve(pool)
         try:
-            return privileged.thin_dump(
+            dumped = privileged.thin_dump(
                 self.vg_name, pool, thin_id, stream=self._stream,
                 max_bytes=thin.dump_bytes_bound(self.max_mappings),
                 max_mappings=self.max_mappings, **self._kw)
-        finally:
+        except BaseException:
             self.release(pool)
+            raise
+        # None held at our release: someone released it while the dump
+        # read it, and the live pool may have reused blocks the dump
+        # walked (a torn map would take written regions as unneeded).
+        if not self.release(pool):
+            raise exception.MetadataSnapReleased(vg=self.vg_name, pool=pool)
+        return dumped
 
     def _reserve(self, pool):
         """Reserve the pool's metadata snapshot, recorded first.
@@ -455,7 +464,15 @@ class ThinMaps(object):
             _owned_like(os.path.dirname(os.path.abspath(self.record_dir)),
                         self.record_dir)
         path = self._record_path(pool)
-        with open(path, 'w') as f:
+        # Never through a link (root's command writes here, into a
+        # directory the service's user owns): no follow, a plain file
+        # with one name, truncated only once checked.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, 'w') as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(errno.EPERM, 'not a plain record file', path)
+            os.ftruncate(fd, 0)
             _owned_like(self.record_dir, f.fileno())
             f.write('%s %s %s\n' % (self.vg_name, pool, self._owner))
             f.flush()

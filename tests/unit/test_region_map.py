@@ -224,6 +224,46 @@ class ThinMapsTestCase(test.TestCase):
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
         self.assertEqual([], self.maps.recorded_pools())
 
+    def test_a_snapshot_released_under_the_dump_means_no_map(self):
+        # Someone released the pool's snapshot while thin_dump read it
+        # (review 32 H1: another node name's start or abandon-source on a
+        # pool two services share): the dump may have walked blocks the
+        # live pool freed and reused, so the map is not used.
+        execute = self.execute
+
+        def released_during_the_dump(*cmd, **kwargs):
+            out = execute(*cmd, **kwargs)
+            if 'thin_dump' in cmd:
+                self.pool.held = False
+            return out
+        self.maps = region_map.ThinMaps(
+            'node-a', VG, self.dir, execute=released_during_the_dump,
+            root_helper='rw', lock=self.lock)
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertIsNone(self.maps.zeroing_map(LV))
+        self.assertFalse(self.pool.held)
+        self.assertEqual([], self.maps.recorded_pools())
+
+    def test_root_never_writes_a_record_through_a_planted_link(self):
+        # Review 32: abandon-source runs as root; the record directory
+        # belongs to the service's user, who could plant a link where a
+        # record goes.  Root neither writes through it nor gives its
+        # target away.
+        os.makedirs(self.dir)
+        precious = os.path.join(os.path.dirname(self.dir), 'precious')
+        with open(precious, 'w') as f:
+            f.write('precious\n')
+        os.symlink(precious, self.maps._record_path(self.pool.pool))
+        self.mock_object(os, 'geteuid', return_value=0)
+        fchown = self.mock_object(os, 'fchown')
+        self.assertRaises(OSError, self.maps._write_record, self.pool.pool)
+        with open(precious) as f:
+            self.assertEqual('precious\n', f.read())
+        fchown.assert_not_called()
+        # (and a map of that pool is not taken: nothing reserved)
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+
     def test_release_failure_keeps_the_record_for_the_start(self):
         self.pool.fail_on['release_metadata_snap'] = \
             processutils.ProcessExecutionError(exit_code=1, stderr='EIO')
