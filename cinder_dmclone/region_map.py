@@ -60,6 +60,27 @@ LOG = logging.getLogger(__name__)
 RECORD_SUFFIX = '.metasnap'
 
 
+#: A record is one short line: never more is read.
+RECORD_MAX_BYTES = 4096
+
+
+def _read_record(path):
+    """The fields of the record at ``path``: a plain file, never a link.
+
+    Root's abandon-source reads the records too, in a directory the
+    service's user owns: a link is not followed, and a FIFO or a device
+    planted there is neither waited on nor read (OSError).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EPERM, 'not a plain record file', path)
+        return os.read(fd, RECORD_MAX_BYTES).decode('utf-8',
+                                                    'replace').split()
+    finally:
+        os.close(fd)
+
+
 def _owned_like(directory, target):
     """Give ``target`` ``directory``'s owner, when this process is root.
 
@@ -434,8 +455,7 @@ class ThinMaps(object):
             if not name.endswith(RECORD_SUFFIX):
                 continue
             try:
-                with open(os.path.join(self.record_dir, name)) as f:
-                    fields = f.read().split()
+                fields = _read_record(os.path.join(self.record_dir, name))
                 vg, pool = fields[:2]
                 owner = fields[2] if len(fields) == 3 else None
                 if len(fields) > 3:

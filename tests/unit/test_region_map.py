@@ -311,6 +311,24 @@ class ThinMapsTestCase(test.TestCase):
         self.assertEqual([], self.maps.recorded_pools())
         self.assertEqual(['other-vg-pool'], other.recorded_pools())
 
+    def test_links_and_fifos_among_the_records_are_never_read(self):
+        # Review 32 (LOW): root's abandon-source lists the records too; a
+        # FIFO planted as a record would block it for good, a link to a
+        # device or a huge file would be read whole.  Only plain files
+        # are read, never through a link.
+        os.makedirs(self.dir)
+        record = os.path.basename(self.maps._record_path(self.pool.pool))
+        os.mkfifo(os.path.join(self.dir, record))
+        target = os.path.join(os.path.dirname(self.dir), 'elsewhere')
+        with open(target, 'w') as f:
+            f.write('%s %s node-a\n' % (VG, self.pool.pool))
+        os.symlink(target, os.path.join(self.dir, 'cinder--volumes-x'
+                                        '.node-a.metasnap'))
+        self.assertEqual([], self.maps.recorded_pools())
+        os.unlink(os.path.join(self.dir, record))
+        os.symlink(target, os.path.join(self.dir, record))
+        self.assertEqual([], self.maps.recorded_pools())
+
     def test_names_are_checked(self):
         self.assertRaises(exception.InvalidDMName, region_map.ThinMaps,
                           'node-a', '../vg', self.dir)
