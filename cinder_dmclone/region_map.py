@@ -304,7 +304,9 @@ class ThinMaps(object):
         bytes ``max_mappings`` mappings take (:func:`thin.dump_bytes_bound
         <cinder_dmclone.thin.dump_bytes_bound>`): a larger dump raises
         ThinDumpTooLarge.  The snapshot is released whatever happens
-        after it was reserved.
+        after it was reserved; if that release finds none held, someone
+        released it while the dump read it, and MetadataSnapReleased
+        means no map.
         """
         self._reserve(pool)
         try:
@@ -487,7 +489,8 @@ class ThinMaps(object):
         # Never through a link (root's command writes here, into a
         # directory the service's user owns): no follow, a plain file
         # with one name, truncated only once checked.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW |
+                     os.O_NONBLOCK, 0o644)
         with os.fdopen(fd, 'w') as f:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:

@@ -311,6 +311,14 @@ class ThinMapsTestCase(test.TestCase):
         self.assertEqual([], self.maps.recorded_pools())
         self.assertEqual(['other-vg-pool'], other.recorded_pools())
 
+    def test_a_fifo_where_a_record_goes_is_refused_at_once(self):
+        # (an open for writing of a FIFO nobody reads would wait)
+        os.makedirs(self.dir)
+        os.mkfifo(self.maps._record_path(self.pool.pool))
+        self.assertRaises(OSError, self.maps._write_record, self.pool.pool)
+        self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
+        self.assertFalse(self.pool.held)
+
     def test_links_and_fifos_among_the_records_are_never_read(self):
         # Review 32 (LOW): root's abandon-source lists the records too; a
         # FIFO planted as a record would block it for good, a link to a
