@@ -10,14 +10,20 @@
 #    License for the specific language governing permissions and limitations
 #    under the License.
 
-"""The full Cinder stack inside the testbed guest.
+"""The full Cinder stack of the testbed.
 
 MariaDB, RabbitMQ and etcd (Debian's packages), cinder-api with noauth,
-cinder-scheduler and one cinder-volume service per node with this driver
-(node A's in network namespace ``nodeA``, or in node A's own kernel in the
-separate-kernel layout, where it reaches the control plane on node B over
-the run's switch), all real processes configured
-from ``tools/testbed/stack/``.  :class:`Stack` starts them, waits on real
+cinder-scheduler and one cinder-volume service per node with this driver,
+all real processes configured from ``tools/testbed/stack/``.  On separate
+kernels each node's volume service runs in its node's guest kernel and the
+control plane (the servers, cinder-api, cinder-scheduler) on node "cp",
+natively on the host on the run's segment (tools/testbed/control-plane):
+none of it needs device-mapper, and under emulation it starved.  On one
+kernel, node A's service runs in network namespace ``nodeA`` and the
+control plane on node B.  Every process is started through its node's
+``exec`` prefix (:attr:`tests.harness.testbed.Topology.control`); the
+configuration names the control plane ``controller`` (each node's
+/etc/hosts).  :class:`Stack` starts them, waits on real
 readiness (a port answering, the services' rows fresh in the database, the
 scheduler listing every pool), restarts or kills a volume service for the
 fault scenarios and shows the tail of every log when something does not
@@ -41,11 +47,14 @@ from tests.harness import workers
 
 LOG = logging.getLogger('stack')
 
-API_IP = '10.0.0.2'
-API = 'http://%s:8776/v3' % API_IP
+#: the control plane's host name on every node (guest/init's /etc/hosts,
+#: tools/testbed/control-plane's): its servers listen on all of its
+#: addresses, and everything reaches them by this name
+CONTROLLER = 'controller'
+API = 'http://%s:8776/v3' % CONTROLLER
 #: etcd of the control plane, as the volume services' [coordination]
 #: backend_url names it (tools/testbed/stack/cinder.conf)
-ETCD_URL = 'etcd3+http://%s:2379?api_version=v3&timeout=60' % API_IP
+ETCD_URL = 'etcd3+http://%s:2379?api_version=v3&timeout=60' % CONTROLLER
 #: the servers of the control plane, in the order they are started
 CONTROL_PLANE = ('mariadb', 'rabbitmq', 'etcd')
 ETC = '/etc/cinder'
@@ -109,7 +118,7 @@ def install_rootwrap(directory, sudo_env_keep=()):
 
 def database_url(name):
     """The SQLAlchemy URL of database ``name`` on the control plane."""
-    return 'mysql+pymysql://cinder:cinder@%s/%s?charset=utf8' % (API_IP,
+    return 'mysql+pymysql://cinder:cinder@%s/%s?charset=utf8' % (CONTROLLER,
                                                                  name)
 
 
@@ -129,6 +138,61 @@ def install_volume_node(*nodes):
         shutil.copy(os.path.join(CONF_DIR, name), ETC)
     install_rootwrap(ETC)
     os.makedirs(STATE + '/tmp', exist_ok=True)
+
+
+def install_control_node(log_dir):
+    """The control plane's configuration, on its node.
+
+    The servers' (MariaDB, RabbitMQ), cinder-api's and
+    cinder-scheduler's, and the stack's log directory.
+    """
+    os.makedirs(log_dir, exist_ok=True)
+    shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
+                '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
+    for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
+        shutil.copy(os.path.join(CONF_DIR, name), '/etc/rabbitmq/')
+    install_volume_node()
+    venv = os.path.dirname(os.path.dirname(testbed.topology().python))
+    shutil.copy(os.path.join(CONF_DIR, 'api.conf'), ETC)
+    shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'), ETC)
+    install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
+    os.makedirs(STATE + '/api-locks', exist_ok=True)
+
+
+def install_paste(source):
+    """Cinder's api-paste.ini with the default-token filter in noauth."""
+    with open(source) as f:
+        lines = f.read().splitlines()
+    out = []
+    for line in lines:
+        if line.startswith('noauth =') and ' noauth ' in line:
+            line = line.replace(' noauth ', ' defaulttoken noauth ')
+        out.append(line)
+    out += ['', '[filter:defaulttoken]',
+            'paste.filter_factory = noauth_token:filter_factory', '']
+    with open(ETC + '/api-paste.ini', 'w') as f:
+        f.write('\n'.join(out))
+
+
+def prepare_mariadb():
+    """A fresh copy of MariaDB's data directory, on the control node.
+
+    A copy over the last stack's files resets InnoDB's system tables but
+    keeps the cinder tables' files ("doesn't exist in engine" at the next
+    db sync).
+    """
+    os.makedirs('/run/mysqld', exist_ok=True)
+    shutil.rmtree('/srv/mysql', ignore_errors=True)
+    shutil.copytree('/var/lib/mysql', '/srv/mysql', symlinks=True)
+    testbed.run(['chown', '-R', 'mysql:mysql', '/run/mysqld', '/srv/mysql'])
+
+
+def prepare_rabbitmq():
+    """RabbitMQ's directories, on the control node."""
+    for d in ('/srv/rabbitmq/mnesia', '/srv/rabbitmq/log'):
+        os.makedirs(d, exist_ok=True)
+    testbed.run(['chown', '-R', 'rabbitmq:rabbitmq', '/srv/rabbitmq',
+                 '/var/lib/rabbitmq'])
 
 
 def _port_open(ip, port):
@@ -223,6 +287,8 @@ class Stack(object):
         self.thin = False
         #: the files (in /etc/cinder) passed after thin.conf (use_thin)
         self.thin_extra = ()
+        #: the node of the control plane's processes (its own, or B)
+        self.cp = topo.control.key
         self._t0 = time.monotonic()
 
     # -- process handling --------------------------------------------------
@@ -239,7 +305,7 @@ class Stack(object):
     def _log(self, name):
         return os.path.join(self.log_dir, '%s.log' % name)
 
-    def _spawn(self, name, argv, node='b', user_env=None):
+    def _spawn(self, name, argv, node, user_env=None):
         if node != testbed.local_node():
             argv = list(self.topo.node(node).exec_prefix) + list(argv)
         out = open(self._log(name + '.out'), 'ab')
@@ -308,60 +374,50 @@ class Stack(object):
 
     def install_configs(self):
         """Put the stack's configuration where the services look."""
-        self._install_control_plane()
-        venv = os.path.dirname(os.path.dirname(self.topo.python))
+        os.makedirs(self.log_dir, exist_ok=True)
         # Every node's service configuration: in the one-kernel layout
         # node A's service runs in this guest too.  (privsep starts its
         # helper through sudo, on the venv's path.)
         install_volume_node('a', 'b', 'c')
-        shutil.copy(os.path.join(CONF_DIR, 'api.conf'), ETC)
-        shutil.copy(os.path.join(venv, 'etc/cinder/resource_filters.json'),
-                    ETC)
-        self._install_paste(os.path.join(venv, 'etc/cinder/api-paste.ini'))
-        os.makedirs(STATE + '/api-locks', exist_ok=True)
+        self._on_control(install_control_node, self.log_dir)
         if self.topo.separate:
             with workers.NodeProcess('a') as node_a:
                 node_a.call(install_volume_node, 'a')
 
-    def _install_control_plane(self):
-        """The servers' configuration (MariaDB, RabbitMQ) and the logs."""
-        os.makedirs(self.log_dir, exist_ok=True)
-        shutil.copy(os.path.join(CONF_DIR, 'mariadb.cnf'),
-                    '/etc/mysql/mariadb.conf.d/99-testbed.cnf')
-        for name in ('rabbitmq.config', 'rabbitmq-env.conf'):
-            shutil.copy(os.path.join(CONF_DIR, name), '/etc/rabbitmq/')
+    def _on_control(self, fn, *args):
+        """``fn(*args)`` on the control plane's node; its result."""
+        if self.cp == testbed.local_node():
+            return fn(*args)
+        with workers.NodeProcess(self.cp) as node:
+            return node.call(fn, *args)
 
-    @staticmethod
-    def _install_paste(source):
-        """Cinder's api-paste.ini with the default-token filter in noauth."""
-        with open(source) as f:
-            lines = f.read().splitlines()
-        out = []
-        for line in lines:
-            if line.startswith('noauth =') and ' noauth ' in line:
-                line = line.replace(' noauth ', ' defaulttoken noauth ')
-            out.append(line)
-        out += ['', '[filter:defaulttoken]',
-                'paste.filter_factory = noauth_token:filter_factory', '']
-        with open(ETC + '/api-paste.ini', 'w') as f:
-            f.write('\n'.join(out))
+    def _control_run(self, argv, **kwargs):
+        """A command on the control plane's node (:func:`testbed.run`)."""
+        return testbed.run(argv, node=self.cp, **kwargs)
 
     # -- infrastructure -------------------------------------------------------
 
     def start_mariadb(self):
-        os.makedirs('/run/mysqld', exist_ok=True)
-        # A fresh copy each start: a copy over the last stack's files
-        # resets InnoDB's system tables but keeps the cinder tables' files
-        # ("doesn't exist in engine" at the next db sync).
-        shutil.rmtree('/srv/mysql', ignore_errors=True)
-        shutil.copytree('/var/lib/mysql', '/srv/mysql', symlinks=True)
-        testbed.run(['chown', '-R', 'mysql:mysql', '/run/mysqld',
-                     '/srv/mysql'])
-        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'])
+        """MariaDB over a fresh copy of its data, each start."""
+        self._on_control(prepare_mariadb)
+        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'],
+                    self.cp)
 
     def mariadb_ready(self):
-        return subprocess.run(['mysqladmin', 'ping'], capture_output=True,
-                              timeout=30).returncode == 0
+        """The server answers on the segment (as the services reach it).
+
+        (``mysqladmin ping`` succeeds once the server answers, even when
+        it refuses the user: the services' user exists only after
+        :meth:`create_database`.)
+        """
+        return subprocess.run(
+            ['mysqladmin', '--host', CONTROLLER, '--user', 'cinder',
+             '--connect-timeout', '5', 'ping'], capture_output=True,
+            timeout=30, env=self._mysql_env()).returncode == 0
+
+    @staticmethod
+    def _mysql_env():
+        return dict(os.environ, MYSQL_PWD='cinder')
 
     def create_database(self, name='cinder', fresh=False):
         """Database ``name`` for the services' user (empty if ``fresh``).
@@ -376,41 +432,40 @@ class Stack(object):
                "FLUSH PRIVILEGES;").format(name)
         if fresh:
             sql = 'DROP DATABASE IF EXISTS %s; %s' % (name, sql)
-        testbed.run(['mysql', '-e', sql])
+        # (as root: through the server's socket, on its node)
+        self._control_run(['mysql', '-e', sql])
 
     def sync_database(self):
         """Cinder's schema in the stack's database (``cinder-manage``)."""
-        testbed.run(['cinder-manage', '--config-file', ETC + '/cinder.conf',
-                     'db', 'sync'], timeout=600,
-                    env=self._env())
+        self._control_run(['cinder-manage', '--config-file',
+                           ETC + '/cinder.conf', 'db', 'sync'],
+                          timeout=600, env=self._env())
 
     def start_rabbitmq(self):
-        for d in ('/srv/rabbitmq/mnesia', '/srv/rabbitmq/log'):
-            os.makedirs(d, exist_ok=True)
-        testbed.run(['chown', '-R', 'rabbitmq:rabbitmq', '/srv/rabbitmq',
-                     '/var/lib/rabbitmq'])
-        self._spawn('rabbitmq', ['rabbitmq-server'],
+        self._on_control(prepare_rabbitmq)
+        self._spawn('rabbitmq', ['rabbitmq-server'], self.cp,
                     user_env={'HOME': '/var/lib/rabbitmq'})
 
     def start_etcd(self):
+        client_url = 'http://%s:2379' % self.topo.control.ip
         self._spawn('etcd', [
             'etcd', '--name', 'testbed', '--data-dir', '/srv/etcd',
-            '--listen-client-urls', 'http://%s:2379' % API_IP,
-            '--advertise-client-urls', 'http://%s:2379' % API_IP,
+            '--listen-client-urls', client_url,
+            '--advertise-client-urls', client_url,
             '--listen-peer-urls', 'http://127.0.0.1:2380',
             '--initial-advertise-peer-urls', 'http://127.0.0.1:2380',
             '--initial-cluster', 'testbed=http://127.0.0.1:2380'],
-            user_env={'ETCD_UNSUPPORTED_ARCH': 'amd64'})
+            self.cp, user_env={'ETCD_UNSUPPORTED_ARCH': 'amd64'})
 
     def etcd_ready(self):
         try:
-            return _http_json('http://%s:2379/health' % API_IP,
+            return _http_json('http://%s:2379/health' % CONTROLLER,
                               timeout=5).get('health') == 'true'
         except (OSError, ValueError):
             return False
 
     def rabbitmq_ready(self):
-        return _port_open(API_IP, 5672)
+        return _port_open(CONTROLLER, 5672)
 
     def start_control_plane(self, parts=CONTROL_PLANE):
         """Start the servers ``parts`` names; return once they all serve.
@@ -422,7 +477,7 @@ class Stack(object):
         control_plane`).  MariaDB starts over a fresh copy of its data
         directory: nothing but the first start may spawn it.
         """
-        self._install_control_plane()
+        self._on_control(install_control_node, self.log_dir)
         self._spawn_control_plane(parts)
         self._wait_control_plane(parts)
 
@@ -444,7 +499,9 @@ class Stack(object):
 
     # -- cinder ---------------------------------------------------------------
 
-    def _cinder(self, binary, node='b', extra=()):
+    def _cinder(self, binary, node=None, extra=()):
+        """Start a Cinder service; ``node``: the control plane's if None."""
+        node = node or self.cp
         name = binary if binary != 'cinder-volume' else 'volume-' + node
         argv = [binary, '--config-file', ETC + '/cinder.conf']
         argv += list(extra)
@@ -561,8 +618,10 @@ class Stack(object):
         which try again): an empty answer must never stand for "no rows"
         when the database did not answer.
         """
-        proc = subprocess.run(['mysql', '-N', '-B', 'cinder', '-e', query],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(['mysql', '--host', CONTROLLER, '--user',
+                               'cinder', '-N', '-B', 'cinder', '-e', query],
+                              capture_output=True, text=True, timeout=60,
+                              env=self._mysql_env())
         if proc.returncode != 0:
             if check:
                 raise StackError('mysql failed (%d) on %r: %s' % (
@@ -635,7 +694,7 @@ class Stack(object):
         self._wait(lambda: self.services_up(hosts + ['controller']), 900,
                    'scheduler and both volume services reporting',
                    procs=['cinder-scheduler', 'volume-a', 'volume-b'])
-        self._wait(lambda: _port_open(API_IP, 8776), 600,
+        self._wait(lambda: _port_open(CONTROLLER, 8776), 600,
                    'cinder-api listening', procs=['cinder-api'])
         self._wait(self.pools_ready, 600, 'both nodes\' pools listed',
                    procs=['cinder-api', 'cinder-scheduler'])
@@ -660,14 +719,14 @@ class Stack(object):
         # The broker is not in the wrapper's process group (it runs as
         # user rabbitmq through su): in run 20261126-023104-552 it kept
         # serving after the group was killed.  Nothing else runs as
-        # rabbitmq on node B.
+        # rabbitmq on the control plane's node.
         self._kill_user('rabbitmq', signal.SIGKILL)
-        self._wait(lambda: not _port_open(API_IP, 5672), 120,
+        self._wait(lambda: not _port_open(CONTROLLER, 5672), 120,
                    'RabbitMQ gone')
 
-    @staticmethod
-    def _kill_user(user, sig):
-        testbed.run(['pkill', '-%d' % sig, '-u', user], check=False)
+    def _kill_user(self, user, sig):
+        """Signal every process of ``user`` on the control plane's node."""
+        self._control_run(['pkill', '-%d' % sig, '-u', user], check=False)
 
     def restart_rabbitmq(self):
         """Kill the broker and start it again; wait until it serves."""
@@ -681,7 +740,8 @@ class Stack(object):
         """Consumers of a queue on the broker; 0 if it is not there."""
         import kombu
         try:
-            with kombu.Connection('amqp://guest:guest@%s:5672//' % API_IP,
+            with kombu.Connection('amqp://guest:guest@%s:5672//'
+                                  % CONTROLLER,
                                   connect_timeout=5) as conn:
                 _name, _count, consumers = conn.default_channel \
                     .queue_declare(queue=queue, passive=True)
@@ -703,7 +763,7 @@ class Stack(object):
     def stop_mariadb(self):
         """The database dies (its files stay, as on a real server)."""
         self._kill_group('mariadb')
-        self._wait(lambda: not _port_open(API_IP, 3306), 120,
+        self._wait(lambda: not _port_open(CONTROLLER, 3306), 120,
                    'MariaDB gone')
 
     def restart_mariadb(self):
@@ -715,7 +775,8 @@ class Stack(object):
         server process dies).
         """
         self.stop_mariadb()
-        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'])
+        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'],
+                    self.cp)
         self._wait(lambda: self.mariadb_ready() and self._db(
             'SELECT COUNT(*) FROM services', check=False).isdigit(), 600,
             'MariaDB answering again', procs=['mariadb'])
@@ -789,8 +850,9 @@ class Stack(object):
             # (see stop_rabbitmq: the broker outlives its wrapper's group)
             self._kill_user('rabbitmq', signal.SIGTERM)
             try:
-                testbed.wait_until(lambda: not _port_open(API_IP, 5672),
-                                   120, 'RabbitMQ stopped')
+                testbed.wait_until(
+                    lambda: not _port_open(CONTROLLER, 5672), 120,
+                    'RabbitMQ stopped')
             except testbed.WaitTimeout:
                 self._kill_user('rabbitmq', signal.SIGKILL)
         self.procs.clear()

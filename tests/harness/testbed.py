@@ -89,8 +89,15 @@ class Topology:
     layout: str = 'one-kernel'
     #: every node by key, on-demand ones included
     nodes: dict = dataclasses.field(default_factory=dict)
+    #: where the control plane's servers run (MariaDB, RabbitMQ, etcd,
+    #: cinder-api, cinder-scheduler): node "cp" natively on the host
+    #: (separate layout, tools/testbed/control-plane), else node B
+    control: Node = None
 
     def node(self, key):
+        """Node ``key`` ('a', 'node-a', ...; 'cp': the control plane)."""
+        if key == CONTROL_KEY:
+            return self.control
         return self.nodes[key.lower()[-1]]
 
     @property
@@ -109,6 +116,18 @@ class Topology:
 
 
 _TOPOLOGY = None
+#: the control plane's node key (:attr:`Topology.control`) when it runs
+#: on a node of its own
+CONTROL_KEY = 'cp'
+
+
+def _control_node(raw, node_b):
+    """The control plane's :class:`Node`: its own, or node B's."""
+    if raw is None:
+        return node_b
+    return Node(key=raw['key'], name=raw['name'], hostname=raw['hostname'],
+                netns=None, ip=raw['ip'], exec_prefix=tuple(raw['exec']),
+                vg=None, initiator_iqn=None)
 
 
 def topology():
@@ -132,7 +151,8 @@ def topology():
             lvm_system_dir=raw['lvm_system_dir'], python=raw['python'],
             src=raw['src'], artifacts_dir=raw['artifacts_dir'],
             iscsi_port=raw['iscsi_port'],
-            layout=raw.get('layout', 'one-kernel'), nodes=nodes)
+            layout=raw.get('layout', 'one-kernel'), nodes=nodes,
+            control=_control_node(raw.get('control_plane'), nodes['b']))
     return _TOPOLOGY
 
 

@@ -30,6 +30,7 @@ import importlib.util
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -520,11 +521,17 @@ def fake_topology(layout, artifacts_dir='/nonexistent'):
             thin_vg='dmc-%s-thin' % key if layout == 'separate' else None)
     if layout != 'separate':
         del nodes['c']
+    control = nodes['b']
+    if layout == 'separate':
+        control = testbed._control_node(
+            {'key': 'cp', 'name': 'controller', 'hostname': 'nodecp',
+             'ip': '10.0.0.10',
+             'exec': ['/src/tools/testbed/guest/on-node', 'cp']}, None)
     return testbed.Topology(
         raw={}, a=nodes['a'], b=nodes['b'], lvm_conf='/etc/cinder/lvm.conf',
         lvm_system_dir='/etc/cinder', python=sys.executable, src='/src',
         artifacts_dir=artifacts_dir, iscsi_port=3260, layout=layout,
-        nodes=nodes)
+        nodes=nodes, control=control)
 
 
 class DriverClusterLayoutTestCase(test.TestCase):
@@ -548,10 +555,10 @@ class DriverClusterLayoutTestCase(test.TestCase):
         from tests.harness import volume_node
         shared = volume_node.shared_state(separate=True)
         self.assertEqual(
-            'mysql+pymysql://cinder:cinder@10.0.0.2/cinder_ft?charset=utf8',
-            shared.database)
+            'mysql+pymysql://cinder:cinder@controller/cinder_ft?'
+            'charset=utf8', shared.database)
         self.assertEqual(
-            'etcd3+http://10.0.0.2:2379?api_version=v3&timeout=60',
+            'etcd3+http://controller:2379?api_version=v3&timeout=60',
             shared.coordination)
         self.assertFalse(shared.shared_file_locks)
         move.check_coordination(shared.coordination,
@@ -883,8 +890,7 @@ class ControlPlaneTestCase(test.TestCase):
             self.useFixture(fixtures.MockPatchObject(
                 self.stack, 'start_' + name,
                 side_effect=functools.partial(self.started.append, name)))
-        self.useFixture(fixtures.MockPatchObject(
-            self.stack, '_install_control_plane'))
+        self.useFixture(fixtures.MockPatchObject(self.stack, '_on_control'))
         self.useFixture(fixtures.MockPatchObject(
             self.stack, '_wait',
             side_effect=lambda predicate, timeout, what, procs: (
@@ -1124,3 +1130,232 @@ class RebootedNodeServiceTestCase(StackTestCase):
         self.keep_running()
         self.ended.assert_not_called()
         self.restarted.assert_called_once_with('a')
+
+
+class ControlNodeTestCase(test.TestCase):
+    """Where the stack's processes run: the control plane on its node.
+
+    On separate kernels the servers, cinder-api and cinder-scheduler run
+    on node "cp" (natively on the host, tools/testbed/control-plane);
+    each volume service on its own node; on one kernel all of the control
+    plane on node B, where the tests run.  Popen and the commands are
+    mocks: what is checked is the argv each gets.
+    """
+
+    def stack(self, layout):
+        from tests.harness import services
+        stack = services.Stack(fake_topology(
+            layout, self.useFixture(fixtures.TempDir()).path))
+        self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'local_node', return_value='b'))
+        self.popen = self.useFixture(fixtures.MockPatchObject(
+            services.subprocess, 'Popen')).mock
+        self.run = self.useFixture(fixtures.MockPatchObject(
+            services.testbed, 'run')).mock
+        self.useFixture(fixtures.MockPatchObject(stack, '_db',
+                                                 return_value=''))
+        os.makedirs(stack.log_dir)
+        return stack
+
+    def spawned(self):
+        """{first argument of the real command: the exec prefix}"""
+        out = {}
+        for call in self.popen.call_args_list:
+            argv = call.args[0]
+            on_cp = argv[:2] == ['/src/tools/testbed/guest/on-node', 'cp']
+            command = argv[2:] if on_cp else argv
+            out[command[0]] = 'cp' if on_cp else tuple(argv[:2])
+        return out
+
+    def test_separate_kernels_run_the_control_plane_on_its_node(self):
+        from tests.harness import services
+        stack = self.stack('separate')
+        on_control = self.useFixture(fixtures.MockPatchObject(
+            stack, '_on_control')).mock
+        self.assertEqual('cp', stack.cp)
+        stack.start_mariadb()
+        stack.start_rabbitmq()
+        stack.start_etcd()
+        stack._cinder('cinder-api')
+        stack._cinder('cinder-scheduler')
+        stack.start_volume('b')
+        self.assertEqual([mock.call(services.prepare_mariadb),
+                          mock.call(services.prepare_rabbitmq)],
+                         on_control.call_args_list)
+        where = self.spawned()
+        for binary in ('/usr/sbin/mariadbd', 'rabbitmq-server', 'etcd',
+                       'cinder-api', 'cinder-scheduler'):
+            self.assertEqual('cp', where[binary], binary)
+        # node B's volume service is this process's own child
+        self.assertEqual(('cinder-volume', '--config-file'),
+                         where['cinder-volume'])
+        etcd = [c.args[0] for c in self.popen.call_args_list
+                if 'etcd' in c.args[0]][0]
+        self.assertIn('http://10.0.0.10:2379', etcd)
+
+    def test_root_commands_go_to_the_control_node(self):
+        import signal as signals
+        stack = self.stack('separate')
+        stack.create_database('cinder_ft', fresh=True)
+        stack.sync_database()
+        stack._kill_user('rabbitmq', signals.SIGKILL)
+        self.assertEqual(['cp', 'cp', 'cp'],
+                         [c.kwargs['node'] for c in self.run.call_args_list])
+        self.assertEqual(['mysql', 'cinder-manage', 'pkill'],
+                         [c.args[0][0] for c in self.run.call_args_list])
+
+    def test_one_kernel_keeps_the_control_plane_on_node_b(self):
+        stack = self.stack('one-kernel')
+        self.assertEqual('b', stack.cp)
+        stack.start_etcd()
+        stack._cinder('cinder-api')
+        self.assertEqual({'etcd': ('etcd', '--name'),
+                          'cinder-api': ('cinder-api', '--config-file')},
+                         self.spawned())
+        done = []
+        self.assertEqual('ok', stack._on_control(
+            lambda: done.append(1) or 'ok'))
+        self.assertEqual([1], done)
+
+    def test_a_worker_on_the_control_node_runs_its_calls(self):
+        from tests.harness import services
+        stack = self.stack('separate')
+        worker = self.useFixture(fixtures.MockPatchObject(
+            services.workers, 'NodeProcess')).mock
+        node = worker.return_value.__enter__.return_value
+        node.call.return_value = 'done'
+        self.assertEqual('done', stack._on_control(services.prepare_mariadb))
+        worker.assert_called_once_with('cp')
+        node.call.assert_called_once_with(services.prepare_mariadb)
+
+    def test_the_services_reach_the_control_plane_by_name(self):
+        import configparser
+        from tests.harness import services
+        conf_dir = os.path.join(os.path.dirname(__file__), '..', '..',
+                                'tools', 'testbed', 'stack')
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read(os.path.join(conf_dir, 'cinder.conf'))
+        for url in (parser['DEFAULT']['transport_url'],
+                    parser['database']['connection'],
+                    parser['coordination']['backend_url']):
+            self.assertIn('@controller' if '@' in url else '//controller:',
+                          url)
+        self.assertEqual('0.0.0.0', parser['DEFAULT']['osapi_volume_listen'])
+        mariadb = configparser.ConfigParser(interpolation=None,
+                                            allow_no_value=True)
+        mariadb.read(os.path.join(conf_dir, 'mariadb.cnf'))
+        self.assertEqual('0.0.0.0', mariadb['mysqld']['bind-address'])
+        with open(os.path.join(conf_dir, 'rabbitmq.config')) as f:
+            self.assertIn('{tcp_listeners, [{"0.0.0.0", 5672}]}', f.read())
+        self.assertEqual('http://controller:8776/v3', services.API)
+
+
+class TopologyControlTestCase(test.TestCase):
+    """The control plane's node, as the topology file names it."""
+
+    def topology(self, raw):
+        from tests.harness import testbed
+        path = os.path.join(self.useFixture(fixtures.TempDir()).path, 't')
+        with open(path, 'w') as f:
+            json.dump(raw, f)
+        self.useFixture(fixtures.MockPatchObject(testbed, 'TOPOLOGY_PATH',
+                                                 path))
+        self.useFixture(fixtures.MonkeyPatch(
+            'tests.harness.testbed._TOPOLOGY', None))
+        return testbed.topology()
+
+    @staticmethod
+    def raw(**extra):
+        node = {'name': 'node-x', 'hostname': 'nodex', 'netns': None,
+                'ip': '10.0.0.9', 'exec': [], 'vg': 'dmc-x',
+                'initiator_iqn': None}
+        raw = {'lvm_conf': 'l', 'lvm_system_dir': 'd', 'python': 'p',
+               'src': '/src', 'artifacts_dir': 'a', 'iscsi_port': 3260,
+               'nodes': {'a': dict(node, name='node-a'),
+                         'b': dict(node, name='node-b')}}
+        raw.update(extra)
+        return raw
+
+    def test_its_own_node_on_separate_kernels(self):
+        topo = self.topology(self.raw(layout='separate', control_plane={
+            'key': 'cp', 'name': 'controller', 'hostname': 'nodecp',
+            'ip': '10.0.0.10', 'exec': ['on-node', 'cp']}))
+        self.assertIs(topo.control, topo.node('cp'))
+        self.assertEqual(('cp', '10.0.0.10', ('on-node', 'cp')),
+                         (topo.control.key, topo.control.ip,
+                          topo.control.exec_prefix))
+        # never one of the storage nodes
+        self.assertNotIn(topo.control, topo.nodes.values())
+        self.assertEqual('node-a', topo.node('node-a').name)
+
+    def test_node_b_without_one(self):
+        topo = self.topology(self.raw())
+        self.assertIs(topo.b, topo.control)
+
+
+@unittest.skipUnless(os.geteuid() == 0 and shutil.which('uml_switch')
+                     and shutil.which('unshare'),
+                     'the control-plane node needs root, uml_switch and '
+                     'unshare')
+class ControlPlaneNodeTestCase(test.TestCase):
+    """tools/testbed/control-plane for real, over this host's own root.
+
+    (The testbed gives it the guests' root filesystem; any Debian root
+    with python3 serves here.)  It must answer on the segment as node
+    "cp", see the run's tree and directory where a guest does, stay off
+    the host's interfaces and leave no process or mount behind.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.runner = load_runner()
+        self.run_dir = self.useFixture(fixtures.TempDir()).path
+        self.switch, _ctl = self.runner.start_switch(self.run_dir)
+        self.addCleanup(self.runner.kill_group, self.switch, hard=True)
+        self.segment = '/proc/%d/ns/net' % self.switch.pid
+
+    def on_cp(self, script):
+        return subprocess.run(
+            self.runner.joining(self.segment, [
+                sys.executable, NODELINK, 'exec', self.runner.CONTROL_IP,
+                '7001', 'sh', '-c', script]),
+            capture_output=True, text=True, cwd='/', timeout=60)
+
+    def test_it_serves_on_the_segment_and_goes_with_its_group(self):
+        with open(os.path.join(self.run_dir, 'mark'), 'w') as f:
+            f.write('run dir\n')
+        cp = self.runner.start_control_plane('/', self.run_dir,
+                                             self.segment)
+        self.addCleanup(self.runner.kill_group, cp, hard=True)
+        deadline = time.monotonic() + 120
+        while True:
+            proc = self.on_cp('uname -n; getent hosts controller; '
+                              'cat /testbed/run/mark; '
+                              'test -f /src/tools/testbed/control-plane '
+                              '&& echo tree; touch /src/x 2>/dev/null '
+                              '|| echo read-only; echo $$')
+            if proc.returncode == 0:
+                break
+            log = os.path.join(self.run_dir, 'control-plane.log')
+            self.assertLess(time.monotonic(), deadline, '%s\n%s' % (
+                proc.stderr, open(log).read() if os.path.exists(log)
+                else ''))
+            time.sleep(0.5)
+        lines = proc.stdout.split('\n')
+        self.assertEqual('nodecp', lines[0])
+        self.assertEqual(['10.0.0.10', 'nodecp', 'controller'],
+                         lines[1].split())
+        self.assertEqual(['run dir', 'tree', 'read-only'], lines[2:5])
+        # its own PID namespace: its shell is not a host PID's number
+        self.assertNotEqual('', lines[5])
+        host_links = subprocess.run(['ip', '-o', 'link'], capture_output=True,
+                                    text=True, check=True).stdout
+        self.assertNotIn(self.runner.CONTROL_TAP + ':', host_links)
+        self.assertNotIn('nodecp', open('/etc/hosts').read())
+        self.runner.kill_group(cp, hard=True)
+        leftover = subprocess.run(
+            ['pgrep', '-f', 'nodelink serve %s' % self.runner.CONTROL_IP],
+            capture_output=True, text=True)
+        self.assertEqual('', leftover.stdout)
+        with open('/proc/self/mountinfo') as f:
+            self.assertNotIn(self.run_dir, f.read())

@@ -54,8 +54,13 @@ by a uml_switch over a unix socket in the run directory (no traffic on the
 host's interfaces), each with its own iSCSI initiator and LIO target and
 its volume groups on ubd disk files in <run dir>/vgs/<node>, which outlive
 the guest.  Node B runs the tests; node A serves commands over the segment
-(guest/nodelink).  The tests may power node A off hard (its kernel process
-killed) and boot it again with the same disks: they write a request file
+(guest/nodelink).  The control plane (MariaDB, RabbitMQ, etcd, cinder-api,
+cinder-scheduler; no device-mapper) runs natively on the host, in a
+container of the same root filesystem on the same segment
+(tools/testbed/control-plane, node "cp", 10.0.0.10), through the switch's
+tap device inside the switch's own network namespace.  The tests may
+power node A off hard (its kernel process killed) and boot it again with
+the same disks: they write a request file
 into <run dir>/ctl (see PowerControl), the runner acts and answers.
 
 Only one testbed runs at a time (the machines have 2 cores): the runner
@@ -113,6 +118,12 @@ NODE_DISKS = {
 NODE_MAC = {'a': '52:54:00:dc:00:01', 'b': '52:54:00:dc:00:02',
             'c': '52:54:00:dc:00:03'}
 TEST_NODE = 'b'
+#: --layout separate: the control plane (MariaDB, RabbitMQ, etcd,
+#: cinder-api, cinder-scheduler) runs natively in a container on the
+#: segment (tools/testbed/control-plane), reached through the switch's
+#: tap device; guest/init names it "controller" and node "cp".
+CONTROL_IP = '10.0.0.10'
+CONTROL_TAP = 'cp0'
 #: Nodes that stay off until a test boots them (a power request): the
 #: scenarios that need a third node pay for its kernel, the others do not
 #: share two CPUs with its idle volume service.
@@ -594,10 +605,15 @@ def joining(segment, cmd):
 
 
 def start_switch(run_dir):
-    """A uml_switch on a unix socket: the nodes' one network segment."""
+    """A uml_switch on a unix socket: the nodes' one network segment.
+
+    Its tap device (:data:`CONTROL_TAP`, in the switch's own namespace)
+    is the control-plane node's port on the segment.
+    """
     ctl = os.path.join(run_dir, 'switch.ctl')
     log = open(os.path.join(run_dir, 'switch.log'), 'wb')
-    proc = subprocess.Popen(on_segment(['uml_switch', '-unix', ctl]),
+    proc = subprocess.Popen(on_segment(['uml_switch', '-unix', ctl,
+                                        '-tap', CONTROL_TAP]),
                             stdin=subprocess.DEVNULL, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=die_with_runner)
@@ -612,12 +628,34 @@ def start_switch(run_dir):
     return proc, ctl
 
 
+def start_control_plane(rootfs, run_dir, segment):
+    """The control-plane node: a container on the host, on the segment.
+
+    tools/testbed/control-plane in the switch's network namespace and
+    namespaces of its own (mount, PID: killing its group ends every
+    server in it).  Node B's init waits for its nodelink like node A's.
+    """
+    log = open(os.path.join(run_dir, 'control-plane.log'), 'ab')
+    proc = subprocess.Popen(
+        joining(segment, ['unshare', '--mount', '--pid', '--uts', '--ipc',
+                          '--fork', '--kill-child', '--',
+                          'bash', os.path.join(HERE, 'control-plane'),
+                          rootfs, run_dir, TREE, CONTROL_IP]),
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, preexec_fn=die_with_runner)
+    log.close()
+    say('control plane starting natively on the segment (%s; log: '
+        'control-plane.log)' % CONTROL_IP)
+    return proc
+
+
 def boot_separate(args, rootfs, run_dir, env=None):
     """Boot every node's guest on one switch; the test guest's status."""
     switch, ctl = start_switch(run_dir)
     segment = '/proc/%d/ns/net' % switch.pid
-    guests, power = {}, None
+    guests, power, control = {}, None, None
     try:
+        control = start_control_plane(rootfs, run_dir, segment)
         guests = {node: SideGuest(node, uml_command(args, rootfs, run_dir,
                                                     node, ctl, segment),
                                   run_dir, env)
@@ -634,6 +672,8 @@ def boot_separate(args, rootfs, run_dir, env=None):
             power.stop()
         for guest in guests.values():
             guest.power_off()
+        if control is not None:
+            kill_group(control, hard=True)
         kill_group(switch, hard=True)
 
 
