@@ -195,6 +195,22 @@ def prepare_rabbitmq():
                  '/var/lib/rabbitmq'])
 
 
+def _mysql_greets(host, port=3306, timeout=5):
+    """True when a MySQL server at ``host`` sends its first packet.
+
+    A server that accepts connections sends its greeting (protocol
+    version 10) or an error packet (0xff: a host it refuses, too many
+    connections) at once: either way it serves.  A port that accepts
+    but says nothing (a server still starting) is not ready.
+    """
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            head = s.recv(5, socket.MSG_WAITALL)
+    except OSError:
+        return False
+    return len(head) == 5 and head[4] in (0x0a, 0xff)
+
+
 def _port_open(ip, port):
     try:
         with socket.create_connection((ip, port), timeout=2):
@@ -404,16 +420,14 @@ class Stack(object):
                     self.cp)
 
     def mariadb_ready(self):
-        """The server answers on the segment (as the services reach it).
+        """The server speaks its protocol on the segment.
 
-        (``mysqladmin ping`` succeeds once the server answers, even when
-        it refuses the user: the services' user exists only after
-        :meth:`create_database`.)
+        As the services reach it, without a user: theirs exists only
+        after :meth:`create_database`, and MariaDB's client fails its
+        ``ping`` when the server refuses the host (error 1130, before
+        TLS), though the server is up.
         """
-        return subprocess.run(
-            ['mysqladmin', '--host', CONTROLLER, '--user', 'cinder',
-             '--connect-timeout', '5', 'ping'], capture_output=True,
-            timeout=30, env=self._mysql_env()).returncode == 0
+        return _mysql_greets(CONTROLLER)
 
     @staticmethod
     def _mysql_env():

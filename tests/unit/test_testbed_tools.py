@@ -1359,3 +1359,39 @@ class ControlPlaneNodeTestCase(test.TestCase):
         self.assertEqual('', leftover.stdout)
         with open('/proc/self/mountinfo') as f:
             self.assertNotIn(self.run_dir, f.read())
+
+
+class MysqlGreetsTestCase(test.TestCase):
+    """MariaDB's readiness: its first packet, whatever it says."""
+
+    def server(self, first):
+        listener = socket.create_server(('127.0.0.1', 0))
+        self.addCleanup(listener.close)
+
+        def serve():
+            conn, _addr = listener.accept()
+            with conn:
+                if first is not None:
+                    conn.sendall(first)
+                time.sleep(2)
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        self.addCleanup(thread.join, 10)
+        return listener.getsockname()[1]
+
+    def greets(self, first):
+        from tests.harness import services
+        return services._mysql_greets('127.0.0.1', self.server(first),
+                                      timeout=1)
+
+    def test_a_greeting_or_a_refusal_is_a_server_up(self):
+        self.assertTrue(self.greets(b'\x4a\x00\x00\x00\x0a11.8.3-MariaDB'))
+        # error 1130: this host is not allowed (the user is not there yet)
+        self.assertTrue(self.greets(b'\x17\x00\x00\x00\xff\x6a\x04Host'))
+
+    def test_silence_or_nothing_listening_is_not(self):
+        self.assertFalse(self.greets(None))
+        self.assertFalse(self.greets(b'\x4a\x00\x00\x00\x00junk'))
+        from tests.harness import services
+        self.assertFalse(services._mysql_greets('127.0.0.1', free_port(),
+                                                timeout=1))
