@@ -1395,3 +1395,23 @@ class MysqlGreetsTestCase(test.TestCase):
         from tests.harness import services
         self.assertFalse(services._mysql_greets('127.0.0.1', free_port(),
                                                 timeout=1))
+
+
+class CompileTreeTestCase(test.TestCase):
+    """The runner writes the tree's bytecode before the guests boot."""
+
+    def test_each_package_gets_its_bytecode(self):
+        runner = load_runner()
+        tree = self.useFixture(fixtures.TempDir()).path
+        for package in runner.COMPILED:
+            os.makedirs(os.path.join(tree, package, 'sub'))
+            for path in ('__init__.py', 'sub/__init__.py', 'sub/m.py'):
+                with open(os.path.join(tree, package, path), 'w') as f:
+                    f.write('X = 1\n')
+        self.useFixture(fixtures.MockPatchObject(runner, 'TREE', tree))
+        self.useFixture(fixtures.MockPatchObject(runner, 'say'))
+        runner.compile_tree()
+        tag = sys.implementation.cache_tag
+        for package in runner.COMPILED:
+            self.assertTrue(os.path.exists(os.path.join(
+                tree, package, 'sub', '__pycache__', 'm.%s.pyc' % tag)))
