@@ -57,6 +57,8 @@ API = 'http://%s:8776/v3' % CONTROLLER
 ETCD_URL = 'etcd3+http://%s:2379?api_version=v3&timeout=60' % CONTROLLER
 #: the servers of the control plane, in the order they are started
 CONTROL_PLANE = ('mariadb', 'rabbitmq', 'etcd')
+#: Cinder's services on the control plane's node
+CONTROL_SERVICES = ('cinder-api', 'cinder-scheduler')
 ETC = '/etc/cinder'
 CONF_DIR = '/src/tools/testbed/stack'
 STATE = '/var/lib/cinder'
@@ -789,11 +791,43 @@ class Stack(object):
         server process dies).
         """
         self.stop_mariadb()
+        self._start_mariadb_again()
+
+    def _start_mariadb_again(self):
         self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'],
                     self.cp)
         self._wait(lambda: self.mariadb_ready() and self._db(
             'SELECT COUNT(*) FROM services', check=False).isdigit(), 600,
             'MariaDB answering again', procs=['mariadb'])
+
+    def start_again(self, name):
+        """Start control-plane process ``name`` again, over its data.
+
+        For one that died between tests (:func:`keep_running`): each is
+        the child of its node link from node B, which kills it when the
+        connection to the control plane's node drops.
+        """
+        if name == 'mariadb':
+            self._start_mariadb_again()
+        elif name == 'rabbitmq':
+            self.restart_rabbitmq()
+        elif name == 'etcd':
+            self.start_etcd()
+            self._wait(self.etcd_ready, 300, 'etcd healthy again',
+                       procs=['etcd'])
+        elif name == 'cinder-api':
+            self._cinder('cinder-api', extra=('--config-file',
+                                              ETC + '/api.conf'))
+            self._wait(lambda: _port_open(CONTROLLER, 8776), 600,
+                       'cinder-api listening again', procs=['cinder-api'])
+        elif name == 'cinder-scheduler':
+            since = self.db_now()
+            self._cinder('cinder-scheduler')
+            self._wait(lambda: self.services_up(['controller'], since),
+                       600, 'cinder-scheduler reporting again',
+                       procs=['cinder-scheduler'])
+        else:
+            raise StackError('%s is not a control-plane process' % name)
 
     def db_now(self):
         """The database's UTC time, as text (see services_up)."""
@@ -928,6 +962,11 @@ def keep_running(s, cloud):
     cluster's tests stop the volume services, see :meth:`Stack.
     stop_volumes`.)
     """
+    for name in CONTROL_PLANE + CONTROL_SERVICES:
+        if name in s.procs and not s.alive(name):
+            LOG.warning('%s is not running (did its node link to the '
+                        'control plane drop?): starting it again', name)
+            s.start_again(name)
     if s.topo.separate and not testbed.answers('a'):
         LOG.warning('node A is down: booting it')
         cloud.forget_node('a')

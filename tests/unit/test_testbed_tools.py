@@ -1329,11 +1329,15 @@ class ControlPlaneNodeTestCase(test.TestCase):
         self.addCleanup(self.runner.kill_group, cp, hard=True)
         deadline = time.monotonic() + 120
         while True:
-            proc = self.on_cp('uname -n; getent hosts controller; '
-                              'cat /testbed/run/mark; '
-                              'test -f /src/tools/testbed/control-plane '
-                              '&& echo tree; touch /src/x 2>/dev/null '
-                              '|| echo read-only; echo $$')
+            proc = self.on_cp(
+                'uname -n; getent hosts controller; cat /testbed/run/mark; '
+                'test -f /src/tools/testbed/control-plane && echo tree; '
+                'touch /src/x 2>/dev/null || echo read-only; '
+                'readlink /proc/self/ns/pid; '
+                'test -e /proc/1/root%s/mark || echo no-way-back; '
+                'test -w /proc/sysrq-trigger || echo sysrq-read-only; '
+                'grep -q " /proc/sys ro," /proc/self/mountinfo '
+                '&& echo sysctl-read-only' % self.run_dir)
             if proc.returncode == 0:
                 break
             log = os.path.join(self.run_dir, 'control-plane.log')
@@ -1346,55 +1350,62 @@ class ControlPlaneNodeTestCase(test.TestCase):
         self.assertEqual(['10.0.0.10', 'nodecp', 'controller'],
                          lines[1].split())
         self.assertEqual(['run dir', 'tree', 'read-only'], lines[2:5])
-        # its own PID namespace: its shell is not a host PID's number
-        self.assertNotEqual('', lines[5])
+        # a PID namespace of its own, no path back to the host's root,
+        # the kernel's knobs read-only
+        container_pids = lines[5]
+        self.assertNotEqual(os.readlink('/proc/self/ns/pid'),
+                            container_pids)
+        self.assertEqual(['no-way-back', 'sysrq-read-only',
+                          'sysctl-read-only'], lines[6:9])
         host_links = subprocess.run(['ip', '-o', 'link'], capture_output=True,
                                     text=True, check=True).stdout
         self.assertNotIn(self.runner.CONTROL_TAP + ':', host_links)
         self.assertNotIn('nodecp', open('/etc/hosts').read())
         self.runner.kill_group(cp, hard=True)
-        leftover = subprocess.run(
-            ['pgrep', '-f', 'nodelink serve %s' % self.runner.CONTROL_IP],
-            capture_output=True, text=True)
-        self.assertEqual('', leftover.stdout)
+        self._assert_emptied(container_pids)
         with open('/proc/self/mountinfo') as f:
             self.assertNotIn(self.run_dir, f.read())
 
+    def test_a_sigterm_ends_it_too(self):
+        cp = self.runner.start_control_plane('/', self.run_dir,
+                                             self.segment)
+        self.addCleanup(self.runner.kill_group, cp, hard=True)
+        deadline = time.monotonic() + 120
+        while True:
+            proc = self.on_cp('readlink /proc/self/ns/pid')
+            if proc.returncode == 0:
+                break
+            self.assertLess(time.monotonic(), deadline, proc.stderr)
+            time.sleep(0.5)
+        os.killpg(cp.pid, signal.SIGTERM)
+        # (PID 1 of a namespace ignores a signal it has no handler for)
+        cp.wait(timeout=30)
+        self._assert_emptied(proc.stdout.strip())
 
-class MysqlGreetsTestCase(test.TestCase):
-    """MariaDB's readiness: its first packet, whatever it says."""
+    def _assert_emptied(self, pid_ns):
+        """Every process of ``pid_ns`` goes.
 
-    def server(self, first):
-        listener = socket.create_server(('127.0.0.1', 0))
-        self.addCleanup(listener.close)
+        (The kernel kills them once its PID 1 is gone, not at once.)
+        """
+        deadline = time.monotonic() + 60
+        while self._in_namespace(pid_ns):
+            self.assertLess(time.monotonic(), deadline,
+                            self._in_namespace(pid_ns))
+            time.sleep(0.2)
 
-        def serve():
-            conn, _addr = listener.accept()
-            with conn:
-                if first is not None:
-                    conn.sendall(first)
-                time.sleep(2)
-        thread = threading.Thread(target=serve, daemon=True)
-        thread.start()
-        self.addCleanup(thread.join, 10)
-        return listener.getsockname()[1]
-
-    def greets(self, first):
-        from tests.harness import services
-        return services._mysql_greets('127.0.0.1', self.server(first),
-                                      timeout=1)
-
-    def test_a_greeting_or_a_refusal_is_a_server_up(self):
-        self.assertTrue(self.greets(b'\x4a\x00\x00\x00\x0a11.8.3-MariaDB'))
-        # error 1130: this host is not allowed (the user is not there yet)
-        self.assertTrue(self.greets(b'\x17\x00\x00\x00\xff\x6a\x04Host'))
-
-    def test_silence_or_nothing_listening_is_not(self):
-        self.assertFalse(self.greets(None))
-        self.assertFalse(self.greets(b'\x4a\x00\x00\x00\x00junk'))
-        from tests.harness import services
-        self.assertFalse(services._mysql_greets('127.0.0.1', free_port(),
-                                                timeout=1))
+    @staticmethod
+    def _in_namespace(pid_ns):
+        """The host's processes in PID namespace ``pid_ns`` (its link)."""
+        found = []
+        for pid in os.listdir('/proc'):
+            if not pid.isdigit():
+                continue
+            try:
+                if os.readlink('/proc/%s/ns/pid' % pid) == pid_ns:
+                    found.append(pid)
+            except OSError:
+                pass
+        return found
 
 
 class CompileTreeTestCase(test.TestCase):
@@ -1415,3 +1426,54 @@ class CompileTreeTestCase(test.TestCase):
         for package in runner.COMPILED:
             self.assertTrue(os.path.exists(os.path.join(
                 tree, package, 'sub', '__pycache__', 'm.%s.pyc' % tag)))
+
+
+class DeadControlPlaneTestCase(StackTestCase):
+    """A control-plane process that died is started again.
+
+    keep_running does, over its data, before the next test: each dies
+    with its node link from node B.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.useFixture(fixtures.MockPatchObject(
+            self.services.testbed, 'answers', return_value=True))
+        self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'restart_volume'))
+        for name in ('mariadb', 'rabbitmq', 'etcd', 'cinder-api',
+                     'cinder-scheduler', 'volume-a', 'volume-b'):
+            proc = mock.Mock()
+            proc.poll.return_value = None
+            self.stack.procs[name] = proc
+
+    def again(self):
+        return self.useFixture(fixtures.MockPatchObject(
+            self.stack, 'start_again')).mock
+
+    def test_only_the_dead_ones_in_their_order(self):
+        again = self.again()
+        for name in ('cinder-api', 'mariadb'):
+            self.stack.procs[name].poll.return_value = -9
+        self.services.keep_running(self.stack, mock.Mock())
+        self.assertEqual([mock.call('mariadb'), mock.call('cinder-api')],
+                         again.call_args_list)
+
+    def test_none_that_was_never_started(self):
+        again = self.again()
+        del self.stack.procs['rabbitmq']
+        self.services.keep_running(self.stack, mock.Mock())
+        again.assert_not_called()
+
+    def test_mariadb_starts_over_the_same_data(self):
+        spawn = self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_spawn')).mock
+        self.useFixture(fixtures.MockPatchObject(self.stack, '_wait'))
+        fresh = self.useFixture(fixtures.MockPatchObject(
+            self.services, 'prepare_mariadb')).mock
+        self.stack.start_again('mariadb')
+        spawn.assert_called_once_with(
+            'mariadb', ['/usr/sbin/mariadbd', '--user=mysql'], 'cp')
+        fresh.assert_not_called()
+        self.assertRaises(self.services.StackError, self.stack.start_again,
+                          'volume-a')

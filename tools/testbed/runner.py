@@ -664,16 +664,19 @@ def start_control_plane(rootfs, run_dir, segment):
     tools/testbed/control-plane in the switch's network namespace and
     namespaces of its own (mount, PID: killing its group ends every
     server in it).  Node B's init waits for its nodelink like node A's.
+    Its progress lines (``@@ cp: ...``, a failure's too) are echoed as
+    ``cp| ``, the rest only logged (control-plane.log).
     """
-    log = open(os.path.join(run_dir, 'control-plane.log'), 'ab')
     proc = subprocess.Popen(
         joining(segment, ['unshare', '--mount', '--pid', '--uts', '--ipc',
                           '--fork', '--kill-child', '--',
                           'bash', os.path.join(HERE, 'control-plane'),
                           rootfs, run_dir, TREE, CONTROL_IP]),
-        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-        start_new_session=True, preexec_fn=die_with_runner)
-    log.close()
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=die_with_runner)
+    Console(proc.stdout, os.path.join(run_dir, 'control-plane.log'),
+            prefix='cp| ', echo=lambda line: line.startswith('@@'))
     say('control plane starting natively on the segment (%s; log: '
         'control-plane.log)' % CONTROL_IP)
     return proc
