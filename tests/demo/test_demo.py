@@ -95,12 +95,13 @@ def test_demo():
     stack = services.Stack(topo)
     assert topo.separate, 'the demo runs with tools/testbed/run --layout ' \
         'separate (tools/run-demo.sh)'
-    say('Starting a Cinder cloud in the testbed: MariaDB, RabbitMQ, etcd '
-        '(the two nodes\' shared lock service), cinder-api, '
-        'cinder-scheduler, and one cinder-volume per node with the '
-        'cinder-dmclone driver.  Each node is its own Linux kernel with its '
-        'own LVM, LIO target and iSCSI initiator: node A (%s, VG %s) and '
-        'node B (%s, VG %s).' % (topo.a.ip, topo.a.vg, topo.b.ip, topo.b.vg))
+    say('Starting a Cinder cloud in the testbed.  The control plane '
+        '(MariaDB, RabbitMQ, etcd: the nodes\' shared lock service, '
+        'cinder-api, cinder-scheduler) runs on the host, as "controller" '
+        '(%s); one cinder-volume per node with the cinder-dmclone driver.  '
+        'Each node is its own Linux kernel with its own LVM, LIO target and '
+        'iSCSI initiator: node A (%s, VG %s) and node B (%s, VG %s).'
+        % (topo.control.ip, topo.a.ip, topo.a.vg, topo.b.ip, topo.b.vg))
     t0 = time.monotonic()
     try:
         stack.start()
