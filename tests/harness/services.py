@@ -197,6 +197,21 @@ def prepare_rabbitmq():
                  '/var/lib/rabbitmq'])
 
 
+def prepare_control_node(log_dir, servers=()):
+    """The control plane's configuration, and fresh data for ``servers``.
+
+    In one visit of its node (each is a worker started there, seconds
+    under emulation on node B's side): :func:`install_control_node`,
+    then :func:`prepare_mariadb` and :func:`prepare_rabbitmq` for those
+    of them ``servers`` names.
+    """
+    install_control_node(log_dir)
+    if 'mariadb' in servers:
+        prepare_mariadb()
+    if 'rabbitmq' in servers:
+        prepare_rabbitmq()
+
+
 def _mysql_greets(host, port=3306, timeout=5):
     """True when a MySQL server at ``host`` sends its first packet.
 
@@ -391,13 +406,16 @@ class Stack(object):
     # -- configuration ------------------------------------------------------
 
     def install_configs(self):
-        """Put the stack's configuration where the services look."""
+        """Put the volume services' configuration where they look.
+
+        (The control plane's node gets its own as its servers start,
+        :meth:`_spawn_control_plane`.)
+        """
         os.makedirs(self.log_dir, exist_ok=True)
         # Every node's service configuration: in the one-kernel layout
         # node A's service runs in this guest too.  (privsep starts its
         # helper through sudo, on the venv's path.)
         install_volume_node('a', 'b', 'c')
-        self._on_control(install_control_node, self.log_dir)
         if self.topo.separate:
             with workers.NodeProcess('a') as node_a:
                 node_a.call(install_volume_node, 'a')
@@ -415,9 +433,8 @@ class Stack(object):
 
     # -- infrastructure -------------------------------------------------------
 
-    def start_mariadb(self):
-        """MariaDB over a fresh copy of its data, each start."""
-        self._on_control(prepare_mariadb)
+    def _spawn_mariadb(self):
+        """MariaDB (over a fresh copy of its data: prepare_mariadb)."""
         self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'],
                     self.cp)
 
@@ -459,10 +476,13 @@ class Stack(object):
 
     def start_rabbitmq(self):
         self._on_control(prepare_rabbitmq)
+        self._spawn_rabbitmq()
+
+    def _spawn_rabbitmq(self):
         self._spawn('rabbitmq', ['rabbitmq-server'], self.cp,
                     user_env={'HOME': '/var/lib/rabbitmq'})
 
-    def start_etcd(self):
+    def _spawn_etcd(self):
         client_url = 'http://%s:2379' % self.topo.control.ip
         self._spawn('etcd', [
             'etcd', '--name', 'testbed', '--data-dir', '/srv/etcd',
@@ -493,15 +513,20 @@ class Stack(object):
         control_plane`).  MariaDB starts over a fresh copy of its data
         directory: nothing but the first start may spawn it.
         """
-        self._on_control(install_control_node, self.log_dir)
         self._spawn_control_plane(parts)
         self._wait_control_plane(parts)
 
     def _spawn_control_plane(self, parts):
-        """Spawn the servers of ``parts`` that do not run."""
-        for name in CONTROL_PLANE:
-            if name in parts and not self.alive(name):
-                getattr(self, 'start_' + name)()
+        """Spawn the servers of ``parts`` that do not run.
+
+        Their node is visited once first (:func:`prepare_control_node`):
+        its configuration, and fresh data for what starts.
+        """
+        starting = [name for name in CONTROL_PLANE
+                    if name in parts and not self.alive(name)]
+        self._on_control(prepare_control_node, self.log_dir, starting)
+        for name in starting:
+            getattr(self, '_spawn_' + name)()
 
     def _wait_control_plane(self, parts):
         ready = {'mariadb': (self.mariadb_ready, 300, 'MariaDB answering'),
@@ -785,7 +810,7 @@ class Stack(object):
     def restart_mariadb(self):
         """Kill MariaDB and start it over the same data; wait for it.
 
-        Unlike :meth:`start_mariadb`, the data directory is kept: the
+        Unlike its first start, the data directory is kept: the
         cinder database must come back as it was (the testbed's
         ``innodb_flush_log_at_trx_commit = 2`` loses no commit when the
         server process dies).
@@ -794,8 +819,7 @@ class Stack(object):
         self._start_mariadb_again()
 
     def _start_mariadb_again(self):
-        self._spawn('mariadb', ['/usr/sbin/mariadbd', '--user=mysql'],
-                    self.cp)
+        self._spawn_mariadb()
         self._wait(lambda: self.mariadb_ready() and self._db(
             'SELECT COUNT(*) FROM services', check=False).isdigit(), 600,
             'MariaDB answering again', procs=['mariadb'])
@@ -812,7 +836,7 @@ class Stack(object):
         elif name == 'rabbitmq':
             self.restart_rabbitmq()
         elif name == 'etcd':
-            self.start_etcd()
+            self._spawn_etcd()
             self._wait(self.etcd_ready, 300, 'etcd healthy again',
                        procs=['etcd'])
         elif name == 'cinder-api':

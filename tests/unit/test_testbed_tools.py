@@ -888,9 +888,10 @@ class ControlPlaneTestCase(test.TestCase):
         self.waited = []
         for name in services.CONTROL_PLANE:
             self.useFixture(fixtures.MockPatchObject(
-                self.stack, 'start_' + name,
+                self.stack, '_spawn_' + name,
                 side_effect=functools.partial(self.started.append, name)))
-        self.useFixture(fixtures.MockPatchObject(self.stack, '_on_control'))
+        self.on_control = self.useFixture(fixtures.MockPatchObject(
+            self.stack, '_on_control')).mock
         self.useFixture(fixtures.MockPatchObject(
             self.stack, '_wait',
             side_effect=lambda predicate, timeout, what, procs: (
@@ -902,6 +903,10 @@ class ControlPlaneTestCase(test.TestCase):
         self.stack.start_control_plane(('mariadb', 'etcd'))
         self.assertEqual(['etcd'], self.started)
         self.assertEqual(['mariadb', 'etcd'], self.waited)
+        # its node visited once: configuration, and fresh data for etcd
+        from tests.harness import services
+        self.on_control.assert_called_once_with(
+            services.prepare_control_node, self.stack.log_dir, ['etcd'])
 
     def test_the_whole_control_plane_by_default(self):
         self.useFixture(fixtures.MockPatchObject(self.stack, 'alive',
@@ -1173,15 +1178,18 @@ class ControlNodeTestCase(test.TestCase):
         on_control = self.useFixture(fixtures.MockPatchObject(
             stack, '_on_control')).mock
         self.assertEqual('cp', stack.cp)
-        stack.start_mariadb()
-        stack.start_rabbitmq()
-        stack.start_etcd()
+        stack._spawn_control_plane(services.CONTROL_PLANE)
         stack._cinder('cinder-api')
         stack._cinder('cinder-scheduler')
         stack.start_volume('b')
-        self.assertEqual([mock.call(services.prepare_mariadb),
-                          mock.call(services.prepare_rabbitmq)],
+        # the servers' data prepared on their node, in one visit
+        self.assertEqual([mock.call(services.prepare_control_node,
+                                    stack.log_dir,
+                                    ['mariadb', 'rabbitmq', 'etcd'])],
                          on_control.call_args_list)
+        stack.start_rabbitmq()
+        self.assertEqual(mock.call(services.prepare_rabbitmq),
+                         on_control.call_args)
         where = self.spawned()
         for binary in ('/usr/sbin/mariadbd', 'rabbitmq-server', 'etcd',
                        'cinder-api', 'cinder-scheduler'):
@@ -1207,7 +1215,7 @@ class ControlNodeTestCase(test.TestCase):
     def test_one_kernel_keeps_the_control_plane_on_node_b(self):
         stack = self.stack('one-kernel')
         self.assertEqual('b', stack.cp)
-        stack.start_etcd()
+        stack._spawn_etcd()
         stack._cinder('cinder-api')
         self.assertEqual({'etcd': ('etcd', '--name'),
                           'cinder-api': ('cinder-api', '--config-file')},
