@@ -992,11 +992,19 @@ def _power_request(action, node, timeout=120):
         raise PowerError('%s node %s: %s' % (action, node, answer))
 
 
+#: How long a running node may take to run ``true`` before it counts as
+#: down.  Generous: under emulation on a slow machine a node busy
+#: hydrating took longer than 15 s, was judged down and booted again,
+#: which the runner refused.  A powered-off node fails fast anyway (its
+#: address is unreachable, or its port refuses the connection).
+ANSWER_TIMEOUT = 120
+
+
 def answers(node):
     """True when ``node``'s guest runs commands (its nodelink is up)."""
     try:
-        return run(['true'], node=node, check=False, timeout=15
-                   ).returncode == 0
+        return run(['true'], node=node, check=False,
+                   timeout=ANSWER_TIMEOUT).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 

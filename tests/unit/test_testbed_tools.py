@@ -352,6 +352,46 @@ class PowerControlTestCase(test.TestCase):
         self.assertIsNone(self.guest.proc)
 
 
+class AnswersTestCase(test.TestCase):
+    """Whether a node is up, as the fixtures that boot a downed node ask.
+
+    A node judged down while it runs is booted again, which the runner
+    refuses ("node a is running"), and the test errors in its setup: run
+    20261128-054438-15154, where node A, busy hydrating under emulation
+    on a slow machine, took longer than 15 s to run ``true``.
+    """
+
+    def setUp(self):
+        super().setUp()
+        from tests.harness import testbed
+        self.testbed = testbed
+
+    def node_that_answers_after(self, seconds):
+        """``testbed.run`` over a node that needs ``seconds`` to answer."""
+        def run(cmd, node=None, check=True, timeout=300, **kwargs):
+            if timeout < seconds:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+            return subprocess.CompletedProcess(cmd, 0, '', '')
+        return self.useFixture(fixtures.MockPatch(
+            'tests.harness.testbed.run', side_effect=run)).mock
+
+    def test_a_busy_node_still_answers(self):
+        run = self.node_that_answers_after(60)
+        self.assertTrue(self.testbed.answers('a'))
+        self.assertEqual('a', run.call_args.kwargs['node'])
+
+    def test_a_node_that_never_answers_is_down(self):
+        self.node_that_answers_after(float('inf'))
+        self.assertFalse(self.testbed.answers('a'))
+
+    def test_a_powered_off_node_is_down(self):
+        # on-node's connection is refused or unreachable: it exits non-zero
+        self.useFixture(fixtures.MockPatch(
+            'tests.harness.testbed.run',
+            return_value=subprocess.CompletedProcess(['true'], 255)))
+        self.assertFalse(self.testbed.answers('a'))
+
+
 class GuestCommandTestCase(test.TestCase):
     """What the runner puts on the guests' kernel command lines."""
 
