@@ -62,6 +62,7 @@ keep the word ``transfer`` they were released with.)
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import re
@@ -342,16 +343,32 @@ def handle_lock(volume_id):
     return lockutils.lock('dmclone-handle-%s' % volume_id)
 
 
-def pool_lock(node, vg_name, pool):
-    """The lock on thin pool ``vg_name/pool`` of ``node``'s metadata snapshot.
+#: The running kernel's identity: it changes with every boot.
+BOOT_ID_PATH = '/proc/sys/kernel/random/boot_id'
 
-    A pool holds one metadata snapshot at a time, and this node's moves
-    read theirs in turn (:mod:`cinder_dmclone.region_map`).  A
-    coordination lock, named after the node as well: the backend is
-    shared by every node, and each has its own pools.
+
+@functools.lru_cache(maxsize=1)
+def kernel_id():
+    """This kernel's boot id (a process never outlives its kernel)."""
+    with open(BOOT_ID_PATH) as f:
+        return f.read().strip()
+
+
+def pool_lock(vg_name, pool):
+    """The lock on thin pool ``vg_name/pool``'s metadata snapshot.
+
+    A pool holds one metadata snapshot at a time, and whatever reads
+    one (this node's moves, its start's release of leftovers, the
+    operator's ``abandon-source``) reads it in turn
+    (:mod:`cinder_dmclone.region_map`).  The pool is an object of the
+    kernel that runs it, so the coordination lock is named after that
+    kernel (its boot id), not after a node: two volume services sharing
+    a volume group under two node names (review 32) must exclude each
+    other, while the like-named pools of other nodes (every node's
+    ``cinder-volumes``) must not.
     """
     return coordination.COORDINATOR.get_lock(
-        'dmclone-metasnap-%s-%s-%s' % (node, vg_name, pool))
+        'dmclone-metasnap-%s-%s-%s' % (kernel_id(), vg_name, pool))
 
 
 def space_lock(vg_name):

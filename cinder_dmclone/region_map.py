@@ -104,7 +104,7 @@ class ThinMaps(object):
     """Takes the region map of a thin LV of volume group ``vg_name``.
 
     ``record_dir`` holds the reservation records (created when first
-    needed); ``lock(node, vg, pool)`` is the pool's lock
+    needed); ``lock(vg, pool)`` is the pool's lock
     (:func:`cinder_dmclone.move.pool_lock`); ``execute`` and
     ``root_helper`` run the root commands.
     """
@@ -146,7 +146,7 @@ class ThinMaps(object):
 
     def _pool_lock(self, pool):
         lock = self._lock or move.pool_lock
-        return lock(self.node_name, self.vg_name, pool)
+        return lock(self.vg_name, pool)
 
     # -- taking a map -------------------------------------------------------
 
@@ -418,11 +418,12 @@ class ThinMaps(object):
     def _record_path(self, pool, owner=True):
         """The path of this node's record of ``pool``'s reservation.
 
-        Named after the node, as the pool's lock is
-        (:func:`~cinder_dmclone.move.pool_lock`): two volume services of
-        one host may share a record directory and a volume group under
-        two node names, and each must see only its own records (another
-        service's is foreign: its snapshot is never released here).
+        Named after the node: two volume services of one host may share
+        a record directory and a volume group under two node names, and
+        each must see only its own records (another service's is
+        foreign: its snapshot is never released here).  Their pool's
+        lock (:func:`~cinder_dmclone.move.pool_lock`) is one, so neither
+        releases a snapshot while the other reads it.
         ``owner=False``: the path of a record of a release that named no
         node.
         """

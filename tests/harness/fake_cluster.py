@@ -638,8 +638,7 @@ class Cluster(object):
         if thin:
             self.a.pool.add(LV, mapped)
         test.mock_object(move, 'pool_lock', side_effect=lambda *names:
-                         FakeLock(self, 'dmclone-metasnap-%s-%s-%s'
-                                  % names))
+                         FakeLock(self, 'dmclone-metasnap-%s-%s' % names))
         self.a.ensure_handle()
 
     # -- plumbing ----------------------------------------------------------

@@ -14,10 +14,12 @@
 
 import contextlib
 import os
+import threading
 
 import fixtures
 from oslo_concurrency import processutils
 
+from cinder import coordination
 from cinder.tests.unit import test
 
 from cinder_dmclone import exception
@@ -50,8 +52,8 @@ class ThinMapsTestCase(test.TestCase):
                                    lock=self.lock, **kwargs)
 
     @contextlib.contextmanager
-    def lock(self, node, vg, pool):
-        self.locks.append((node, vg, pool))
+    def lock(self, vg, pool):
+        self.locks.append((vg, pool))
         # (The pool's snapshot is only ever touched under its lock.)
         self.holding = True
         try:
@@ -80,7 +82,7 @@ class ThinMapsTestCase(test.TestCase):
         self.assertEqual(['thin_device', 'thin_table', 'thin_status',
                           'table', 'reserve_metadata_snap', 'thin_dump',
                           'release_metadata_snap'], self.pool.calls)
-        self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
+        self.assertEqual([(VG, 'cinder-volumes-pool')], self.locks)
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
 
@@ -88,7 +90,7 @@ class ThinMapsTestCase(test.TestCase):
         device_map = self.maps.zeroing_map(LV)
         self.assertEqual(((0, 2), (9, 10)), device_map.ranges)
         self.assertEqual(128, device_map.block_sectors)
-        self.assertEqual([('node-a', VG, 'cinder-volumes-pool')], self.locks)
+        self.assertEqual([(VG, 'cinder-volumes-pool')], self.locks)
         self.assertFalse(self.pool.held)
 
     def test_no_zeroing_map_where_a_new_block_shows_old_data(self):
@@ -377,3 +379,83 @@ class ThinMapsTestCase(test.TestCase):
         self.assertIsNone(self.maps.take(LV, SECTORS, REGION))
         self.assertFalse(self.pool.held)
         self.assertEqual([], self.maps.recorded_pools())
+
+
+class SharedPoolTestCase(test.TestCase):
+    """Two volume services of one kernel reading one thin pool.
+
+    Review 32 (left open then): the pool's lock named the node, so two
+    services sharing a volume group under two node names (two backends
+    with their own ``backend_host``) took different locks.  The second,
+    holding a stale record of its own (it crashed between a reserve and
+    its release), took the pool's held snapshot for its leftover while
+    the first's ``thin_dump`` read it: it released it, reserved its own
+    and dumped; the first's release then found a snapshot held (the
+    second's) and kept a map read from a snapshot released under it,
+    whose walked blocks the live pool may have reused: regions holding
+    data taken as unneeded, zeroes on the destination.  The pool is the
+    kernel's, so its lock is the kernel's too, whatever the node names.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                                'dmclone')
+        self.pool = fakes.FakeThinPool(VG)
+        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.pool.add('volume-2', [(5, 6)])
+        self.locks = {}
+        self.guard = threading.Lock()
+        self.mock_object(coordination.COORDINATOR, 'get_lock',
+                         side_effect=self.named_lock)
+        #: (service, pool message or thin_dump) tried, in the kernel's order.
+        self.log = []
+
+    def named_lock(self, name):
+        with self.guard:
+            return self.locks.setdefault(name, threading.Lock())
+
+    def maps(self, node, hook=None):
+        def execute(*cmd, **kwargs):
+            cmd = cmd[len(privileged.ENV_PREFIX):]
+            with self.guard:
+                if cmd[0] == 'thin_dump' or cmd[:2] == ('dmsetup',
+                                                        'message'):
+                    self.log.append((node, cmd[-1] if cmd[0] == 'dmsetup'
+                                     else 'thin_dump'))
+                out = self.pool.run(cmd)
+            if hook is not None and cmd[0] == 'thin_dump':
+                hook()
+            return out
+        return region_map.ThinMaps(node, VG, self.dir, execute=execute,
+                                   root_helper='rw')
+
+    def test_a_stale_record_never_releases_anothers_live_snapshot(self):
+        other = self.maps('node-a.example.org')
+        other._write_record(self.pool.pool)        # its crash's leftover
+        result = {}
+
+        def second_service():
+            result['token'] = other.take('volume-2', SECTORS, REGION)
+
+        def during_the_first_dump():
+            thread = threading.Thread(target=second_service)
+            thread.start()
+            # The second service runs to its end, or waits for the pool.
+            thread.join(5)
+            result['thread'] = thread
+        first = self.maps('node-a', hook=during_the_first_dump)
+        token = first.take(LV, SECTORS, REGION)
+        result['thread'].join(30)
+        self.assertFalse(result['thread'].is_alive())
+        mine = [i for i, (who, _) in enumerate(self.log) if who == 'node-a']
+        self.assertEqual(
+            [], [e for e in self.log[mine[0]:mine[-1]]
+                 if e[0] != 'node-a'],
+            'the other service touched the pool\'s snapshot while the '
+            'first read it: %s' % self.log)
+        self.assertEqual([(0, 2), (9, 10)], thin.decode_regions(
+            token, SECTORS // REGION, REGION))
+        self.assertEqual([(5, 6)], thin.decode_regions(
+            result['token'], SECTORS // REGION, REGION))
+        self.assertFalse(self.pool.held)

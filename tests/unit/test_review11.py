@@ -187,7 +187,7 @@ class ThinMapsRecordTestCase(test.TestCase):
 
     @staticmethod
     @contextlib.contextmanager
-    def lock(node, vg, pool):
+    def lock(vg, pool):
         yield
 
     def maps(self, node, execute):

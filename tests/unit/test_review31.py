@@ -424,7 +424,7 @@ class RootFilesTestCase(_AsService, test.TestCase):
     # one file backend allowed); node B's service runs with
     # dmclone_thin_map off (the default), so it has never locked its
     # pool.  abandon-source (root) takes move.pool_lock: tooz creates
-    # the lock file (cinder-dmclone-metasnap-<node>-<vg>-<pool>) as
+    # the lock file (cinder-dmclone-metasnap-<kernel>-<vg>-<pool>) as
     # root, 0644.  Later the operator turns dmclone_thin_map on: every
     # map of the service opens that file for writing (fasteners,
     # open(path, 'a')): EACCES, caught by ThinMaps._read, no map, every
