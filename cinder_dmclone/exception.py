@@ -148,6 +148,18 @@ class MetadataSnapReleased(exception.VolumeBackendAPIException):
                 "released while its map was read: the map is not used.")
 
 
+class PoolLockTimeout(exception.VolumeBackendAPIException):
+    """A thin pool's lock stayed held past a reader's wait.
+
+    Something holds it for good (a dump stuck on a failing disk, a
+    coordination backend that never took the release): the reader does
+    without the map rather than wait past every deadline.
+    """
+
+    message = _("The lock of thin pool %(vg)s/%(pool)s stayed held for "
+                "%(seconds)s seconds: its map is not read now.")
+
+
 class MetadataSnapNotHeld(PrivilegedCommandFailed):
     """A release of a thin pool's metadata snapshot found none held."""
 

@@ -390,11 +390,9 @@ class LostSource(object):
         service's start; a run that reads no map (the LV removed by a
         delete since, the zeroing recorded done, nothing lost) would
         leave it held until then.  So every run releases them first,
-        each under its pool's lock.  (That lock is per node name: a
-        service sharing the pool under another name may be dumping
-        it; its map then finds its snapshot released and is not used,
-        see :meth:`ThinMaps._dump
-        <cinder_dmclone.region_map.ThinMaps._dump>`.)  Never raises.
+        each under its pool's lock (the kernel's, so no service
+        sharing the pool under another node name dumps it meanwhile:
+        :func:`~cinder_dmclone.move.pool_lock`).  Never raises.
         """
         if self.thin_maps is not None:
             self.thin_maps.release_leftovers()

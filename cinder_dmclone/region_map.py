@@ -39,6 +39,7 @@ The map is an optimisation: any failure to take it is logged and the move
 copies every region, as it would without one.
 """
 
+import contextlib
 import errno
 import functools
 import os
@@ -119,6 +120,10 @@ class ThinMaps(object):
     #: (MoveDeadlinePassed) and the move given up, as any late attempt.
     TIME_LIMIT = 60
 
+    #: Seconds a reader waits for the pool's lock (behind another
+    #: reader's dump) before it does without the map.
+    LOCK_WAIT = TIME_LIMIT
+
     #: ``dmclone_thin_map_max_mappings``'s default.
     MAX_MAPPINGS = 1000000
 
@@ -144,9 +149,23 @@ class ThinMaps(object):
         """The node's name as its records carry it (no blank, no slash)."""
         return urllib.parse.quote(self.node_name, safe='')
 
+    @contextlib.contextmanager
     def _pool_lock(self, pool):
-        lock = self._lock or move.pool_lock
-        return lock(self.vg_name, pool)
+        """Hold the pool's lock, waited for at most :attr:`LOCK_WAIT`.
+
+        Whatever holds it for good (a dump stuck on a failing disk, a
+        coordination backend that never takes the release) must not
+        hold a prepare, a start or ``abandon-source`` for good:
+        PoolLockTimeout, and the caller does without the map.
+        """
+        lock = (self._lock or move.pool_lock)(self.vg_name, pool)
+        if not lock.acquire(blocking=self.LOCK_WAIT):
+            raise exception.PoolLockTimeout(vg=self.vg_name, pool=pool,
+                                            seconds=self.LOCK_WAIT)
+        try:
+            yield
+        finally:
+            lock.release()
 
     # -- taking a map -------------------------------------------------------
 

@@ -519,15 +519,18 @@ class FakeLock(object):
         self.name = name
 
     def acquire(self, blocking=True):
+        """tooz's: ``blocking`` True, False or a bound in seconds."""
         c = self.cluster
         if self.name in c.held:
-            # A distributed lock is not reentrant: this would deadlock.
+            # A distributed lock is not reentrant: this would deadlock
+            # (or wait out its bound for nothing).
             c.violation('lock %s taken twice' % self.name)
             raise AssertionError('deadlock on %s' % self.name)
         if self.name in c.busy:
-            if blocking:
+            if blocking is True:
                 c.violation('waited for the busy lock %s' % self.name)
                 raise AssertionError('waited for %s' % self.name)
+            # (a bounded wait ends without it)
             return False
         c.held.add(self.name)
         return True

@@ -12,7 +12,6 @@
 
 """The source's thin map: snapshot, dump, release, and their records."""
 
-import contextlib
 import os
 import threading
 
@@ -34,6 +33,21 @@ SECTORS = 2048          # 16 regions of 128 sectors
 REGION = 128
 
 
+class PoolLock(object):
+    """A pool's lock: the test knows while it is held."""
+
+    def __init__(self, test):
+        self.test = test
+
+    def acquire(self, blocking=True):
+        # (The pool's snapshot is only ever touched under its lock.)
+        self.test.holding = True
+        return True
+
+    def release(self):
+        self.test.holding = False
+
+
 class ThinMapsTestCase(test.TestCase):
 
     def setUp(self):
@@ -51,15 +65,9 @@ class ThinMapsTestCase(test.TestCase):
                                    execute=self.execute, root_helper='rw',
                                    lock=self.lock, **kwargs)
 
-    @contextlib.contextmanager
     def lock(self, vg, pool):
         self.locks.append((vg, pool))
-        # (The pool's snapshot is only ever touched under its lock.)
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
+        return PoolLock(self)
 
     def execute(self, *cmd, **kwargs):
         cmd = cmd[len(privileged.ENV_PREFIX):]
@@ -459,3 +467,88 @@ class SharedPoolTestCase(test.TestCase):
         self.assertEqual([(5, 6)], thin.decode_regions(
             result['token'], SECTORS // REGION, REGION))
         self.assertFalse(self.pool.held)
+
+
+class ToozLikeLock(object):
+    """threading.Lock with tooz's ``acquire(blocking=<seconds>)``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking=True):
+        if blocking is True:
+            return self._lock.acquire()
+        if not blocking:
+            return self._lock.acquire(False)
+        return self._lock.acquire(timeout=blocking)
+
+    def release(self):
+        self._lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+class PoolLockWaitTestCase(test.TestCase):
+    """A pool's lock held for good never holds its readers for good.
+
+    Review 32 (left open then): the map's readers waited for the pool's
+    lock without a bound.  Whatever holds it (another service's dump
+    stuck on a failing disk, a coordination backend that never answers
+    the release) would hold a move's prepare, a service's start, or the
+    operator's ``abandon-source``, past every deadline.  A map not taken
+    costs a full copy, and zeroes written over every range: never data.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
+                                'dmclone')
+        self.pool = fakes.FakeThinPool(VG)
+        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.held = ToozLikeLock()
+        self.held.acquire()
+        self.addCleanup(self.held.release)
+        self.mock_object(region_map.ThinMaps, 'LOCK_WAIT', 0.2)
+
+        def execute(*cmd, **kwargs):
+            return self.pool.run(cmd[len(privileged.ENV_PREFIX):])
+        self.maps = region_map.ThinMaps(
+            'node-a', VG, self.dir, execute=execute, root_helper='rw',
+            lock=lambda vg, pool: self.held)
+
+    def bounded(self, fn, *args):
+        """fn(*args) in a thread that must end within 30 s; its result."""
+        result = []
+        thread = threading.Thread(target=lambda: result.append(fn(*args)),
+                                  daemon=True)
+        thread.start()
+        thread.join(30)
+        self.assertFalse(thread.is_alive(), '%s waited for the pool\'s '
+                         'lock without a bound' % fn.__name__)
+        return result[0]
+
+    def test_no_map_rather_than_waiting_for_good(self):
+        self.assertIsNone(self.bounded(self.maps.take, LV, SECTORS, REGION))
+        self.assertIsNone(self.bounded(self.maps.zeroing_map, LV))
+        self.assertNotIn('reserve_metadata_snap', self.pool.calls)
+
+    def test_a_start_goes_on_and_keeps_the_record(self):
+        self.maps._write_record(self.pool.pool)
+        self.pool.held = True
+        self.bounded(self.maps.release_leftovers)
+        self.assertTrue(self.pool.held)
+        self.assertEqual([self.pool.pool], self.maps.recorded_pools())
+
+    def test_a_free_lock_is_taken_and_given_back(self):
+        self.held.release()
+        self.addCleanup(self.held.acquire)
+        self.assertEqual([(0, 2), (9, 10)], thin.decode_regions(
+            self.bounded(self.maps.take, LV, SECTORS, REGION),
+            SECTORS // REGION, REGION))
+        self.assertTrue(self.held.acquire(False))
+        self.held.release()
