@@ -160,6 +160,19 @@ class PoolLockTimeout(exception.VolumeBackendAPIException):
                 "%(seconds)s seconds: its map is not read now.")
 
 
+class PoolLockLost(exception.VolumeBackendAPIException):
+    """A thin pool's lock was no longer ours when released.
+
+    Its lease ran out while held (a starved heartbeat, a coordination
+    backend out of reach longer than its lock timeout): another reader
+    may have released the pool's snapshot and taken its own meanwhile,
+    so nothing read under the lock is used.
+    """
+
+    message = _("The lock of thin pool %(vg)s/%(pool)s was lost while "
+                "held: what was read under it is not used.")
+
+
 class MetadataSnapNotHeld(PrivilegedCommandFailed):
     """A release of a thin pool's metadata snapshot found none held."""
 

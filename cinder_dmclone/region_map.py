@@ -101,6 +101,10 @@ def _owned_like(directory, target):
         os.chown(target, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
+#: ThinMaps' lock_wait when none is given: its class's LOCK_WAIT.
+_DEFAULT_WAIT = object()
+
+
 class ThinMaps(object):
     """Takes the region map of a thin LV of volume group ``vg_name``.
 
@@ -120,16 +124,17 @@ class ThinMaps(object):
     #: (MoveDeadlinePassed) and the move given up, as any late attempt.
     TIME_LIMIT = 60
 
-    #: Seconds a reader waits for the pool's lock (behind another
-    #: reader's dump) before it does without the map.
-    LOCK_WAIT = TIME_LIMIT
+    #: Seconds a move's or a start's reader waits for the pool's lock
+    #: (behind another reader's dump) before it does without the map:
+    #: half the map's budget, the other half is the dump's.
+    LOCK_WAIT = TIME_LIMIT // 2
 
     #: ``dmclone_thin_map_max_mappings``'s default.
     MAX_MAPPINGS = 1000000
 
     def __init__(self, node_name, vg_name, record_dir, execute=None,
                  root_helper=None, lock=None, stream=None,
-                 max_mappings=MAX_MAPPINGS):
+                 max_mappings=MAX_MAPPINGS, lock_wait=_DEFAULT_WAIT):
         self.node_name = node_name
         self.vg_name = layout.validate_vg_name(vg_name)
         self.record_dir = record_dir
@@ -143,6 +148,10 @@ class ThinMaps(object):
         #: bound them before the dump; the dump is cut past the bytes
         #: they take).
         self.max_mappings = max_mappings
+        #: seconds to wait for the pool's lock; None: as long as it takes
+        #: (the operator's command, which says that it waits).
+        self.lock_wait = (self.LOCK_WAIT if lock_wait is _DEFAULT_WAIT
+                          else lock_wait)
 
     @property
     def _owner(self):
@@ -151,21 +160,33 @@ class ThinMaps(object):
 
     @contextlib.contextmanager
     def _pool_lock(self, pool):
-        """Hold the pool's lock, waited for at most :attr:`LOCK_WAIT`.
+        """Hold the pool's lock, waited for at most :attr:`lock_wait`.
 
         Whatever holds it for good (a dump stuck on a failing disk, a
         coordination backend that never takes the release) must not
-        hold a prepare, a start or ``abandon-source`` for good:
-        PoolLockTimeout, and the caller does without the map.
+        hold a prepare or a start for good: PoolLockTimeout, and the
+        caller does without the map.  A lock the backend says was no
+        longer ours at its release (a lease that ran out: another
+        reader may have released and taken the pool's snapshot while
+        this one dumped it) raises PoolLockLost, so that what was read
+        under it is not used.
         """
         lock = (self._lock or move.pool_lock)(self.vg_name, pool)
-        if not lock.acquire(blocking=self.LOCK_WAIT):
-            raise exception.PoolLockTimeout(vg=self.vg_name, pool=pool,
-                                            seconds=self.LOCK_WAIT)
+        if not lock.acquire(blocking=False):
+            LOG.info('Thin pool %(vg)s/%(pool)s is being read by another '
+                     'reader: waiting for it (%(bound)s).',
+                     {'vg': self.vg_name, 'pool': pool,
+                      'bound': ('no bound' if self.lock_wait is None
+                                else '%s s at most' % self.lock_wait)})
+            wait = True if self.lock_wait is None else self.lock_wait
+            if not lock.acquire(blocking=wait):
+                raise exception.PoolLockTimeout(vg=self.vg_name, pool=pool,
+                                                seconds=self.lock_wait)
         try:
             yield
         finally:
-            lock.release()
+            if lock.release() is False:
+                raise exception.PoolLockLost(vg=self.vg_name, pool=pool)
 
     # -- taking a map -------------------------------------------------------
 

@@ -197,7 +197,12 @@ def from_config(args):
         execute=processutils.execute, root_helper=root_helper,
         stream=privileged.stream_output,
         max_mappings=(node['thin_map_max_mappings']
-                      or region_map.ThinMaps.MAX_MAPPINGS))
+                      or region_map.ThinMaps.MAX_MAPPINGS),
+        # An operator's command has no move's budget, and without the
+        # map it would write zeroes over every range never copied
+        # (mapping a thin LV whole): it waits for another reader's dump,
+        # saying so, as long as the operator lets it.
+        lock_wait=None)
     coordination.COORDINATOR.start()
     command = lost_source.LostSource(
         node['node_names'], move.Store(db_api), clones, node['state_dir'],

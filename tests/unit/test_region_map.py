@@ -14,6 +14,7 @@
 
 import os
 import threading
+import time
 
 import fixtures
 from oslo_concurrency import processutils
@@ -552,3 +553,119 @@ class PoolLockWaitTestCase(test.TestCase):
             SECTORS // REGION, REGION))
         self.assertTrue(self.held.acquire(False))
         self.held.release()
+
+    def test_the_wait_leaves_the_dump_half_the_maps_budget(self):
+        # (A wait of the whole budget, then a dump, would pass the
+        # move's recorded deadline: its commit refused, the move given
+        # up.  Review of 9e1ea8b.)
+        self.assertLessEqual(2 * region_map.ThinMaps.LOCK_WAIT,
+                             region_map.ThinMaps.TIME_LIMIT)
+        self.assertEqual(region_map.ThinMaps.LOCK_WAIT,
+                         region_map.ThinMaps('node-a', VG,
+                                             self.dir).lock_wait)
+
+    def test_the_operators_command_waits_for_a_dump_that_ends(self):
+        # lock_wait None (cinder-dmclone move abandon-source): without the
+        # map it would zero every range never copied, mapping a thin LV
+        # whole into a pool that may be over-committed.
+        release = threading.Timer(0.6, self.held.release)
+        release.start()
+        self.addCleanup(self.held.acquire)
+        self.addCleanup(release.cancel)
+        self.maps.lock_wait = None
+        self.assertIsNotNone(self.bounded(self.maps.zeroing_map, LV))
+
+
+class LeaseLock(object):
+    """A tooz lease lock (etcd3gw, redis): it can run out while held.
+
+    :meth:`expire`: the lease ran out (a starved heartbeat, the backend
+    out of reach longer than its lock timeout); another may take it, and
+    :meth:`release` answers False, as those drivers do for a lock that
+    is no longer theirs.
+    """
+
+    def __init__(self, registry, name):
+        self.registry = registry
+        self.name = name
+
+    def acquire(self, blocking=True):
+        deadline = time.monotonic() + (3600 if blocking is True
+                                       else float(blocking or 0))
+        while True:
+            with self.registry['guard']:
+                if self.registry.get(self.name) is None:
+                    self.registry[self.name] = self
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+    def expire(self):
+        with self.registry['guard']:
+            if self.registry.get(self.name) is self:
+                self.registry[self.name] = None
+
+    def release(self):
+        with self.registry['guard']:
+            if self.registry.get(self.name) is self:
+                self.registry[self.name] = None
+                return True
+            return False
+
+
+class LostLockTestCase(SharedPoolTestCase):
+    """A map read while the pool's lock ran out is never used.
+
+    Review of 05838fe: the kernel's lock keeps the two services apart
+    only while it is held.  A lease that ran out during the first's
+    dump let the second (a stale record of its own) release the
+    snapshot being dumped and take its own; the first's release then
+    found a snapshot held and kept its torn map.  tooz said so: the
+    lock's release answered False.
+    """
+
+    def setUp(self):
+        super().setUp()
+        registry = {'guard': threading.Lock()}
+        self.made = []
+
+        def get_lock(name):
+            self.made.append(LeaseLock(registry, name))
+            return self.made[-1]
+        self.mock_object(coordination.COORDINATOR, 'get_lock',
+                         side_effect=get_lock)
+
+    def test_a_map_read_after_the_lock_ran_out_is_not_used(self):
+        first_done = threading.Event()
+        other_dumping = threading.Event()
+
+        def other_dump():
+            other_dumping.set()
+            first_done.wait(10)
+        other = self.maps('node-a.example.org', hook=other_dump)
+        other._write_record(self.pool.pool)        # its crash's leftover
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault(
+            'other', other.take('volume-2', SECTORS, REGION)))
+
+        def during_the_first_dump():
+            self.made[0].expire()
+            thread.start()
+            self.assertTrue(other_dumping.wait(10))
+        first = self.maps('node-a', hook=during_the_first_dump)
+        token = first.take(LV, SECTORS, REGION)
+        first_done.set()
+        thread.join(30)
+        self.assertFalse(thread.is_alive())
+        # (the interleaving happened: the other released and reserved
+        # while the first dumped)
+        mine = [i for i, (who, _) in enumerate(self.log) if who == 'node-a']
+        self.assertNotEqual([], [e for e in self.log[mine[0]:mine[-1]]
+                                 if e[0] != 'node-a'], self.log)
+        self.assertIsNone(token, 'a torn map was used: %s' % (self.log,))
+        # The first's release, made once its lock was the other's, freed
+        # the other's snapshot under its dump: the other's release finds
+        # none held, and its map is not used either.
+        self.assertIsNone(result['other'])
+        self.assertFalse(self.pool.held)
