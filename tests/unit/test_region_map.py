@@ -34,6 +34,15 @@ SECTORS = 2048          # 16 regions of 128 sectors
 REGION = 128
 
 
+def state_and_pool(case):
+    """(the service's state directory, its pool mapping LV) for ``case``."""
+    state = os.path.join(case.useFixture(fixtures.TempDir()).path,
+                         'dmclone')
+    pool = fakes.FakeThinPool(VG)
+    pool.add(LV, [(0, 2), (9, 10)])
+    return state, pool
+
+
 class PoolLock(object):
     """A pool's lock: the test knows while it is held."""
 
@@ -53,10 +62,7 @@ class ThinMapsTestCase(test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
-                                'dmclone')
-        self.pool = fakes.FakeThinPool(VG)
-        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.dir, self.pool = state_and_pool(self)
         self.commands = []
         self.locks = []
         self.maps = self.new_maps()
@@ -408,10 +414,7 @@ class SharedPoolTestCase(test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
-                                'dmclone')
-        self.pool = fakes.FakeThinPool(VG)
-        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.dir, self.pool = state_and_pool(self)
         self.pool.add('volume-2', [(5, 6)])
         self.locks = {}
         self.guard = threading.Lock()
@@ -507,10 +510,7 @@ class PoolLockWaitTestCase(test.TestCase):
 
     def setUp(self):
         super().setUp()
-        self.dir = os.path.join(self.useFixture(fixtures.TempDir()).path,
-                                'dmclone')
-        self.pool = fakes.FakeThinPool(VG)
-        self.pool.add(LV, [(0, 2), (9, 10)])
+        self.dir, self.pool = state_and_pool(self)
         self.held = ToozLikeLock()
         self.held.acquire()
         self.addCleanup(self.held.release)
