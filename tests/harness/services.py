@@ -549,6 +549,13 @@ class Stack(object):
         argv += ['--log-file', self._log(name)]
         return self._spawn(name, argv, node=node)
 
+    def _start_api(self):
+        return self._cinder('cinder-api', extra=('--config-file',
+                                                 ETC + '/api.conf'))
+
+    def _start_scheduler(self):
+        return self._cinder('cinder-scheduler')
+
     @property
     def backends(self):
         """The backend sections every node's volume service runs."""
@@ -726,9 +733,8 @@ class Stack(object):
         self.sync_database()
         self._stamp('cinder database synced')
         self._wait_control_plane(('etcd', 'rabbitmq'))
-        self._cinder('cinder-api', extra=('--config-file',
-                                          ETC + '/api.conf'))
-        self._cinder('cinder-scheduler')
+        self._start_api()
+        self._start_scheduler()
         self.start_volume('a')
         self.start_volume('b')
         hosts = self.volume_hosts('a') + self.volume_hosts('b')
@@ -837,16 +843,14 @@ class Stack(object):
             self.restart_rabbitmq()
         elif name == 'etcd':
             self._spawn_etcd()
-            self._wait(self.etcd_ready, 300, 'etcd healthy again',
-                       procs=['etcd'])
+            self._wait_control_plane(('etcd',))
         elif name == 'cinder-api':
-            self._cinder('cinder-api', extra=('--config-file',
-                                              ETC + '/api.conf'))
+            self._start_api()
             self._wait(lambda: _port_open(CONTROLLER, 8776), 600,
                        'cinder-api listening again', procs=['cinder-api'])
         elif name == 'cinder-scheduler':
             since = self.db_now()
-            self._cinder('cinder-scheduler')
+            self._start_scheduler()
             self._wait(lambda: self.services_up(['controller'], since),
                        600, 'cinder-scheduler reporting again',
                        procs=['cinder-scheduler'])
