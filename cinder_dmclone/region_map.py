@@ -101,10 +101,6 @@ def _owned_like(directory, target):
         os.chown(target, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
-#: ThinMaps' lock_wait when none is given: its class's LOCK_WAIT.
-_DEFAULT_WAIT = object()
-
-
 class ThinMaps(object):
     """Takes the region map of a thin LV of volume group ``vg_name``.
 
@@ -134,7 +130,7 @@ class ThinMaps(object):
 
     def __init__(self, node_name, vg_name, record_dir, execute=None,
                  root_helper=None, lock=None, stream=None,
-                 max_mappings=MAX_MAPPINGS, lock_wait=_DEFAULT_WAIT):
+                 max_mappings=MAX_MAPPINGS, lock_wait=LOCK_WAIT):
         self.node_name = node_name
         self.vg_name = layout.validate_vg_name(vg_name)
         self.record_dir = record_dir
@@ -150,8 +146,7 @@ class ThinMaps(object):
         self.max_mappings = max_mappings
         #: seconds to wait for the pool's lock; None: as long as it takes
         #: (the operator's command, which says that it waits).
-        self.lock_wait = (self.LOCK_WAIT if lock_wait is _DEFAULT_WAIT
-                          else lock_wait)
+        self.lock_wait = lock_wait
 
     @property
     def _owner(self):

@@ -425,7 +425,7 @@ class SharedPoolTestCase(test.TestCase):
 
     def named_lock(self, name):
         with self.guard:
-            return self.locks.setdefault(name, threading.Lock())
+            return self.locks.setdefault(name, ToozLikeLock())
 
     def maps(self, node, hook=None):
         def execute(*cmd, **kwargs):
@@ -514,13 +514,12 @@ class PoolLockWaitTestCase(test.TestCase):
         self.held = ToozLikeLock()
         self.held.acquire()
         self.addCleanup(self.held.release)
-        self.mock_object(region_map.ThinMaps, 'LOCK_WAIT', 0.2)
 
         def execute(*cmd, **kwargs):
             return self.pool.run(cmd[len(privileged.ENV_PREFIX):])
         self.maps = region_map.ThinMaps(
             'node-a', VG, self.dir, execute=execute, root_helper='rw',
-            lock=lambda vg, pool: self.held)
+            lock=lambda vg, pool: self.held, lock_wait=0.2)
 
     def bounded(self, fn, *args):
         """fn(*args) in a thread that must end within 30 s; its result."""
