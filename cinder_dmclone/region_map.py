@@ -47,6 +47,7 @@ import stat
 import urllib.parse
 
 from oslo_log import log as logging
+import tenacity
 
 from cinder_dmclone import dmsetup
 from cinder_dmclone import exception
@@ -173,8 +174,7 @@ class ThinMaps(object):
                      {'vg': self.vg_name, 'pool': pool,
                       'bound': ('no bound' if self.lock_wait is None
                                 else '%s s at most' % self.lock_wait)})
-            wait = True if self.lock_wait is None else self.lock_wait
-            if not lock.acquire(blocking=wait):
+            if not self._wait_for(lock):
                 raise exception.PoolLockTimeout(vg=self.vg_name, pool=pool,
                                                 seconds=self.lock_wait)
         try:
@@ -182,6 +182,19 @@ class ThinMaps(object):
         finally:
             if lock.release() is False:
                 raise exception.PoolLockLost(vg=self.vg_name, pool=pool)
+
+    def _wait_for(self, lock):
+        """Wait for ``lock`` up to :attr:`lock_wait`; True once held.
+
+        tooz's etcd3gw lock raises tenacity's RetryError where the other
+        drivers answer False when a bounded wait runs out: both are the
+        wait's end.  Any other failure of the backend is raised as it is.
+        """
+        try:
+            return lock.acquire(
+                blocking=True if self.lock_wait is None else self.lock_wait)
+        except tenacity.RetryError:
+            return False
 
     # -- taking a map -------------------------------------------------------
 

@@ -18,6 +18,8 @@ import time
 
 import fixtures
 from oslo_concurrency import processutils
+import tenacity
+import testtools
 
 from cinder import coordination
 from cinder.tests.unit import test
@@ -573,6 +575,49 @@ class PoolLockWaitTestCase(test.TestCase):
         self.addCleanup(release.cancel)
         self.maps.lock_wait = None
         self.assertIsNotNone(self.bounded(self.maps.zeroing_map, LV))
+
+
+class EtcdLikeLock(ToozLikeLock):
+    """tooz's etcd3gw lock: a bounded wait that runs out raises.
+
+    Its ``acquire(blocking=<seconds>)`` retries through tenacity, which
+    raises RetryError when the seconds are spent, where the other
+    drivers answer False.
+    """
+
+    def acquire(self, blocking=True):
+        got = super().acquire(blocking)
+        if not got and blocking not in (False, True):
+            raise tenacity.RetryError(last_attempt=None)
+        return got
+
+
+class EtcdWaitTestCase(PoolLockWaitTestCase):
+    """The same bounded waits with etcd3gw's lock, and a clear reason.
+
+    Review of 9e1ea8b (LOW): its wait that ran out raised tenacity's
+    RetryError, logged as a traceback that says nothing of a lock.
+    """
+
+    def setUp(self):
+        super().setUp()
+        self.held = EtcdLikeLock()
+        self.held.acquire()
+        self.addCleanup(self.held.release)
+
+    def test_a_wait_that_ran_out_is_a_lock_timeout(self):
+        with testtools.ExpectedException(exception.PoolLockTimeout):
+            with self.maps._pool_lock(self.pool.pool):
+                self.fail('the lock was held')
+
+    def test_a_failed_backend_is_not_a_timeout(self):
+        # (Only the wait's end is the timeout; the backend's own failure
+        # keeps its type and message.)
+        error = RuntimeError('etcd unreachable')
+        self.mock_object(self.held, 'acquire', side_effect=[False, error])
+        with testtools.ExpectedException(RuntimeError, 'etcd unreachable'):
+            with self.maps._pool_lock(self.pool.pool):
+                pass
 
 
 class LeaseLock(object):
