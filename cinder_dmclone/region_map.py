@@ -102,6 +102,19 @@ def _owned_like(directory, target):
         os.chown(target, owner.st_uid, owner.st_gid, follow_symlinks=False)
 
 
+def _wait_ended():
+    """The exceptions by which a tooz lock says its bounded wait ran out.
+
+    kazoo (tooz's zookeeper driver) is imported only where it is
+    installed.
+    """
+    try:
+        from kazoo import exceptions as kazoo_exceptions
+    except ImportError:
+        return (tenacity.RetryError,)
+    return (tenacity.RetryError, kazoo_exceptions.LockTimeout)
+
+
 class ThinMaps(object):
     """Takes the region map of a thin LV of volume group ``vg_name``.
 
@@ -186,14 +199,16 @@ class ThinMaps(object):
     def _wait_for(self, lock):
         """Wait for ``lock`` up to :attr:`lock_wait`; True once held.
 
-        tooz's etcd3gw lock raises tenacity's RetryError where the other
-        drivers answer False when a bounded wait runs out: both are the
-        wait's end.  Any other failure of the backend is raised as it is.
+        tooz's drivers end a bounded wait three ways: False (file,
+        redis), tenacity's RetryError (etcd3gw, mysql, pgsql, memcached:
+        their retries ran out on a lock held elsewhere) or kazoo's
+        LockTimeout (zookeeper).  Each is the wait's end.  Any other
+        failure of the backend is raised as it is.
         """
         try:
             return lock.acquire(
                 blocking=True if self.lock_wait is None else self.lock_wait)
-        except tenacity.RetryError:
+        except _wait_ended():
             return False
 
     # -- taking a map -------------------------------------------------------
