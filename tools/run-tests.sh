@@ -12,7 +12,7 @@
 # 2026-11-28).  Run it by name; its last result is in
 # doc/source/contributor/testing.rst.
 #
-#   tools/run-tests.sh            # everything
+#   tools/run-tests.sh            # the CI suites (CI runs this)
 #   tools/run-tests.sh pep8,py3   # only the named tox environments
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")/.."
