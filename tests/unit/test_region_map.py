@@ -512,10 +512,13 @@ class PoolLockWaitTestCase(test.TestCase):
     costs a full copy, and zeroes written over every range: never data.
     """
 
+    #: the pool's lock, as a tooz driver behaves
+    lock_class = ToozLikeLock
+
     def setUp(self):
         super().setUp()
         self.dir, self.pool = state_and_pool(self)
-        self.held = ToozLikeLock()
+        self.held = self.lock_class()
         self.held.acquire()
         self.addCleanup(self.held.release)
 
@@ -601,16 +604,15 @@ class EtcdWaitTestCase(PoolLockWaitTestCase):
     RetryError, logged as a traceback that says nothing of a lock.
     """
 
-    def setUp(self):
-        super().setUp()
-        self.held = EtcdLikeLock()
-        self.held.acquire()
-        self.addCleanup(self.held.release)
+    lock_class = EtcdLikeLock
 
-    def test_a_wait_that_ran_out_is_a_lock_timeout(self):
+    def assert_times_out(self):
         with testtools.ExpectedException(exception.PoolLockTimeout):
             with self.maps._pool_lock(self.pool.pool):
                 self.fail('the lock was held')
+
+    def test_a_wait_that_ran_out_is_a_lock_timeout(self):
+        self.assert_times_out()
 
     def test_zookeepers_wait_that_ran_out_is_a_lock_timeout(self):
         # kazoo's LockTimeout (tooz does not translate it); kazoo is not
@@ -627,9 +629,7 @@ class EtcdWaitTestCase(PoolLockWaitTestCase):
                                          kazoo.exceptions})))
         self.mock_object(self.held, 'acquire',
                          side_effect=[False, LockTimeout('30 s')])
-        with testtools.ExpectedException(exception.PoolLockTimeout):
-            with self.maps._pool_lock(self.pool.pool):
-                self.fail('the lock was held')
+        self.assert_times_out()
 
     def test_a_failed_backend_is_not_a_timeout(self):
         # (Only the wait's end is the timeout; the backend's own failure
