@@ -171,6 +171,12 @@ class Destination(side.Side):
         #: prepare of that move that took the build lock after its
         #: abort builds nothing (see prepare).
         self.aborted_here = {}
+        #: volume id -> the secret of its move whose abort failed here
+        #: (its removal refused, LVM unable to list the group say): the
+        #: source then records the move ``aborted``, and nothing loaded
+        #: here may be left for the monitor to find it by
+        #: (Recovery.retry_aborts).
+        self.abort_owed = {}
         #: volume id -> the secret of its move whose clone this process
         #: marked thin mapped, or found marked here (see was_mapped): the
         #: guard holds in this process even if the record's mark is
@@ -849,8 +855,13 @@ class Destination(side.Side):
                         data=_('The move of volume %(vol)s is committed '
                                '(%(state)s): it is not aborted.')
                         % {'vol': volume['id'], 'state': t.state})
-                self.tear_down(volume, t)
-                self.end_part(volume['id'], t)
+                try:
+                    self.tear_down(volume, t)
+                    self.end_part(volume['id'], t)
+                except Exception:
+                    self.abort_owed[volume['id']] = t.secret
+                    raise
+                self.abort_owed.pop(volume['id'], None)
             elif not self._abort_marked(volume, step):
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',

@@ -86,12 +86,13 @@ class MoveService(object):
         Finalizations that failed, clones a start could not build again
         (their source was down too), failed moves from here whose end the
         database did not take, moves from here a start could not
-        abandon (the coordination backend was down), and clones of
-        deleted volumes a start could not look at (LVM could not list
-        the groups).
+        abandon (the coordination backend was down), clones of deleted
+        volumes a start could not look at (LVM could not list the
+        groups), and aborts whose removal failed here.
         """
         self.source.retry_give_ups()
         self.destination.finalize_pending()
         self.recovery.retry_rebuilds()
         self.recovery.retry_abandons()
         self.recovery.retry_deleted()
+        self.recovery.retry_aborts()
