@@ -18,7 +18,6 @@ and the driver's linear guard.  What is left on brick's lenient lookup,
 or what the new waits leave without a way out, is below.
 """
 
-
 from cinder import exception
 
 from cinder_dmclone import move
