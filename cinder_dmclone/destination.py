@@ -171,11 +171,12 @@ class Destination(side.Side):
         #: prepare of that move that took the build lock after its
         #: abort builds nothing (see prepare).
         self.aborted_here = {}
-        #: volume id -> the secret of its move whose abort failed here
-        #: (its removal refused, LVM unable to list the group say): the
-        #: source then records the move ``aborted``, and nothing loaded
-        #: here may be left for the monitor to find it by
-        #: (Recovery.retry_aborts).
+        #: volume id -> the secret of its move last aborted here, until
+        #: the record says how the source ended it: an abort that failed
+        #: here (LVM unable to list the group, say), or whose answer the
+        #: source never had (an RPC timeout), leaves the record
+        #: ``aborted`` with nothing loaded here for the monitor to find
+        #: it by (Recovery.retry_aborts).
         self.abort_owed = {}
         #: volume id -> the secret of its move whose clone this process
         #: marked thin mapped, or found marked here (see was_mapped): the
@@ -855,13 +856,9 @@ class Destination(side.Side):
                         data=_('The move of volume %(vol)s is committed '
                                '(%(state)s): it is not aborted.')
                         % {'vol': volume['id'], 'state': t.state})
-                try:
-                    self.tear_down(volume, t)
-                    self.end_part(volume['id'], t)
-                except Exception:
-                    self.abort_owed[volume['id']] = t.secret
-                    raise
-                self.abort_owed.pop(volume['id'], None)
+                self.abort_owed[volume['id']] = t.secret
+                self.tear_down(volume, t)
+                self.end_part(volume['id'], t)
             elif not self._abort_marked(volume, step):
                 LOG.warning('Abort of an earlier move of volume %s ignored: '
                             'the record describes another move now.',

@@ -772,33 +772,49 @@ class Recovery(object):
                     self.destination.ctxt(), volume_id), current)
 
     def retry_aborts(self):
-        """Finish the aborts that failed here (after each monitor tick).
+        """End the aborted moves the monitor cannot see (after each tick).
 
         The source gave a move up and asked this node to remove what it
-        built, and the removal failed (LVM could not list the group for
-        a moment, say): the source recorded the move ``aborted``.  The
-        monitor finds an aborted move through its loaded clone, and the
-        build may not have got that far, so without this the record
-        stayed until a service restarted (review 22 #3).  Resolved as
-        the monitor resolves one (:meth:`resolve_aborted`) once the
-        source has recorded it; forgotten once the record is dropped or
-        describes another move.
+        built; if the removal failed here (LVM could not list the group
+        for a moment, say), or the source never had the answer (an RPC
+        timeout), the source recorded the move ``aborted``.  The monitor
+        finds an aborted move through its loaded clone, and the build
+        may not have got that far, so the record stayed until a service
+        restarted (review 22 #3).  Resolved as the monitor resolves one
+        (:meth:`resolve_aborted`) once the source has recorded it; while
+        the source has not decided yet, looked at again; forgotten once
+        the record is dropped, describes another move, or the volume is
+        gone.  Once a tick: a resolution that waits for LVM is this
+        method's to try again, not a rebuild's.
         """
         owed = self.destination.abort_owed
         for volume_id, secret in sorted(owed.items()):
             try:
                 t = self.destination.load_any(volume_id)
-                if t is None or t.secret != secret or \
-                        t.state not in (move.PREPARING, move.ABORTED):
-                    owed.pop(volume_id, None)
-                elif t.state == move.ABORTED and self.destination.is_dest(t):
-                    # (Still preparing: the source has not recorded its
-                    # give-up yet.)
-                    self.resolve_aborted(volume_id, t)
-            except Exception:
-                LOG.warning('Removing what the aborted move of volume %s '
-                            'built here failed; trying again after the '
-                            'next monitor tick.', volume_id, exc_info=True)
+            except exception.VolumeNotFound:
+                t = None
+            except move.MoveStateInvalid:
+                LOG.exception('Not ending the aborted move of volume %s: '
+                              'its record cannot be read.', volume_id)
+                t = None
+            if t is None or t.secret != secret or \
+                    t.state not in move.UNCOMMITTED:
+                owed.pop(volume_id, None)
+            elif t.state == move.ABORTED and self.destination.is_dest(t):
+                self._resolve_owed(volume_id, t)
+
+    def _resolve_owed(self, volume_id, t):
+        try:
+            self.resolve_aborted(volume_id, t)
+        except exception.VolumeNotFound:
+            self.destination.abort_owed.pop(volume_id, None)
+        except Exception:
+            LOG.warning('Removing what the aborted move of volume %s '
+                        'built here failed; trying again after the next '
+                        'monitor tick.', volume_id, exc_info=True)
+        finally:
+            # (Tried again by retry_aborts, whatever waits.)
+            self.pending_rebuild.pop(volume_id, None)
 
     def retry_rebuilds(self):
         """Build again the clones a start could not (after each tick).

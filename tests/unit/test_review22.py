@@ -182,3 +182,83 @@ class AbortedAtAnUnlistedDestinationTestCase(test_two_nodes.ClusterTestCase):
         # (The abort owed for the refused move is forgotten: the record
         # describes the later move.)
         self.assertEqual({}, self.b.destination.abort_owed)
+
+
+class AbortOwedTestCase(test_two_nodes.ClusterTestCase):
+    """Review of the fix above (Recovery.retry_aborts): its three findings.
+
+    Each failed against the first version of the fix.
+    """
+
+    def refused_while_unlisted(self):
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.assertIn(VOLUME_ID, self.b.destination.abort_owed)
+
+    def warnings(self, starting=''):
+        return [c.args[0] for c in self.log.warning.call_args_list
+                if c.args[0].startswith(starting)]
+
+    # MEDIUM (a log flooded, an entry kept for good).  Sequence: the
+    # abort at node-b fails (its group unlisted); the owner deletes the
+    # volume on node-a, where it lives, and Cinder removes its row.
+    # Every tick then read the record of a volume that no longer exists
+    # (VolumeNotFound), logged a traceback and kept the entry, until
+    # node-b's service restarted.
+    def test_a_deleted_volume_is_forgotten(self):
+        with unlisted(self.b):
+            self.refused_while_unlisted()
+            self.c.delete()
+            self.assertNotIn(LV, self.a.vg.lvs)
+            self.c.db.volumes.pop(VOLUME_ID)       # (Cinder: the row goes)
+        self.log.reset_mock()
+        for _ in range(3):
+            self.c.tick(self.b)
+        self.assertEqual({}, self.b.destination.abort_owed)
+        self.assertEqual([], self.warnings('Removing what the aborted'))
+
+    # LOW (log volume).  Sequence: the group stays unlisted; each tick
+    # resolved the record twice (retry_aborts, and retry_rebuilds for
+    # the AWAIT_LVM the first attempt filed), four warnings a tick.
+    # Once a tick now: the record is the abort's to retry, not a
+    # rebuild's.
+    def test_an_unlisted_group_is_tried_once_a_tick(self):
+        with unlisted(self.b):
+            self.refused_while_unlisted()
+            self.c.tick(self.b)
+            self.log.reset_mock()
+            self.c.tick(self.b)
+            self.assertNotIn(VOLUME_ID,
+                             self.b.moves.recovery.pending_rebuild)
+            self.assertLessEqual(len(self.warnings()), 2)
+            self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())
+
+    # LOW (an inert record, the finding the fix is for, by another way).
+    # Sequence: node-b's prepare fails, node-a asks it to abort, the
+    # abort succeeds at node-b, and its answer is lost (an RPC timeout):
+    # node-a records the move aborted, and nothing was owed or loaded
+    # at node-b, so the record stayed until a restart.
+    def test_a_lost_answer_to_an_abort_that_succeeded(self):
+        from oslo_messaging import MessagingTimeout
+
+        from cinder_dmclone import peer
+        send = self.a.source.send
+
+        def answer_lost(ctxt, volume, t, host, op, **kw):
+            send(ctxt, volume, t, host, op, **kw)
+            if op == peer.ABORT:
+                raise MessagingTimeout('answer lost')
+        self.mock_object(self.a.source, 'send', side_effect=answer_lost)
+        self.mock_object(self.b.destination, '_build',
+                         side_effect=exception.VolumeBackendAPIException(
+                             data='build failed'))
+        self.assertRaises(exception.VolumeBackendAPIException,
+                          self.c.attach, self.b)
+        self.assertEqual(move.ABORTED, self.c.transfer().state)
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual({}, self.b.destination.abort_owed)
+        self.assertIn(LV, self.a.vg.lvs)
