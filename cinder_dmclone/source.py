@@ -189,11 +189,6 @@ class Source(side.Side):
         #: ids of the volumes whose migration from here is being started
         #: (see :meth:`_migration_starting`).
         self.migrations_starting = set()
-        #: volume id -> the secret of its move from here whose
-        #: destination's detach reached this node while the move was
-        #: being prepared: passed on once the move is cloned (see
-        #: :meth:`pass_on_detach`).
-        self.detached_while_preparing = {}
         #: ``restore(volume, record)``: this node's destination side
         #: writing back the record of a move into this node that a stale
         #: save replaced (Destination.restore_contradicted); returns the
@@ -310,9 +305,7 @@ class Source(side.Side):
             self.store.move_volume(ctxt, volume['id'], dest_host, dest_az)
             LOG.info('Volume %(vol)s now lives on %(dst)s.',
                      {'vol': volume['id'], 'dst': dest_host})
-        # (Out of the lock: the destination takes it to decide.)
-        self._pass_on_detach_held_back(volume, t)
-        return info
+            return info
 
     def _mark_part(self, t):
         """Mark that this node is ``t``'s source, before anything is built.
@@ -426,10 +419,8 @@ class Source(side.Side):
         host = (connector or {}).get('host')
         try:
             t = self.load(volume['id'])
-            if not (self.is_source(t) and host and host == t.dest_node):
-                return
-            if not self._in_window(volume, t):
-                self._hold_back_detach(volume, t)
+            if not (self.is_source(t) and host and host == t.dest_node
+                    and self._in_window(volume, t)):
                 return
             if not t.secret:
                 LOG.warning('Volume %s: its move was recorded by release '
@@ -449,31 +440,6 @@ class Source(side.Side):
                           'its cloned window until a detach on %(dst)s '
                           'rolls it back, or the detach here commits '
                           'it).', {'vol': volume['id'], 'dst': host})
-
-    def _hold_back_detach(self, volume, t):
-        """Keep a detach of the destination of move ``t``, preparing.
-
-        The destination's attachment may be deleted (Nova rolling back a
-        live migration) after the attach's last check in :meth:`move`,
-        which then commits the move ``cloned``: the destination, never
-        told, would keep it for as long as the instance runs here
-        (review 20 F2).  Passed on once the move is cloned
-        (:meth:`_pass_on_detach_held_back`); a move given up instead
-        leaves nothing to pass on.
-        """
-        if t.state == move.PREPARING and t.secret:
-            self.detached_while_preparing[volume['id']] = t.secret
-
-    def _pass_on_detach_held_back(self, volume, t):
-        """After :meth:`move` recorded ``t``: a detach held back goes on.
-
-        As any detach of the destination that reaches this node in the
-        move's ``cloned`` window (:meth:`pass_on_detach`): the destination
-        decides under the volume's lock, and never rolls back a clone
-        that took writes.
-        """
-        if self.detached_while_preparing.pop(volume['id'], None) == t.secret:
-            self.pass_on_detach(volume, {'host': t.dest_node})
 
     def _in_window(self, volume, t):
         """True if move ``t`` from here is ``cloned``, or set back.
