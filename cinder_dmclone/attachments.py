@@ -88,6 +88,23 @@ def holding(volume, node, attachments=None):
                   in names)
 
 
+def may_be_on(volume, node, attachments=None):
+    """True if an attachment in use may be on ``node`` (a name or a set).
+
+    In use: reserved, attaching or attached.  One that names no host yet
+    (reserved, its connector not saved) may be anywhere, ``node`` too.
+    """
+    names = {node} if isinstance(node, str) else set(node)
+    if attachments is None:
+        attachments = volume.volume_attachment or []
+    for a in attachments:
+        if a.attach_status in IN_USE:
+            host = a.attached_host or (a.connector or {}).get('host')
+            if host is None or host in names:
+                return True
+    return False
+
+
 def elsewhere(volume, nodes, attachments=None):
     """The hosts of the active attachments on none of ``nodes`` (a set).
 

@@ -1520,12 +1520,37 @@ class Destination(side.Side):
             if self.source_resting(t):
                 return False
             volume = objects.Volume.get_by_id(self.ctxt(), volume_id)
-            holding = attachments.holding(volume, t.source_names,
-                                          attachments.current(volume))
+            current = attachments.current(volume)
+            holding = attachments.holding(volume, t.source_names, current)
             if holding:
+                if self._attach_here_withdrawn(volume, t, current):
+                    self.roll_back_unless_written(volume, t)
+                    return False
                 self._report_held(t, holding)
                 return False
             return self.commit_once_closed(volume, t)
+
+    def _attach_here_withdrawn(self, volume, t, current):
+        """True if no attachment may be the one move ``t`` was made for.
+
+        A live migration's move stays ``cloned`` while the source's
+        attachment and this node's both exist.  This node's can go with
+        no detach reaching any driver: Nova deletes an attachment whose
+        attach timed out, and Cinder sends nothing for one still reserved
+        (no connector saved yet).  A withdrawal after the source's last
+        check (Source._refuse_if_attach_withdrawn) left the move cloned,
+        refusing snapshots, extends and moves, for as long as the
+        instance ran on the source, then committed it here where nothing
+        used it (review 20 F2); a detach the source passed on and this
+        node failed did the same (F3).  So the monitor rolls such a move
+        back, as a detach here would (never a clone that took writes).
+        Any attachment in use here, or reserved without a host yet (it
+        may be the move's own), keeps the move; so does a move already
+        held for its writes (:meth:`hold`).
+        """
+        if volume['id'] in self.held:
+            return False
+        return not attachments.may_be_on(volume, self.node_names, current)
 
     @staticmethod
     def _first_report(reported, t):
