@@ -662,6 +662,10 @@ class Clones(object):
         """True if the handle of ``t`` is loaded (a clone or linear)."""
         return self.dm.exists(self.handle_name(t))
 
+    def open_count(self, t):
+        """How many openers hold the handle of ``t`` (it must exist)."""
+        return self.dm.open_count(self.handle_name(t))
+
     def holds_nothing(self, t):
         """True if LVM and the kernel positively show nothing of ``t`` here.
 

@@ -190,6 +190,9 @@ class Destination(side.Side):
         #: volume id -> the secret of its rewound move last reported as
         #: one that cannot be rolled forward (see roll_forward).
         self.rewound_reported = {}
+        #: volume id -> the secret of its move last reported as not
+        #: rolled back because its clone is open (_attach_here_withdrawn).
+        self.open_reported = {}
 
     # -- steps the source asks for ----------------------------------------
 
@@ -211,6 +214,8 @@ class Destination(side.Side):
                         data=_('No transfer of volume %s to this node is '
                                'being prepared.') % volume['id'])
                 self.refuse_if_aborted_here(volume, t)
+                # (A move of its own: an earlier one's hold is over.)
+                self.held.discard(volume['id'])
                 # (The source called once it had recorded the move.)
                 self.prepare_seen[volume['id']] = (t.secret, self._clock())
                 self._mark_part(volume, t)
@@ -1526,7 +1531,8 @@ class Destination(side.Side):
                 if self._attach_here_withdrawn(volume, t, current):
                     self.roll_back_unless_written(volume, t)
                     return False
-                self._report_held(t, holding)
+                self._report_held(t, holding, attachments.holding(
+                    volume, self.node_names, current))
                 return False
             return self.commit_once_closed(volume, t)
 
@@ -1546,11 +1552,23 @@ class Destination(side.Side):
         back, as a detach here would (never a clone that took writes).
         Any attachment in use here, or reserved without a host yet (it
         may be the move's own), keeps the move; so does a move already
-        held for its writes (:meth:`hold`).
+        held for its writes (:meth:`hold`), and a clone something here
+        still has open (an instance Nova took for gone: the rollback
+        could not remove it, and would be tried again at every tick),
+        which is reported once.
         """
-        if volume['id'] in self.held:
+        if volume['id'] in self.held or \
+                attachments.may_be_on(volume, self.node_names, current):
             return False
-        return not attachments.may_be_on(volume, self.node_names, current)
+        if self.clones.loaded(t) and self.clones.open_count(t) > 0:
+            if self._first_report(self.open_reported, t):
+                LOG.warning('Volume %(vol)s: no attachment on %(dst)s is '
+                            'left, but its clone here is open: the move is '
+                            'not rolled back while it is (its source\'s '
+                            'attachment holds it).',
+                            {'vol': t.volume_id, 'dst': t.dest_node})
+            return False
+        return True
 
     @staticmethod
     def _first_report(reported, t):
@@ -1564,8 +1582,13 @@ class Destination(side.Side):
         reported[t.volume_id] = t.secret
         return True
 
-    def _report_held(self, t, holding):
-        """Say once per move which attachments on its source hold it."""
+    def _report_held(self, t, holding, here=()):
+        """Say once per move which attachments on its source hold it.
+
+        And which on this node keep it from rolling back: one left by an
+        attach whose call timed out (Cinder finished it after Nova gave
+        up, so Nova never uses or deletes it) is the one to delete.
+        """
         if not self._first_report(self.held_reported, t):
             return
         LOG.warning('Volume %(vol)s stays cloned on %(dst)s, not hydrating '
@@ -1573,9 +1596,12 @@ class Destination(side.Side):
                     '%(src)s use the copy there (a live migration until '
                     'its source detach). It commits once they are '
                     'detached; an attachment no instance uses is cleared '
-                    'with "cinder attachment-delete <id>".',
+                    'with "cinder attachment-delete <id>". Attachment(s) '
+                    'on %(dst)s: %(here)s (deleting the one of an attach '
+                    'that timed out rolls the move back).',
                     {'vol': t.volume_id, 'dst': t.dest_node,
-                     'src': t.source_node, 'ids': ', '.join(holding)})
+                     'src': t.source_node, 'ids': ', '.join(holding),
+                     'here': ', '.join(here) or 'none in use'})
 
     def publish_progress(self, t, progress):
         """Record a clone's progress while its move still goes on.

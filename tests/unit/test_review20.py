@@ -326,3 +326,54 @@ class DestinationDetachDroppedTestCase(
         self.b.vg_unlisted = False
         self.assertEqual(move.CLONED, self.c.transfer().state)
         self.assert_a_restart_of_b_rolls_back()
+
+
+class MonitorRollbackTestCase(test_two_nodes.ClusterTestCase):
+    """Hostile review of the monitor's rollback (_attach_here_withdrawn)."""
+
+    def warnings(self, text):
+        return [c for c in self.log.warning.call_args_list
+                if text in c[0][0]]
+
+    # MEDIUM (stuck, not a regression: the review's finding 1).
+    # Sequence: cinder-api's attachment_update for Nova's attach on
+    # node-b times out while node-a moves the volume; Nova gives up and
+    # never learns the attachment's id; node-a's manager finishes it
+    # (attaching, node-b's connector).  That orphan is in use on node-b
+    # for Cinder, so the move stays cloned, as before.  Kept: nothing
+    # tells it from a live migration's attachment before
+    # attachment_complete.  The hold's report now names it, the one to
+    # delete (which reaches node-b and rolls the move back).
+    def test_the_orphan_of_a_timed_out_attach_is_named(self):
+        src, orphan = self.moved(live=True)
+        orphan.update(attach_status=fields.VolumeAttachStatus.ATTACHING)
+        self.a.dm.openers[fake_cluster.HANDLE] = 1   # the instance on a
+        self.c.settle(ticks=3)
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        held, = self.warnings('stays cloned')
+        self.assertEqual(src['id'], held[0][1]['ids'])
+        self.assertEqual(orphan['id'], held[0][1]['here'])
+
+    # LOW (finding 2).  Sequence: node-b's attachment is deleted with no
+    # RPC while node-b's instance still has the clone open (a migration
+    # Nova took for failed).  The rollback could not remove an open
+    # device and was tried, logged and marked at every tick; the monitor
+    # now leaves an open clone alone, and says so once.
+    def test_an_open_clone_is_not_rolled_back(self):
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[fake_cluster.HANDLE] = 1
+        self.b.dm.openers[fake_cluster.HANDLE] = 1   # QEMU on node-b
+        self.c.attachments.remove(dst)               # (no RPC)
+        self.c.settle(ticks=5)
+        t = self.c.transfer()
+        self.assertEqual(move.CLONED, t.state)
+        self.assertIn(fake_cluster.HANDLE, self.b.dm.devices)
+        self.assertEqual([], self.warnings('Rolling back the transfer'))
+        self.assertEqual(1, len(self.warnings('its clone here is open')))
+        self.assertFalse(self.b.destination.ended_here(t, move.END_ROLLBACK))
+        # Closed: the next tick rolls it back.
+        self.b.dm.openers[fake_cluster.HANDLE] = 0
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([], self.c.violations)
