@@ -171,13 +171,17 @@ class DestinationDetachDroppedTestCase(
                          side_effect=build_then_detach)
         self.mock_object(self.a.source, '_refuse_if_attach_withdrawn',
                          side_effect=check_then_finish)
+        self.attach_b_while_a_runs()
+        return src
+
+    def attach_b_while_a_runs(self):
+        """node-b's attach (it may fail), then ticks; the instance on a."""
         try:
             self.c.attach(self.b)
         except cinder_exception.VolumeBackendAPIException:
             pass
         self.a.dm.openers[fake_cluster.HANDLE] = 1   # the instance runs
         self.c.settle()
-        return src
 
     def test_control_a_detach_recorded_before_the_check(self):
         self.detach_b_while_preparing(lands_before_the_check=True)
@@ -276,12 +280,7 @@ class DestinationDetachDroppedTestCase(
                 self.c.attachments.remove(dst)  # (finish_detach, no RPC)
         self.mock_object(self.a.source, '_refuse_if_attach_withdrawn',
                          side_effect=check_then_withdraw)
-        try:
-            self.c.attach(self.b)
-        except cinder_exception.VolumeBackendAPIException:
-            pass
-        self.a.dm.openers[fake_cluster.HANDLE] = 1   # the instance runs
-        self.c.settle()
+        self.attach_b_while_a_runs()
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertNotIn(fake_cluster.HANDLE, self.b.dm.devices)
