@@ -88,7 +88,8 @@ class MoveService(object):
         database did not take, moves from here a start could not
         abandon (the coordination backend was down), clones of deleted
         volumes a start could not look at (LVM could not list the
-        groups), and aborts whose removal failed here.
+        groups), and moves the source recorded aborted that nothing
+        loaded here shows (the abort here failed, or its answer was lost).
         """
         self.source.retry_give_ups()
         self.destination.finalize_pending()
