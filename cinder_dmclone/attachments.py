@@ -62,30 +62,38 @@ def starting(volume, attachments=None):
             if a.instance_uuid and a.attach_status in STARTING}
 
 
+def _host(attachment):
+    """The host an attachment names (its connector's), or None."""
+    return attachment.attached_host or \
+        (attachment.connector or {}).get('host')
+
+
+def _names(node):
+    """A node name, or a set of them, as a set."""
+    return {node} if isinstance(node, str) else set(node)
+
+
 def _active_hosts(volume, attachments):
     """The host of each active attachment (None where none is named)."""
     if attachments is None:
         attachments = volume.volume_attachment or []
-    return [a.attached_host or (a.connector or {}).get('host')
-            for a in attachments if a.attach_status in ACTIVE]
+    return [_host(a) for a in attachments if a.attach_status in ACTIVE]
 
 
 def on(volume, node, attachments=None):
     """Active attachments of the volume on ``node`` (a name or a set)."""
-    names = {node} if isinstance(node, str) else set(node)
+    names = _names(node)
     return sum(1 for host in _active_hosts(volume, attachments)
                if host in names)
 
 
 def holding(volume, node, attachments=None):
     """Ids (sorted) of the active attachments on ``node`` (see :func:`on`)."""
-    names = {node} if isinstance(node, str) else set(node)
+    names = _names(node)
     if attachments is None:
         attachments = volume.volume_attachment or []
     return sorted(str(a.id) for a in attachments
-                  if a.attach_status in ACTIVE
-                  and (a.attached_host or (a.connector or {}).get('host'))
-                  in names)
+                  if a.attach_status in ACTIVE and _host(a) in names)
 
 
 def may_be_on(volume, node, attachments=None):
@@ -94,15 +102,12 @@ def may_be_on(volume, node, attachments=None):
     In use: reserved, attaching or attached.  One that names no host yet
     (reserved, its connector not saved) may be anywhere, ``node`` too.
     """
-    names = {node} if isinstance(node, str) else set(node)
+    names = _names(node)
     if attachments is None:
         attachments = volume.volume_attachment or []
-    for a in attachments:
-        if a.attach_status in IN_USE:
-            host = a.attached_host or (a.connector or {}).get('host')
-            if host is None or host in names:
-                return True
-    return False
+    return any(a.attach_status in IN_USE
+               and (_host(a) is None or _host(a) in names)
+               for a in attachments)
 
 
 def elsewhere(volume, nodes, attachments=None):
