@@ -376,3 +376,25 @@ class MonitorRollbackTestCase(test_two_nodes.ClusterTestCase):
         self.assertIsNone(self.c.transfer())
         self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
         self.assertEqual([], self.c.violations)
+
+    # At that moment, a second attach on node-b begins (Nova's retried
+    # pre_live_migration): its attachment is reserved with no host yet,
+    # and may be the one the move now serves, so the move is kept; once
+    # it is withdrawn too, the next tick rolls the move back.
+    def test_a_second_attach_beginning_keeps_the_move(self):
+        src, dst = self.moved(live=True)
+        self.a.dm.openers[fake_cluster.HANDLE] = 1   # the instance on a
+        self.c.attachments.remove(dst)               # (no RPC)
+        second = {'id': 'c0c0c0c0-0000-4000-8000-0000000000ff',
+                  'instance_uuid': fake_cluster.fake.INSTANCE_ID,
+                  'attach_status': fields.VolumeAttachStatus.RESERVED,
+                  'attached_host': None, 'connector': None}
+        self.c.attachments.append(second)
+        self.c.settle()
+        self.assertEqual(move.CLONED, self.c.transfer().state)
+        self.assertIn(fake_cluster.HANDLE, self.b.dm.devices)
+        self.c.attachments.remove(second)
+        self.c.settle()
+        self.assertIsNone(self.c.transfer())
+        self.assertEqual(self.a.host, self.c.db.volumes[VOLUME_ID]['host'])
+        self.assertEqual([], self.c.violations)
