@@ -19,8 +19,10 @@ or what the new waits leave without a way out, is below.
 """
 
 from cinder import exception
+from oslo_messaging import MessagingTimeout
 
 from cinder_dmclone import move
+from cinder_dmclone import peer
 from tests.harness.fake_cluster import HANDLE
 from tests.harness.fake_cluster import LV
 from tests.harness.fake_cluster import META
@@ -242,9 +244,6 @@ class AbortOwedTestCase(test_two_nodes.ClusterTestCase):
     # node-a records the move aborted, and nothing was owed or loaded
     # at node-b, so the record stayed until a restart.
     def test_a_lost_answer_to_an_abort_that_succeeded(self):
-        from oslo_messaging import MessagingTimeout
-
-        from cinder_dmclone import peer
         send = self.a.source.send
 
         def answer_lost(ctxt, volume, t, host, op, **kw):
